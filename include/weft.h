@@ -1,0 +1,87 @@
+/*
+ * weft — point-to-point pipes and collectives for MPI jobs.
+ *
+ * This header is the whole public API. MPI starts the ranks and carries the
+ * one-time exchange of connection data inside weft_comm_create; after that
+ * weft moves data itself (self, shared memory, TCP; InfiniBand and CUDA IPC
+ * where built and present) and makes no MPI call until weft_comm_destroy.
+ *
+ * Every call returns a WEFT_* code. weft_comm_last_error() says what failed,
+ * on which rank and peer, and why. All calls are thread-safe.
+ */
+#ifndef WEFT_H
+#define WEFT_H
+
+#include <stddef.h>
+#include <mpi.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define WEFT_API __attribute__((visibility("default")))
+#else
+#define WEFT_API
+#endif
+
+#define WEFT_VERSION_MAJOR 0
+#define WEFT_VERSION_MINOR 1
+#define WEFT_VERSION_PATCH 0
+
+typedef struct weft_comm    weft_comm_t;
+typedef struct weft_request weft_request_t;
+
+enum {
+    WEFT_SUCCESS = 0,
+    WEFT_ERR_INVALID_ARG,   /* bad argument: NULL, peer out of range, negative tag, ... */
+    WEFT_ERR_TRUNCATE,      /* message larger than the posted receive buffer */
+    WEFT_ERR_NO_MEMORY,
+    WEFT_ERR_UNSUPPORTED,   /* no transport/feature for this request on this build/machine */
+    WEFT_ERR_TRANSPORT,     /* a transport failed (peer gone, connection reset, ...) */
+    WEFT_ERR_TIMEOUT,       /* WEFT_TIMEOUT seconds passed with no progress */
+    WEFT_ERR_MPI,           /* an MPI call inside create/destroy failed */
+    WEFT_ERR_INTERNAL
+};
+
+/* Completion status of a request. bytes: size of the message (for a
+ * truncated receive, the size the sender sent); error: WEFT_* code. */
+typedef struct { size_t bytes; int peer; int tag; int error; } weft_status_t;
+
+/* Collective over mpi_comm: dups it, exchanges rank cards, connects peers. */
+WEFT_API int  weft_comm_create(MPI_Comm mpi_comm, weft_comm_t **comm);
+/* Collective: every rank must have completed its requests. */
+WEFT_API int  weft_comm_destroy(weft_comm_t *comm);
+/* Rank and size; -1 when comm is NULL. */
+WEFT_API int  weft_comm_rank(const weft_comm_t *comm);
+WEFT_API int  weft_comm_size(const weft_comm_t *comm);
+
+/* Non-blocking send/receive. Messages from one rank to another with the same
+ * tag are received in the order they were sent; tags are independent lanes.
+ * tag >= 0. buf may be NULL only when bytes == 0. */
+WEFT_API int  weft_isend(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag, weft_request_t **req);
+WEFT_API int  weft_irecv(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_request_t **req);
+/* *done = 1 once the request completed; the request is then freed and the
+ * return value is its completion code (also in status->error). status may be NULL. */
+WEFT_API int  weft_test(weft_request_t *req, int *done, weft_status_t *status);
+/* Waits for completion (bounded by WEFT_TIMEOUT), frees req. */
+WEFT_API int  weft_wait(weft_request_t *req, weft_status_t *status);
+/* Waits for all n requests and frees them; statuses may be NULL. Returns the
+ * first error met (WEFT_SUCCESS if none); each status tells its own. */
+WEFT_API int  weft_waitall(size_t n, weft_request_t **reqs, weft_status_t *statuses);
+WEFT_API int  weft_send(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag);
+WEFT_API int  weft_recv(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_status_t *status);
+
+/* Collectives: called in the same order on every rank. */
+WEFT_API int  weft_allgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank);
+WEFT_API int  weft_barrier(weft_comm_t *c);
+WEFT_API int  weft_bcast(weft_comm_t *c, void *buf, size_t bytes, int root);
+
+WEFT_API const char *weft_strerror(int err);
+/* What failed last on this comm, which rank and peer, and why ("" if nothing). */
+WEFT_API const char *weft_comm_last_error(const weft_comm_t *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* WEFT_H */

@@ -1,0 +1,217 @@
+/*
+ * The public point-to-point calls: argument checks, the comm lock, and the
+ * hand-over to the pipe (p2p/pipe.c). Also error strings.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "api_internal.h"
+#include "comm.h"
+#include "log.h"
+#include "pipe.h"
+
+const char *weft_strerror(int err)
+{
+    switch (err) {
+    case WEFT_SUCCESS:          return "success";
+    case WEFT_ERR_INVALID_ARG:  return "invalid argument";
+    case WEFT_ERR_TRUNCATE:     return "message truncated: larger than the receive buffer";
+    case WEFT_ERR_NO_MEMORY:    return "out of memory";
+    case WEFT_ERR_UNSUPPORTED:  return "unsupported";
+    case WEFT_ERR_TRANSPORT:    return "transport failure";
+    case WEFT_ERR_TIMEOUT:      return "timed out (no progress within WEFT_TIMEOUT)";
+    case WEFT_ERR_MPI:          return "MPI call failed";
+    case WEFT_ERR_INTERNAL:     return "internal error";
+    default:                    return "unknown weft error code";
+    }
+}
+
+const char *weft_comm_last_error(const weft_comm_t *c)
+{
+    static _Thread_local char copy[sizeof(((struct weft_comm *)0)->last_error)];
+    struct weft_comm *cm = (struct weft_comm *)c;
+
+    if (c == NULL)
+        return "weft_comm_last_error: comm is NULL";
+    pthread_mutex_lock(&cm->err_lock);
+    memcpy(copy, cm->last_error, sizeof(copy));
+    pthread_mutex_unlock(&cm->err_lock);
+    return copy;
+}
+
+int weft_comm_rank(const weft_comm_t *c) { return c ? c->rank : -1; }
+int weft_comm_size(const weft_comm_t *c) { return c ? c->size : -1; }
+
+/* Checks shared by send and receive. internal: negative tags allowed. */
+static int check_p2p(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag, void *req,
+                     const char *fn, int internal)
+{
+    if (c == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: comm is NULL", fn);
+    if (req == NULL)
+        return weft_set_error(c, WEFT_ERR_INVALID_ARG, "%s: request pointer (req) is NULL", fn);
+    if (buf == NULL && bytes != 0)
+        return weft_set_error(c, WEFT_ERR_INVALID_ARG, "%s: buf is NULL but bytes is %zu (peer %d, tag %d)", fn,
+                              bytes, peer, tag);
+    if (peer < 0 || peer >= c->size)
+        return weft_set_error(c, WEFT_ERR_INVALID_ARG, "%s: peer %d out of range [0, %d) (tag %d)", fn, peer,
+                              c->size, tag);
+    if (tag < 0 && !internal)
+        return weft_set_error(c, WEFT_ERR_INVALID_ARG, "%s: tag %d is negative (peer %d); tags are >= 0", fn,
+                              tag, peer);
+    return WEFT_SUCCESS;
+}
+
+static int do_isend(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag, weft_request_t **req,
+                    int internal)
+{
+    struct weft_request *r;
+    int rc = check_p2p(c, buf, bytes, peer, tag, req, "weft_isend", internal);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&c->lock);
+    rc = weft_pipe_isend(c, buf, bytes, peer, tag, &r);
+    pthread_mutex_unlock(&c->lock);
+    if (rc == WEFT_SUCCESS)
+        *req = r;
+    return rc;
+}
+
+static int do_irecv(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_request_t **req,
+                    int internal)
+{
+    struct weft_request *r;
+    int rc = check_p2p(c, buf, bytes, peer, tag, req, "weft_irecv", internal);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&c->lock);
+    rc = weft_pipe_irecv(c, buf, bytes, peer, tag, &r);
+    pthread_mutex_unlock(&c->lock);
+    if (rc == WEFT_SUCCESS)
+        *req = r;
+    return rc;
+}
+
+int weft_isend(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag, weft_request_t **req)
+{
+    return do_isend(c, buf, bytes, peer, tag, req, 0);
+}
+
+int weft_irecv(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_request_t **req)
+{
+    return do_irecv(c, buf, bytes, peer, tag, req, 0);
+}
+
+int weft_isend_internal(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag, weft_request_t **req)
+{
+    return do_isend(c, buf, bytes, peer, tag, req, 1);
+}
+
+int weft_irecv_internal(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_request_t **req)
+{
+    return do_irecv(c, buf, bytes, peer, tag, req, 1);
+}
+
+/* Copies out the status of a completed request, frees it, returns its code. */
+static int finish(struct weft_request *r, weft_status_t *status)
+{
+    int err = r->status.error;
+    if (status)
+        *status = r->status;
+    weft_request_free(r);
+    return err;
+}
+
+int weft_test(weft_request_t *req, int *done, weft_status_t *status)
+{
+    struct weft_comm *c;
+
+    if (req == NULL || done == NULL)
+        return weft_set_error(req ? req->comm : NULL, WEFT_ERR_INVALID_ARG, "weft_test: %s is NULL",
+                              req ? "done" : "req");
+    c = req->comm;
+    pthread_mutex_lock(&c->lock);
+    if (req->state != WEFT_REQ_DONE)
+        weft_progress(c);
+    if (req->state != WEFT_REQ_DONE) {
+        pthread_mutex_unlock(&c->lock);
+        *done = 0;
+        return WEFT_SUCCESS;
+    }
+    pthread_mutex_unlock(&c->lock);
+    *done = 1;
+    return finish(req, status);
+}
+
+int weft_wait(weft_request_t *req, weft_status_t *status)
+{
+    struct weft_comm *c;
+
+    if (req == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_wait: req is NULL");
+    c = req->comm;
+    pthread_mutex_lock(&c->lock);
+    if (req->state != WEFT_REQ_DONE)
+        weft_progress_wait(c, &req, 1, "weft_wait");
+    pthread_mutex_unlock(&c->lock);
+    return finish(req, status);
+}
+
+int weft_waitall(size_t n, weft_request_t **reqs, weft_status_t *statuses)
+{
+    int first_err = WEFT_SUCCESS;
+    struct weft_comm *c = NULL;
+    size_t i, start = 0;
+
+    if (n == 0)
+        return WEFT_SUCCESS;
+    if (reqs == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_waitall: reqs is NULL with n = %zu", n);
+
+    /* Wait for runs of requests of one comm together (usually all of them). */
+    while (start < n) {
+        size_t end;
+        c = NULL;
+        for (end = start; end < n; end++) {
+            if (reqs[end] == NULL)
+                continue;
+            if (c == NULL)
+                c = reqs[end]->comm;
+            else if (reqs[end]->comm != c)
+                break;
+        }
+        if (c) {
+            pthread_mutex_lock(&c->lock);
+            weft_progress_wait(c, reqs + start, end - start, "weft_waitall");
+            pthread_mutex_unlock(&c->lock);
+        }
+        start = end;
+    }
+    for (i = 0; i < n; i++) {
+        weft_status_t st = { 0, -1, -1, WEFT_SUCCESS };
+        int err = WEFT_SUCCESS;
+        if (reqs[i]) {
+            err = finish(reqs[i], &st);
+            reqs[i] = NULL;
+        }
+        if (statuses)
+            statuses[i] = st;
+        if (err != WEFT_SUCCESS && first_err == WEFT_SUCCESS)
+            first_err = err;
+    }
+    return first_err;
+}
+
+int weft_send(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag)
+{
+    weft_request_t *r;
+    int rc = weft_isend(c, buf, bytes, peer, tag, &r);
+    return rc != WEFT_SUCCESS ? rc : weft_wait(r, NULL);
+}
+
+int weft_recv(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_status_t *status)
+{
+    weft_request_t *r;
+    int rc = weft_irecv(c, buf, bytes, peer, tag, &r);
+    return rc != WEFT_SUCCESS ? rc : weft_wait(r, status);
+}

@@ -1,0 +1,78 @@
+/*
+ * The communicator: MPI bootstrap results, pipes to every peer, the
+ * per-comm state of each transport, the lock, and the last error.
+ */
+#ifndef WEFT_COMM_H
+#define WEFT_COMM_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include "weft.h"
+#include "config.h"
+#include "../p2p/pipe.h"
+
+/* What every rank tells every other at create: one fixed-size record,
+ * exchanged with one MPI_Allgather. Fields a transport does not offer are
+ * zero. Reserved space is for later transports (NICs, GPUs). */
+struct weft_rank_card {
+    uint64_t node_key;        /* equal for ranks on one real node */
+    int32_t  node;            /* effective node index (real node x virtual block) */
+    int32_t  pid;
+    uint64_t token;           /* random; a TCP peer must present it to connect */
+    uint64_t cma_probe_addr;  /* address of `token` in this process: CMA probe */
+    uint32_t transports_mask; /* transports this rank allows */
+    int32_t  vblock;          /* WEFT_VIRTUAL_NODES block of this rank (0 when off) */
+    char     hostname[64];
+    char     shm_name[64];    /* POSIX shm segment with this rank's inbound rings */
+    uint16_t tcp_family;      /* AF_INET / AF_INET6, 0 = no TCP */
+    uint16_t tcp_port;        /* network byte order */
+    uint8_t  tcp_addr[16];
+    uint8_t  reserved[380];
+};
+
+struct weft_comm {
+    MPI_Comm                  mpi;        /* dup of the user's comm */
+    int                       rank, size;
+    struct weft_config        cfg;
+    pthread_mutex_t           lock;       /* guards everything below but last_error */
+    pthread_mutex_t           err_lock;   /* guards last_error */
+    uint64_t                  my_token;   /* = my card's token; its address is the CMA probe */
+
+    struct weft_rank_card    *cards;      /* [size] */
+    int                       num_nodes;
+    int                       local_ranks;/* ranks on my effective node (me included) */
+    int                       oversubscribed; /* more local ranks than online CPUs */
+
+    struct weft_pipe         *pipes;      /* [size]; pipes[rank] is the self pipe */
+    unsigned                  tp_used;    /* bit per transport some pipe uses */
+    void                     *tp_state[WEFT_TP_COUNT];
+
+    uint32_t                  coll_seq;   /* collectives started (tags of internal lanes) */
+    void                     *coll_state; /* collectives/: selector memory (shapes logged) */
+    void                    (*coll_state_free)(void *);
+
+    uint64_t                  events;     /* progress events so far */
+    size_t                    out_queued; /* outbound messages queued on all pipes */
+    int                       waiters;    /* threads inside wait */
+
+    char                      last_error[1024];
+};
+
+/* One progress pass over every transport in use, then queued outbound
+ * messages. Caller holds c->lock. Returns the number of events. */
+int  weft_progress(struct weft_comm *c);
+
+/* Waits, bounded by WEFT_TIMEOUT, until every request in reqs[0..n) is DONE.
+ * Caller holds c->lock; it is released while sleeping. On timeout the pipes
+ * of the requests still pending are broken (they complete with
+ * WEFT_ERR_TIMEOUT) and WEFT_ERR_TIMEOUT is returned. */
+int  weft_progress_wait(struct weft_comm *c, struct weft_request **reqs, size_t n, const char *what);
+
+/* Frees a completed request. */
+void weft_request_free(struct weft_request *r);
+
+/* Monotonic seconds. */
+double weft_now(void);
+
+#endif

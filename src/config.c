@@ -1,0 +1,221 @@
+/*
+ * WEFT_* environment variables -> struct weft_config.
+ *
+ * All parsing is strict: a value that does not parse is an error naming the
+ * variable, never a silent default, so a typo in a job script shows at once.
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "weft.h"
+
+static const char *const transport_names[WEFT_TP_COUNT] = { "self", "shm", "tcp" };
+
+const char *weft_transport_name(int id)
+{
+    return (id >= 0 && id < WEFT_TP_COUNT) ? transport_names[id] : "none";
+}
+
+int weft_parse_size(const char *s, size_t *out)
+{
+    char *end;
+    unsigned long long v, mult = 1;
+
+    if (s == NULL || *s == '\0' || *s == '-')
+        return -1;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno != 0 || end == s)
+        return -1;
+    switch (tolower((unsigned char)*end)) {
+    case '\0': break;
+    case 'k': mult = 1ull << 10; end++; break;
+    case 'm': mult = 1ull << 20; end++; break;
+    case 'g': mult = 1ull << 30; end++; break;
+    default: return -1;
+    }
+    if (*end == 'b' || *end == 'B')
+        end++;
+    if (*end != '\0')
+        return -1;
+    if (v > (unsigned long long)SIZE_MAX / mult)
+        return -1;
+    *out = (size_t)(v * mult);
+    return 0;
+}
+
+int weft_parse_transports(const char *s, unsigned *mask)
+{
+    unsigned m = 1u << WEFT_TP_SELF;
+    const char *p = s;
+
+    if (s == NULL || *s == '\0')
+        return -1;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        int found = 0;
+        for (int id = 0; id < WEFT_TP_COUNT; id++) {
+            if (strlen(transport_names[id]) == n && strncasecmp(p, transport_names[id], n) == 0) {
+                m |= 1u << id;
+                found = 1;
+            }
+        }
+        if (!found)
+            return -1;
+        p += n;
+        if (*p == ',')
+            p++;
+    }
+    *mask = m;
+    return 0;
+}
+
+static const char *lookup_getenv(const char *name, void *ctx)
+{
+    (void)ctx;
+    return getenv(name);
+}
+
+static int config_error(char *err, size_t errlen, const char *name, const char *value, const char *why)
+{
+    if (err && errlen)
+        snprintf(err, errlen, "%s=%s: %s", name, value, why);
+    return WEFT_ERR_INVALID_ARG;
+}
+
+/* Integer in [lo, hi]. */
+static int parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *ctx,
+                     char *err, size_t errlen)
+{
+    const char *v;
+    long n;
+
+    if (lookup == NULL)
+        lookup = lookup_getenv;
+
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->timeout_s        = 300.0;
+    cfg->log_level        = WEFT_LOG_NONE;
+    cfg->transports_mask  = (1u << WEFT_TP_COUNT) - 1;
+    cfg->virtual_nodes    = 0;
+    cfg->shm_cma          = 1;
+    cfg->shm_eager_limit  = 32 << 10;
+    cfg->shm_ring_bytes   = 2 << 20;
+    cfg->shm_chunk        = 256 << 10;
+    cfg->shm_cma_min      = 16 << 20;
+    cfg->tcp_streams      = 4;
+    cfg->tcp_eager_limit  = 64 << 10;
+    cfg->tcp_chunk        = 512 << 10;
+    cfg->self_eager_limit = 64 << 10;
+    cfg->spin_us          = 50;
+
+    if ((v = lookup("WEFT_TIMEOUT", ctx)) != NULL) {
+        char *end;
+        double t;
+        errno = 0;
+        t = strtod(v, &end);
+        if (errno != 0 || end == v || *end != '\0' || !(t >= 0.0) || t > 1e9)
+            return config_error(err, errlen, "WEFT_TIMEOUT", v, "expected seconds >= 0 (0 = never)");
+        cfg->timeout_s = t;
+    }
+    if ((v = lookup("WEFT_DEBUG", ctx)) != NULL) {
+        if (*v == '\0' || strcasecmp(v, "none") == 0 || strcmp(v, "0") == 0)
+            cfg->log_level = WEFT_LOG_NONE;
+        else if (strcasecmp(v, "warn") == 0)
+            cfg->log_level = WEFT_LOG_WARN;
+        else if (strcasecmp(v, "info") == 0)
+            cfg->log_level = WEFT_LOG_INFO;
+        else if (strcasecmp(v, "trace") == 0)
+            cfg->log_level = WEFT_LOG_TRACE;
+        else
+            return config_error(err, errlen, "WEFT_DEBUG", v, "expected none, warn, info or trace");
+    }
+    if ((v = lookup("WEFT_TRANSPORTS", ctx)) != NULL) {
+        if (weft_parse_transports(v, &cfg->transports_mask) != 0)
+            return config_error(err, errlen, "WEFT_TRANSPORTS", v,
+                                "expected a comma-separated list of self, shm, tcp");
+    }
+    if ((v = lookup("WEFT_VIRTUAL_NODES", ctx)) != NULL) {
+        if (parse_int(v, 0, 1 << 20, &n) != 0)
+            return config_error(err, errlen, "WEFT_VIRTUAL_NODES", v, "expected an integer >= 0");
+        cfg->virtual_nodes = (int)n;
+    }
+    if ((v = lookup("WEFT_SHM_CMA", ctx)) != NULL) {
+        if (parse_int(v, 0, 1, &n) != 0)
+            return config_error(err, errlen, "WEFT_SHM_CMA", v, "expected 0 or 1");
+        cfg->shm_cma = (int)n;
+    }
+
+    /* Sizes: name, field, lower bound, upper bound, unit multiplier of a plain number. */
+    struct { const char *name; size_t *field; size_t lo, hi, unit; } sizes[] = {
+        { "WEFT_SHM_EAGER",      &cfg->shm_eager_limit,  0,         1u << 20,      1 },
+        { "WEFT_SHM_RING_KB",    &cfg->shm_ring_bytes,   64 << 10,  (size_t)1 << 30, 1024 },
+        { "WEFT_SHM_CHUNK_KB",   &cfg->shm_chunk,        4 << 10,   64u << 20,     1024 },
+        { "WEFT_SHM_CMA_MIN_KB", &cfg->shm_cma_min,      0,         SIZE_MAX,      1024 },
+        { "WEFT_TCP_EAGER",      &cfg->tcp_eager_limit,  0,         4u << 20,      1 },
+        { "WEFT_TCP_CHUNK_KB",   &cfg->tcp_chunk,        4 << 10,   (size_t)1 << 30, 1024 },
+        { "WEFT_SELF_EAGER",     &cfg->self_eager_limit, 0,         64u << 20,     1 },
+    };
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        size_t s;
+        if ((v = lookup(sizes[i].name, ctx)) == NULL)
+            continue;
+        if (weft_parse_size(v, &s) != 0)
+            return config_error(err, errlen, sizes[i].name, v, "expected a size (suffix k, m or g allowed)");
+        /* A plain number is in the variable's unit (KB for *_KB); a suffix is absolute. */
+        if (isdigit((unsigned char)v[strlen(v) - 1])) {
+            if (s > SIZE_MAX / sizes[i].unit)
+                return config_error(err, errlen, sizes[i].name, v, "too large");
+            s *= sizes[i].unit;
+        }
+        if (s < sizes[i].lo || s > sizes[i].hi) {
+            char why[128];
+            snprintf(why, sizeof(why), "out of range [%zu, %zu] bytes", sizes[i].lo, sizes[i].hi);
+            return config_error(err, errlen, sizes[i].name, v, why);
+        }
+        *sizes[i].field = s;
+    }
+    /* An eager message must fit a ring record with room to spare. */
+    if (cfg->shm_eager_limit + 256 > cfg->shm_ring_bytes / 4)
+        return config_error(err, errlen, "WEFT_SHM_EAGER", lookup("WEFT_SHM_EAGER", ctx) ? lookup("WEFT_SHM_EAGER", ctx) : "default",
+                            "must be below a quarter of the ring (WEFT_SHM_RING_KB)");
+    if (cfg->shm_chunk + 256 > cfg->shm_ring_bytes / 2)
+        cfg->shm_chunk = cfg->shm_ring_bytes / 4;
+
+    if ((v = lookup("WEFT_TCP_STREAMS", ctx)) != NULL) {
+        if (parse_int(v, 1, 64, &n) != 0)
+            return config_error(err, errlen, "WEFT_TCP_STREAMS", v, "expected an integer in [1, 64]");
+        cfg->tcp_streams = (int)n;
+    }
+    if ((v = lookup("WEFT_TCP_IF", ctx)) != NULL) {
+        if (strlen(v) >= sizeof(cfg->tcp_if))
+            return config_error(err, errlen, "WEFT_TCP_IF", v, "name too long");
+        strcpy(cfg->tcp_if, v);
+    }
+    if ((v = lookup("WEFT_SPIN_US", ctx)) != NULL) {
+        if (parse_int(v, 0, 10000000, &n) != 0)
+            return config_error(err, errlen, "WEFT_SPIN_US", v, "expected microseconds >= 0");
+        cfg->spin_us = (int)n;
+    }
+    return WEFT_SUCCESS;
+}

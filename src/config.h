@@ -1,0 +1,55 @@
+/*
+ * Run-time configuration: every WEFT_* environment variable is read here, in
+ * one place, once per weft_comm_create. docs/configuration.md lists them.
+ */
+#ifndef WEFT_CONFIG_H
+#define WEFT_CONFIG_H
+
+#include <stddef.h>
+
+/* Transport ids; also bit positions in weft_config.transports_mask. */
+enum weft_transport_id {
+    WEFT_TP_SELF = 0,
+    WEFT_TP_SHM,
+    WEFT_TP_TCP,
+    WEFT_TP_COUNT
+};
+
+enum weft_log_level { WEFT_LOG_NONE = 0, WEFT_LOG_WARN, WEFT_LOG_INFO, WEFT_LOG_TRACE };
+
+struct weft_config {
+    double   timeout_s;        /* WEFT_TIMEOUT: seconds without progress before a wait fails; 0 = never */
+    int      log_level;        /* WEFT_DEBUG: none|warn|info|trace */
+    unsigned transports_mask;  /* WEFT_TRANSPORTS: bit (1u << WEFT_TP_x) per allowed transport */
+    int      virtual_nodes;    /* WEFT_VIRTUAL_NODES: 0 = off, k = split ranks into k fake nodes */
+    int      shm_cma;          /* WEFT_SHM_CMA: 1 = single-copy CMA allowed, 0 = bounce buffers only */
+    size_t   shm_eager_limit;  /* WEFT_SHM_EAGER: largest message sent eagerly through the ring */
+    size_t   shm_ring_bytes;   /* WEFT_SHM_RING_KB: bytes of each peer-to-peer ring */
+    size_t   shm_chunk;        /* WEFT_SHM_CHUNK_KB: bounce-buffer chunk of the pipelined copy */
+    size_t   shm_cma_min;      /* WEFT_SHM_CMA_MIN_KB: receiver uses CMA from this size up */
+    int      tcp_streams;      /* WEFT_TCP_STREAMS: data sockets per peer (besides the control one) */
+    char     tcp_if[64];       /* WEFT_TCP_IF: interface name (or IPv4 address) to listen/connect on */
+    size_t   tcp_eager_limit;  /* WEFT_TCP_EAGER: largest message sent eagerly on the control socket */
+    size_t   tcp_chunk;        /* WEFT_TCP_CHUNK_KB: striping unit across data sockets */
+    size_t   self_eager_limit; /* WEFT_SELF_EAGER: sends to self up to this size complete at once */
+    int      spin_us;          /* WEFT_SPIN_US: busy-poll time before a waiter yields/sleeps */
+};
+
+/* Looks up a variable; returns NULL when unset. getenv is the default. */
+typedef const char *(*weft_env_lookup_fn)(const char *name, void *ctx);
+
+/* Fills cfg with defaults, then applies the environment seen through lookup
+ * (NULL = getenv). On a malformed value returns WEFT_ERR_INVALID_ARG and
+ * writes "WEFT_X=value: why" into err; cfg is then unspecified. */
+int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *ctx,
+                     char *err, size_t errlen);
+
+/* Parses a size with an optional k/m/g suffix (powers of 1024). 0 on success. */
+int weft_parse_size(const char *s, size_t *out);
+
+/* Parses "shm,tcp" into a transport mask ("self" is always added). 0 on success. */
+int weft_parse_transports(const char *s, unsigned *mask);
+
+const char *weft_transport_name(int id);
+
+#endif

@@ -1,0 +1,30 @@
+/*
+ * Logging (WEFT_DEBUG=warn|info|trace) and error recording.
+ *
+ * Log lines go to stderr, prefixed "weft[rank R] LEVEL:". An error is logged
+ * where it starts (weft_set_error), and the same text becomes the comm's
+ * last-error string, which always names the rank.
+ */
+#ifndef WEFT_LOG_H
+#define WEFT_LOG_H
+
+#include "config.h"
+
+struct weft_comm;
+
+/* Process-wide level, taken from WEFT_DEBUG the first time it is needed. */
+int  weft_log_level(void);
+void weft_log_set_level(int level);
+void weft_log(int level, int rank, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#define WEFT_LOG(lvl, rank, ...) \
+    do { if (weft_log_level() >= (lvl)) weft_log((lvl), (rank), __VA_ARGS__); } while (0)
+#define WEFT_WARN(rank, ...)  WEFT_LOG(WEFT_LOG_WARN, rank, __VA_ARGS__)
+#define WEFT_INFO(rank, ...)  WEFT_LOG(WEFT_LOG_INFO, rank, __VA_ARGS__)
+#define WEFT_TRACE(rank, ...) WEFT_LOG(WEFT_LOG_TRACE, rank, __VA_ARGS__)
+
+/* Records "rank R: <message>" as c's last error (c may be NULL: logged only),
+ * logs it at warn level, and returns err so callers can `return weft_set_error(...)`. */
+int weft_set_error(struct weft_comm *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#endif
