@@ -49,17 +49,17 @@ static uint64_t random_token(void)
  * message, the others say who failed. */
 static int agree(struct weft_comm *c, int rc, const char *stage)
 {
-    int in[2] = { rc, rc != WEFT_SUCCESS ? c->rank : c->size }, out[2];
-    int worst_rc, first_bad;
+    /* One MAX-allreduce: the code in the high bits, so the worst code wins,
+     * and among ranks with that code the lowest rank (inverted low bits). */
+    const long long span = 1ll << 32;
+    long long in = rc == WEFT_SUCCESS ? 0 : (long long)rc * span + (span - 1 - c->rank), out;
 
-    if (MPI_Allreduce(&in[0], &out[0], 1, MPI_INT, MPI_MAX, c->mpi) != MPI_SUCCESS ||
-        MPI_Allreduce(&in[1], &out[1], 1, MPI_INT, MPI_MIN, c->mpi) != MPI_SUCCESS)
+    if (MPI_Allreduce(&in, &out, 1, MPI_LONG_LONG, MPI_MAX, c->mpi) != MPI_SUCCESS)
         return weft_set_error(c, WEFT_ERR_MPI, "weft_comm_create: MPI_Allreduce failed during %s", stage);
-    worst_rc = out[0];
-    first_bad = out[1];
-    if (worst_rc != WEFT_SUCCESS && rc == WEFT_SUCCESS)
-        weft_set_error(c, worst_rc, "weft_comm_create: %s failed on rank %d", stage, first_bad);
-    return worst_rc;
+    if (out != 0 && rc == WEFT_SUCCESS)
+        weft_set_error(c, (int)(out / span), "weft_comm_create: %s failed on rank %lld", stage,
+                       span - 1 - out % span);
+    return (int)(out / span);
 }
 
 /* Node identity: the comm rank of the lowest rank sharing this node. */
