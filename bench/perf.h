@@ -1,0 +1,109 @@
+/*
+ * weft-perf: shared declarations of the benchmark program.
+ *
+ * weft_perf.c owns main(), option parsing and the helpers below (timing,
+ * medians, iteration scaling, data patterns, aligned buffers, header lines).
+ * Each subcommand lives in its own file and plugs in through one function
+ * with the same shape:
+ *
+ *     int perf_<name>(const struct perf_opts *o, weft_comm_t *c);
+ *
+ * It is called on every rank of MPI_COMM_WORLD with a weft comm already
+ * created over it (perf_init, which times creation itself, gets c == NULL).
+ * It prints its table from rank 0 only and returns 0 on success, non-zero
+ * when a call failed (main then aborts the job with that code).
+ *
+ *     perf_p2p.c   perf_sendrecv, perf_init
+ *     perf_coll.c  perf_allgather, perf_bcast
+ */
+#ifndef WEFT_PERF_H
+#define WEFT_PERF_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <mpi.h>
+#include "weft.h"
+
+struct perf_opts {
+    /* Message / block sizes: min, min*factor, ... up to max. A value of 0 in
+     * min_bytes/max_bytes means "this subcommand's default" (see perf_sizes). */
+    size_t      min_bytes;     /* -b */
+    size_t      max_bytes;     /* -e */
+    size_t      factor;        /* -f, >= 2 */
+    int         reps;          /* -r: repetitions per size, medians shown; 0 = subcommand default */
+    int         iters;         /* -n: iterations per repetition; 0 = scaled by size */
+    int         warmup;        /* -W: untimed iterations at the start of every measurement
+                                *     (they also line the ranks up); default 1 */
+    int         check;         /* -c: fill and verify data on every iteration */
+    int         window;        /* -w: outstanding messages in the bandwidth test */
+    size_t      window_cap;    /* -m: bytes one side's window buffers may take in all */
+    int         one_pair;      /* -o: sendrecv between ranks 0 and 1 only, others wait */
+    const char *tests;         /* -t: sendrecv: "lat", "bw" or NULL for both */
+    const char *algo;          /* -a: collectives: force an algorithm (WEFT_ALLGATHER_ALGO); NULL = selector */
+    int         root;          /* -R: bcast root */
+
+    /* Filled by main. */
+    int         rank, size;    /* in MPI_COMM_WORLD */
+    int         nodes;         /* distinct hosts (MPI_Comm_split_type SHARED) */
+    MPI_Comm    mpi;           /* a dup of MPI_COMM_WORLD for the MPI side of every test */
+    int         argc;
+    char      **argv;
+};
+
+/* ---- subcommands ---- */
+int perf_sendrecv(const struct perf_opts *o, weft_comm_t *c);  /* perf_p2p.c */
+int perf_init(const struct perf_opts *o, weft_comm_t *c);      /* perf_p2p.c; c is NULL */
+int perf_allgather(const struct perf_opts *o, weft_comm_t *c); /* perf_coll.c */
+int perf_bcast(const struct perf_opts *o, weft_comm_t *c);     /* perf_coll.c */
+
+/* ---- helpers (weft_perf.c) ---- */
+
+/* Monotonic time in seconds. */
+double perf_now(void);
+
+/* Median of v[0..n) (sorts v in place); 0 when n == 0. */
+double perf_median(double *v, int n);
+
+/* Resolves the size range for a subcommand whose defaults are def_min..def_max. */
+void perf_sizes(const struct perf_opts *o, size_t def_min, size_t def_max,
+                size_t *min_bytes, size_t *max_bytes);
+
+/* o->reps, or def when -r was not given. */
+int perf_reps(const struct perf_opts *o, int def);
+
+/* Next size in the sweep after `bytes` (bytes * factor); returns 0 when the
+ * product would overflow, which ends the sweep. */
+size_t perf_next_size(const struct perf_opts *o, size_t bytes);
+
+/* Iterations per repetition: o->iters when given, else budget_bytes / bytes
+ * clamped to [lo, hi], so that small messages get many iterations and large
+ * ones few and every size costs about the same time. */
+int perf_scale_iters(const struct perf_opts *o, size_t bytes, size_t budget_bytes, int lo, int hi);
+
+/* A seed that tells apart iteration, size, direction/slot and library, so a
+ * stale buffer from an earlier message never passes a check. */
+uint64_t perf_seed(uint64_t iter, uint64_t bytes, uint64_t slot, uint64_t lib);
+
+/* Fills buf with the pattern of seed; perf_verify returns how many bytes of
+ * buf differ from it (0 = all right). Both work on any length and alignment. */
+void   perf_fill(void *buf, size_t bytes, uint64_t seed);
+size_t perf_verify(const void *buf, size_t bytes, uint64_t seed);
+
+/* Page-aligned buffer, every page touched (so page faults are not timed).
+ * Aborts the job (with a message naming the rank) when memory runs out. */
+void *perf_alloc(size_t bytes);
+void  perf_free(void *p);
+
+/* "8", "4K", "64M" style, into buf (at least 16 bytes). */
+const char *perf_size_str(size_t bytes, char *buf, size_t len);
+
+/* Rank 0 prints the comment header every table starts with: the command
+ * line, np, nodes, WEFT_TRANSPORTS and the MPI transport settings seen in
+ * the environment, then `what` (the table's own title line). */
+void perf_print_header(const struct perf_opts *o, const char *what);
+
+/* Reports a failed weft call (rank, call, code, the comm's last error) on
+ * stderr and returns 1, so callers can `return perf_weft_fail(...)`. */
+int perf_weft_fail(const struct perf_opts *o, weft_comm_t *c, const char *call, int err);
+
+#endif

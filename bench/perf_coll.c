@@ -1,0 +1,258 @@
+/*
+ * weft-perf allgather / bcast: weft's collective and MPI's on the same data in
+ * the same run, nccl-tests style.
+ *
+ * Per size, repetitions alternate weft and MPI (so drifting machine load hits
+ * both alike); each repetition times `iters` back-to-back calls between two
+ * MPI barriers, takes the slowest rank's time per call, and the table shows
+ * the median over repetitions. Columns:
+ *
+ *   size     bytes per rank (allgather) / bytes (bcast)
+ *   count    the same in 4-byte elements (nccl-tests' float count)
+ *   time     µs per call
+ *   algbw    GB/s of result per call: n*size (allgather) or size (bcast) / time
+ *   busbw    what each link carried: allgather algbw*(n-1)/n, bcast algbw
+ *   ratio    MPI time / weft time (> 1: weft faster)
+ *   #wrong   bytes that differed from the expected pattern, weft + MPI, over
+ *            all ranks (every size gets one checked call of each library
+ *            with a fresh pattern; -c checks every timed call too)
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "perf.h"
+
+#define COLL_REPS_DEFAULT  5
+/* Bytes moved per timed batch: small blocks repeat often, large ones run
+ * at least twice. */
+#define COLL_BUDGET        (64u << 20)
+
+enum { LIB_WEFT = 0, LIB_MPI = 1 };
+
+struct coll_bench {
+    const struct perf_opts *o;
+    weft_comm_t *c;
+    int is_bcast;
+    size_t bytes;       /* per rank (allgather) or the message (bcast) */
+    int root;
+    unsigned char *sbuf, *rbuf;
+};
+
+static size_t result_bytes(const struct coll_bench *b)
+{
+    return b->is_bcast ? b->bytes : b->bytes * (size_t)b->o->size;
+}
+
+/* Fills what this rank contributes for call `iter` of library lib. */
+static void coll_fill(struct coll_bench *b, uint64_t iter, int lib)
+{
+    if (b->is_bcast) {
+        if (b->o->rank == b->root)
+            perf_fill(b->rbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)b->root, (uint64_t)lib));
+        else
+            memset(b->rbuf, 0, b->bytes);
+    } else {
+        perf_fill(b->sbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)b->o->rank, (uint64_t)lib));
+    }
+}
+
+static size_t coll_verify(const struct coll_bench *b, uint64_t iter, int lib)
+{
+    if (b->is_bcast)
+        return perf_verify(b->rbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)b->root, (uint64_t)lib));
+    size_t wrong = 0;
+    for (int r = 0; r < b->o->size; r++)
+        wrong += perf_verify(b->rbuf + (size_t)r * b->bytes, b->bytes,
+                             perf_seed(iter, b->bytes, (uint64_t)r, (uint64_t)lib));
+    return wrong;
+}
+
+/* One call of lib; returns 0 or a failure already reported. */
+static int coll_call(struct coll_bench *b, int lib)
+{
+    const struct perf_opts *o = b->o;
+    if (lib == LIB_WEFT) {
+        int err = b->is_bcast ? weft_bcast(b->c, b->rbuf, b->bytes, b->root)
+                              : weft_allgather(b->c, b->sbuf, b->rbuf, b->bytes);
+        if (err)
+            return perf_weft_fail(o, b->c, b->is_bcast ? "weft_bcast" : "weft_allgather", err);
+        return 0;
+    }
+    int err;
+    if (b->is_bcast) {
+        /* MPI counts are int: large messages go as 1-MiB elements plus a tail. */
+        size_t big = b->bytes >> 20, tail = b->bytes & ((1u << 20) - 1);
+        err = MPI_SUCCESS;
+        if (big) {
+            MPI_Datatype mib;
+            MPI_Type_contiguous(1 << 20, MPI_BYTE, &mib);
+            MPI_Type_commit(&mib);
+            err = MPI_Bcast(b->rbuf, (int)big, mib, b->root, o->mpi);
+            MPI_Type_free(&mib);
+        }
+        if (err == MPI_SUCCESS && tail)
+            err = MPI_Bcast(b->rbuf + (big << 20), (int)tail, MPI_BYTE, b->root, o->mpi);
+    } else {
+        MPI_Datatype blk;
+        MPI_Type_contiguous((int)b->bytes, MPI_BYTE, &blk);
+        MPI_Type_commit(&blk);
+        err = MPI_Allgather(b->sbuf, 1, blk, b->rbuf, 1, blk, o->mpi);
+        MPI_Type_free(&blk);
+    }
+    if (err != MPI_SUCCESS) {
+        fprintf(stderr, "weft-perf rank %d: MPI_%s failed (%d)\n", o->rank,
+                b->is_bcast ? "Bcast" : "Allgather", err);
+        return 1;
+    }
+    return 0;
+}
+
+/* A checked call with a fresh pattern; returns wrong bytes (>= 0) or -1. */
+static long long coll_checked_call(struct coll_bench *b, uint64_t iter, int lib)
+{
+    coll_fill(b, iter, lib);
+    if (!b->is_bcast)
+        memset(b->rbuf, 0, result_bytes(b));
+    if (coll_call(b, lib))
+        return -1;
+    return (long long)coll_verify(b, iter, lib);
+}
+
+/* Seconds per call for one batch, the slowest rank's; -1 on failure. */
+static double coll_batch(struct coll_bench *b, int lib, int iters, uint64_t iter0, size_t *wrong)
+{
+    const struct perf_opts *o = b->o;
+    double t = 0.0;
+    int failed = 0;
+    MPI_Barrier(o->mpi);
+    if (o->check) {
+        for (int i = 0; i < iters && !failed; i++) {
+            coll_fill(b, iter0 + (uint64_t)i, lib);
+            double t0 = perf_now();
+            failed = coll_call(b, lib);
+            t += perf_now() - t0;
+            if (!failed)
+                *wrong += coll_verify(b, iter0 + (uint64_t)i, lib);
+        }
+    } else {
+        double t0 = perf_now();
+        for (int i = 0; i < iters && !failed; i++)
+            failed = coll_call(b, lib);
+        t = perf_now() - t0;
+    }
+    double per = failed ? -1.0 : t / iters, worst = 0.0;
+    /* A failure on any rank shows as a negative minimum. */
+    double both[2] = { per, -per }, red[2];
+    MPI_Allreduce(both, red, 2, MPI_DOUBLE, MPI_MAX, o->mpi);
+    worst = red[0];
+    if (-red[1] < 0.0)
+        return -1.0;
+    return worst;
+}
+
+static int coll_run(const struct perf_opts *o, weft_comm_t *c, int is_bcast)
+{
+    const int n = o->size;
+    const int reps = o->reps > 0 ? o->reps : COLL_REPS_DEFAULT;
+    size_t min_b, max_b;
+    perf_sizes(o, 8, 16u << 20, &min_b, &max_b);
+    struct coll_bench b = { .o = o, .c = c, .is_bcast = is_bcast, .root = o->root };
+
+    size_t max_result = is_bcast ? max_b : max_b * (size_t)n;
+    b.rbuf = perf_alloc(max_result ? max_result : 1);
+    b.sbuf = is_bcast ? NULL : perf_alloc(max_b ? max_b : 1);
+
+    char title[512];
+    const char *algo = o->algo ? o->algo : getenv("WEFT_ALLGATHER_ALGO");
+    if (is_bcast)
+        snprintf(title, sizeof title, "# bcast, root %d: weft_bcast vs MPI_Bcast, median of %d reps, "
+                 "busbw = algbw", o->root, reps);
+    else
+        snprintf(title, sizeof title, "# allgather: weft_allgather (%s) vs MPI_Allgather, median of %d reps, "
+                 "algbw = n*size/time, busbw = algbw*(n-1)/n",
+                 algo && *algo ? algo : "selector", reps);
+    perf_print_header(o, title);
+    if (o->rank == 0) {
+        printf("# %10s %10s %11s %8s %8s %11s %8s %7s %7s\n", is_bcast ? "size(B)" : "size(B/rank)",
+               "count(f32)", "weft(us)", "algbw", "busbw", "MPI(us)", "busbw", "ratio", "#wrong");
+        printf("# %10s %10s %11s %8s %8s %11s %8s %7s %7s\n", "", "", "", "(GB/s)", "(GB/s)", "", "(GB/s)",
+               "MPI/weft", "");
+        fflush(stdout);
+    }
+
+    double *times[2];
+    times[0] = malloc((size_t)reps * sizeof(double));
+    times[1] = malloc((size_t)reps * sizeof(double));
+    int rc = 0;
+    if (!times[0] || !times[1]) {
+        fprintf(stderr, "weft-perf rank %d: out of memory\n", o->rank);
+        rc = 1;
+        goto out;
+    }
+
+    uint64_t iter = 1;
+    for (size_t bytes = min_b; bytes && bytes <= max_b; bytes = perf_next_size(o, bytes)) {
+        b.bytes = bytes;
+        size_t moved = result_bytes(&b);
+        int iters = perf_scale_iters(o, moved, COLL_BUDGET, 2, 1000);
+        size_t wrong_local = 0;
+
+        /* One checked call each with a fresh pattern, then warm-up. */
+        for (int lib = 0; lib < 2; lib++) {
+            long long w = coll_checked_call(&b, iter++, lib);
+            if (w < 0) {
+                rc = 1;
+                goto out;
+            }
+            wrong_local += (size_t)w;
+            if (!o->check)
+                coll_fill(&b, iter, lib); /* timed calls move real data */
+            for (int i = 0; i < o->warmup; i++)
+                if (coll_call(&b, lib)) {
+                    rc = 1;
+                    goto out;
+                }
+        }
+        for (int rep = 0; rep < reps; rep++) {
+            /* Alternate which library goes first. */
+            for (int k = 0; k < 2; k++) {
+                int lib = (rep + k) % 2;
+                double t = coll_batch(&b, lib, iters, iter, &wrong_local);
+                iter += (uint64_t)iters;
+                if (t < 0) {
+                    rc = 1;
+                    goto out;
+                }
+                times[lib][rep] = t;
+            }
+        }
+        unsigned long long wrong = 0, wl = wrong_local;
+        MPI_Reduce(&wl, &wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, o->mpi);
+        if (o->rank == 0) {
+            double tw = perf_median(times[LIB_WEFT], reps), tm = perf_median(times[LIB_MPI], reps);
+            double bus = is_bcast ? 1.0 : (double)(n - 1) / (double)n;
+            double algw = tw > 0 ? (double)moved / tw * 1e-9 : 0, algm = tm > 0 ? (double)moved / tm * 1e-9 : 0;
+            char sz[32];
+            printf("%12s %10zu %11.2f %8.3f %8.3f %11.2f %8.3f %7.2f %7llu\n", perf_size_str(bytes, sz, sizeof sz),
+                   bytes / 4, tw * 1e6, algw, algw * bus, tm * 1e6, algm * bus, tw > 0 ? tm / tw : 0.0, wrong);
+            fflush(stdout);
+        }
+    }
+out:
+    free(times[0]);
+    free(times[1]);
+    perf_free(b.rbuf);
+    if (b.sbuf)
+        perf_free(b.sbuf);
+    return rc;
+}
+
+int perf_allgather(const struct perf_opts *o, weft_comm_t *c)
+{
+    return coll_run(o, c, 0);
+}
+
+int perf_bcast(const struct perf_opts *o, weft_comm_t *c)
+{
+    return coll_run(o, c, 1);
+}

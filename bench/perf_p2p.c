@@ -1,0 +1,536 @@
+/*
+ * weft-perf sendrecv and init.
+ *
+ * sendrecv: ranks are paired (r, r + np/2) and every pair runs at once, so an
+ * oversubscribed job measures how well waiting ranks give the CPU away (an
+ * odd rank out waits). -o keeps only ranks 0 and 1 busy. For each size and
+ * repetition, weft and MPI are measured back to back, the order flipping on
+ * every repetition so drifting machine noise hits both alike; both use the
+ * same buffers. A barrier before each measurement makes every pair measure
+ * the same library at the same moment. The table shows, per size, the
+ * median over repetitions of the slowest pair.
+ *
+ *   latency:   ping-pong, blocking send/recv; time = round trip / 2.
+ *   bandwidth: the low rank of a pair posts `win` non-blocking sends, the
+ *              other `win` receives; after waiting for all of them the
+ *              receiver answers a 4-byte ack. time = elapsed / messages.
+ *
+ * init: weft_comm_create and weft_comm_destroy timed apart, next to
+ * MPI_Comm_dup + MPI_Allgather of one rank card and MPI_Comm_free: the part
+ * of creation MPI itself would have to do anyway.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "perf.h"
+#include "comm.h"   /* struct weft_rank_card: the init comparison allgathers its size */
+
+enum { LIB_WEFT = 0, LIB_MPI = 1 };
+enum { TAG_DATA = 1, TAG_ACK = 2 };
+
+static const char *lib_name[2] = { "weft", "MPI" };
+
+/* One side of a pair, for one size. */
+struct pair_run {
+    const struct perf_opts *o;
+    weft_comm_t *c;
+    int          peer;     /* the other rank of the pair */
+    int          low;      /* 1 on the rank that starts (pings, streams) */
+    char        *sbuf;     /* window slots of `bytes` each */
+    char        *rbuf;
+    size_t       bytes;
+    int          win;      /* bandwidth: messages in flight */
+    weft_request_t **wreqs;/* [win] */
+    MPI_Request *mreqs;    /* [win] */
+    weft_status_t *wst;    /* [win] */
+    MPI_Status  *mst;      /* [win] */
+    size_t       wrong[2]; /* bad bytes seen by this rank, per library */
+};
+
+/* The peer of this rank, or -1 when it sits this test out. */
+static int pair_peer(const struct perf_opts *o, int *low)
+{
+    if (o->one_pair) {
+        *low = o->rank == 0;
+        return o->rank == 0 ? 1 : o->rank == 1 ? 0 : -1;
+    }
+    int half = o->size / 2;
+    if (o->rank < half) {
+        *low = 1;
+        return o->rank + half;
+    }
+    *low = 0;
+    return o->rank < 2 * half ? o->rank - half : -1;
+}
+
+/* A received message of the wrong size counts as entirely wrong. */
+static void check_recv(struct pair_run *p, int lib, const void *buf, size_t got_bytes, uint64_t seed)
+{
+    if (got_bytes != p->bytes) {
+        p->wrong[lib] += p->bytes > got_bytes ? p->bytes : got_bytes;
+        return;
+    }
+    p->wrong[lib] += perf_verify(buf, p->bytes, seed);
+}
+
+static int mpi_count(const MPI_Status *st, size_t *bytes)
+{
+    int n = 0;
+    int rc = MPI_Get_count(st, MPI_BYTE, &n);
+    *bytes = (size_t)n;
+    return rc;
+}
+
+/* ---- latency: one ping-pong per iteration ---- */
+
+/* Runs iterations [first, first + n) of the ping-pong through lib. Returns
+ * 0, or 1 after a failed call was reported. */
+static int pingpong(struct pair_run *p, int lib, int first, int n)
+{
+    const struct perf_opts *o = p->o;
+    const int check = o->check;
+    /* Direction 0: low -> high; 1: high -> low. */
+    const int dir_out = p->low ? 0 : 1, dir_in = 1 - dir_out;
+    for (int i = first; i < first + n; i++) {
+        for (int step = 0; step < 2; step++) {
+            int sending = (step == 0) == (p->low != 0);
+            if (sending) {
+                if (check)
+                    perf_fill(p->sbuf, p->bytes, perf_seed((uint64_t)i, p->bytes, (uint64_t)dir_out, (uint64_t)lib));
+                if (lib == LIB_WEFT) {
+                    int err = weft_send(p->c, p->sbuf, p->bytes, p->peer, TAG_DATA);
+                    if (err)
+                        return perf_weft_fail(o, p->c, "weft_send", err);
+                } else if (MPI_Send(p->sbuf, (int)p->bytes, MPI_BYTE, p->peer, TAG_DATA, o->mpi) != MPI_SUCCESS) {
+                    fprintf(stderr, "weft-perf rank %d: MPI_Send to %d failed\n", o->rank, p->peer);
+                    return 1;
+                }
+            } else {
+                size_t got = 0;
+                if (lib == LIB_WEFT) {
+                    weft_status_t st;
+                    int err = weft_recv(p->c, p->rbuf, p->bytes, p->peer, TAG_DATA, &st);
+                    if (err)
+                        return perf_weft_fail(o, p->c, "weft_recv", err);
+                    got = st.bytes;
+                } else {
+                    MPI_Status st;
+                    if (MPI_Recv(p->rbuf, (int)p->bytes, MPI_BYTE, p->peer, TAG_DATA, o->mpi, &st) != MPI_SUCCESS ||
+                        mpi_count(&st, &got) != MPI_SUCCESS) {
+                        fprintf(stderr, "weft-perf rank %d: MPI_Recv from %d failed\n", o->rank, p->peer);
+                        return 1;
+                    }
+                }
+                if (check)
+                    check_recv(p, lib, p->rbuf, got, perf_seed((uint64_t)i, p->bytes, (uint64_t)dir_in, (uint64_t)lib));
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---- bandwidth: win messages in flight, then an ack ---- */
+
+static int stream_window(struct pair_run *p, int lib, int iter)
+{
+    const struct perf_opts *o = p->o;
+    const int check = o->check;
+    uint32_t ack = 0;
+    if (p->low) {
+        for (int w = 0; w < p->win; w++) {
+            char *slot = p->sbuf + (size_t)w * p->bytes;
+            if (check)
+                perf_fill(slot, p->bytes, perf_seed((uint64_t)iter, p->bytes, (uint64_t)w, (uint64_t)lib));
+            if (lib == LIB_WEFT) {
+                int err = weft_isend(p->c, slot, p->bytes, p->peer, TAG_DATA, &p->wreqs[w]);
+                if (err)
+                    return perf_weft_fail(o, p->c, "weft_isend", err);
+            } else if (MPI_Isend(slot, (int)p->bytes, MPI_BYTE, p->peer, TAG_DATA, o->mpi, &p->mreqs[w]) != MPI_SUCCESS) {
+                fprintf(stderr, "weft-perf rank %d: MPI_Isend to %d failed\n", o->rank, p->peer);
+                return 1;
+            }
+        }
+        if (lib == LIB_WEFT) {
+            int err = weft_waitall((size_t)p->win, p->wreqs, NULL);
+            if (err)
+                return perf_weft_fail(o, p->c, "weft_waitall (sends)", err);
+            err = weft_recv(p->c, &ack, sizeof ack, p->peer, TAG_ACK, NULL);
+            if (err)
+                return perf_weft_fail(o, p->c, "weft_recv (ack)", err);
+        } else if (MPI_Waitall(p->win, p->mreqs, MPI_STATUSES_IGNORE) != MPI_SUCCESS ||
+                   MPI_Recv(&ack, sizeof ack, MPI_BYTE, p->peer, TAG_ACK, o->mpi, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+            fprintf(stderr, "weft-perf rank %d: MPI_Waitall/ack from %d failed\n", o->rank, p->peer);
+            return 1;
+        }
+        return 0;
+    }
+
+    for (int w = 0; w < p->win; w++) {
+        char *slot = p->rbuf + (size_t)w * p->bytes;
+        if (lib == LIB_WEFT) {
+            int err = weft_irecv(p->c, slot, p->bytes, p->peer, TAG_DATA, &p->wreqs[w]);
+            if (err)
+                return perf_weft_fail(o, p->c, "weft_irecv", err);
+        } else if (MPI_Irecv(slot, (int)p->bytes, MPI_BYTE, p->peer, TAG_DATA, o->mpi, &p->mreqs[w]) != MPI_SUCCESS) {
+            fprintf(stderr, "weft-perf rank %d: MPI_Irecv from %d failed\n", o->rank, p->peer);
+            return 1;
+        }
+    }
+    if (lib == LIB_WEFT) {
+        int err = weft_waitall((size_t)p->win, p->wreqs, p->wst);
+        if (err)
+            return perf_weft_fail(o, p->c, "weft_waitall (receives)", err);
+    } else if (MPI_Waitall(p->win, p->mreqs, p->mst) != MPI_SUCCESS) {
+        fprintf(stderr, "weft-perf rank %d: MPI_Waitall (receives from %d) failed\n", o->rank, p->peer);
+        return 1;
+    }
+    if (check) {
+        for (int w = 0; w < p->win; w++) {
+            size_t got = p->bytes;
+            if (lib == LIB_WEFT)
+                got = p->wst[w].bytes;
+            else
+                mpi_count(&p->mst[w], &got);
+            check_recv(p, lib, p->rbuf + (size_t)w * p->bytes, got,
+                       perf_seed((uint64_t)iter, p->bytes, (uint64_t)w, (uint64_t)lib));
+        }
+    }
+    if (lib == LIB_WEFT) {
+        int err = weft_send(p->c, &ack, sizeof ack, p->peer, TAG_ACK);
+        if (err)
+            return perf_weft_fail(o, p->c, "weft_send (ack)", err);
+    } else if (MPI_Send(&ack, sizeof ack, MPI_BYTE, p->peer, TAG_ACK, o->mpi) != MPI_SUCCESS) {
+        fprintf(stderr, "weft-perf rank %d: MPI_Send (ack to %d) failed\n", o->rank, p->peer);
+        return 1;
+    }
+    return 0;
+}
+
+static int stream(struct pair_run *p, int lib, int first, int n)
+{
+    for (int i = first; i < first + n; i++)
+        if (stream_window(p, lib, i))
+            return 1;
+    return 0;
+}
+
+/* ---- one sweep (latency or bandwidth) ---- */
+
+enum test_kind { TEST_LATENCY, TEST_BANDWIDTH };
+
+/* How long one run takes. Samples are kept short (milliseconds) and many
+ * (up to SENDRECV_REPS per library): this machine is shared, and a burst of
+ * someone else's work then spoils a few samples, which the median drops,
+ * instead of one of the two libraries' only measurement.
+ *
+ * Per size, a short calibration of each library (the slower one counts)
+ * sets the iterations per sample so a sample lasts about SAMPLE_S, never
+ * more than the byte budget allows (small messages would
+ * otherwise run for tens of thousands of iterations). Where single
+ * iterations are long (large messages on a slow path), repetitions drop to
+ * no fewer than MIN_REPS so one size costs about SIZE_BUDGET_S. A full
+ * np=2 shm run takes about half a minute here, a tcp one about a minute. */
+#define LAT_BUDGET     ((size_t)16 << 20)
+#define BW_BUDGET      ((size_t)64 << 20)
+#define LAT_MAX_ITERS  2000
+#define BW_MAX_ITERS   250
+#define SAMPLE_S       0.005
+#define SIZE_BUDGET_S  1.2
+#define SENDRECV_REPS  15
+#define MIN_REPS       5
+
+typedef int (*pair_op)(struct pair_run *, int lib, int first, int n);
+
+/* Runs n iterations of op through lib after o->warmup untimed ones, which
+ * also line the two ranks up; *dt = seconds of the n timed iterations. */
+static int timed_run(struct pair_run *p, pair_op op, int lib, int *next_iter, int n, double *dt)
+{
+    const struct perf_opts *o = p->o;
+    if (o->warmup > 0 && op(p, lib, *next_iter, o->warmup))
+        return 1;
+    double t0 = perf_now();
+    if (op(p, lib, *next_iter + o->warmup, n))
+        return 1;
+    *dt = perf_now() - t0;
+    *next_iter += o->warmup + n;   /* new seeds for every message (-c) */
+    return 0;
+}
+
+static int run_sweep(const struct perf_opts *o, weft_comm_t *c, enum test_kind kind,
+                     int peer, int low, char *sbuf, char *rbuf, size_t cap)
+{
+    size_t min_b, max_b;
+    perf_sizes(o, 8, (size_t)64 << 20, &min_b, &max_b);
+    const int max_reps = perf_reps(o, SENDRECV_REPS);
+    int rc = 1;
+    double *t[2] = { calloc((size_t)max_reps, sizeof(double)), calloc((size_t)max_reps, sizeof(double)) };
+    struct pair_run p;
+    memset(&p, 0, sizeof p);
+    p.wreqs = calloc((size_t)o->window, sizeof *p.wreqs);
+    p.mreqs = calloc((size_t)o->window, sizeof *p.mreqs);
+    p.wst = calloc((size_t)o->window, sizeof *p.wst);
+    p.mst = calloc((size_t)o->window, sizeof *p.mst);
+    if (!t[0] || !t[1] || !p.wreqs || !p.mreqs || !p.wst || !p.mst) {
+        fprintf(stderr, "weft-perf rank %d: out of memory for %d repetitions / window %d\n", o->rank, max_reps, o->window);
+        goto out;
+    }
+
+    char title[512];
+    if (kind == TEST_LATENCY)
+        snprintf(title, sizeof title,
+                 "# sendrecv latency: ping-pong (weft_send/recv vs MPI_Send/Recv), time = half round trip,\n"
+                 "# median of <reps> samples of <iters> iterations, slowest of %d pair(s)%s\n"
+                 "#\n"
+                 "#                            ------ weft ------    ------ MPI -------\n"
+                 "#       size  reps  iters    time(us)     GB/s    time(us)     GB/s   weft/MPI    #wrong", o->one_pair ? 1 : o->size / 2, o->check ? "; -c: times include fill+verify" : "");
+    else
+        snprintf(title, sizeof title,
+                 "# sendrecv bandwidth: window of isends/irecvs + ack (weft vs MPI_Isend/Irecv/Waitall),\n"
+                 "# time per message, median of <reps> samples of <iters> windows, slowest of %d pair(s)%s\n"
+                 "#\n"
+                 "#                                  ------ weft ------    ------ MPI -------\n"
+                 "#       size  win  reps  iters    time(us)     GB/s    time(us)     GB/s   weft/MPI    #wrong", o->one_pair ? 1 : o->size / 2, o->check ? "; -c: times include fill+verify" : "");
+    perf_print_header(o, title);
+
+    p.o = o;
+    p.c = c;
+    p.peer = peer;
+    p.low = low;
+    p.sbuf = sbuf;
+    p.rbuf = rbuf;
+
+    for (size_t bytes = min_b; bytes && bytes <= max_b; bytes = perf_next_size(o, bytes)) {
+        p.bytes = bytes;
+        p.win = 1;
+        int iters;
+        if (kind == TEST_LATENCY) {
+            iters = perf_scale_iters(o, bytes, LAT_BUDGET, 1, LAT_MAX_ITERS);
+        } else {
+            size_t fit = bytes ? cap / bytes : (size_t)o->window;
+            p.win = fit < (size_t)o->window ? (int)(fit ? fit : 1) : o->window;
+            iters = perf_scale_iters(o, bytes * (size_t)p.win, BW_BUDGET, 1, BW_MAX_ITERS);
+        }
+        p.wrong[0] = p.wrong[1] = 0;
+        int next_iter = 0;
+        pair_op op = kind == TEST_LATENCY ? pingpong : stream;
+
+        /* Calibration: runs of 1, 4, 16, ... iterations of each library.
+         * Time per iteration = the fastest run's, since preemption by other
+         * processes only ever adds time; runs stop growing once that
+         * estimate says a run of this length lasts SAMPLE_S / 4 (or the
+         * byte budget's count is reached). Every pair takes the slowest
+         * pair's figure, so all run the same counts. */
+        double t_iter[2] = { 1e30, 1e30 }, t_max = 0;
+        for (int n = 1;; n = n * 4 < iters ? n * 4 : iters) {
+            for (int lib = 0; lib < 2; lib++) {
+                double dt = 0;
+                MPI_Barrier(o->mpi);
+                if (peer >= 0 && timed_run(&p, op, lib, &next_iter, n, &dt))
+                    goto out;
+                if (dt / n < t_iter[lib])
+                    t_iter[lib] = dt / n;
+            }
+            double t_one = peer >= 0 ? (t_iter[0] > t_iter[1] ? t_iter[0] : t_iter[1]) : 0;
+            MPI_Allreduce(&t_one, &t_max, 1, MPI_DOUBLE, MPI_MAX, o->mpi);
+            /* Not before 16 iterations: a single short run that happened to
+             * be preempted must not decide the count on its own. */
+            if (o->iters > 0 || n >= iters || (n >= 16 && t_max * n >= SAMPLE_S / 4))
+                break;
+        }
+        if (o->iters == 0) {
+            double want = t_max > 0 ? SAMPLE_S / t_max : (double)iters;
+            iters = want < 1 ? 1 : want < iters ? (int)want : iters;
+        }
+        int reps = max_reps;
+        if (o->reps == 0) {
+            double per_rep = 2.0 * iters * t_max;    /* both libraries */
+            int fit = per_rep > 0 ? (int)(SIZE_BUDGET_S / per_rep) : max_reps;
+            reps = fit < MIN_REPS ? MIN_REPS : fit < max_reps ? fit : max_reps;
+        }
+
+        for (int rep = 0; rep < reps; rep++) {
+            for (int k = 0; k < 2; k++) {
+                int lib = k ^ (rep & 1);    /* weft first on even repetitions, MPI first on odd */
+                MPI_Barrier(o->mpi);
+                if (peer < 0)
+                    continue;
+                double dt = 0;
+                if (timed_run(&p, op, lib, &next_iter, iters, &dt))
+                    goto out;
+                t[lib][rep] = kind == TEST_LATENCY ? dt / (2.0 * iters) : dt / ((double)iters * p.win);
+            }
+        }
+
+        /* Only the low rank of a pair times; the table shows the slowest pair. */
+        double med[2] = { 0, 0 }, slowest[2];
+        if (peer >= 0 && low) {
+            med[0] = perf_median(t[0], reps);
+            med[1] = perf_median(t[1], reps);
+        }
+        unsigned long long wrong[2] = { p.wrong[0], p.wrong[1] }, wrong_all[2];
+        MPI_Reduce(med, slowest, 2, MPI_DOUBLE, MPI_MAX, 0, o->mpi);
+        MPI_Reduce(wrong, wrong_all, 2, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, o->mpi);
+        if (o->rank == 0) {
+            char sz[32], wr[32];
+            double us_w = slowest[0] * 1e6, us_m = slowest[1] * 1e6;
+            double gb_w = slowest[0] > 0 ? (double)bytes / slowest[0] * 1e-9 : 0;
+            double gb_m = slowest[1] > 0 ? (double)bytes / slowest[1] * 1e-9 : 0;
+            if (o->check)
+                snprintf(wr, sizeof wr, "%llu", wrong_all[0]);
+            else
+                snprintf(wr, sizeof wr, "-");
+            perf_size_str(bytes, sz, sizeof sz);
+            if (kind == TEST_LATENCY)
+                printf("  %10s %5d %6d %11.2f %8.3f %11.2f %8.3f %10.2f %9s\n",
+                       sz, reps, iters, us_w, gb_w, us_m, gb_m, us_m > 0 ? us_w / us_m : 0.0, wr);
+            else
+                printf("  %10s %4d %5d %6d %11.2f %8.3f %11.2f %8.3f %10.2f %9s\n",
+                       sz, p.win, reps, iters, us_w, gb_w, us_m, gb_m, us_m > 0 ? us_w / us_m : 0.0, wr);
+            if (o->check && wrong_all[1])
+                printf("# WARNING: the %s path delivered %llu wrong bytes at size %s\n", lib_name[LIB_MPI],
+                       wrong_all[1], sz);
+            fflush(stdout);
+        }
+    }
+    rc = 0;
+out:
+    free(t[0]);
+    free(t[1]);
+    free(p.wreqs);
+    free(p.mreqs);
+    free(p.wst);
+    free(p.mst);
+    return rc;
+}
+
+int perf_sendrecv(const struct perf_opts *o, weft_comm_t *c)
+{
+    if (o->size < 2) {
+        if (o->rank == 0)
+            printf("# weft-perf sendrecv needs at least 2 ranks (np %d): nothing to measure\n", o->size);
+        return 0;
+    }
+    int low = 0, peer = pair_peer(o, &low);
+    size_t min_b, max_b;
+    perf_sizes(o, 8, (size_t)64 << 20, &min_b, &max_b);
+    if (max_b > (size_t)INT_MAX) {
+        /* MPI counts are int: the MPI side could not send it in one message. */
+        if (o->rank == 0)
+            fprintf(stderr, "weft-perf: sendrecv: -e %zu is above MPI's int count limit (%d)\n", max_b, INT_MAX);
+        return 1;
+    }
+    /* Window slots live side by side in one buffer per direction; it holds at
+     * least one message of the largest size. */
+    size_t cap = o->window_cap > max_b ? o->window_cap : max_b;
+    if (cap > (size_t)o->window * max_b)
+        cap = (size_t)o->window * max_b;
+    char *sbuf = NULL, *rbuf = NULL;
+    if (peer >= 0) {
+        sbuf = perf_alloc(cap);
+        rbuf = perf_alloc(cap);
+    }
+    int rc = 0;
+    if (!o->tests || strcmp(o->tests, "lat") == 0)
+        rc = run_sweep(o, c, TEST_LATENCY, peer, low, sbuf, rbuf, cap);
+    if (rc == 0 && (!o->tests || strcmp(o->tests, "bw") == 0))
+        rc = run_sweep(o, c, TEST_BANDWIDTH, peer, low, sbuf, rbuf, cap);
+    perf_free(sbuf);
+    perf_free(rbuf);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- init */
+
+/* Seconds the slowest rank spent in one collective step (all ranks start
+ * together after a barrier). */
+static double slowest_rank(const struct perf_opts *o, double local_s)
+{
+    double max_s = 0;
+    MPI_Allreduce(&local_s, &max_s, 1, MPI_DOUBLE, MPI_MAX, o->mpi);
+    return max_s;
+}
+
+int perf_init(const struct perf_opts *o, weft_comm_t *unused)
+{
+    (void)unused;
+    const int reps = perf_reps(o, 10);
+    const size_t card = sizeof(struct weft_rank_card);
+    int rc = 1;
+    double *wc = calloc((size_t)reps, sizeof(double)), *wd = calloc((size_t)reps, sizeof(double));
+    double *mc = calloc((size_t)reps, sizeof(double)), *md = calloc((size_t)reps, sizeof(double));
+    char *mine = calloc(1, card), *all = calloc((size_t)o->size, card);
+    if (!wc || !wd || !mc || !md || !mine || !all) {
+        fprintf(stderr, "weft-perf rank %d: out of memory (init, %d repetitions)\n", o->rank, reps);
+        goto out;
+    }
+
+    char title[512];
+    snprintf(title, sizeof title,
+             "# init: weft_comm_create / weft_comm_destroy vs MPI_Comm_dup + MPI_Allgather of one\n"
+             "# rank card (%zu bytes, sizeof(struct weft_rank_card)) / MPI_Comm_free;\n"
+             "# time of the slowest rank, median of %d repetitions, alternating weft and MPI first\n"
+             "#\n"
+             "#   np  card(B)   weft create(us)  weft destroy(us)   MPI dup+allgather(us)  MPI free(us)  create/MPI",
+             card, reps);
+    perf_print_header(o, title);
+
+    for (int rep = 0; rep < reps; rep++) {
+        for (int k = 0; k < 2; k++) {
+            int lib = k ^ (rep & 1);
+            MPI_Barrier(o->mpi);
+            if (lib == LIB_WEFT) {
+                weft_comm_t *c = NULL;
+                double t0 = perf_now();
+                int err = weft_comm_create(MPI_COMM_WORLD, &c);
+                double t1 = perf_now();
+                if (err) {
+                    perf_weft_fail(o, NULL, "weft_comm_create", err);
+                    goto out;
+                }
+                wc[rep] = slowest_rank(o, t1 - t0);
+                MPI_Barrier(o->mpi);
+                t0 = perf_now();
+                err = weft_comm_destroy(c);
+                t1 = perf_now();
+                if (err) {
+                    perf_weft_fail(o, NULL, "weft_comm_destroy", err);
+                    goto out;
+                }
+                wd[rep] = slowest_rank(o, t1 - t0);
+            } else {
+                MPI_Comm dup;
+                memset(mine, o->rank & 0xff, card);
+                double t0 = perf_now();
+                if (MPI_Comm_dup(MPI_COMM_WORLD, &dup) != MPI_SUCCESS ||
+                    MPI_Allgather(mine, (int)card, MPI_BYTE, all, (int)card, MPI_BYTE, dup) != MPI_SUCCESS) {
+                    fprintf(stderr, "weft-perf rank %d: MPI_Comm_dup/MPI_Allgather failed\n", o->rank);
+                    goto out;
+                }
+                double t1 = perf_now();
+                mc[rep] = slowest_rank(o, t1 - t0);
+                MPI_Barrier(o->mpi);
+                t0 = perf_now();
+                MPI_Comm_free(&dup);
+                t1 = perf_now();
+                md[rep] = slowest_rank(o, t1 - t0);
+            }
+        }
+    }
+    if (o->rank == 0) {
+        double c_w = perf_median(wc, reps) * 1e6, d_w = perf_median(wd, reps) * 1e6;
+        double c_m = perf_median(mc, reps) * 1e6, d_m = perf_median(md, reps) * 1e6;
+        printf("  %5d %8zu %17.1f %17.1f %23.1f %13.1f %11.1f\n", o->size, card, c_w, d_w, c_m, d_m,
+               c_m > 0 ? c_w / c_m : 0.0);
+        fflush(stdout);
+    }
+    rc = 0;
+out:
+    free(wc);
+    free(wd);
+    free(mc);
+    free(md);
+    free(mine);
+    free(all);
+    return rc;
+}

@@ -1,0 +1,450 @@
+/*
+ * weft-perf: weft and MPI side by side, in the same run, on the same buffers.
+ *
+ *   mpirun -np 2 build/bench/weft-perf sendrecv [options]
+ *
+ * This file holds main(), option parsing and the helpers every subcommand
+ * shares (perf.h). The subcommands are in perf_p2p.c (sendrecv, init) and
+ * perf_coll.c (allgather, bcast).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "perf.h"
+
+extern char **environ;
+
+/* ---------------------------------------------------------------- helpers */
+
+double perf_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double perf_median(double *v, int n)
+{
+    if (n <= 0)
+        return 0.0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return (n & 1) ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int perf_reps(const struct perf_opts *o, int def)
+{
+    return o->reps > 0 ? o->reps : def;
+}
+
+void perf_sizes(const struct perf_opts *o, size_t def_min, size_t def_max,
+                size_t *min_bytes, size_t *max_bytes)
+{
+    *min_bytes = o->min_bytes ? o->min_bytes : def_min;
+    *max_bytes = o->max_bytes ? o->max_bytes : def_max;
+    if (*max_bytes < *min_bytes)
+        *max_bytes = *min_bytes;
+}
+
+size_t perf_next_size(const struct perf_opts *o, size_t bytes)
+{
+    if (bytes == 0)
+        return 1;               /* a sweep that starts at 0 B goes on with 1 B */
+    if (bytes > SIZE_MAX / o->factor)
+        return 0;
+    return bytes * o->factor;
+}
+
+int perf_scale_iters(const struct perf_opts *o, size_t bytes, size_t budget_bytes, int lo, int hi)
+{
+    if (o->iters > 0)
+        return o->iters;
+    size_t n = budget_bytes / (bytes ? bytes : 1);
+    if (n < (size_t)lo)
+        return lo;
+    if (n > (size_t)hi)
+        return hi;
+    return (int)n;
+}
+
+uint64_t perf_seed(uint64_t iter, uint64_t bytes, uint64_t slot, uint64_t lib)
+{
+    /* Distinct odd multipliers keep (iter, bytes, slot, lib) tuples apart
+     * after mixing; the pattern itself mixes again per word. */
+    return iter * 0x9E3779B97F4A7C15ull ^ bytes * 0xC2B2AE3D27D4EB4Full ^
+           slot * 0x165667B19E3779F9ull ^ (lib + 1) * 0xD6E8FEB86659FD93ull;
+}
+
+/* Word i of the pattern: cheap enough to fill tens of MiB per iteration,
+ * different in every byte position for neighbouring words and seeds. */
+static inline uint64_t pattern_word(uint64_t seed, uint64_t i)
+{
+    uint64_t x = (seed + i) * 0x9E3779B97F4A7C15ull;
+    return x ^ (x >> 29);
+}
+
+void perf_fill(void *buf, size_t bytes, uint64_t seed)
+{
+    unsigned char *p = buf;
+    size_t words = bytes / 8;
+    for (size_t i = 0; i < words; i++) {
+        uint64_t w = pattern_word(seed, i);
+        memcpy(p + 8 * i, &w, 8);     /* memcpy: buffers may be unaligned */
+    }
+    if (bytes % 8) {
+        uint64_t w = pattern_word(seed, words);
+        memcpy(p + 8 * words, &w, bytes % 8);
+    }
+}
+
+static size_t differing_bytes(uint64_t a, uint64_t b, size_t n)
+{
+    unsigned char x[8], y[8];
+    size_t bad = 0;
+    memcpy(x, &a, 8);
+    memcpy(y, &b, 8);
+    for (size_t k = 0; k < n; k++)
+        bad += x[k] != y[k];
+    return bad;
+}
+
+size_t perf_verify(const void *buf, size_t bytes, uint64_t seed)
+{
+    const unsigned char *p = buf;
+    size_t words = bytes / 8, bad = 0;
+    for (size_t i = 0; i < words; i++) {
+        uint64_t got, want = pattern_word(seed, i);
+        memcpy(&got, p + 8 * i, 8);
+        if (got != want)
+            bad += differing_bytes(got, want, 8);
+    }
+    if (bytes % 8) {
+        uint64_t got = 0, want = pattern_word(seed, words);
+        memcpy(&got, p + 8 * words, bytes % 8);
+        bad += differing_bytes(got, want, bytes % 8);
+    }
+    return bad;
+}
+
+void *perf_alloc(size_t bytes)
+{
+    void *p = NULL;
+    int rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int rc = posix_memalign(&p, 4096, bytes ? bytes : 1);
+    if (rc != 0) {
+        fprintf(stderr, "weft-perf rank %d: cannot allocate %zu bytes: %s\n", rank, bytes, strerror(rc));
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    /* Touch every page now so first-touch page faults never land in a timed loop. */
+    memset(p, 0xA5, bytes);
+    return p;
+}
+
+void perf_free(void *p)
+{
+    free(p);
+}
+
+const char *perf_size_str(size_t bytes, char *buf, size_t len)
+{
+    static const char units[] = "KMGT";
+    int u = -1;
+    size_t v = bytes;
+    while (v >= 1024 && v % 1024 == 0 && u < 3) {
+        v /= 1024;
+        u++;
+    }
+    if (u < 0)
+        snprintf(buf, len, "%zu", v);
+    else
+        snprintf(buf, len, "%zu%c", v, units[u]);
+    return buf;
+}
+
+void perf_print_header(const struct perf_opts *o, const char *what)
+{
+    if (o->rank != 0)
+        return;
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    time_t now = time(NULL);
+    struct tm tm;
+    char date[64] = "?";
+    if (gmtime_r(&now, &tm))
+        strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S UTC", &tm);
+
+    printf("#\n# weft-perf:");
+    for (int i = 0; i < o->argc; i++)
+        printf(" %s", o->argv[i]);
+    /* The machine may be shared: the load says how quiet it was. */
+    char load[64] = "?";
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (!fgets(load, sizeof load, f))
+            snprintf(load, sizeof load, "?");
+        load[strcspn(load, "\n")] = '\0';
+        fclose(f);
+    }
+    printf("\n# np %d, nodes %d, host %s, %s, loadavg %s\n", o->size, o->nodes, host, date, load);
+    const char *tp = getenv("WEFT_TRANSPORTS");
+    printf("# weft transports: %s\n", tp ? tp : "default (self,shm,tcp: best per pair)");
+    /* mpirun passes its --mca options to the ranks as OMPI_MCA_* variables,
+     * so this shows which MPI transports the comparison ran over. */
+    int any = 0;
+    for (char **e = environ; *e; e++) {
+        if (strncmp(*e, "OMPI_MCA_btl", 12) == 0 || strncmp(*e, "OMPI_MCA_pml", 12) == 0 ||
+            strncmp(*e, "OMPI_MCA_mpi_yield", 18) == 0 ||
+            (strncmp(*e, "WEFT_", 5) == 0 && strncmp(*e, "WEFT_TRANSPORTS=", 16) != 0)) {
+            printf("%s %s", any ? "" : "# environment:", *e);
+            any = 1;
+        }
+    }
+    if (any)
+        printf("\n");
+    printf("# MPI transports: %s\n", getenv("OMPI_MCA_btl") ? getenv("OMPI_MCA_btl") : "Open MPI default");
+    printf("%s\n", what);
+    fflush(stdout);
+}
+
+int perf_weft_fail(const struct perf_opts *o, weft_comm_t *c, const char *call, int err)
+{
+    fprintf(stderr, "weft-perf rank %d: %s failed: %s (%d)%s%s\n", o->rank, call, weft_strerror(err), err,
+            c ? ": " : "", c ? weft_comm_last_error(c) : "");
+    return 1;
+}
+
+/* ---------------------------------------------------------------- options */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: mpirun -np N weft-perf SUBCOMMAND [options]\n"
+        "\n"
+        "Runs the same operation through weft and through MPI in one job, alternating\n"
+        "the two on every repetition, and prints medians side by side.\n"
+        "\n"
+        "subcommands:\n"
+        "  sendrecv   ping-pong latency (half round trip) and streaming bandwidth\n"
+        "             (window of -w messages) between pairs of ranks (r, r + np/2);\n"
+        "             MPI_Send/Recv and MPI_Isend/Irecv/Waitall as reference\n"
+        "  init       weft_comm_create / weft_comm_destroy time vs\n"
+        "             MPI_Comm_dup + MPI_Allgather of one rank card / MPI_Comm_free\n"
+        "  allgather  weft_allgather vs MPI_Allgather\n"
+        "  bcast      weft_bcast vs MPI_Bcast\n"
+        "\n"
+        "options:\n"
+        "  -b SIZE    smallest size (default 8; sendrecv/allgather/bcast)\n"
+        "  -e SIZE    largest size (sendrecv: 64M, collectives: 16M)\n"
+        "  -f N       size factor between steps (default 2)\n"
+        "  -r N       repetitions per size; the table shows medians (sendrecv 15, init 10)\n"
+        "  -n N       iterations per repetition (default: scaled down with size)\n"
+        "  -W N       untimed iterations at the start of each measurement (default 1)\n"
+        "  -w N       sendrecv: messages in flight in the bandwidth test (default 64)\n"
+        "  -m SIZE    sendrecv: memory cap of one side's window buffers (default 256M);\n"
+        "             the window shrinks for sizes where -w messages would not fit\n"
+        "  -o         sendrecv: only ranks 0 and 1 exchange, the others wait\n"
+        "  -t lat|bw  sendrecv: only the latency or only the bandwidth table\n"
+        "  -c         fill and verify the data of every message; #wrong counts bad bytes\n"
+        "             (timings then include the fill/verify work)\n"
+        "  -a ALGO    collectives: force an algorithm (sets WEFT_ALLGATHER_ALGO)\n"
+        "  -R RANK    bcast root (default 0)\n"
+        "  -h         this help\n"
+        "\n"
+        "SIZE takes k/m/g suffixes (powers of 1024). weft's transports are chosen with\n"
+        "WEFT_TRANSPORTS=..., MPI's with mpirun flags (e.g. --mca btl tcp,self).\n");
+}
+
+static int parse_size(const char *s, size_t *out)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || s[0] == '-')
+        return -1;
+    unsigned long long mult = 1;
+    switch (*end) {
+    case 'k': case 'K': mult = 1ull << 10; end++; break;
+    case 'm': case 'M': mult = 1ull << 20; end++; break;
+    case 'g': case 'G': mult = 1ull << 30; end++; break;
+    default: break;
+    }
+    if ((*end == 'b' || *end == 'B') && end[1] == '\0')
+        end++;
+    if (*end != '\0' || (v && mult > SIZE_MAX / v))
+        return -1;
+    *out = (size_t)(v * mult);
+    return 0;
+}
+
+static int parse_int(const char *s, int lo, int *out)
+{
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < lo || v > 1000000000L)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+/* Returns 0 when the options are fine, 1 on a usage error (message printed
+ * by rank 0), 2 for -h. */
+static int parse_options(int argc, char **argv, struct perf_opts *o)
+{
+    int factor = 2, opt;
+    opterr = 0;
+    optind = 1;
+    while ((opt = getopt(argc, argv, "b:e:f:r:n:W:w:m:ot:ca:R:h")) != -1) {
+        int bad = 0;
+        switch (opt) {
+        case 'b': bad = parse_size(optarg, &o->min_bytes); break;
+        case 'e': bad = parse_size(optarg, &o->max_bytes) || o->max_bytes == 0; break;
+        case 'f': bad = parse_int(optarg, 2, &factor); break;
+        case 'r': bad = parse_int(optarg, 1, &o->reps); break;
+        case 'n': bad = parse_int(optarg, 1, &o->iters); break;
+        case 'W': bad = parse_int(optarg, 0, &o->warmup); break;
+        case 'w': bad = parse_int(optarg, 1, &o->window); break;
+        case 'm': bad = parse_size(optarg, &o->window_cap) || o->window_cap == 0; break;
+        case 'o': o->one_pair = 1; break;
+        case 't':
+            o->tests = optarg;
+            bad = strcmp(optarg, "lat") != 0 && strcmp(optarg, "bw") != 0;
+            break;
+        case 'c': o->check = 1; break;
+        case 'a': o->algo = optarg; break;
+        case 'R': bad = parse_int(optarg, 0, &o->root); break;
+        case 'h': return 2;
+        default:
+            if (o->rank == 0)
+                fprintf(stderr, "weft-perf: unknown option or missing value: -%c\n", optopt);
+            return 1;
+        }
+        if (bad) {
+            if (o->rank == 0)
+                fprintf(stderr, "weft-perf: bad value for -%c: '%s'\n", opt, optarg);
+            return 1;
+        }
+    }
+    if (optind != argc) {
+        if (o->rank == 0)
+            fprintf(stderr, "weft-perf: unexpected argument '%s'\n", argv[optind]);
+        return 1;
+    }
+    if (o->root >= o->size) {
+        if (o->rank == 0)
+            fprintf(stderr, "weft-perf: -R %d: root must be below np (%d)\n", o->root, o->size);
+        return 1;
+    }
+    o->factor = (size_t)factor;
+    return 0;
+}
+
+/* Distinct hosts: one leader per MPI_COMM_TYPE_SHARED group. */
+static int count_nodes(void)
+{
+    MPI_Comm local;
+    int local_rank = 0, leaders = 0, one;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &local_rank);
+    one = local_rank == 0;
+    MPI_Allreduce(&one, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Comm_free(&local);
+    return leaders;
+}
+
+typedef int (*perf_fn)(const struct perf_opts *, weft_comm_t *);
+
+static const struct { const char *name; perf_fn fn; int needs_comm; } subcommands[] = {
+    { "sendrecv",  perf_sendrecv,  1 },
+    { "init",      perf_init,      0 },   /* creates and destroys its own comms */
+    { "allgather", perf_allgather, 1 },
+    { "bcast",     perf_bcast,     1 },
+};
+
+int main(int argc, char **argv)
+{
+    struct perf_opts o;
+    memset(&o, 0, sizeof o);
+    o.factor = 2;
+    o.warmup = 1;
+    o.window = 64;
+    o.window_cap = (size_t)256 << 20;
+    o.argc = argc;
+    o.argv = argv;
+
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &o.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &o.size);
+
+    perf_fn fn = NULL;
+    int needs_comm = 0, rc = 1;
+    const char *cmd = argc > 1 ? argv[1] : NULL;
+    if (cmd && (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0)) {
+        if (o.rank == 0)
+            usage(stdout);
+        MPI_Finalize();
+        return 0;
+    }
+    for (size_t i = 0; cmd && i < sizeof subcommands / sizeof subcommands[0]; i++) {
+        if (strcmp(cmd, subcommands[i].name) == 0) {
+            fn = subcommands[i].fn;
+            needs_comm = subcommands[i].needs_comm;
+        }
+    }
+    if (!fn) {
+        if (o.rank == 0) {
+            if (cmd)
+                fprintf(stderr, "weft-perf: unknown subcommand '%s'\n\n", cmd);
+            usage(stderr);
+        }
+        MPI_Finalize();
+        return 1;
+    }
+    int prc = parse_options(argc - 1, argv + 1, &o);
+    if (prc) {
+        if (o.rank == 0)
+            usage(prc == 2 ? stdout : stderr);
+        MPI_Finalize();
+        return prc == 2 ? 0 : 1;
+    }
+    if (o.algo && setenv("WEFT_ALLGATHER_ALGO", o.algo, 1) != 0) {
+        fprintf(stderr, "weft-perf rank %d: setenv WEFT_ALLGATHER_ALGO: %s\n", o.rank, strerror(errno));
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    o.nodes = count_nodes();
+    MPI_Comm_dup(MPI_COMM_WORLD, &o.mpi);
+
+    weft_comm_t *comm = NULL;
+    if (needs_comm) {
+        int err = weft_comm_create(MPI_COMM_WORLD, &comm);
+        if (err != WEFT_SUCCESS) {
+            perf_weft_fail(&o, NULL, "weft_comm_create", err);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+    rc = fn(&o, comm);
+    if (rc != 0) {
+        /* The other ranks may be blocked on this one: end the whole job. */
+        fprintf(stderr, "weft-perf rank %d: %s failed, aborting the job\n", o.rank, cmd);
+        MPI_Abort(MPI_COMM_WORLD, rc);
+    }
+    if (comm) {
+        int err = weft_comm_destroy(comm);
+        if (err != WEFT_SUCCESS) {
+            perf_weft_fail(&o, NULL, "weft_comm_destroy", err);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+    MPI_Comm_free(&o.mpi);
+    MPI_Finalize();
+    return 0;
+}

@@ -1,0 +1,65 @@
+# ctest "exports": the shared library defines no dynamic symbol except the
+# public weft_* API, and every function weft.h declares is really exported.
+# Run as: cmake -DNM=nm -DLIB=libweft.so -DHEADER=weft.h -P check_exports.cmake
+cmake_minimum_required(VERSION 3.18)
+
+foreach(v NM LIB HEADER)
+  if(NOT ${v})
+    message(FATAL_ERROR "check_exports: -D${v}=... is required")
+  endif()
+endforeach()
+
+execute_process(COMMAND ${NM} -D --defined-only ${LIB}
+  OUTPUT_VARIABLE nm_out ERROR_VARIABLE nm_err RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${NM} -D --defined-only ${LIB} failed (${rc}): ${nm_err}")
+endif()
+
+# Symbols the linker itself adds to every shared object.
+set(linker_symbols _init _fini _edata _end __bss_start _DYNAMIC _GLOBAL_OFFSET_TABLE_)
+string(REPLACE "\n" ";" lines "${nm_out}")
+set(exported "")
+set(strays "")
+foreach(line IN LISTS lines)
+  # "<address> <type> <name>[@version]"
+  if(NOT line MATCHES "^[0-9a-fA-F]* *[A-Za-z] +([^ @]+)")
+    continue()
+  endif()
+  set(name "${CMAKE_MATCH_1}")
+  if(name IN_LIST linker_symbols)
+    continue()
+  endif()
+  if(name MATCHES "^weft_")
+    list(APPEND exported ${name})
+  else()
+    list(APPEND strays ${name})
+  endif()
+endforeach()
+
+if(strays)
+  list(JOIN strays "\n  " s)
+  message(FATAL_ERROR "libweft.so exports symbols outside the weft_ namespace "
+                      "(give them static linkage or keep them hidden):\n  ${s}")
+endif()
+
+file(READ ${HEADER} header)
+string(REGEX MATCHALL "WEFT_API[^;(]*[ *](weft_[A-Za-z0-9_]+)[ ]*\\(" decls "${header}")
+set(missing "")
+set(declared 0)
+foreach(d IN LISTS decls)
+  string(REGEX MATCH "(weft_[A-Za-z0-9_]+)[ ]*\\($" _ "${d}")
+  set(fn "${CMAKE_MATCH_1}")
+  math(EXPR declared "${declared} + 1")
+  if(NOT fn IN_LIST exported)
+    list(APPEND missing ${fn})
+  endif()
+endforeach()
+if(declared EQUAL 0)
+  message(FATAL_ERROR "found no WEFT_API declarations in ${HEADER}; the parser is out of date")
+endif()
+if(missing)
+  list(JOIN missing " " m)
+  message(FATAL_ERROR "declared in weft.h but not exported by libweft.so: ${m}")
+endif()
+list(LENGTH exported n)
+message(STATUS "libweft.so exports ${n} symbols, all weft_*; all ${declared} functions of weft.h present")

@@ -1,0 +1,68 @@
+# ctest "install_consumer": install weft into a scratch prefix, then build and
+# run the outside project tests/install twice, once through find_package(weft)
+# and once through pkg-config, as a user of the installed library would.
+cmake_minimum_required(VERSION 3.18)
+
+foreach(v BUILD_DIR SOURCE_DIR WORK_DIR C_COMPILER GENERATOR LIBDIR)
+  if(NOT DEFINED ${v})
+    message(FATAL_ERROR "check_install: -D${v}=... is required")
+  endif()
+endforeach()
+
+function(run what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc}):\n${ARGN}\n${out}\n${err}")
+  endif()
+  message(STATUS "${what}: ok")
+  set(run_output "${out}" PARENT_SCOPE)
+endfunction()
+
+set(prefix ${WORK_DIR}/prefix)
+file(REMOVE_RECURSE ${WORK_DIR})
+run("cmake --install" ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix})
+
+if(IS_ABSOLUTE "${LIBDIR}")
+  message(FATAL_ERROR "CMAKE_INSTALL_LIBDIR is absolute (${LIBDIR}); this check needs a relocatable install")
+endif()
+set(libdir ${prefix}/${LIBDIR})
+foreach(f include/weft.h ${LIBDIR}/libweft.a ${LIBDIR}/libweft.so ${LIBDIR}/libweft.so.0
+          ${LIBDIR}/cmake/weft/weftConfig.cmake ${LIBDIR}/cmake/weft/weftConfigVersion.cmake
+          ${LIBDIR}/cmake/weft/weftTargets.cmake ${LIBDIR}/pkgconfig/weft.pc)
+  if(NOT EXISTS ${prefix}/${f})
+    message(FATAL_ERROR "cmake --install did not install ${f}")
+  endif()
+endforeach()
+
+set(extra_flags "")
+if(SANITIZE)
+  # An ASan-instrumented libweft.so needs the ASan runtime loaded first.
+  set(extra_flags "-fsanitize=address,undefined")
+endif()
+
+# 1. find_package(weft): shared and static flavours.
+set(cm_build ${WORK_DIR}/cmake-consumer)
+run("configure consumer (find_package)" ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/install -B ${cm_build}
+    -G ${GENERATOR} -DCMAKE_PREFIX_PATH=${prefix} -DCMAKE_C_COMPILER=${C_COMPILER}
+    "-DCMAKE_C_FLAGS=${extra_flags}" "-DCMAKE_EXE_LINKER_FLAGS=${extra_flags}")
+run("build consumer (find_package)" ${CMAKE_COMMAND} --build ${cm_build})
+run("run consumer linked to weft::weft" ${cm_build}/weft_consumer)
+run("run consumer linked to weft::weft_static" ${cm_build}/weft_consumer_static)
+if(MPIEXEC)
+  run("run README example (mpirun -np 2)" ${MPIEXEC} -np 2 ${cm_build}/weft_ring)
+endif()
+
+# 2. pkg-config: compile by hand with the flags weft.pc gives.
+if(NOT PKG_CONFIG)
+  message(FATAL_ERROR "pkg-config was not found at configure time; cannot check weft.pc")
+endif()
+set(pc_env ${CMAKE_COMMAND} -E env PKG_CONFIG_PATH=${libdir}/pkgconfig)
+run("pkg-config --cflags --libs weft" ${pc_env} ${PKG_CONFIG} --cflags --libs weft)
+string(STRIP "${run_output}" pc_flags)
+separate_arguments(pc_flags UNIX_COMMAND "${pc_flags}")
+separate_arguments(extra_list UNIX_COMMAND "${extra_flags}")
+run("compile consumer (pkg-config)" ${C_COMPILER} ${extra_list} -o ${WORK_DIR}/weft_consumer_pc
+    ${SOURCE_DIR}/tests/install/consumer.c ${pc_flags})
+run("run consumer (pkg-config)" ${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir}
+    ${WORK_DIR}/weft_consumer_pc)
+file(REMOVE_RECURSE ${WORK_DIR})

@@ -1,0 +1,266 @@
+/*
+ * weft_allgather over whatever transports the ctest entry selects (shm, tcp,
+ * virtual nodes): every algorithm that applies to the rank count, forced with
+ * WEFT_ALLGATHER_ALGO, and the selector; in place and out of place; block
+ * sizes from 0 to 16 MiB. Each rank's block carries a pattern of (rank,
+ * size, call), so a block from the wrong rank, a stale block from an earlier
+ * call or a shifted byte all show, and guard bytes around recvbuf catch a
+ * write past either end.
+ */
+#include <gtest/gtest.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "weft.h"
+#include "weft_mpi_test.h"
+
+using namespace weft_mpitest;
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = 1024 * 1024;
+
+/* Sets WEFT_ALLGATHER_ALGO for the scope (the library reads it per call);
+ * "auto" clears it so the selector decides. Same value on every rank. */
+class ForceAlgo {
+public:
+    explicit ForceAlgo(const std::string &algo)
+    {
+        if (algo == "auto")
+            unsetenv("WEFT_ALLGATHER_ALGO");
+        else
+            setenv("WEFT_ALLGATHER_ALGO", algo.c_str(), 1);
+    }
+    ~ForceAlgo() { unsetenv("WEFT_ALLGATHER_ALGO"); }
+};
+
+bool is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+/* The algorithms that can run at this rank count, then the selector. */
+std::vector<std::string> algos_for(int size)
+{
+    std::vector<std::string> a = {"ring", "bruck", "direct", "hier"};
+    if (is_pow2(size))
+        a.push_back("rd");
+    a.push_back("auto");
+    return a;
+}
+
+/* Block sizes: the full list where it is affordable; at 5 and more ranks
+ * (oversubscribed, n times the memory per rank) a shorter list that still
+ * has the zero, odd, page-crossing and multi-chunk cases. */
+std::vector<size_t> block_sizes(int size)
+{
+    if (size <= 4)
+        return {0, 1, 3, 8, 1000, 4096, 65537, 1 * MiB, 16 * MiB};
+    return {0, 1, 3, 8, 1000, 65537, 1 * MiB + 3};
+}
+
+uint64_t block_seed(int owner, size_t bytes, uint64_t call)
+{
+    return pattern_seed(owner, (int)(bytes & 0x7fffffff), call);
+}
+
+class Allgather : public WeftMpiTest {
+protected:
+    uint64_t calls = 0;
+
+    /* One allgather of `bytes` per rank with the current algorithm setting;
+     * checks the return code, every block and the guards. */
+    void run_and_check(size_t bytes, bool in_place, const std::string &algo)
+    {
+        const uint64_t call = calls++;
+        const size_t total = bytes * (size_t)size;
+        GuardedBuffer recv(total, call % 3); /* odd alignments too */
+        ASSERT_TRUE(recv.ok());
+        std::vector<unsigned char> send;
+        const void *sendbuf;
+        unsigned char *mine = recv.data() + (size_t)rank * bytes;
+        if (in_place) {
+            fill_pattern(mine, bytes, block_seed(rank, bytes, call));
+            sendbuf = mine;
+        } else {
+            send.resize(bytes + 1);
+            fill_pattern(send.data() + 1, bytes, block_seed(rank, bytes, call));
+            sendbuf = send.data() + 1;
+        }
+        int rc = weft_allgather(comm, bytes ? sendbuf : nullptr, bytes ? recv.data() : nullptr, bytes);
+        ASSERT_EQ(rc, WEFT_SUCCESS) << "algo " << algo << " bytes " << bytes
+                                    << (in_place ? " in place" : " out of place") << ": "
+                                    << weft_strerror(rc) << ": " << last_error();
+        for (int r = 0; r < size; r++) {
+            size_t bad = pattern_mismatch(recv.data() + (size_t)r * bytes, bytes, block_seed(r, bytes, call));
+            ASSERT_EQ(bad, SIZE_MAX) << "algo " << algo << " bytes " << bytes
+                                     << (in_place ? " in place" : " out of place") << ": block of rank " << r
+                                     << " wrong from offset " << bad;
+        }
+        ASSERT_TRUE(recv.GuardsIntact()) << "algo " << algo << " bytes " << bytes;
+        if (!in_place)
+            ASSERT_TRUE(pattern_mismatch(send.data() + 1, bytes, block_seed(rank, bytes, call)) == SIZE_MAX)
+                << "sendbuf was modified";
+    }
+};
+
+/* Every applicable algorithm x every block size x in place / out of place. */
+TEST_F(Allgather, EveryAlgorithmEverySize)
+{
+    for (const std::string &algo : algos_for(size)) {
+        ForceAlgo force(algo);
+        for (size_t bytes : block_sizes(size)) {
+            for (bool in_place : {false, true}) {
+                run_and_check(bytes, in_place, algo);
+                if (HasFailure())
+                    return;
+            }
+        }
+    }
+}
+
+/* Allgathers of different sizes and algorithms back to back, no barrier
+ * between them, all outstanding data checked only at the end: a fast rank's
+ * next call must never feed a slow rank's current one. */
+TEST_F(Allgather, BackToBackDifferentSizes)
+{
+    const std::vector<size_t> seq = {1, 65537, 3, 300 * KiB + 1, 0, 8, 4096, 1000, 2 * MiB + 5, 1};
+    const std::vector<std::string> algos = algos_for(size);
+    std::vector<std::unique_ptr<GuardedBuffer>> bufs;
+    for (size_t i = 0; i < seq.size() * 2; i++) {
+        size_t bytes = seq[i % seq.size()];
+        ForceAlgo force(algos[i % algos.size()]);
+        bufs.emplace_back(new GuardedBuffer(bytes * (size_t)size));
+        unsigned char *rb = bufs.back()->data();
+        fill_pattern(rb + (size_t)rank * bytes, bytes, block_seed(rank, bytes, 1000 + i));
+        int rc = weft_allgather(comm, rb + (size_t)rank * bytes, rb, bytes);
+        ASSERT_EQ(rc, WEFT_SUCCESS) << "call " << i << " bytes " << bytes << ": " << last_error();
+    }
+    for (size_t i = 0; i < bufs.size(); i++) {
+        size_t bytes = seq[i % seq.size()];
+        for (int r = 0; r < size; r++)
+            ASSERT_TRUE(HasPattern(bufs[i]->data() + (size_t)r * bytes, bytes, r, (int)(bytes & 0x7fffffff), 1000 + i))
+                << "call " << i << " (" << algos[i % algos.size()] << ") block of rank " << r;
+        ASSERT_TRUE(bufs[i]->GuardsIntact()) << "call " << i;
+    }
+}
+
+/* rd cannot run on a rank count that is not a power of two: refused on every
+ * rank with INVALID_ARG and a message, never replaced by another algorithm. */
+TEST_F(Allgather, RecursiveDoublingRefusedOnNonPowerOfTwo)
+{
+    if (is_pow2(size))
+        GTEST_SKIP() << size << " ranks is a power of two";
+    ForceAlgo force("rd");
+    std::vector<unsigned char> recv(8 * (size_t)size, kFreshByte), send(8, 1);
+    int rc = weft_allgather(comm, send.data(), recv.data(), 8);
+    EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG);
+    EXPECT_NE(last_error().find("power-of-two"), std::string::npos) << last_error();
+    EXPECT_NE(last_error().find("rd"), std::string::npos) << last_error();
+    for (unsigned char b : recv)
+        ASSERT_EQ(b, kFreshByte) << "a refused allgather wrote into recvbuf";
+    /* The comm is still usable afterwards. */
+    unsetenv("WEFT_ALLGATHER_ALGO");
+    EXPECT_EQ(weft_barrier(comm), WEFT_SUCCESS) << last_error();
+}
+
+TEST_F(Allgather, UnknownAlgorithmRefused)
+{
+    ForceAlgo force("ringg");
+    std::vector<unsigned char> recv(8 * (size_t)size), send(8);
+    EXPECT_EQ(weft_allgather(comm, send.data(), recv.data(), 8), WEFT_ERR_INVALID_ARG);
+    EXPECT_NE(last_error().find("WEFT_ALLGATHER_ALGO=ringg"), std::string::npos) << last_error();
+}
+
+TEST_F(Allgather, ArgumentChecks)
+{
+    std::vector<unsigned char> recv(16 * (size_t)size), send(16);
+    EXPECT_EQ(weft_allgather(nullptr, send.data(), recv.data(), 16), WEFT_ERR_INVALID_ARG);
+
+    EXPECT_EQ(weft_allgather(comm, nullptr, recv.data(), 16), WEFT_ERR_INVALID_ARG);
+    EXPECT_NE(last_error().find("sendbuf"), std::string::npos) << last_error();
+    EXPECT_NE(last_error().find("rank " + std::to_string(rank)), std::string::npos) << last_error();
+
+    EXPECT_EQ(weft_allgather(comm, send.data(), nullptr, 16), WEFT_ERR_INVALID_ARG);
+    EXPECT_NE(last_error().find("recvbuf"), std::string::npos) << last_error();
+
+    /* Overlapping recvbuf without being the in-place slot. */
+    if (size > 1) {
+        unsigned char *wrong = recv.data() + (size_t)((rank + 1) % size) * 16 + 1;
+        EXPECT_EQ(weft_allgather(comm, wrong, recv.data(), 16), WEFT_ERR_INVALID_ARG);
+        EXPECT_NE(last_error().find("overlaps"), std::string::npos) << last_error();
+    }
+
+    /* Zero bytes: NULL buffers are fine. */
+    EXPECT_EQ(weft_allgather(comm, nullptr, nullptr, 0), WEFT_SUCCESS) << last_error();
+    /* After refused calls the next collective works on every rank. */
+    EXPECT_EQ(weft_barrier(comm), WEFT_SUCCESS) << last_error();
+}
+
+/* Totals above 4 GiB: 2 GiB + 3 bytes per rank, in place (no second copy of
+ * the data), so offsets and lengths must be size_t end to end. Label: Huge. */
+TEST_F(Allgather, HugeTotalAbove4GiB)
+{
+    const size_t bytes = 2048 * MiB + 3;
+    if (size != 2)
+        GTEST_SKIP() << "run at np 2 only (memory)";
+    for (const std::string algo : {"ring"}) { /* the chunked offsets; one pass: CI time */
+        ForceAlgo force(algo);
+        const size_t total = bytes * (size_t)size;
+        std::unique_ptr<unsigned char[]> rb(new (std::nothrow) unsigned char[total]);
+        ASSERT_TRUE(rb) << "no memory for " << total << " bytes";
+        fill_pattern(rb.get() + (size_t)rank * bytes, bytes, block_seed(rank, bytes, 77));
+        int rc = weft_allgather(comm, rb.get() + (size_t)rank * bytes, rb.get(), bytes);
+        ASSERT_EQ(rc, WEFT_SUCCESS) << algo << ": " << last_error();
+        for (int r = 0; r < size; r++)
+            ASSERT_EQ(pattern_mismatch(rb.get() + (size_t)r * bytes, bytes, block_seed(r, bytes, 77)), SIZE_MAX)
+                << algo << ": block of rank " << r;
+    }
+}
+
+/* WEFT_DEBUG=info (set by the ctest entry): the choice for a shape is logged
+ * once, a new shape logs again. stderr is captured into a file per rank. */
+TEST_F(Allgather, InfoLogsEachShapeOnce)
+{
+    const char *dbg = std::getenv("WEFT_DEBUG");
+    if (!dbg || std::string(dbg) != "info")
+        GTEST_SKIP() << "needs WEFT_DEBUG=info";
+    if (size == 1)
+        GTEST_SKIP() << "one rank: nothing is selected";
+    char path[] = "/tmp/weft_coll_log_XXXXXX";
+    int fd = mkstemp(path);
+    ASSERT_GE(fd, 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    std::vector<unsigned char> recv(4096 * (size_t)size);
+    int rc1 = weft_allgather(comm, recv.data() + (size_t)rank * 8, recv.data(), 8);
+    int rc2 = weft_allgather(comm, recv.data() + (size_t)rank * 8, recv.data(), 8);
+    int rc3 = weft_allgather(comm, recv.data() + (size_t)rank * 4096, recv.data(), 4096);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    EXPECT_EQ(rc1, WEFT_SUCCESS);
+    EXPECT_EQ(rc2, WEFT_SUCCESS);
+    EXPECT_EQ(rc3, WEFT_SUCCESS);
+    std::ifstream in(path);
+    std::string line;
+    int lines_8 = 0, lines_4096 = 0;
+    while (std::getline(in, line)) {
+        if (line.find("allgather 8 B per rank") != std::string::npos)
+            lines_8++;
+        if (line.find("allgather 4096 B per rank") != std::string::npos)
+            lines_4096++;
+    }
+    unlink(path);
+    EXPECT_EQ(lines_8, 1) << "the 8-byte shape must be logged exactly once";
+    EXPECT_EQ(lines_4096, 1);
+}
+
+} // namespace

@@ -1,0 +1,251 @@
+/*
+ * Communicator life cycle: a comm over MPI_COMM_SELF, over a split
+ * communicator, next to another comm, created and destroyed 100 times
+ * without leaking shm segments, file descriptors or mappings, and
+ * WEFT_TIMEOUT ending a wait on a silent peer with an error that says who.
+ */
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <dirent.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "weft.h"
+#include "weft_mpi_test.h"
+
+using namespace weft_mpitest;
+
+namespace {
+
+/* Tests here make their own comms. */
+class Comm : public WeftMpiTest {
+protected:
+    MPI_Comm base_comm() override { return MPI_COMM_NULL; }
+};
+
+/* The comm the fixture makes, for tests that need one. */
+class CommWorld : public WeftMpiTest {};
+
+/* /dev/shm entries of segments this process created: weft names them
+ * "/weft-<pid>-..." (p2p/shm.c), i.e. files "weft-<pid>-*". */
+std::vector<std::string> my_shm_segments()
+{
+    std::vector<std::string> found;
+    const std::string prefix = "weft-" + std::to_string(getpid()) + "-";
+    DIR *d = opendir("/dev/shm");
+    if (d == nullptr)
+        return found;
+    while (struct dirent *e = readdir(d))
+        if (std::string(e->d_name).rfind(prefix, 0) == 0)
+            found.push_back(e->d_name);
+    closedir(d);
+    return found;
+}
+
+int open_fd_count()
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d == nullptr)
+        return -1;
+    while (struct dirent *e = readdir(d))
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n - 1; /* the directory's own descriptor */
+}
+
+/* Lines of /proc/self/maps that map a weft shm segment. */
+std::vector<std::string> weft_mappings()
+{
+    std::vector<std::string> found;
+    std::ifstream f("/proc/self/maps");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.find("/dev/shm/weft-") != std::string::npos)
+            found.push_back(line);
+    return found;
+}
+
+std::string join(const std::vector<std::string> &v)
+{
+    std::string s;
+    for (const auto &x : v)
+        s += (s.empty() ? "" : ", ") + x;
+    return s;
+}
+
+/* Ring exchange of a small and a rendezvous-size message on c. */
+void ring_exchange(weft_comm_t *c, int tag, uint64_t index)
+{
+    const int r = weft_comm_rank(c), n = weft_comm_size(c);
+    const int right = (r + 1) % n, left = (r + n - 1) % n;
+    for (size_t bytes : {(size_t)13, (size_t)(1u << 20) + 3}) {
+        std::vector<unsigned char> out(bytes), in(bytes);
+        fill_pattern(out.data(), bytes, pattern_seed(r, tag, index));
+        weft_request_t *reqs[2];
+        weft_status_t st[2];
+        ASSERT_EQ(weft_irecv(c, in.data(), bytes, left, tag, &reqs[0]), WEFT_SUCCESS) << weft_comm_last_error(c);
+        ASSERT_EQ(weft_isend(c, out.data(), bytes, right, tag, &reqs[1]), WEFT_SUCCESS) << weft_comm_last_error(c);
+        ASSERT_EQ(weft_waitall(2, reqs, st), WEFT_SUCCESS) << weft_comm_last_error(c);
+        EXPECT_EQ(st[0].bytes, bytes);
+        EXPECT_EQ(st[0].peer, left);
+        EXPECT_TRUE(HasPattern(in.data(), bytes, left, tag, index));
+    }
+}
+
+TEST_F(Comm, OnCommSelf)
+{
+    weft_comm_t *c = nullptr;
+    ASSERT_EQ(weft_comm_create(MPI_COMM_SELF, &c), WEFT_SUCCESS);
+    EXPECT_EQ(weft_comm_rank(c), 0);
+    EXPECT_EQ(weft_comm_size(c), 1);
+    EXPECT_STREQ(weft_comm_last_error(c), "");
+    ring_exchange(c, 1, 0); /* a ring of one: self-sends, eager and rendezvous */
+    /* Send posted before the receive, at both sizes. */
+    for (size_t bytes : {(size_t)100, (size_t)(1u << 20) + 3}) {
+        std::vector<unsigned char> out(bytes), in(bytes);
+        fill_pattern(out.data(), bytes, pattern_seed(0, 2, bytes));
+        weft_request_t *s, *r;
+        ASSERT_EQ(weft_isend(c, out.data(), bytes, 0, 2, &s), WEFT_SUCCESS) << weft_comm_last_error(c);
+        ASSERT_EQ(weft_irecv(c, in.data(), bytes, 0, 2, &r), WEFT_SUCCESS) << weft_comm_last_error(c);
+        ASSERT_EQ(weft_wait(r, nullptr), WEFT_SUCCESS) << weft_comm_last_error(c);
+        ASSERT_EQ(weft_wait(s, nullptr), WEFT_SUCCESS) << weft_comm_last_error(c);
+        EXPECT_TRUE(HasPattern(in.data(), bytes, 0, 2, bytes));
+    }
+    /* Peer 1 does not exist in a comm of one. */
+    char b = 0;
+    weft_request_t *req = nullptr;
+    EXPECT_EQ(weft_isend(c, &b, 1, 1, 0, &req), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
+}
+
+/* 100 create/destroy cycles: no segment of this process left in /dev/shm,
+ * no mapping and no file descriptor more than before. */
+TEST_F(Comm, CreateDestroy100TimesLeaksNothing)
+{
+    /* A first cycle outside the count: MPI and the C library open what they
+     * keep for the process lifetime (e.g. the first socket) on first use. */
+    weft_comm_t *c = nullptr;
+    ASSERT_EQ(weft_comm_create(MPI_COMM_WORLD, &c), WEFT_SUCCESS);
+    ASSERT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
+    const int fds_before = open_fd_count();
+    const int cycles = size >= 8 ? 50 : 100;
+    for (int i = 0; i < cycles; i++) {
+        c = nullptr;
+        ASSERT_EQ(weft_comm_create(MPI_COMM_WORLD, &c), WEFT_SUCCESS) << "cycle " << i;
+        if (i % 25 == 0)
+            ring_exchange(c, 3, (uint64_t)i); /* some cycles carry traffic */
+        ASSERT_EQ(weft_comm_destroy(c), WEFT_SUCCESS) << "cycle " << i;
+    }
+    EXPECT_EQ(open_fd_count(), fds_before) << "file descriptors leaked over " << cycles << " cycles";
+    EXPECT_TRUE(my_shm_segments().empty()) << "left in /dev/shm: " << join(my_shm_segments());
+    EXPECT_TRUE(weft_mappings().empty()) << "still mapped: " << join(weft_mappings());
+}
+
+/* Segments are unlinked as soon as every peer mapped them: once create has
+ * returned everywhere, none of this process's segments has a name left. */
+TEST_F(CommWorld, SegmentsUnlinkedOnceCreated)
+{
+    MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_TRUE(my_shm_segments().empty()) << "still linked after create: " << join(my_shm_segments());
+}
+
+/* A comm over a split communicator works, next to a comm over the world,
+ * and traffic on one never matches receives on the other (same tag). */
+TEST_F(CommWorld, SplitCommNextToWorldComm)
+{
+    MPI_Comm half;
+    ASSERT_EQ(MPI_Comm_split(MPI_COMM_WORLD, rank % 2, -rank, &half), MPI_SUCCESS);
+    int mpi_rank, mpi_size;
+    MPI_Comm_rank(half, &mpi_rank);
+    MPI_Comm_size(half, &mpi_size);
+    weft_comm_t *hc = nullptr;
+    ASSERT_EQ(weft_comm_create(half, &hc), WEFT_SUCCESS);
+    EXPECT_EQ(weft_comm_rank(hc), mpi_rank);
+    EXPECT_EQ(weft_comm_size(hc), mpi_size);
+
+    /* Same tag, same peer index on both comms: receive on the split comm
+     * first-posted, world second; each must get its own comm's message. */
+    const int tag = 4;
+    const int hr = (mpi_rank + 1) % mpi_size, hl = (mpi_rank + mpi_size - 1) % mpi_size;
+    const int wr = (rank + 1) % size, wl = (rank + size - 1) % size;
+    uint64_t h_out = 1000 + (uint64_t)rank, w_out = 2000 + (uint64_t)rank, h_in = 0, w_in = 0;
+    weft_request_t *reqs[4];
+    ASSERT_EQ(weft_irecv(hc, &h_in, 8, hl, tag, &reqs[0]), WEFT_SUCCESS);
+    ASSERT_EQ(weft_irecv(comm, &w_in, 8, wl, tag, &reqs[1]), WEFT_SUCCESS);
+    ASSERT_EQ(weft_isend(comm, &w_out, 8, wr, tag, &reqs[2]), WEFT_SUCCESS);
+    ASSERT_EQ(weft_isend(hc, &h_out, 8, hr, tag, &reqs[3]), WEFT_SUCCESS);
+    ASSERT_EQ(weft_waitall(4, reqs, nullptr), WEFT_SUCCESS) << weft_comm_last_error(hc) << " / " << last_error();
+    /* World rank of my left neighbour in the split comm (ranks ordered by -rank). */
+    std::vector<int> members(mpi_size);
+    MPI_Allgather(&rank, 1, MPI_INT, members.data(), 1, MPI_INT, half);
+    EXPECT_EQ(h_in, 1000 + (uint64_t)members[hl]) << "message on the split comm";
+    EXPECT_EQ(w_in, 2000 + (uint64_t)wl) << "message on the world comm";
+
+    ring_exchange(hc, 5, 1);
+    EXPECT_EQ(weft_comm_destroy(hc), WEFT_SUCCESS);
+    MPI_Comm_free(&half);
+}
+
+/* One rank waits on a request its peer never answers while the peer sits
+ * in MPI_Barrier (not progressing weft at all). The wait must end with
+ * WEFT_ERR_TIMEOUT after about WEFT_TIMEOUT = 2 s, and the last error must
+ * name rank, peer, tag, bytes and transport. A comm of its own, since the
+ * timeout breaks its pipe. */
+void expect_wait_times_out(int waiter, bool is_send, int tag, size_t bytes)
+{
+    const int rank = world_rank();
+    weft_comm_t *c = nullptr;
+    ASSERT_EQ(weft_comm_create(MPI_COMM_WORLD, &c), WEFT_SUCCESS);
+    if (rank == waiter) {
+        const int peer = 1 - waiter;
+        std::vector<unsigned char> buf(bytes, 1);
+        weft_request_t *r = nullptr;
+        if (is_send)
+            ASSERT_EQ(weft_isend(c, buf.data(), bytes, peer, tag, &r), WEFT_SUCCESS);
+        else
+            ASSERT_EQ(weft_irecv(c, buf.data(), bytes, peer, tag, &r), WEFT_SUCCESS);
+        weft_status_t st;
+        auto t0 = std::chrono::steady_clock::now();
+        int rc = weft_wait(r, &st);
+        double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const char *what = is_send ? "send" : "receive";
+        EXPECT_EQ(rc, WEFT_ERR_TIMEOUT) << what << ": " << weft_strerror(rc) << ": " << weft_comm_last_error(c);
+        EXPECT_EQ(st.error, WEFT_ERR_TIMEOUT) << what;
+        EXPECT_GE(waited, 1.5) << what;
+        EXPECT_LE(waited, 15.0) << what << ": a 2 s timeout took " << waited << " s";
+        const std::string err = weft_comm_last_error(c);
+        for (const std::string &want : {"rank " + std::to_string(rank), "peer " + std::to_string(peer),
+                                        "tag " + std::to_string(tag), std::to_string(bytes)})
+            EXPECT_NE(err.find(want), std::string::npos) << what << ": \"" << err << "\" does not say " << want;
+        EXPECT_TRUE(err.find("shm") != std::string::npos || err.find("tcp") != std::string::npos)
+            << what << ": \"" << err << "\" does not name the transport";
+    }
+    /* The waiter is done before destroy tears the pipes down. */
+    MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS) << "destroy after a timeout: " << weft_comm_last_error(c);
+}
+
+/* ctest entries comm_timeout_* run this with WEFT_TIMEOUT=2. */
+TEST_F(Comm, TimeoutNamesPeerTagBytesTransport)
+{
+    const char *t = std::getenv("WEFT_TIMEOUT");
+    if (t == nullptr || std::string(t) != "2")
+        GTEST_SKIP() << "runs with WEFT_TIMEOUT=2 only (ctest comm_timeout_*)";
+    if (size < 2)
+        GTEST_SKIP() << "needs 2 ranks";
+    /* Rank 0 receives a message rank 1 never sends. */
+    expect_wait_times_out(0, false, 5, 100);
+    /* Rank 1 sends a rendezvous-size message rank 0 never receives. */
+    expect_wait_times_out(1, true, 6, (8u << 20) + 1);
+}
+
+} // namespace

@@ -1,0 +1,143 @@
+/*
+ * Two threads doing point-to-point on one comm at the same time. Only the
+ * main thread calls MPI (the fixture's set-up and teardown); the threads call
+ * weft only, which is the thread-safety weft promises whatever thread level
+ * MPI was initialised with.
+ */
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "weft.h"
+#include "weft_mpi_test.h"
+#include "weft_p2p_sizes.h"
+
+using namespace weft_mpitest;
+
+namespace {
+
+class Threads : public WeftMpiTest {
+protected:
+    int right() const { return (rank + 1) % size; }
+    int left() const { return (rank + size - 1) % size; }
+};
+
+/* What a worker thread found wrong; asserted on the main thread. */
+struct WorkerResult {
+    std::string first_error;
+    int errors = 0;
+    void fail(const std::string &what)
+    {
+        if (errors++ == 0)
+            first_error = what;
+    }
+};
+
+size_t thread_msg_size(int i)
+{
+    /* Small, above the largest eager limit, and a multi-chunk rendezvous. */
+    switch (i % 5) {
+    case 0: return (size_t)i % 97;
+    case 1: return 4097;
+    case 2: return max_eager_limit() + 1 + (size_t)i % 13;
+    case 3: return 1000;
+    default: return (i % 10 == 4) ? (1u << 20) + 3 : 31;
+    }
+}
+
+/* Ring exchange on one tag: receive from the left, send to the right. */
+void ring_worker(weft_comm_t *comm, int rank, int left, int right, int tag, int iterations, WorkerResult *res)
+{
+    for (int i = 0; i < iterations && res->errors == 0; i++) {
+        const size_t n = thread_msg_size(i);
+        std::vector<unsigned char> out(n), in(n);
+        fill_pattern(out.data(), n, pattern_seed(rank, tag, (uint64_t)i));
+        weft_request_t *reqs[2];
+        weft_status_t st[2];
+        int rc = weft_irecv(comm, in.data(), n, left, tag, &reqs[0]);
+        if (rc != WEFT_SUCCESS) {
+            res->fail("irecv: " + std::string(weft_comm_last_error(comm)));
+            return;
+        }
+        rc = weft_isend(comm, out.data(), n, right, tag, &reqs[1]);
+        if (rc != WEFT_SUCCESS) {
+            res->fail("isend: " + std::string(weft_comm_last_error(comm)));
+            weft_wait(reqs[0], nullptr);
+            return;
+        }
+        rc = weft_waitall(2, reqs, st);
+        if (rc != WEFT_SUCCESS) {
+            res->fail("waitall: " + std::string(weft_strerror(rc)) + ": " + weft_comm_last_error(comm));
+            return;
+        }
+        if (st[0].bytes != n || st[0].tag != tag || st[0].peer != left)
+            res->fail("tag " + std::to_string(tag) + " iteration " + std::to_string(i) + ": status says " +
+                      std::to_string(st[0].bytes) + " bytes, tag " + std::to_string(st[0].tag));
+        ::testing::AssertionResult ok = HasPattern(in.data(), n, left, tag, (uint64_t)i);
+        if (!ok)
+            res->fail(ok.message());
+    }
+}
+
+TEST_F(Threads, TwoThreadsRingOnDifferentTags)
+{
+    const int iterations = size >= 8 ? 40 : 150;
+    WorkerResult a, b;
+    std::thread ta(ring_worker, comm, rank, left(), right(), 1, iterations, &a);
+    std::thread tb(ring_worker, comm, rank, left(), right(), 2, iterations, &b);
+    ta.join();
+    tb.join();
+    EXPECT_EQ(a.errors, 0) << "thread on tag 1: " << a.first_error;
+    EXPECT_EQ(b.errors, 0) << "thread on tag 2: " << b.first_error;
+}
+
+/* One thread only sends, the other only receives, on the same tag: the
+ * pipe's matching and the transport see both sides from two threads. */
+TEST_F(Threads, SenderThreadAndReceiverThreadOnOneTag)
+{
+    const int count = size >= 8 ? 100 : 400;
+    const int tag = 3;
+    WorkerResult sres, rres;
+    const int me = rank, to = right(), from = left();
+    std::thread sender([&]() {
+        std::vector<std::vector<unsigned char>> outs(count);
+        std::vector<weft_request_t *> reqs(count);
+        for (int i = 0; i < count; i++) {
+            outs[i].resize(thread_msg_size(i));
+            fill_pattern(outs[i].data(), outs[i].size(), pattern_seed(me, tag, (uint64_t)i));
+            if (weft_isend(comm, outs[i].data(), outs[i].size(), to, tag, &reqs[i]) != WEFT_SUCCESS) {
+                sres.fail("isend " + std::to_string(i) + ": " + weft_comm_last_error(comm));
+                /* Completes what was posted so the comm can be destroyed. */
+                weft_waitall((size_t)i, reqs.data(), nullptr);
+                return;
+            }
+        }
+        if (weft_waitall(count, reqs.data(), nullptr) != WEFT_SUCCESS)
+            sres.fail(std::string("send waitall: ") + weft_comm_last_error(comm));
+    });
+    std::thread receiver([&]() {
+        for (int i = 0; i < count; i++) {
+            const size_t n = thread_msg_size(i);
+            std::vector<unsigned char> in(n);
+            weft_status_t st;
+            if (weft_recv(comm, in.data(), n, from, tag, &st) != WEFT_SUCCESS) {
+                rres.fail("recv " + std::to_string(i) + ": " + weft_comm_last_error(comm));
+                return;
+            }
+            ::testing::AssertionResult ok = HasPattern(in.data(), n, from, tag, (uint64_t)i);
+            if (!ok || st.bytes != n) {
+                rres.fail("message " + std::to_string(i) + ": " + ok.message());
+                return;
+            }
+        }
+    });
+    sender.join();
+    receiver.join();
+    EXPECT_EQ(sres.errors, 0) << sres.first_error;
+    EXPECT_EQ(rres.errors, 0) << rres.first_error;
+}
+
+} // namespace

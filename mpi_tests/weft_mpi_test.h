@@ -1,0 +1,273 @@
+/*
+ * Shared pieces of the MPI test binaries (p2p, comm, collectives):
+ *
+ *  - WeftMpiTest: a fixture that gives each test a fresh weft comm over
+ *    MPI_COMM_WORLD and, at the end of every test, agrees across ranks on
+ *    whether the test failed anywhere. Only rank 0 prints GoogleTest's
+ *    report (mpi_main.cc), so a failure on another rank must be carried to
+ *    rank 0 or it would pass silently.
+ *  - Data patterns that depend on sender rank, tag, message index and byte
+ *    offset, so a byte that lands in the wrong message, at the wrong offset
+ *    or from the wrong peer is caught, and fast enough for 4 GiB messages.
+ *  - Guarded buffers: bytes before and after the usable area that must stay
+ *    untouched (truncation and unaligned-buffer tests).
+ *
+ * Rule for every test: a skip decision must be the same on all ranks
+ * (derived from the world size or the environment), otherwise ranks
+ * disagree about which collective comes next and the job hangs.
+ */
+#ifndef WEFT_MPI_TEST_H
+#define WEFT_MPI_TEST_H
+
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "weft.h"
+
+namespace weft_mpitest {
+
+inline int world_rank()
+{
+    int r = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+
+inline int world_size()
+{
+    int s = -1;
+    MPI_Comm_size(MPI_COMM_WORLD, &s);
+    return s;
+}
+
+/* True when any rank passes true. Collective over comm. */
+inline bool any_rank(bool mine, MPI_Comm comm = MPI_COMM_WORLD)
+{
+    int in = mine ? 1 : 0, out = 0;
+    MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MAX, comm);
+    return out != 0;
+}
+
+/* Lowest rank that passes true, or -1. Collective over comm. */
+inline int first_rank_with(bool mine, MPI_Comm comm = MPI_COMM_WORLD)
+{
+    int me = 0;
+    MPI_Comm_rank(comm, &me);
+    int in = mine ? me : INT32_MAX, out = INT32_MAX;
+    MPI_Allreduce(&in, &out, 1, MPI_INT, MPI_MIN, comm);
+    return out == INT32_MAX ? -1 : out;
+}
+
+inline const char *env_or(const char *name, const char *dflt)
+{
+    const char *v = std::getenv(name);
+    return v ? v : dflt;
+}
+
+/* ---- data patterns ---- */
+
+inline uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+/* Seed of one message: who sent it, on which tag, which message of the test. */
+inline uint64_t pattern_seed(int sender, int tag, uint64_t index)
+{
+    return mix64(((uint64_t)(uint32_t)sender << 40) ^ ((uint64_t)(uint32_t)tag << 8) ^
+                 mix64(index + 0x51ed2701ull));
+}
+
+/* Word k (bytes 8k..8k+7 of the message). */
+inline uint64_t pattern_word(uint64_t seed, size_t k)
+{
+    return mix64(seed + (uint64_t)k * 0x9e3779b97f4a7c15ull);
+}
+
+/* Fills buf[0..n) with the message's pattern; buf may be unaligned. */
+inline void fill_pattern(void *buf, size_t n, uint64_t seed)
+{
+    unsigned char *p = static_cast<unsigned char *>(buf);
+    size_t words = n / 8;
+    for (size_t k = 0; k < words; k++) {
+        uint64_t w = pattern_word(seed, k);
+        std::memcpy(p + 8 * k, &w, 8);
+    }
+    if (n % 8) {
+        uint64_t w = pattern_word(seed, words);
+        std::memcpy(p + 8 * words, &w, n % 8);
+    }
+}
+
+/* Offset of the first byte of buf[0..n) that differs from the pattern, or
+ * SIZE_MAX when all match. */
+inline size_t pattern_mismatch(const void *buf, size_t n, uint64_t seed)
+{
+    const unsigned char *p = static_cast<const unsigned char *>(buf);
+    size_t words = n / 8;
+    for (size_t k = 0; k < words; k++) {
+        uint64_t want = pattern_word(seed, k), got;
+        std::memcpy(&got, p + 8 * k, 8);
+        if (got != want) {
+            for (size_t b = 0; b < 8; b++)
+                if (p[8 * k + b] != reinterpret_cast<const unsigned char *>(&want)[b])
+                    return 8 * k + b;
+        }
+    }
+    if (n % 8) {
+        uint64_t want = pattern_word(seed, words);
+        const unsigned char *w = reinterpret_cast<const unsigned char *>(&want);
+        for (size_t b = 0; b < n % 8; b++)
+            if (p[8 * words + b] != w[b])
+                return 8 * words + b;
+    }
+    return SIZE_MAX;
+}
+
+/* A gtest predicate: "buf holds the pattern of (sender, tag, index)". */
+inline ::testing::AssertionResult HasPattern(const void *buf, size_t n, int sender, int tag,
+                                             uint64_t index)
+{
+    size_t bad = pattern_mismatch(buf, n, pattern_seed(sender, tag, index));
+    if (bad == SIZE_MAX)
+        return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure()
+           << "message of " << n << " bytes from rank " << sender << " tag " << tag << " #" << index
+           << ": first wrong byte at offset " << bad << " (byte 0x" << std::hex
+           << (unsigned)static_cast<const unsigned char *>(buf)[bad] << std::dec << ")";
+}
+
+/* ---- guarded buffers ---- */
+
+constexpr size_t kGuardBytes = 64;
+constexpr unsigned char kGuardByte = 0xA5;
+constexpr unsigned char kFreshByte = 0x5A;
+
+/* A buffer of `size` usable bytes, starting `misalign` bytes past a 64-byte
+ * boundary, with guard bytes on both sides. The usable area starts filled
+ * with kFreshByte so writes into it are visible too. */
+class GuardedBuffer {
+public:
+    GuardedBuffer(size_t size, size_t misalign = 0) : size_(size), misalign_(misalign)
+    {
+        total_ = size + misalign + 2 * kGuardBytes + 64;
+        raw_ = static_cast<unsigned char *>(std::malloc(total_));
+        if (raw_ == nullptr)
+            return;
+        uintptr_t base = ((uintptr_t)raw_ + kGuardBytes + 63) & ~(uintptr_t)63;
+        data_ = reinterpret_cast<unsigned char *>(base) + misalign;
+        std::memset(raw_, kGuardByte, total_);
+        std::memset(data_, kFreshByte, size_);
+    }
+    ~GuardedBuffer() { std::free(raw_); }
+    GuardedBuffer(const GuardedBuffer &) = delete;
+    GuardedBuffer &operator=(const GuardedBuffer &) = delete;
+
+    bool ok() const { return raw_ != nullptr; }
+    unsigned char *data() { return data_; }
+    size_t size() const { return size_; }
+
+    /* Every byte outside the usable area still holds kGuardByte. */
+    ::testing::AssertionResult GuardsIntact() const
+    {
+        for (unsigned char *p = raw_; p < data_; p++)
+            if (*p != kGuardByte)
+                return ::testing::AssertionFailure()
+                       << "byte " << (data_ - p) << " before the buffer was overwritten";
+        for (unsigned char *p = data_ + size_; p < raw_ + total_; p++)
+            if (*p != kGuardByte)
+                return ::testing::AssertionFailure()
+                       << "byte " << (p - (data_ + size_)) << " past the end of the " << size_
+                       << "-byte buffer was overwritten";
+        return ::testing::AssertionSuccess();
+    }
+
+    /* The usable area was not written at all. */
+    ::testing::AssertionResult Untouched() const
+    {
+        for (size_t i = 0; i < size_; i++)
+            if (data_[i] != kFreshByte)
+                return ::testing::AssertionFailure() << "byte " << i << " of the buffer was written";
+        return ::testing::AssertionSuccess();
+    }
+
+private:
+    size_t size_, misalign_, total_ = 0;
+    unsigned char *raw_ = nullptr;
+    unsigned char *data_ = nullptr;
+};
+
+/* ---- the fixture ---- */
+
+/* Gives each test a fresh comm over MPI_COMM_WORLD (collective set-up in
+ * SetUp, so every rank must run the same tests in the same order), and
+ * agrees across ranks in TearDown whether the test failed anywhere. When a
+ * test failed, its comm may still hold requests and is leaked rather than
+ * destroyed, so one failure does not hang the rest of the run. */
+class WeftMpiTest : public ::testing::Test {
+protected:
+    weft_comm_t *comm = nullptr;
+    int rank = -1;
+    int size = -1;
+
+    /* Override to run on another MPI communicator (nullptr: no comm). */
+    virtual MPI_Comm base_comm() { return MPI_COMM_WORLD; }
+
+    void SetUp() override
+    {
+        rank = world_rank();
+        size = world_size();
+        MPI_Comm base = base_comm();
+        if (base == MPI_COMM_NULL)
+            return;
+        int rc = weft_comm_create(base, &comm);
+        bool failed = rc != WEFT_SUCCESS;
+        if (failed)
+            ADD_FAILURE() << "weft_comm_create: " << weft_strerror(rc);
+        /* A failed create on one rank must stop the test on every rank. */
+        if (any_rank(failed)) {
+            if (!failed)
+                ADD_FAILURE() << "weft_comm_create failed on another rank";
+            comm = nullptr;
+            GTEST_SKIP() << "no comm";
+        }
+    }
+
+    void TearDown() override
+    {
+        int failed_rank = first_rank_with(HasFailure());
+        if (failed_rank >= 0 && !HasFailure())
+            ADD_FAILURE() << "the test failed on rank " << failed_rank << " (see its output)";
+        if (comm == nullptr)
+            return;
+        if (failed_rank >= 0) {
+            comm = nullptr; /* leaked on purpose: see the class comment */
+            return;
+        }
+        int rc = weft_comm_destroy(comm);
+        comm = nullptr;
+        bool bad = rc != WEFT_SUCCESS;
+        if (bad)
+            ADD_FAILURE() << "weft_comm_destroy: " << weft_strerror(rc);
+        int bad_rank = first_rank_with(bad);
+        if (bad_rank >= 0 && !bad)
+            ADD_FAILURE() << "weft_comm_destroy failed on rank " << bad_rank;
+    }
+
+    std::string last_error() const { return weft_comm_last_error(comm); }
+};
+
+} // namespace weft_mpitest
+
+#endif
