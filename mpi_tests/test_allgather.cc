@@ -223,6 +223,33 @@ TEST_F(Allgather, HugeTotalAbove4GiB)
     }
 }
 
+/* A p2p step that fails (here: rank 1 never joins, so rank 0's receive times
+ * out after WEFT_TIMEOUT=2 s) returns the p2p code, and the last error names
+ * the algorithm and the step. Runs on its own comm, created after setting the
+ * short timeout (the comm reads WEFT_TIMEOUT at create). Label: StepFailure. */
+TEST_F(Allgather, StepFailureNamesAlgorithmAndStep)
+{
+    if (size != 2)
+        GTEST_SKIP() << "np 2 only";
+    setenv("WEFT_TIMEOUT", "2", 1);
+    weft_comm_t *c2 = nullptr;
+    int rc = weft_comm_create(MPI_COMM_WORLD, &c2);
+    unsetenv("WEFT_TIMEOUT");
+    ASSERT_EQ(rc, WEFT_SUCCESS);
+    if (rank == 0) {
+        ForceAlgo force("ring");
+        std::vector<unsigned char> recv(2 * 64), send(64, 3);
+        rc = weft_allgather(c2, send.data(), recv.data(), 64);
+        EXPECT_EQ(rc, WEFT_ERR_TIMEOUT) << weft_comm_last_error(c2);
+        std::string err = weft_comm_last_error(c2);
+        EXPECT_NE(err.find("allgather ring step"), std::string::npos) << err;
+        EXPECT_NE(err.find("peer 1"), std::string::npos) << err;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    /* The comm's pipe to the peer is broken now; it is not used again. */
+    EXPECT_EQ(weft_comm_destroy(c2), WEFT_SUCCESS);
+}
+
 /* WEFT_DEBUG=info (set by the ctest entry): the choice for a shape is logged
  * once, a new shape logs again. stderr is captured into a file per rank. */
 TEST_F(Allgather, InfoLogsEachShapeOnce)

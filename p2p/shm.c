@@ -2,20 +2,25 @@
  * shm transport: ranks on the same node.
  *
  * Each rank creates one POSIX shm segment holding a small header (doorbell
- * futex, sleeper count, pid) and one inbound SPSC ring per shm peer; peer P
- * produces into "P -> me" inside my segment and I consume it. Control
- * messages and eager data travel as ring records. Large messages move
- * either by one copy with process_vm_readv (CMA: the receiver pulls from the
- * sender's buffer) or, when CMA is off or refused, by a pipelined copy
- * through the ring: the sender copies chunk k+1 in while the receiver
- * copies chunk k out (DATA records).
+ * futex, sleeper count, pid) and, per shm peer, a help slot and one inbound
+ * SPSC ring; peer P produces into "P -> me" inside my segment and I consume
+ * it. Control messages and eager data travel as ring records. Large
+ * messages move either
+ *  - by CMA, one copy: the receiver pulls from the sender's buffer with
+ *    process_vm_readv, and from SHM_SPLIT_MIN up the sender, idle while it
+ *    waits for FIN, takes pieces of the same transfer and writes them with
+ *    process_vm_writev (struct shm_help_slot), so two cores copy at once;
+ *  - or, when CMA is off or refused, by a pipelined copy through the ring:
+ *    the sender copies chunk k+1 in while the receiver copies chunk k out
+ *    (DATA records).
  *
- * Waking: a rank about to sleep bumps its sleeper count, re-checks its
- * rings, and futex-waits on its doorbell; a producer that commits a record
- * (or a consumer that frees room a producer asked for) bumps the doorbell
- * and wakes only when someone sleeps, so the hot path makes no syscall.
- * Every such check pairs a store, a seq_cst fence and a load on both sides,
- * so one of the two always sees the other (no lost wake-ups).
+ * Waking: a rank about to sleep bumps its sleeper count, runs a barrier,
+ * re-checks its rings, and futex-waits on its doorbell; a producer that
+ * commits a record (or a consumer that frees room a producer asked for)
+ * bumps the doorbell and wakes only when someone sleeps, so the hot path
+ * makes no syscall. Store, barrier, load on both sides means one of the two
+ * always sees the other (no lost wake-ups); see waker_fence for why the
+ * waker's barrier is usually a membarrier issued by the sleeper.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -26,9 +31,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -747,7 +752,8 @@ static int help_claim(struct shm_help_slot *h, uint64_t *src, uint64_t *dst, siz
 static int help_peer(struct weft_comm *c, struct shm_peer *peer)
 {
     struct shm_help_slot *h = peer->help_out;
-    if (h == NULL || !peer->cma_ok || peer->help_broken ||
+    /* a broken pipe may have failed the send whose buffer the slot names */
+    if (h == NULL || !peer->cma_ok || peer->help_broken || peer->pipe->broken ||
         (atomic_load_explicit(&h->claim, memory_order_relaxed) & SHM_HELP_IDX_MASK) == SHM_HELP_CLOSED)
         return 0;
     int n = 0;
@@ -954,7 +960,7 @@ static int work_pending(struct shm_state *st)
         struct shm_peer *peer = &st->peers[i];
         if (!shm_ring_empty(peer->in))
             return 1;
-        if (peer->help_out && peer->cma_ok &&
+        if (peer->help_out &&
             (atomic_load_explicit(&peer->help_out->claim, memory_order_relaxed) & SHM_HELP_IDX_MASK) !=
                 SHM_HELP_CLOSED)
             return 1;

@@ -63,9 +63,10 @@
 #define TCP_IOV_MAX 64
 #define TCP_IO_MAX_BYTES ((uint64_t)1 << 30)
 
-/* Staging buffer for inbound control frames: room for at least two of the
- * largest frames, so a parse pass always makes progress. */
-#define TCP_CTRL_IN_MIN ((size_t)256 << 10)
+/* Read-ahead room of the inbound control staging buffer beyond one largest
+ * frame: a parse pass always leaves less than one frame behind, so a recv
+ * always has at least this much room. Kept small because every peer has one. */
+#define TCP_CTRL_IN_SLACK ((size_t)64 << 10)
 
 struct tcp_frame {
     uint32_t magic;
@@ -497,6 +498,14 @@ static int conn_events(const struct tcp_conn *k)
     }
 }
 
+/* Every tcp peer costs 1 + WEFT_TCP_STREAMS descriptors: say so when they run out. */
+static const char *fd_limit_hint(int err)
+{
+    return err == EMFILE || err == ENFILE
+               ? " (each tcp peer needs 1 + WEFT_TCP_STREAMS sockets: raise `ulimit -n` or lower WEFT_TCP_STREAMS)"
+               : "";
+}
+
 /* Opens a non-blocking connection to peer's listener and prepares its hello. */
 static int conn_open(struct weft_comm *c, struct tcp_state *st, int peer, int index, struct tcp_conn *k)
 {
@@ -520,8 +529,8 @@ static int conn_open(struct weft_comm *c, struct tcp_state *st, int peer, int in
 
     k->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (k->fd < 0)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: socket() for peer %d failed: %s", peer,
-                              strerror(errno));
+        return weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: socket() for peer %d failed: %s%s", peer,
+                              strerror(errno), fd_limit_hint(errno));
     tune_socket(k->fd);
     if (connect(k->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 && errno != EINPROGRESS) {
         int e = errno;
@@ -553,7 +562,8 @@ static int accept_pending(struct weft_comm *c, struct tcp_state *st, struct tcp_
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return WEFT_SUCCESS;
-            return weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: accept failed: %s", strerror(errno));
+            return weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: accept failed: %s%s", strerror(errno),
+                                  fd_limit_hint(errno));
         }
         if (*n == *cap) {
             size_t ncap = *cap * 2 + 8;
@@ -579,9 +589,7 @@ static int peer_alloc(struct tcp_state *st, struct tcp_peer *pe)
 {
     pe->ctrl_fd = -1;
     pe->data = calloc(st->streams, sizeof(*pe->data));
-    pe->in_cap = 2 * (sizeof(struct tcp_frame) + st->eager_limit);
-    if (pe->in_cap < TCP_CTRL_IN_MIN)
-        pe->in_cap = TCP_CTRL_IN_MIN;
+    pe->in_cap = sizeof(struct tcp_frame) + st->eager_limit + TCP_CTRL_IN_SLACK;
     pe->in = malloc(pe->in_cap);
     if (pe->data == NULL || pe->in == NULL)
         return WEFT_ERR_NO_MEMORY;

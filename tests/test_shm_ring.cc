@@ -128,6 +128,7 @@ TEST(ShmRing, FullRingRefusesUntilReleased) {
     }
     EXPECT_EQ(n, 64);
     EXPECT_FALSE(shm_ring_has_room(m.ring, 0));
+    EXPECT_FALSE(shm_ring_would_fit(m.ring, 0));
     EXPECT_EQ(shm_ring_used(m.ring), 4096u);
     // The producer asks for a wake-up; nothing freed yet, so no room.
     EXPECT_FALSE(shm_ring_want_room(m.ring, 56));
@@ -140,7 +141,9 @@ TEST(ShmRing, FullRingRefusesUntilReleased) {
     EXPECT_TRUE(shm_ring_take_waiter(m.ring));
     EXPECT_FALSE(shm_ring_take_waiter(m.ring));
     EXPECT_TRUE(shm_ring_has_room(m.ring, 56));
+    EXPECT_TRUE(shm_ring_would_fit(m.ring, 56));
     EXPECT_FALSE(shm_ring_has_room(m.ring, 57));  // would need two lines
+    EXPECT_FALSE(shm_ring_would_fit(m.ring, 57));
     EXPECT_NE(shm_ring_reserve(m.ring, 56), nullptr);
 }
 
