@@ -3,7 +3,8 @@
  *
  * sendrecv: ranks are paired (r, r + np/2) and every pair runs at once, so an
  * oversubscribed job measures how well waiting ranks give the CPU away (an
- * odd rank out waits). -o keeps only ranks 0 and 1 busy. For each size and
+ * odd rank out waits), and across real or virtual nodes the pairs cross the
+ * node boundary. -o keeps only ranks 0 and 1 busy. For each size and
  * repetition, weft and MPI are measured back to back, the order flipping on
  * every repetition so drifting machine noise hits both alike; both use the
  * same buffers. A barrier before each measurement makes every pair measure
@@ -219,18 +220,18 @@ static int stream(struct pair_run *p, int lib, int first, int n)
 
 enum test_kind { TEST_LATENCY, TEST_BANDWIDTH };
 
-/* How long one run takes. Samples are kept short (milliseconds) and many
+/* Run length. Samples are kept short (milliseconds) and many
  * (up to SENDRECV_REPS per library): this machine is shared, and a burst of
  * someone else's work then spoils a few samples, which the median drops,
  * instead of one of the two libraries' only measurement.
  *
  * Per size, a short calibration of each library (the slower one counts)
  * sets the iterations per sample so a sample lasts about SAMPLE_S, never
- * more than the byte budget allows (small messages would
- * otherwise run for tens of thousands of iterations). Where single
- * iterations are long (large messages on a slow path), repetitions drop to
- * no fewer than MIN_REPS so one size costs about SIZE_BUDGET_S. A full
- * np=2 shm run takes about half a minute here, a tcp one about a minute. */
+ * more than the byte budget allows (small messages would otherwise run for
+ * tens of thousands of iterations). Where single iterations are long (large
+ * messages on a slow path), repetitions drop to no fewer than MIN_REPS so
+ * one size costs about SIZE_BUDGET_S. A full np=2 shm run takes about half
+ * a minute on this machine when it is quiet, 2-3 minutes at load 20. */
 #define LAT_BUDGET     ((size_t)16 << 20)
 #define BW_BUDGET      ((size_t)64 << 20)
 #define LAT_MAX_ITERS  2000
@@ -283,14 +284,16 @@ static int run_sweep(const struct perf_opts *o, weft_comm_t *c, enum test_kind k
                  "# median of <reps> samples of <iters> iterations, slowest of %d pair(s)%s\n"
                  "#\n"
                  "#                            ------ weft ------    ------ MPI -------\n"
-                 "#       size  reps  iters    time(us)     GB/s    time(us)     GB/s   weft/MPI    #wrong", o->one_pair ? 1 : o->size / 2, o->check ? "; -c: times include fill+verify" : "");
+                 "#       size  reps  iters    time(us)     GB/s    time(us)     GB/s   weft/MPI    #wrong",
+                 o->one_pair ? 1 : o->size / 2, o->check ? "; -c: times include fill+verify" : "");
     else
         snprintf(title, sizeof title,
                  "# sendrecv bandwidth: window of isends/irecvs + ack (weft vs MPI_Isend/Irecv/Waitall),\n"
                  "# time per message, median of <reps> samples of <iters> windows, slowest of %d pair(s)%s\n"
                  "#\n"
                  "#                                  ------ weft ------    ------ MPI -------\n"
-                 "#       size  win  reps  iters    time(us)     GB/s    time(us)     GB/s   weft/MPI    #wrong", o->one_pair ? 1 : o->size / 2, o->check ? "; -c: times include fill+verify" : "");
+                 "#       size  win  reps  iters    time(us)     GB/s    time(us)     GB/s   weft/MPI    #wrong",
+                 o->one_pair ? 1 : o->size / 2, o->check ? "; -c: times include fill+verify" : "");
     perf_print_header(o, title);
 
     p.o = o;

@@ -233,9 +233,10 @@ TEST_F(NoMpiCalls, NoneBetweenCreateAndDestroy)
     int mine = 1000 + rank;
     int allgather_rc = weft_allgather(comm, &mine, all.data(), sizeof(int));
     EXPECT_TRUE(allgather_rc == WEFT_SUCCESS || allgather_rc == WEFT_ERR_UNSUPPORTED) << last_error();
-    if (allgather_rc == WEFT_SUCCESS)
+    if (allgather_rc == WEFT_SUCCESS) {
         for (int r = 0; r < size; r++)
             EXPECT_EQ(all[r], 1000 + r);
+    }
     /* A background thread of weft (if any) would call MPI now. */
     usleep(200 * 1000);
     counting = false;

@@ -434,7 +434,7 @@ TEST_F(P2P, TestPollingLoop)
         ASSERT_EQ(weft_irecv(comm, in.data(), n, left(), 11, &rr), WEFT_SUCCESS);
         ASSERT_EQ(weft_isend(comm, out.data(), n, right(), 11, &rs), WEFT_SUCCESS);
         int rdone = 0, sdone = 0;
-        weft_status_t rst, sst;
+        weft_status_t rst;
         std::memset(&rst, 0xff, sizeof(rst));
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
         while (!(rdone && sdone) && std::chrono::steady_clock::now() < deadline) {

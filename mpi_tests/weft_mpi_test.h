@@ -30,6 +30,7 @@
 
 #include "weft.h"
 
+/* Not "weft_test": that name is taken by the C function weft_test(). */
 namespace weft_mpitest {
 
 inline int world_rank()

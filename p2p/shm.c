@@ -854,8 +854,11 @@ static int shm_rndv_get(struct weft_pipe *p, struct weft_request *r, const struc
         return WEFT_EAGAIN;  /* decline: the sender pushes through the ring */
 
     size_t total = r->msg_bytes;
-    int e = total >= SHM_SPLIT_MIN ? cma_pull_shared(c, peer, r->buf, rts->addr, total)
-                                   : cma_copy(peer->pid, 0, r->buf, rts->addr, total);
+    /* Sharing needs a core for the sender; with more ranks than cores it
+     * would only make us wait for a preempted sender's piece. */
+    int e = total >= SHM_SPLIT_MIN && !c->oversubscribed
+                ? cma_pull_shared(c, peer, r->buf, rts->addr, total)
+                : cma_copy(peer->pid, 0, r->buf, rts->addr, total);
     if (e == 0) {
         peer->cma_used = 1;
         r->tp_done = total;

@@ -9,14 +9,20 @@
 #define SHM_RING_MAGIC 0x31474e4952544657ull /* "WFTRING1" */
 #define SHM_RING_MIN_CAPACITY 4096u
 
-enum { REC_DATA = 1, REC_SKIP = 2 };
-
-/* Every record starts with this; len is the payload length (skip records:
- * bytes after the header up to the end of the data area). */
-struct rec_hdr {
-    uint32_t len;
-    uint32_t kind;
-};
+/* Every record starts with one 64-bit header word, written last (release):
+ *   bits 63..32  lap stamp: (position / 64) truncated, so a header left from
+ *                an earlier lap never reads as current
+ *   bit  31      valid
+ *   bit  30      skip: the rest of the data area is padding
+ *   bits 29..0   payload length
+ * The consumer polls the header at its tail instead of the producer's head
+ * counter: one cache line crosses cores per small record, not two. The
+ * producer keeps the header after its newest record invalid (it zeroes it
+ * before publishing), so the consumer never mistakes stale payload bytes
+ * for a header; that is why one line of the ring always stays free. */
+#define HDR_VALID ((uint64_t)1 << 31)
+#define HDR_SKIP ((uint64_t)1 << 30)
+#define HDR_LEN_MASK (((uint64_t)1 << 30) - 1)
 
 struct shm_ring {
     /* written by the producer, read by the consumer */
@@ -34,16 +40,25 @@ struct shm_ring {
     uint64_t pending_pad;             /* skip bytes before the reserved record */
     uint64_t pending_len;             /* payload bytes reserved */
     /* consumer private */
-    _Alignas(64) uint64_t cached_head;
-    uint64_t peeked_size;             /* bytes of the record handed out by peek */
+    _Alignas(64) uint64_t peeked_size;             /* bytes of the record handed out by peek */
 };
 
 _Static_assert(sizeof(struct shm_ring) % SHM_RING_ALIGN == 0, "data area must start aligned");
-_Static_assert(sizeof(struct rec_hdr) == SHM_RING_REC_HDR, "record header size");
+_Static_assert(sizeof(uint64_t) == SHM_RING_REC_HDR, "record header size");
 
 static inline unsigned char *ring_data(struct shm_ring *r)
 {
     return (unsigned char *)r + sizeof(struct shm_ring);
+}
+
+static inline _Atomic uint64_t *header_at(struct shm_ring *r, uint64_t pos)
+{
+    return (_Atomic uint64_t *)(ring_data(r) + (pos & (r->capacity - 1)));
+}
+
+static inline uint64_t header_word(uint64_t pos, uint64_t flags, uint64_t len)
+{
+    return ((pos / SHM_RING_ALIGN) << 32) | HDR_VALID | flags | len;
 }
 
 static inline uint64_t record_size(uint64_t payload)
@@ -72,6 +87,7 @@ struct shm_ring *shm_ring_init(void *mem, size_t capacity)
     memset(r, 0, sizeof(*r));
     r->capacity = shm_ring_capacity_for(capacity);
     r->max_payload = shm_ring_max_payload_for(capacity);
+    atomic_init(header_at(r, 0), 0);  /* nothing published yet */
     atomic_init(&r->head, 0);
     atomic_init(&r->tail, 0);
     atomic_init(&r->producer_waiting, 0);
@@ -94,9 +110,10 @@ struct shm_ring *shm_ring_attach(void *mem, size_t avail)
 size_t shm_ring_max_payload_for(size_t capacity)
 {
     /* Half the ring, so a record always fits once the consumer caught up,
-     * wherever head stands; capped so the 32-bit length field holds it. */
+     * wherever head stands (one line always stays free); capped so the
+     * 30-bit length field holds it. */
     uint64_t max = shm_ring_capacity_for(capacity) / 2 - SHM_RING_REC_HDR;
-    return (size_t)(max > 0x7fffffffu ? 0x7fffffffu : max);
+    return (size_t)(max > HDR_LEN_MASK ? HDR_LEN_MASK : max);
 }
 
 size_t shm_ring_max_payload(const struct shm_ring *r)
@@ -113,12 +130,14 @@ static inline uint64_t bytes_needed(const struct shm_ring *r, uint64_t head, uin
     return need + *pad;
 }
 
+/* total + one line: the line after the newest record must stay writable
+ * for the invalid header (see the header comment). */
 static int room_for(struct shm_ring *r, uint64_t head, uint64_t total)
 {
-    if (r->capacity - (head - r->cached_tail) >= total)
+    if (r->capacity - (head - r->cached_tail) >= total + SHM_RING_ALIGN)
         return 1;
     r->cached_tail = atomic_load_explicit(&r->tail, memory_order_acquire);
-    return r->capacity - (head - r->cached_tail) >= total;
+    return r->capacity - (head - r->cached_tail) >= total + SHM_RING_ALIGN;
 }
 
 void *shm_ring_reserve(struct shm_ring *r, size_t len)
@@ -139,20 +158,20 @@ void *shm_ring_reserve(struct shm_ring *r, size_t len)
 void shm_ring_commit(struct shm_ring *r, size_t len)
 {
     uint64_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
-    unsigned char *data = ring_data(r);
     if (len > r->pending_len)
         len = (size_t)r->pending_len;   /* never publish more than was reserved */
-    if (r->pending_pad) {
-        struct rec_hdr *skip = (struct rec_hdr *)(data + (head & (r->capacity - 1)));
-        skip->len = (uint32_t)(r->pending_pad - SHM_RING_REC_HDR);
-        skip->kind = REC_SKIP;
-    }
-    uint64_t pos = (head + r->pending_pad) & (r->capacity - 1);
-    struct rec_hdr *h = (struct rec_hdr *)(data + pos);
-    h->len = (uint32_t)len;
-    h->kind = REC_DATA;
-    /* release: the payload and headers above are visible before head moves */
-    atomic_store_explicit(&r->head, head + r->pending_pad + record_size(len), memory_order_release);
+    uint64_t pos = head + r->pending_pad;
+    uint64_t next = pos + record_size(len);
+    /* the header after this record reads invalid before this one is valid */
+    atomic_store_explicit(header_at(r, next), 0, memory_order_relaxed);
+    /* release: payload and the invalid header above are visible first */
+    atomic_store_explicit(header_at(r, pos), header_word(pos, 0, len), memory_order_release);
+    if (r->pending_pad)
+        atomic_store_explicit(header_at(r, head),
+                              header_word(head, HDR_SKIP, r->pending_pad - SHM_RING_REC_HDR),
+                              memory_order_release);
+    /* head: for the producer's own accounting and shm_ring_empty */
+    atomic_store_explicit(&r->head, next, memory_order_release);
     r->pending_pad = 0;
     r->pending_len = 0;
 }
@@ -160,24 +179,20 @@ void shm_ring_commit(struct shm_ring *r, size_t len)
 const void *shm_ring_peek(struct shm_ring *r, size_t *len)
 {
     uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
-    unsigned char *data = ring_data(r);
     for (;;) {
-        if (tail == r->cached_head) {
-            r->cached_head = atomic_load_explicit(&r->head, memory_order_acquire);
-            if (tail == r->cached_head)
-                return NULL;
-        }
+        uint64_t w = atomic_load_explicit(header_at(r, tail), memory_order_acquire);
+        if (!(w & HDR_VALID) || (uint32_t)(w >> 32) != (uint32_t)(tail / SHM_RING_ALIGN))
+            return NULL;
         uint64_t pos = tail & (r->capacity - 1);
-        const struct rec_hdr *h = (const struct rec_hdr *)(data + pos);
-        if (h->kind == REC_SKIP) {
+        if (w & HDR_SKIP) {
             /* give the skipped tail end back at once, then look at offset 0 */
             tail += r->capacity - pos;
             atomic_store_explicit(&r->tail, tail, memory_order_release);
             continue;
         }
-        r->peeked_size = record_size(h->len);
-        *len = h->len;
-        return h + 1;
+        r->peeked_size = record_size(w & HDR_LEN_MASK);
+        *len = (size_t)(w & HDR_LEN_MASK);
+        return ring_data(r) + pos + SHM_RING_REC_HDR;
     }
 }
 
@@ -217,7 +232,7 @@ int shm_ring_would_fit(struct shm_ring *r, size_t len)
     uint64_t head = atomic_load_explicit(&r->head, memory_order_acquire);
     uint64_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
     uint64_t pad;
-    return r->capacity - (head - tail) >= bytes_needed(r, head, record_size(len), &pad);
+    return r->capacity - (head - tail) >= bytes_needed(r, head, record_size(len), &pad) + SHM_RING_ALIGN;
 }
 
 int shm_ring_want_room(struct shm_ring *r, size_t len)

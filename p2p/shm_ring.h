@@ -6,11 +6,14 @@
  * head (bytes ever committed) and tail (bytes ever released) are 64-bit
  * counters that never wrap in practice; each sits on its own cache line so
  * the producer and the consumer do not bounce one line between cores.
- * Every record starts on a 64-byte boundary with an 8-byte record header,
- * so a record's payload is 8 bytes past a cache-line start and a payload
- * that itself begins with a 56-byte header puts its data 64-byte aligned.
- * A record never wraps: when it does not fit before the end of the data
- * area, the producer fills the rest with a skip record and starts at 0.
+ * Every record starts on a 64-byte boundary with an 8-byte header word
+ * (length, flags and a lap stamp) that the producer writes last; the
+ * consumer polls that word at its tail, so a small record costs one cache
+ * line transfer. A record's payload is 8 bytes past a cache-line start, so
+ * a payload that itself begins with a 56-byte header puts its data 64-byte
+ * aligned. A record never wraps: when it does not fit before the end of
+ * the data area, the producer fills the rest with a skip record and starts
+ * at 0. One line of the ring always stays free (see shm_ring.c).
  *
  * Use: producer shm_ring_reserve -> write -> shm_ring_commit;
  *      consumer shm_ring_peek -> read -> shm_ring_release.
@@ -49,7 +52,7 @@ struct shm_ring *shm_ring_init(void *mem, size_t capacity);
  * `avail` bytes (a peer's segment is not trusted blindly). NULL if not. */
 struct shm_ring *shm_ring_attach(void *mem, size_t avail);
 
-/* Largest payload one record may carry (about capacity / 2). */
+/* Largest payload one record may carry (about capacity / 2, at most 1 GiB). */
 size_t shm_ring_max_payload(const struct shm_ring *r);
 
 /* The same, for a ring of that requested capacity, before it exists. */

@@ -120,9 +120,9 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     cfg->virtual_nodes    = 0;
     cfg->shm_cma          = 1;
     cfg->shm_eager_limit  = 32 << 10;
-    cfg->shm_ring_bytes   = 2 << 20;
-    cfg->shm_chunk        = 256 << 10;
-    cfg->shm_cma_min      = 16 << 20;
+    cfg->shm_ring_bytes   = 1 << 20;
+    cfg->shm_chunk        = 64 << 10;
+    cfg->shm_cma_min      = 0;
     cfg->tcp_streams      = 4;
     cfg->tcp_eager_limit  = 64 << 10;
     cfg->tcp_chunk        = 512 << 10;

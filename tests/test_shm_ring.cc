@@ -118,7 +118,8 @@ TEST(ShmRing, ZeroLengthRecord) {
 
 TEST(ShmRing, FullRingRefusesUntilReleased) {
     RingMem m(4096);
-    // 56-byte payloads take exactly one 64-byte line each: 64 fit in 4096.
+    // 56-byte payloads take exactly one 64-byte line each; one line of the
+    // 4096-byte ring always stays free, so 63 fit.
     int n = 0;
     while (void *p = shm_ring_reserve(m.ring, 56)) {
         fill_pattern(p, 56, n);
@@ -126,10 +127,10 @@ TEST(ShmRing, FullRingRefusesUntilReleased) {
         n++;
         ASSERT_LE(n, 64);
     }
-    EXPECT_EQ(n, 64);
+    EXPECT_EQ(n, 63);
     EXPECT_FALSE(shm_ring_has_room(m.ring, 0));
     EXPECT_FALSE(shm_ring_would_fit(m.ring, 0));
-    EXPECT_EQ(shm_ring_used(m.ring), 4096u);
+    EXPECT_EQ(shm_ring_used(m.ring), 4032u);
     // The producer asks for a wake-up; nothing freed yet, so no room.
     EXPECT_FALSE(shm_ring_want_room(m.ring, 56));
     size_t len = 0;
@@ -145,6 +146,49 @@ TEST(ShmRing, FullRingRefusesUntilReleased) {
     EXPECT_FALSE(shm_ring_has_room(m.ring, 57));  // would need two lines
     EXPECT_FALSE(shm_ring_would_fit(m.ring, 57));
     EXPECT_NE(shm_ring_reserve(m.ring, 56), nullptr);
+}
+
+TEST(ShmRing, StalePayloadNeverReadsAsRecord) {
+    // The consumer polls the header word at its tail. Payload bytes left
+    // from an earlier lap must never read as a record there, even when they
+    // hold exactly the header the consumer would accept next lap: forge such
+    // words (format of shm_ring.c: lap stamp << 32 | valid bit 31 | length)
+    // into every line of two lap-0 payloads, then publish records in lap 1
+    // so that the consumer's tail stops on a forged line.
+    RingMem m(4096);
+    const uint64_t cap = 4096;
+    auto forge = [&](void *payload, uint64_t abs_payload, size_t len) {
+        for (uint64_t line = (abs_payload + 63) & ~uint64_t(63); line + 8 <= abs_payload + len; line += 64) {
+            uint64_t w = (((line + cap) / 64) << 32) | (uint64_t(1) << 31) | 5;
+            std::memcpy(static_cast<char *>(payload) + (line - abs_payload), &w, 8);
+        }
+    };
+    size_t len = 0;
+    void *p = shm_ring_reserve(m.ring, 2000);  // record at 0, 2048 bytes
+    ASSERT_NE(p, nullptr);
+    forge(p, 8, 2000);
+    shm_ring_commit(m.ring, 2000);
+    p = shm_ring_reserve(m.ring, 1900);  // record at 2048, 1920 bytes
+    ASSERT_NE(p, nullptr);
+    forge(p, 2048 + 8, 1900);
+    shm_ring_commit(m.ring, 1900);
+    for (int i = 0; i < 2; i++) {
+        ASSERT_NE(shm_ring_peek(m.ring, &len), nullptr);
+        shm_ring_release(m.ring);
+    }
+    ASSERT_NE(shm_ring_reserve(m.ring, 100), nullptr);  // at 3968, ends the lap exactly
+    shm_ring_commit(m.ring, 100);
+    ASSERT_NE(shm_ring_reserve(m.ring, 56), nullptr);   // at 4096 (lap 1, offset 0)
+    shm_ring_commit(m.ring, 56);
+    ASSERT_NE(shm_ring_peek(m.ring, &len), nullptr);
+    EXPECT_EQ(len, 100u);
+    shm_ring_release(m.ring);
+    ASSERT_NE(shm_ring_peek(m.ring, &len), nullptr);
+    EXPECT_EQ(len, 56u);
+    shm_ring_release(m.ring);
+    // tail is now 4160: lap-1 offset 64, a forged line of the first payload
+    EXPECT_EQ(shm_ring_peek(m.ring, &len), nullptr);
+    EXPECT_TRUE(shm_ring_empty(m.ring));
 }
 
 TEST(ShmRing, RecordLargerThanAllowedRefused) {
