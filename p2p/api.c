@@ -112,7 +112,8 @@ int weft_irecv_internal(weft_comm_t *c, void *buf, size_t bytes, int peer, int t
     return do_irecv(c, buf, bytes, peer, tag, req, 1);
 }
 
-/* Copies out the status of a completed request, frees it, returns its code. */
+/* Copies out the status of a completed request, recycles it, returns its
+ * code. Caller holds the comm lock (the request pool is per comm). */
 static int finish(struct weft_request *r, weft_status_t *status)
 {
     int err = r->status.error;
@@ -125,6 +126,7 @@ static int finish(struct weft_request *r, weft_status_t *status)
 int weft_test(weft_request_t *req, int *done, weft_status_t *status)
 {
     struct weft_comm *c;
+    int rc = WEFT_SUCCESS;
 
     if (req == NULL || done == NULL)
         return weft_set_error(req ? req->comm : NULL, WEFT_ERR_INVALID_ARG, "weft_test: %s is NULL",
@@ -133,19 +135,17 @@ int weft_test(weft_request_t *req, int *done, weft_status_t *status)
     pthread_mutex_lock(&c->lock);
     if (req->state != WEFT_REQ_DONE)
         weft_progress(c);
-    if (req->state != WEFT_REQ_DONE) {
-        pthread_mutex_unlock(&c->lock);
-        *done = 0;
-        return WEFT_SUCCESS;
-    }
+    *done = req->state == WEFT_REQ_DONE;
+    if (*done)
+        rc = finish(req, status);
     pthread_mutex_unlock(&c->lock);
-    *done = 1;
-    return finish(req, status);
+    return rc;
 }
 
 int weft_wait(weft_request_t *req, weft_status_t *status)
 {
     struct weft_comm *c;
+    int rc;
 
     if (req == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_wait: req is NULL");
@@ -153,25 +153,26 @@ int weft_wait(weft_request_t *req, weft_status_t *status)
     pthread_mutex_lock(&c->lock);
     if (req->state != WEFT_REQ_DONE)
         weft_progress_wait(c, &req, 1, "weft_wait");
+    rc = finish(req, status);
     pthread_mutex_unlock(&c->lock);
-    return finish(req, status);
+    return rc;
 }
 
 int weft_waitall(size_t n, weft_request_t **reqs, weft_status_t *statuses)
 {
     int first_err = WEFT_SUCCESS;
-    struct weft_comm *c = NULL;
-    size_t i, start = 0;
+    size_t start = 0;
 
     if (n == 0)
         return WEFT_SUCCESS;
     if (reqs == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_waitall: reqs is NULL with n = %zu", n);
 
-    /* Wait for runs of requests of one comm together (usually all of them). */
+    /* Runs of requests of one comm (usually all of them) are waited for
+     * together; NULL entries count as done with an empty status. */
     while (start < n) {
+        struct weft_comm *c = NULL;
         size_t end;
-        c = NULL;
         for (end = start; end < n; end++) {
             if (reqs[end] == NULL)
                 continue;
@@ -183,35 +184,57 @@ int weft_waitall(size_t n, weft_request_t **reqs, weft_status_t *statuses)
         if (c) {
             pthread_mutex_lock(&c->lock);
             weft_progress_wait(c, reqs + start, end - start, "weft_waitall");
+        }
+        for (size_t i = start; i < end; i++) {
+            weft_status_t st = { 0, -1, -1, WEFT_SUCCESS };
+            int err = WEFT_SUCCESS;
+            if (reqs[i]) {
+                err = finish(reqs[i], &st);
+                reqs[i] = NULL;
+            }
+            if (statuses)
+                statuses[i] = st;
+            if (err != WEFT_SUCCESS && first_err == WEFT_SUCCESS)
+                first_err = err;
+        }
+        if (c)
             pthread_mutex_unlock(&c->lock);
-        }
         start = end;
-    }
-    for (i = 0; i < n; i++) {
-        weft_status_t st = { 0, -1, -1, WEFT_SUCCESS };
-        int err = WEFT_SUCCESS;
-        if (reqs[i]) {
-            err = finish(reqs[i], &st);
-            reqs[i] = NULL;
-        }
-        if (statuses)
-            statuses[i] = st;
-        if (err != WEFT_SUCCESS && first_err == WEFT_SUCCESS)
-            first_err = err;
     }
     return first_err;
 }
 
+/* Blocking send/recv: one lock hold for start, wait and completion. */
 int weft_send(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag)
 {
-    weft_request_t *r;
-    int rc = weft_isend(c, buf, bytes, peer, tag, &r);
-    return rc != WEFT_SUCCESS ? rc : weft_wait(r, NULL);
+    struct weft_request *r;
+    int rc = check_p2p(c, buf, bytes, peer, tag, &r, "weft_send", 0);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&c->lock);
+    rc = weft_pipe_isend(c, buf, bytes, peer, tag, &r);
+    if (rc == WEFT_SUCCESS) {
+        if (r->state != WEFT_REQ_DONE)
+            weft_progress_wait(c, &r, 1, "weft_send");
+        rc = finish(r, NULL);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
 }
 
 int weft_recv(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_status_t *status)
 {
-    weft_request_t *r;
-    int rc = weft_irecv(c, buf, bytes, peer, tag, &r);
-    return rc != WEFT_SUCCESS ? rc : weft_wait(r, status);
+    struct weft_request *r;
+    int rc = check_p2p(c, buf, bytes, peer, tag, &r, "weft_recv", 0);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&c->lock);
+    rc = weft_pipe_irecv(c, buf, bytes, peer, tag, &r);
+    if (rc == WEFT_SUCCESS) {
+        if (r->state != WEFT_REQ_DONE)
+            weft_progress_wait(c, &r, 1, "weft_recv");
+        rc = finish(r, status);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
 }

@@ -263,7 +263,7 @@ int weft_pipe_flush(struct weft_pipe *p)
 static struct weft_request *req_new(struct weft_comm *c, struct weft_pipe *p, int type,
                                     void *buf, size_t bytes, int tag)
 {
-    struct weft_request *r = calloc(1, sizeof(*r));
+    struct weft_request *r = weft_request_alloc(c);
     if (r == NULL)
         return NULL;
     r->comm = c;
@@ -299,7 +299,7 @@ int weft_pipe_isend(struct weft_comm *c, const void *buf, size_t bytes, int peer
     if (rc == WEFT_EAGAIN) {
         struct weft_outbound *o = calloc(1, sizeof(*o));
         if (o == NULL) {
-            free(r);
+            weft_request_free(r);
             p->send_seq--;
             return weft_set_error(c, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory to queue", peer, tag);
         }
@@ -307,7 +307,7 @@ int weft_pipe_isend(struct weft_comm *c, const void *buf, size_t bytes, int peer
         r->state = WEFT_REQ_QUEUED;
         outbound_append(p, o);
     } else if (rc != WEFT_SUCCESS) {
-        free(r);
+        weft_request_free(r);
         weft_pipe_break(p, rc);
         return weft_set_error(c, rc, "send to peer %d tag %d bytes %zu over %s failed", peer, tag, bytes,
                               pipe_tp_name(p));
@@ -398,7 +398,8 @@ int weft_pipe_irecv(struct weft_comm *c, void *buf, size_t bytes, int peer, int 
     r = req_new(c, p, WEFT_REQ_RECV, buf, bytes, tag);
     l = r ? lane_get(p, tag, 1) : NULL;
     if (l == NULL) {
-        free(r);
+        if (r)
+            weft_request_free(r);
         return weft_set_error(c, WEFT_ERR_NO_MEMORY, "recv from peer %d tag %d: no memory", peer, tag);
     }
     r->state = WEFT_REQ_POSTED;

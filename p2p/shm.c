@@ -377,7 +377,10 @@ static int map_peer(struct weft_comm *c, struct shm_peer *peer)
                               peer->rank, name);
     }
     size_t bytes = (size_t)sb.st_size;
-    void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    /* No MAP_POPULATE here: of a peer's segment this rank touches only the
+     * header and its own ring, and populating every peer's whole segment
+     * made comm creation grow with n^2. */
+    void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     int e = errno;
     close(fd);
     if (mem == MAP_FAILED)

@@ -63,7 +63,7 @@ static int agree(struct weft_comm *c, int rc, const char *stage)
 }
 
 /* Node identity: the comm rank of the lowest rank sharing this node. */
-static int find_node_key(struct weft_comm *c, uint64_t *key)
+static int find_node_key(struct weft_comm *c, uint64_t *key, int *node_size)
 {
     MPI_Comm node;
     int leader = c->rank, rc;
@@ -73,6 +73,7 @@ static int find_node_key(struct weft_comm *c, uint64_t *key)
     if (rc != WEFT_SUCCESS)
         return rc;
     rc = mpi_check(c, MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node), "MPI_Allreduce(node)");
+    MPI_Comm_size(node, node_size);
     MPI_Comm_free(&node);
     if (rc == WEFT_SUCCESS)
         *key = (uint64_t)leader;
@@ -168,6 +169,7 @@ static void comm_free(struct weft_comm *c)
             weft_pipe_fini(&c->pipes[i]);
         free(c->pipes);
     }
+    weft_request_pool_fini(c);
     if (c->coll_state && c->coll_state_free)
         c->coll_state_free(c->coll_state);
     free(c->cards);
@@ -181,7 +183,8 @@ int weft_comm_create(MPI_Comm mpi_comm, weft_comm_t **out)
     struct weft_comm *c;
     struct weft_rank_card mine;
     char cfg_err[256] = "";
-    int initialized = 0, finalized = 0, rc, id;
+    int initialized = 0, finalized = 0, node_size = 0, rc, id;
+    unsigned offer;
 
     if (out == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_create: comm output pointer is NULL");
@@ -217,7 +220,7 @@ int weft_comm_create(MPI_Comm mpi_comm, weft_comm_t **out)
 
     /* This rank's card. */
     memset(&mine, 0, sizeof(mine));
-    rc = find_node_key(c, &mine.node_key);
+    rc = find_node_key(c, &mine.node_key, &node_size);
     if (rc != WEFT_SUCCESS)
         goto fail_dup;
     c->my_token = random_token();
@@ -231,10 +234,17 @@ int weft_comm_create(MPI_Comm mpi_comm, weft_comm_t **out)
     }
     gethostname(mine.hostname, sizeof(mine.hostname) - 1);
 
+    /* Whole comm on one node, shm allowed and no virtual nodes: no peer can
+     * need TCP (WEFT_TRANSPORTS is the same on every rank), so no listener. */
+    offer = c->cfg.transports_mask;
+    if (node_size == c->size && c->cfg.virtual_nodes <= 1 && (offer & (1u << WEFT_TP_SHM)))
+        offer &= ~(1u << WEFT_TP_TCP);
+    mine.transports_mask = offer;
+
     rc = WEFT_SUCCESS;
     for (id = 0; id < WEFT_TP_COUNT && rc == WEFT_SUCCESS; id++) {
         const struct weft_transport *tp = weft_transport_get(id);
-        if (tp && (c->cfg.transports_mask & (1u << id)))
+        if (tp && (offer & (1u << id)))
             rc = tp->card_fill(c, &mine);
     }
     rc = agree(c, rc, "preparing transports");

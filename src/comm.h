@@ -52,6 +52,9 @@ struct weft_comm {
     void                     *coll_state; /* collectives/: selector memory (shapes logged) */
     void                    (*coll_state_free)(void *);
 
+    struct weft_request      *req_free;   /* recycled requests (no malloc per message) */
+    size_t                    req_free_count;
+
     uint64_t                  events;     /* progress events so far */
     size_t                    out_queued; /* outbound messages queued on all pipes */
     int                       waiters;    /* threads inside wait */
@@ -69,8 +72,12 @@ int  weft_progress(struct weft_comm *c);
  * WEFT_ERR_TIMEOUT) and WEFT_ERR_TIMEOUT is returned. */
 int  weft_progress_wait(struct weft_comm *c, struct weft_request **reqs, size_t n, const char *what);
 
-/* Frees a completed request. */
+/* A zeroed request (recycled or new); caller holds c->lock. NULL: no memory. */
+struct weft_request *weft_request_alloc(struct weft_comm *c);
+/* Recycles a completed request; caller holds its comm's lock. */
 void weft_request_free(struct weft_request *r);
+/* Frees the recycled requests (destroy). */
+void weft_request_pool_fini(struct weft_comm *c);
 
 /* Monotonic seconds. */
 double weft_now(void);

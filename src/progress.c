@@ -13,6 +13,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <stdio.h>
+#include <string.h>
 #include <time.h>
 
 #include "comm.h"
@@ -147,7 +148,39 @@ int weft_progress_wait(struct weft_comm *c, struct weft_request **reqs, size_t n
     return rc;
 }
 
+/* Requests are recycled per comm: a malloc/free pair per message cost
+ * about as much as the rest of a small send. */
+#define WEFT_REQ_POOL_MAX 1024
+
+struct weft_request *weft_request_alloc(struct weft_comm *c)
+{
+    struct weft_request *r = c->req_free;
+    if (r == NULL)
+        return calloc(1, sizeof(*r));
+    c->req_free = r->next;
+    c->req_free_count--;
+    memset(r, 0, sizeof(*r));
+    return r;
+}
+
 void weft_request_free(struct weft_request *r)
 {
-    free(r);
+    struct weft_comm *c = r->comm;
+    if (c->req_free_count >= WEFT_REQ_POOL_MAX) {
+        free(r);
+        return;
+    }
+    r->next = c->req_free;
+    c->req_free = r;
+    c->req_free_count++;
+}
+
+void weft_request_pool_fini(struct weft_comm *c)
+{
+    while (c->req_free) {
+        struct weft_request *r = c->req_free;
+        c->req_free = r->next;
+        free(r);
+    }
+    c->req_free_count = 0;
 }
