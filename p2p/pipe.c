@@ -292,7 +292,7 @@ int weft_pipe_isend(struct weft_comm *c, const void *buf, size_t bytes, int peer
     if (r == NULL)
         return weft_set_error(c, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory for a request", peer, tag);
     r->seq = p->send_seq++;
-    r->rndv = bytes > p->eager_limit;
+    r->rndv = bytes > (tag < 0 ? p->eager_limit_internal : p->eager_limit);
 
     if (p->out_head == NULL)
         rc = send_req_now(p, r);

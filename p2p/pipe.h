@@ -96,6 +96,7 @@ struct weft_pipe {
     uint64_t                         send_seq;
     uint64_t                         recv_seq;
     size_t                           eager_limit;
+    size_t                           eager_limit_internal; /* for negative (library) tags */
 
     struct weft_lane               **lanes;        /* hash by tag */
     size_t                           lane_buckets;

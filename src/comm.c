@@ -130,6 +130,9 @@ static int choose_transports(struct weft_comm *c)
                                   me->transports_mask, pc->transports_mask);
         p->tp = weft_transport_get(id);
         p->eager_limit = p->tp->eager_limit(c);
+        p->eager_limit_internal = p->eager_limit;
+        if (id == WEFT_TP_SHM && c->cfg.shm_coll_eager > p->eager_limit)
+            p->eager_limit_internal = c->cfg.shm_coll_eager;
         c->tp_used |= 1u << id;
     }
     return WEFT_SUCCESS;

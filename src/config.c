@@ -119,7 +119,12 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     cfg->transports_mask  = (1u << WEFT_TP_COUNT) - 1;
     cfg->virtual_nodes    = 0;
     cfg->shm_cma          = 1;
-    cfg->shm_eager_limit  = 32 << 10;
+    /* 4 KiB: above it a lone message is faster by single-copy CMA than by
+     * two copies through the ring (docs/benchmarks.md). Collectives send
+     * to many peers at once, where the handshake costs more than the copy,
+     * so their lanes stay eager up to 32 KiB. */
+    cfg->shm_eager_limit  = 4 << 10;
+    cfg->shm_coll_eager   = 32 << 10;
     cfg->shm_ring_bytes   = 1 << 20;
     cfg->shm_chunk        = 64 << 10;
     cfg->shm_cma_min      = 0;
@@ -169,6 +174,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     /* Sizes: name, field, lower bound, upper bound, unit multiplier of a plain number. */
     struct { const char *name; size_t *field; size_t lo, hi, unit; } sizes[] = {
         { "WEFT_SHM_EAGER",      &cfg->shm_eager_limit,  0,         1u << 20,      1 },
+        { "WEFT_SHM_COLL_EAGER", &cfg->shm_coll_eager,   0,         1u << 20,      1 },
         { "WEFT_SHM_RING_KB",    &cfg->shm_ring_bytes,   64 << 10,  (size_t)1 << 30, 1024 },
         { "WEFT_SHM_CHUNK_KB",   &cfg->shm_chunk,        4 << 10,   64u << 20,     1024 },
         { "WEFT_SHM_CMA_MIN_KB", &cfg->shm_cma_min,      0,         SIZE_MAX,      1024 },
@@ -199,6 +205,13 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     if (cfg->shm_eager_limit + 256 > cfg->shm_ring_bytes / 4)
         return config_error(err, errlen, "WEFT_SHM_EAGER", lookup("WEFT_SHM_EAGER", ctx) ? lookup("WEFT_SHM_EAGER", ctx) : "default",
                             "must be below a quarter of the ring (WEFT_SHM_RING_KB)");
+    if (cfg->shm_coll_eager + 256 > cfg->shm_ring_bytes / 4) {
+        /* A value the user set must fit; the default shrinks with the ring. */
+        if ((v = lookup("WEFT_SHM_COLL_EAGER", ctx)) != NULL)
+            return config_error(err, errlen, "WEFT_SHM_COLL_EAGER", v,
+                                "must be below a quarter of the ring (WEFT_SHM_RING_KB)");
+        cfg->shm_coll_eager = cfg->shm_ring_bytes / 4 - 256;
+    }
     if (cfg->shm_chunk + 256 > cfg->shm_ring_bytes / 2)
         cfg->shm_chunk = cfg->shm_ring_bytes / 4;
 

@@ -106,8 +106,10 @@ int weft_progress_wait(struct weft_comm *c, struct weft_request **reqs, size_t n
         if (reqs[first]->state == WEFT_REQ_DONE)
             continue;
         /* Idle polls are cheap; the clock and the lock hand-off are not,
-         * so the busy-poll phase looks at them once every 32 polls. */
-        if (polls % 32 != 31)
+         * so the busy-poll phase looks at them once every 32 polls. With
+         * more ranks than cores every idle poll yields at once instead:
+         * the peer we wait for may be queued behind us on this core. */
+        if (!c->oversubscribed && polls % 32 != 31)
             continue;
 
         double now = weft_now();

@@ -151,6 +151,29 @@ TEST(Config, EagerLimitMustFitTheRing)
     EXPECT_NE(std::string(err).find("WEFT_SHM_EAGER"), std::string::npos) << err;
 }
 
+TEST(Config, CollectiveEagerLimit)
+{
+    struct weft_config cfg;
+    char err[256] = "";
+    {
+        Env env = {{"WEFT_SHM_COLL_EAGER", "16k"}};
+        ASSERT_EQ(weft_config_load(&cfg, lookup_map, &env, err, sizeof(err)), WEFT_SUCCESS) << err;
+        EXPECT_EQ(cfg.shm_coll_eager, 16384u);
+    }
+    {
+        /* The default shrinks to fit a small ring instead of failing... */
+        Env env = {{"WEFT_SHM_RING_KB", "64"}};
+        ASSERT_EQ(weft_config_load(&cfg, lookup_map, &env, err, sizeof(err)), WEFT_SUCCESS) << err;
+        EXPECT_LE(cfg.shm_coll_eager + 256, cfg.shm_ring_bytes / 4);
+    }
+    {
+        /* ...but a value the user set that does not fit is an error. */
+        Env env = {{"WEFT_SHM_RING_KB", "64"}, {"WEFT_SHM_COLL_EAGER", "32k"}};
+        EXPECT_EQ(weft_config_load(&cfg, lookup_map, &env, err, sizeof(err)), WEFT_ERR_INVALID_ARG);
+        EXPECT_NE(std::string(err).find("WEFT_SHM_COLL_EAGER"), std::string::npos) << err;
+    }
+}
+
 TEST(Config, SizeSuffixes)
 {
     size_t v = 0;
