@@ -168,7 +168,7 @@ TEST_F(P2P, AllToAllSizes)
  * size and nothing past the message is written. */
 TEST_F(P2P, ReceiveBufferLargerThanMessage)
 {
-    const size_t sizes[] = {0, 1, 100, min_eager_limit() - 1, max_eager_limit() + 1, (1u << 20) + 3};
+    const size_t sizes[] = {0, 1, 100, just_below_min_eager(), max_eager_limit() + 1, (1u << 20) + 3};
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         const size_t n = sizes[i];
         const size_t cap = n + 4096 + 13;
@@ -202,7 +202,7 @@ TEST_F(P2P, Truncation)
     struct Case { size_t msg, buf; };
     const size_t e = min_eager_limit(), E = max_eager_limit();
     const Case cases[] = {
-        {2, 1}, {100, 50}, {4097, 4096}, {e - 1, 7}, {E + 1, E}, {E + 1, 1000},
+        {2, 1}, {100, 50}, {4097, 4096}, {e ? e - 1 : 8, 7}, {E + 1, E}, {E + 1, 1000},
         {(1u << 20) + 3, 4096}, {(1u << 20) + 3, (1u << 20)}, {(4u << 20) + 1, (1u << 20) + 3},
     };
     const int tag = 21;

@@ -67,6 +67,15 @@ inline size_t min_eager_limit()
     return std::min({cfg.shm_eager_limit, cfg.tcp_eager_limit, cfg.self_eager_limit});
 }
 
+/* The largest size that is eager on every transport, minus one; with an
+ * eager limit set to 0 (WEFT_*_EAGER=0) there is none, and 0 stands in
+ * instead of wrapping around to SIZE_MAX. */
+inline size_t just_below_min_eager()
+{
+    const size_t e = min_eager_limit();
+    return e ? e - 1 : 0;
+}
+
 } // namespace weft_mpitest
 
 #endif
