@@ -77,6 +77,19 @@ WEFT_API int  weft_allgather(weft_comm_t *c, const void *sendbuf, void *recvbuf,
 WEFT_API int  weft_barrier(weft_comm_t *c);
 WEFT_API int  weft_bcast(weft_comm_t *c, void *buf, size_t bytes, int root);
 
+/* Memory registration (RDMA). weft pins the buffers it sends from and
+ * receives into on its own, through a cache (WEFT_IB_REG_CACHE_MB), so these
+ * calls are optional: weft_mem_register pins [buf, buf+bytes) now, so the
+ * first transfer does not pay for it, and keeps it pinned (never evicted)
+ * until weft_mem_deregister. Call weft_mem_deregister on a range before
+ * freeing or unmapping it -- for ranges registered here and for any buffer
+ * weft may have cached -- so no stale registration outlives the memory.
+ * Ranges still in flight are released when their transfers complete.
+ * Without an RDMA transport in the comm both calls check their arguments
+ * and succeed doing nothing. bytes > 0; buf not NULL. */
+WEFT_API int  weft_mem_register(weft_comm_t *c, const void *buf, size_t bytes);
+WEFT_API int  weft_mem_deregister(weft_comm_t *c, const void *buf, size_t bytes);
+
 WEFT_API const char *weft_strerror(int err);
 /* What failed last on this comm, which rank and peer, and why ("" if nothing). */
 WEFT_API const char *weft_comm_last_error(const weft_comm_t *c);

@@ -181,6 +181,10 @@ static void comm_free(struct weft_comm *c)
     free(c);
 }
 
+/* The card is exchanged as raw bytes between builds of one version: its
+ * size is part of the bootstrap protocol. */
+_Static_assert(sizeof(struct weft_rank_card) == 568, "rank card size changed");
+
 int weft_comm_create(MPI_Comm mpi_comm, weft_comm_t **out)
 {
     struct weft_comm *c;

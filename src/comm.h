@@ -28,7 +28,16 @@ struct weft_rank_card {
     uint16_t tcp_family;      /* AF_INET / AF_INET6, 0 = no TCP */
     uint16_t tcp_port;        /* network byte order */
     uint8_t  tcp_addr[16];
-    uint8_t  reserved[380];
+    /* ib: the port this rank uses (QP numbers are exchanged per pair in connect) */
+    char     ib_dev[32];      /* device name; "" = ib not offered */
+    uint8_t  ib_port;
+    uint8_t  ib_link_layer;   /* IBV_LINK_LAYER_INFINIBAND (1) / ETHERNET (2) */
+    uint8_t  ib_mtu;          /* enum ibv_mtu of the port (active_mtu) */
+    uint8_t  ib_gid_index;
+    uint16_t ib_lid;
+    uint16_t ib_pad;
+    uint8_t  ib_gid[16];
+    uint8_t  reserved[324];
 };
 
 struct weft_comm {
@@ -47,6 +56,7 @@ struct weft_comm {
     struct weft_pipe         *pipes;      /* [size]; pipes[rank] is the self pipe */
     unsigned                  tp_used;    /* bit per transport some pipe uses */
     void                     *tp_state[WEFT_TP_COUNT];
+    struct weft_regcache     *regcache;   /* RDMA registrations (set by ib connect); NULL without ib */
 
     uint32_t                  coll_seq;   /* collectives started (tags of internal lanes) */
     void                     *coll_state; /* collectives/: selector memory (shapes logged) */

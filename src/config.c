@@ -17,7 +17,7 @@
 
 #include "weft.h"
 
-static const char *const transport_names[WEFT_TP_COUNT] = { "self", "shm", "tcp" };
+static const char *const transport_names[WEFT_TP_COUNT] = { "self", "shm", "tcp", "ib" };
 
 const char *weft_transport_name(int id)
 {
@@ -133,6 +133,17 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     cfg->tcp_chunk        = 512 << 10;
     cfg->self_eager_limit = 64 << 10;
     cfg->spin_us          = 50;
+    strcpy(cfg->ibverbs_lib, "libibverbs.so.1");
+    cfg->ib_gid_index     = -1;
+    cfg->ib_qps_per_peer  = 1;
+    cfg->ib_timeout       = 20;
+    cfg->ib_retry_cnt     = 7;
+    cfg->ib_chunk         = 1 << 20;
+    cfg->ib_eager_limit   = 8 << 10;
+    cfg->ib_recv_depth    = 64;
+    cfg->ib_sq_depth      = 128;
+    cfg->ib_reg_cache     = (size_t)1 << 30;
+    strcpy(cfg->cuda_lib, "libcudart.so");
 
     if ((v = lookup("WEFT_TIMEOUT", ctx)) != NULL) {
         char *end;
@@ -158,7 +169,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     if ((v = lookup("WEFT_TRANSPORTS", ctx)) != NULL) {
         if (weft_parse_transports(v, &cfg->transports_mask) != 0)
             return config_error(err, errlen, "WEFT_TRANSPORTS", v,
-                                "expected a comma-separated list of self, shm, tcp");
+                                "expected a comma-separated list of self, shm, tcp, ib");
     }
     if ((v = lookup("WEFT_VIRTUAL_NODES", ctx)) != NULL) {
         if (parse_int(v, 0, 1 << 20, &n) != 0)
@@ -181,6 +192,9 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
         { "WEFT_TCP_EAGER",      &cfg->tcp_eager_limit,  0,         4u << 20,      1 },
         { "WEFT_TCP_CHUNK_KB",   &cfg->tcp_chunk,        4 << 10,   (size_t)1 << 30, 1024 },
         { "WEFT_SELF_EAGER",     &cfg->self_eager_limit, 0,         64u << 20,     1 },
+        { "WEFT_IB_CHUNK",       &cfg->ib_chunk,         4 << 10,   (size_t)1 << 30, 1 },
+        { "WEFT_IB_EAGER",       &cfg->ib_eager_limit,   64,         1u << 20,      1 },
+        { "WEFT_IB_REG_CACHE_MB",&cfg->ib_reg_cache,     0,         SIZE_MAX,      1u << 20 },
     };
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         size_t s;
@@ -224,6 +238,36 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
         if (strlen(v) >= sizeof(cfg->tcp_if))
             return config_error(err, errlen, "WEFT_TCP_IF", v, "name too long");
         strcpy(cfg->tcp_if, v);
+    }
+    /* Strings. */
+    struct { const char *name; char *field; size_t size; } strs[] = {
+        { "WEFT_IBVERBS_LIB", cfg->ibverbs_lib, sizeof(cfg->ibverbs_lib) },
+        { "WEFT_IB_HCA",      cfg->ib_hca,      sizeof(cfg->ib_hca) },
+        { "WEFT_TOPO_XML",    cfg->topo_xml,    sizeof(cfg->topo_xml) },
+        { "WEFT_CUDA_LIB",    cfg->cuda_lib,    sizeof(cfg->cuda_lib) },
+    };
+    for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
+        if ((v = lookup(strs[i].name, ctx)) == NULL)
+            continue;
+        if (strlen(v) >= strs[i].size)
+            return config_error(err, errlen, strs[i].name, v, "too long");
+        strcpy(strs[i].field, v);
+    }
+    /* Integers: name, field, bounds. */
+    struct { const char *name; int *field; long lo, hi; const char *why; } ints[] = {
+        { "WEFT_IB_GID_INDEX",    &cfg->ib_gid_index,    -1, 255,   "expected -1 (auto) or a GID index in [0, 255]" },
+        { "WEFT_IB_QPS_PER_PEER", &cfg->ib_qps_per_peer,  1, 16,    "expected an integer in [1, 16]" },
+        { "WEFT_IB_TIMEOUT",      &cfg->ib_timeout,       1, 31,    "expected an exponent in [1, 31]" },
+        { "WEFT_IB_RETRY_CNT",    &cfg->ib_retry_cnt,     0, 7,     "expected an integer in [0, 7]" },
+        { "WEFT_IB_RECV_DEPTH",   &cfg->ib_recv_depth,    2, 4096,  "expected an integer in [2, 4096]" },
+        { "WEFT_IB_SQ_DEPTH",     &cfg->ib_sq_depth,      2, 16384, "expected an integer in [2, 16384]" },
+    };
+    for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
+        if ((v = lookup(ints[i].name, ctx)) == NULL)
+            continue;
+        if (parse_int(v, ints[i].lo, ints[i].hi, &n) != 0)
+            return config_error(err, errlen, ints[i].name, v, ints[i].why);
+        *ints[i].field = (int)n;
     }
     if ((v = lookup("WEFT_SPIN_US", ctx)) != NULL) {
         if (parse_int(v, 0, 10000000, &n) != 0)

@@ -12,6 +12,7 @@ enum weft_transport_id {
     WEFT_TP_SELF = 0,
     WEFT_TP_SHM,
     WEFT_TP_TCP,
+    WEFT_TP_IB,
     WEFT_TP_COUNT
 };
 
@@ -34,6 +35,23 @@ struct weft_config {
     size_t   tcp_chunk;        /* WEFT_TCP_CHUNK_KB: striping unit across data sockets */
     size_t   self_eager_limit; /* WEFT_SELF_EAGER: sends to self up to this size complete at once */
     int      spin_us;          /* WEFT_SPIN_US: busy-poll time before a waiter yields/sleeps */
+
+    /* InfiniBand verbs (p2p/ib.c) */
+    char     ibverbs_lib[256]; /* WEFT_IBVERBS_LIB: library to dlopen ("libibverbs.so.1") */
+    char     ib_hca[256];      /* WEFT_IB_HCA: "dev[:port],..." allowed ports; "" = every ACTIVE port */
+    int      ib_gid_index;     /* WEFT_IB_GID_INDEX: RoCE GID index; -1 = first RoCEv2 IPv4-mapped */
+    int      ib_qps_per_peer;  /* WEFT_IB_QPS_PER_PEER: RC QPs per peer; large messages striped over them */
+    int      ib_timeout;       /* WEFT_IB_TIMEOUT: QP ack timeout exponent (4.096 us * 2^n) */
+    int      ib_retry_cnt;     /* WEFT_IB_RETRY_CNT: transport retries before IBV_WC_RETRY_EXC_ERR */
+    size_t   ib_chunk;         /* WEFT_IB_CHUNK: most bytes per RDMA work request (also capped by port, 1 GiB) */
+    size_t   ib_eager_limit;   /* WEFT_IB_EAGER: largest message sent by SEND into pre-posted buffers */
+    int      ib_recv_depth;    /* WEFT_IB_RECV_DEPTH: pre-posted receive buffers (= send credits) per QP */
+    int      ib_sq_depth;      /* WEFT_IB_SQ_DEPTH: send-queue depth per QP (capped by the device) */
+    size_t   ib_reg_cache;     /* WEFT_IB_REG_CACHE_MB: cap on bytes pinned by the registration cache */
+    char     topo_xml[256];    /* WEFT_TOPO_XML: hwloc XML to use instead of this machine's topology */
+
+    /* CUDA (src/cudawrap.c) */
+    char     cuda_lib[256];    /* WEFT_CUDA_LIB: CUDA runtime to dlopen ("libcudart.so") */
 };
 
 /* Looks up a variable; returns NULL when unset. getenv is the default. */
