@@ -60,6 +60,13 @@ static void wait_sleep(struct weft_comm *c, int timeout_ms)
     const struct weft_transport *shm = weft_transport_get(WEFT_TP_SHM);
     int use_tcp = (c->tp_used & (1u << WEFT_TP_TCP)) && tcp && tcp->sleep;
     int use_shm = (c->tp_used & (1u << WEFT_TP_SHM)) && shm && shm->sleep;
+    int unsleepable = 0;   /* a transport in use that nothing can wake us for (ib: completions are polled) */
+
+    for (int id = WEFT_TP_SELF + 1; id < WEFT_TP_COUNT; id++) {
+        const struct weft_transport *tp = weft_transport_get(id);
+        if ((c->tp_used & (1u << id)) && tp && tp->sleep == NULL)
+            unsleepable = 1;
+    }
 
     /* Another waiting thread of this process may complete our request
      * without any peer knocking: keep sleeps short then. A poll on sockets
@@ -68,7 +75,11 @@ static void wait_sleep(struct weft_comm *c, int timeout_ms)
         timeout_ms = 1;
 
     pthread_mutex_unlock(&c->lock);
-    if (use_tcp)
+    if (unsleepable) {
+        /* Completions arrive without a knock: nap briefly and poll again. */
+        struct timespec ts = { 0, 100 * 1000 };
+        nanosleep(&ts, NULL);
+    } else if (use_tcp)
         tcp->sleep(c, timeout_ms);
     else if (use_shm)
         shm->sleep(c, timeout_ms);
