@@ -1,0 +1,255 @@
+/*
+ * CUDA loaded at run time: see cudawrap.h for why and what.
+ */
+#include "cudawrap.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "weft.h"
+
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static int             load_done;        /* weft_cuda_load ran (result below is final) */
+static int             load_ok;
+static char            load_why[512];
+
+#ifdef WEFT_HAVE_CUDA_HEADERS
+
+/* CUDA 12.0 is the oldest runtime whose entry points weft asks for. */
+#define WEFT_CUDA_ENTRY_VERSION 12000
+
+static struct weft_cuda cuda;
+
+/* Pointer classification when weft's own load failed but the application
+ * has a CUDA runtime in the process (resolved once, may stay NULL). */
+static cudaError_t (*app_pointer_attrs)(struct cudaPointerAttributes *, const void *);
+static int app_probe_done;
+
+const struct weft_cuda *weft_cuda_get(void)
+{
+    return __atomic_load_n(&load_ok, __ATOMIC_ACQUIRE) ? &cuda : NULL;
+}
+
+static int resolve(void *h, const char *name, void **fn, char *why, size_t whylen)
+{
+    *fn = dlsym(h, name);
+    if (*fn == NULL) {
+        snprintf(why, whylen, "symbol %s missing", name);
+        return -1;
+    }
+    return 0;
+}
+
+static int entry(const char *name, void **fn, int optional, char *why, size_t whylen)
+{
+    enum cudaDriverEntryPointQueryResult st = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t e = cuda.GetDriverEntryPointByVersion(name, fn, WEFT_CUDA_ENTRY_VERSION, cudaEnableDefault, &st);
+    if (e == cudaSuccess && st == cudaDriverEntryPointSuccess && *fn != NULL)
+        return 0;
+    *fn = NULL;
+    if (optional)
+        return 0;
+    snprintf(why, whylen, "driver entry point %s not available (%s, status %d)", name,
+             e == cudaSuccess ? "not found" : cuda.GetErrorString(e), (int)st);
+    return -1;
+}
+
+static int load_locked(const char *path, char *why, size_t whylen)
+{
+    struct weft_cuda t;
+    void *h;
+    int n = 0;
+    cudaError_t e;
+
+    memset(&t, 0, sizeof(t));
+    h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        const char *d = dlerror();
+        snprintf(why, whylen, "cannot load %s: %s", path, d ? d : "unknown error");
+        return WEFT_ERR_UNSUPPORTED;
+    }
+#define R(field, name) \
+    if (resolve(h, name, (void **)&t.field, why, whylen) != 0) goto fail
+    R(GetDeviceCount, "cudaGetDeviceCount");
+    R(GetDevice, "cudaGetDevice");
+    R(SetDevice, "cudaSetDevice");
+    R(DeviceGetPCIBusId, "cudaDeviceGetPCIBusId");
+    R(DeviceCanAccessPeer, "cudaDeviceCanAccessPeer");
+    R(PointerGetAttributes, "cudaPointerGetAttributes");
+    R(Malloc, "cudaMalloc");
+    R(Free, "cudaFree");
+    R(MallocHost, "cudaMallocHost");
+    R(FreeHost, "cudaFreeHost");
+    R(Memcpy, "cudaMemcpy");
+    R(MemcpyAsync, "cudaMemcpyAsync");
+    R(StreamCreateWithFlags, "cudaStreamCreateWithFlags");
+    R(StreamDestroy, "cudaStreamDestroy");
+    R(StreamSynchronize, "cudaStreamSynchronize");
+    R(StreamQuery, "cudaStreamQuery");
+    R(StreamWaitEvent, "cudaStreamWaitEvent");
+    R(EventCreateWithFlags, "cudaEventCreateWithFlags");
+    R(EventRecord, "cudaEventRecord");
+    R(EventQuery, "cudaEventQuery");
+    R(EventDestroy, "cudaEventDestroy");
+    R(IpcGetMemHandle, "cudaIpcGetMemHandle");
+    R(IpcOpenMemHandle, "cudaIpcOpenMemHandle");
+    R(IpcCloseMemHandle, "cudaIpcCloseMemHandle");
+    R(LaunchHostFunc, "cudaLaunchHostFunc");
+    R(GetErrorString, "cudaGetErrorString");
+    R(GetLastError, "cudaGetLastError");
+    R(GetDriverEntryPointByVersion, "cudaGetDriverEntryPointByVersion");
+#undef R
+
+    /* No device: nothing weft could do with CUDA (this is also what a
+     * machine with the toolkit but no driver reports). */
+    e = t.GetDeviceCount(&n);
+    if (e != cudaSuccess || n <= 0) {
+        snprintf(why, whylen, "%s loaded but no usable device: %s", path,
+                 e != cudaSuccess ? t.GetErrorString(e) : "cudaGetDeviceCount returned 0");
+        t.GetLastError();   /* do not leave the sticky error to the application */
+        goto fail;
+    }
+    t.device_count = n;
+    cuda = t;   /* entry() reads the runtime calls from here */
+#define E(field, name, optional) \
+    if (entry(name, (void **)&cuda.field, optional, why, whylen) != 0) goto fail
+    E(cuStreamWaitValue32, "cuStreamWaitValue32", 0);
+    E(cuStreamWriteValue32, "cuStreamWriteValue32", 0);
+    E(cuPointerGetAttributes, "cuPointerGetAttributes", 0);
+    E(cuMemGetAddressRange, "cuMemGetAddressRange", 0);
+    E(cuMemGetHandleForAddressRange, "cuMemGetHandleForAddressRange", 1);
+    E(cuGetErrorString, "cuGetErrorString", 0);
+#undef E
+    cuda.handle = h;
+    snprintf(cuda.path, sizeof(cuda.path), "%s", path);
+    return WEFT_SUCCESS;
+
+fail:
+    memset(&cuda, 0, sizeof(cuda));
+    dlclose(h);
+    return WEFT_ERR_UNSUPPORTED;
+}
+
+int weft_cuda_load(const char *path, char *why, size_t whylen)
+{
+    int rc;
+
+    pthread_mutex_lock(&load_lock);
+    if (!load_done) {
+        rc = load_locked(path && *path ? path : "libcudart.so", load_why, sizeof(load_why));
+        load_done = 1;
+        if (rc == WEFT_SUCCESS) {
+            load_why[0] = '\0';
+            __atomic_store_n(&load_ok, 1, __ATOMIC_RELEASE);
+        }
+    }
+    rc = load_ok ? WEFT_SUCCESS : WEFT_ERR_UNSUPPORTED;
+    if (why && whylen)
+        snprintf(why, whylen, "%s", load_why);
+    pthread_mutex_unlock(&load_lock);
+    return rc;
+}
+
+static void host_attr(struct weft_mem_attr *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->kind = WEFT_MEM_HOST;
+    out->device = -1;
+}
+
+int weft_cuda_mem_attr(const void *ptr, struct weft_mem_attr *out)
+{
+    host_attr(out);
+    if (ptr == NULL)
+        return WEFT_SUCCESS;
+
+    if (weft_cuda_get() != NULL) {
+        CUpointer_attribute attrs[4] = { CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                         CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_IS_MANAGED };
+        unsigned int memtype = 0;
+        int ordinal = -1;
+        unsigned long long buffer_id = 0;
+        unsigned int managed = 0;
+        void *data[4] = { &memtype, &ordinal, &buffer_id, &managed };
+        CUdeviceptr dptr = (CUdeviceptr)(uintptr_t)ptr;
+
+        /* Unregistered host memory: an error or memory type 0. */
+        if (cuda.cuPointerGetAttributes(4, attrs, data, dptr) != CUDA_SUCCESS || memtype == 0)
+            return WEFT_SUCCESS;
+        if (memtype == CU_MEMORYTYPE_HOST && !managed) {
+            out->kind = WEFT_MEM_PINNED;
+            return WEFT_SUCCESS;
+        }
+        out->kind = managed ? WEFT_MEM_MANAGED : WEFT_MEM_DEVICE;
+        out->device = ordinal;
+        out->buffer_id = buffer_id;
+        CUdeviceptr base = 0;
+        size_t size = 0;
+        if (cuda.cuMemGetAddressRange(&base, &size, dptr) == CUDA_SUCCESS) {
+            out->base = (uintptr_t)base;
+            out->size = size;
+        }
+        return WEFT_SUCCESS;
+    }
+
+    /* weft has no CUDA, but the application may: recognise its device
+     * pointers so the caller can refuse them instead of reading them. */
+    if (!__atomic_load_n(&app_probe_done, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&load_lock);
+        if (!app_probe_done) {
+            app_pointer_attrs = (cudaError_t (*)(struct cudaPointerAttributes *, const void *))dlsym(
+                RTLD_DEFAULT, "cudaPointerGetAttributes");
+            __atomic_store_n(&app_probe_done, 1, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&load_lock);
+    }
+    if (app_pointer_attrs) {
+        struct cudaPointerAttributes a;
+        memset(&a, 0, sizeof(a));
+        if (app_pointer_attrs(&a, ptr) == cudaSuccess &&
+            (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged)) {
+            out->kind = a.type == cudaMemoryTypeManaged ? WEFT_MEM_MANAGED : WEFT_MEM_DEVICE;
+            out->device = a.device;
+        }
+        /* A host pointer is cudaMemoryTypeUnregistered with cudaSuccess
+         * (CUDA >= 11): no error state of the application is touched. */
+    }
+    return WEFT_SUCCESS;
+}
+
+#else /* !WEFT_HAVE_CUDA_HEADERS */
+
+int weft_cuda_load(const char *path, char *why, size_t whylen)
+{
+    (void)path;
+    pthread_mutex_lock(&load_lock);
+    load_done = 1;
+    snprintf(load_why, sizeof(load_why), "weft was built without the CUDA headers (WEFT_WITH_CUDA)");
+    if (why && whylen)
+        snprintf(why, whylen, "%s", load_why);
+    pthread_mutex_unlock(&load_lock);
+    return WEFT_ERR_UNSUPPORTED;
+}
+
+int weft_cuda_mem_attr(const void *ptr, struct weft_mem_attr *out)
+{
+    (void)ptr;
+    memset(out, 0, sizeof(*out));
+    out->kind = WEFT_MEM_HOST;
+    out->device = -1;
+    return WEFT_SUCCESS;
+}
+
+#endif /* WEFT_HAVE_CUDA_HEADERS */
+
+int weft_cuda_available(void)
+{
+    return __atomic_load_n(&load_ok, __ATOMIC_ACQUIRE);
+}
+
+const char *weft_cuda_why(void)
+{
+    return load_why;
+}

@@ -1,0 +1,111 @@
+/*
+ * CUDA, loaded at run time.
+ *
+ * weft never links CUDA: one build runs on machines with and without GPUs.
+ * weft_cuda_load() dlopens the runtime named by WEFT_CUDA_LIB (default
+ * "libcudart.so"; tests point it at the emulated runtime tests/emu/cuda/,
+ * the same file the test program links, so both see one instance and one
+ * state) and resolves the runtime calls weft makes into one table. Driver
+ * calls (stream memory operations, pointer attributes, address ranges) come
+ * through cudaGetDriverEntryPointByVersion, so weft needs no libcuda symbol
+ * either.
+ *
+ * Memory kinds. weft_cuda_mem_attr() tells host, pinned host and device
+ * memory apart with the driver's pointer attributes (no CUDA context is
+ * created for it). When WEFT_CUDA_LIB does not load but the application has
+ * a CUDA runtime of its own in the process, that runtime is used only to
+ * recognise device pointers, so they are refused with WEFT_ERR_UNSUPPORTED
+ * and a message instead of being read as host memory.
+ *
+ * Compiled only with the CUDA headers (WEFT_HAVE_CUDA_HEADERS); without them
+ * every buffer is host memory.
+ */
+#ifndef WEFT_CUDAWRAP_H
+#define WEFT_CUDAWRAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum weft_mem_kind {
+    WEFT_MEM_HOST = 0,    /* pageable host memory (or unknown to CUDA) */
+    WEFT_MEM_PINNED,      /* page-locked host memory (cudaMallocHost / cudaHostRegister) */
+    WEFT_MEM_DEVICE,      /* device memory of one GPU */
+    WEFT_MEM_MANAGED      /* unified (managed) memory */
+};
+
+struct weft_mem_attr {
+    int       kind;       /* enum weft_mem_kind */
+    int       device;     /* device ordinal (DEVICE, MANAGED), else -1 */
+    uint64_t  buffer_id;  /* unique per allocation, changes when an address is reused; 0 for host */
+    uintptr_t base;       /* allocation base (device memory), else 0 */
+    size_t    size;       /* allocation size (device memory), else 0 */
+};
+
+/* Loads the runtime once per process (later calls with any path return the
+ * first result). WEFT_SUCCESS, or WEFT_ERR_UNSUPPORTED with why filled:
+ * library missing, a symbol missing, no device (cudaGetDeviceCount). */
+int  weft_cuda_load(const char *path, char *why, size_t whylen);
+/* Nonzero once weft_cuda_load succeeded. */
+int  weft_cuda_available(void);
+/* Why CUDA is not available ("" when it is, or before any load). */
+const char *weft_cuda_why(void);
+
+/* Kind of the memory at ptr. Host memory when CUDA is not in the process at
+ * all. Returns WEFT_SUCCESS; *out is always filled. */
+int  weft_cuda_mem_attr(const void *ptr, struct weft_mem_attr *out);
+
+#ifdef WEFT_HAVE_CUDA_HEADERS
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+struct weft_cuda {
+    void *handle;
+    char  path[256];
+    /* runtime */
+    cudaError_t (*GetDeviceCount)(int *count);
+    cudaError_t (*GetDevice)(int *device);
+    cudaError_t (*SetDevice)(int device);
+    cudaError_t (*DeviceGetPCIBusId)(char *busid, int len, int device);
+    cudaError_t (*DeviceCanAccessPeer)(int *can, int device, int peer);
+    cudaError_t (*PointerGetAttributes)(struct cudaPointerAttributes *attr, const void *ptr);
+    cudaError_t (*Malloc)(void **ptr, size_t size);
+    cudaError_t (*Free)(void *ptr);
+    cudaError_t (*MallocHost)(void **ptr, size_t size);
+    cudaError_t (*FreeHost)(void *ptr);
+    cudaError_t (*Memcpy)(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind);
+    cudaError_t (*MemcpyAsync)(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s);
+    cudaError_t (*StreamCreateWithFlags)(cudaStream_t *s, unsigned int flags);
+    cudaError_t (*StreamDestroy)(cudaStream_t s);
+    cudaError_t (*StreamSynchronize)(cudaStream_t s);
+    cudaError_t (*StreamQuery)(cudaStream_t s);
+    cudaError_t (*StreamWaitEvent)(cudaStream_t s, cudaEvent_t e, unsigned int flags);
+    cudaError_t (*EventCreateWithFlags)(cudaEvent_t *e, unsigned int flags);
+    cudaError_t (*EventRecord)(cudaEvent_t e, cudaStream_t s);
+    cudaError_t (*EventQuery)(cudaEvent_t e);
+    cudaError_t (*EventDestroy)(cudaEvent_t e);
+    cudaError_t (*IpcGetMemHandle)(cudaIpcMemHandle_t *h, void *ptr);
+    cudaError_t (*IpcOpenMemHandle)(void **ptr, cudaIpcMemHandle_t h, unsigned int flags);
+    cudaError_t (*IpcCloseMemHandle)(void *ptr);
+    cudaError_t (*LaunchHostFunc)(cudaStream_t s, cudaHostFn_t fn, void *arg);
+    const char *(*GetErrorString)(cudaError_t err);
+    cudaError_t (*GetLastError)(void);
+    cudaError_t (*GetDriverEntryPointByVersion)(const char *symbol, void **fn, unsigned int version,
+                                                unsigned long long flags,
+                                                enum cudaDriverEntryPointQueryResult *status);
+    /* driver, through the entry-point query */
+    CUresult (*cuStreamWaitValue32)(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+    CUresult (*cuStreamWriteValue32)(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+    CUresult (*cuPointerGetAttributes)(unsigned int n, CUpointer_attribute *attrs, void **data, CUdeviceptr ptr);
+    CUresult (*cuMemGetAddressRange)(CUdeviceptr *base, size_t *size, CUdeviceptr ptr);
+    /* optional (NULL when absent): dma-buf export for GPUDirect RDMA */
+    CUresult (*cuMemGetHandleForAddressRange)(void *handle, CUdeviceptr ptr, size_t size,
+                                              CUmemRangeHandleType type, unsigned long long flags);
+    CUresult (*cuGetErrorString)(CUresult err, const char **str);
+    int   device_count;
+};
+
+/* The loaded table, or NULL. */
+const struct weft_cuda *weft_cuda_get(void);
+#endif /* WEFT_HAVE_CUDA_HEADERS */
+
+#endif
