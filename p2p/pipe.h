@@ -20,6 +20,11 @@ enum weft_ctrl_type {
     WEFT_CTRL_TRANSPORT_BASE = 16 /* types >= this are a transport's own (e.g. shm DATA) */
 };
 
+/* weft_ctrl.flags */
+#define WEFT_CTRL_F_DEVICE  0x01  /* EAGER/RTS: the sender's buffer is CUDA device memory */
+#define WEFT_CTRL_F_STAGED  0x02  /* CTS: data follows as staged chunks on an internal lane (p2p/stage.c) */
+#define WEFT_CTRL_F_IPC     0x04  /* CTS: payload is a CUDA IPC export of the receive buffer (p2p/cuda_ipc.c) */
+
 struct weft_ctrl {
     uint8_t  type;
     uint8_t  flags;
@@ -55,6 +60,9 @@ struct weft_request {
     uint64_t             seq;
     uint64_t             peer_req; /* rendezvous: the peer's request id */
     weft_status_t        status;
+    int                  mem_kind; /* enum weft_mem_kind (src/cudawrap.h) of buf */
+    int                  mem_device; /* CUDA device ordinal of buf, -1 for host memory */
+    void                *dev_state;  /* device paths (stage.c, cuda_ipc.c): per-request state */
     struct weft_request *next, *prev;  /* pipe queue links (lane or outbound) */
 
     /* Transport scratch, owned by the pipe's transport while ACTIVE. */

@@ -37,7 +37,11 @@ struct weft_rank_card {
     uint16_t ib_lid;
     uint16_t ib_pad;
     uint8_t  ib_gid[16];
-    uint8_t  reserved[324];
+    /* CUDA: the devices this rank sees, by PCI bus id (for IPC reachability) */
+    uint8_t  gpu_count;       /* 0 = no CUDA in this rank */
+    uint8_t  gpu_pad[7];
+    char     gpu_busid[8][16];/* "0000:07:00.0", device ordinal = index */
+    uint8_t  reserved[188];
 };
 
 struct weft_comm {
@@ -57,6 +61,10 @@ struct weft_comm {
     unsigned                  tp_used;    /* bit per transport some pipe uses */
     void                     *tp_state[WEFT_TP_COUNT];
     struct weft_regcache     *regcache;   /* RDMA registrations (set by ib connect); NULL without ib */
+    int                       cuda;       /* CUDA loaded and a device present: device buffers allowed */
+    void                     *cuda_ipc_state;  /* p2p/cuda_ipc.c: mapping cache, semaphores */
+    void                     *stage_state;     /* p2p/stage.c: pinned staging pool, internal stream */
+    void                     *stream_state;    /* src/stream.c: stream-ordered operations, progress thread */
 
     uint32_t                  coll_seq;   /* collectives started (tags of internal lanes) */
     void                     *coll_state; /* collectives/: selector memory (shapes logged) */
