@@ -1,0 +1,2165 @@
+/* libweft_emu_cuda.so: an emulated CUDA runtime (and the few driver calls weft
+ * reaches through cudaGetDriverEntryPoint) for machines without a GPU. A test
+ * fixture: see tests/emu/cuda/README.md for what it models and how it differs
+ * from real GPUs.
+ *
+ * Device memory: one memfd per allocation, mapped MAP_SHARED into a reserved
+ * address range of its own (so device pointers never mix with the heap).
+ * IPC: the 64-byte handle names the exporter (node, pid, a per-process token),
+ * the memfd's descriptor number and inode, the size and the buffer id; the
+ * importer opens /proc/<pid>/fd/<n> and checks the inode, then maps it.
+ * Streams: one worker thread each, executing queued operations in order. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Everything the CUDA headers declare (and that this file defines) is
+ * exported; the rest of the library stays hidden (-fvisibility=hidden). */
+#pragma GCC visibility push(default)
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include "weft_emu_cuda.h"
+#pragma GCC visibility pop
+
+#define EMU_MAX_DEV      16
+#define EMU_PAGE         4096ULL
+#define EMU_DEV_SPAN     (64ULL << 30)  /* address space per device */
+#define EMU_IMPORT_SPAN  (256ULL << 30) /* address space for IPC imports */
+#define EMU_DEV_HINT     0x500000000000ULL
+#define EMU_IMPORT_HINT  0x540000000000ULL
+#define EMU_VERSION      13000
+#define EMU_IPC_MAGIC    0x57454d55u    /* "WEMU" */
+
+/* ------------------------------------------------------------------ state */
+
+enum akind { A_DEVICE, A_HOST, A_REGISTERED, A_IMPORT };
+
+struct alloc {
+    uintptr_t base;
+    size_t    size;      /* bytes asked for */
+    size_t    map_size;  /* mapped bytes (pages) */
+    int       kind;
+    int       device;
+    uint64_t  buffer_id;
+    int       fd;        /* A_DEVICE: its memfd */
+    ino_t     ino;
+    int       refs;      /* A_IMPORT: opens not yet closed */
+    uint64_t  imp_token; /* A_IMPORT: exporter token + buffer id */
+    uint64_t  imp_bufid;
+    uint32_t  imp_pid;
+};
+
+struct vblock { uintptr_t addr; size_t len; };
+struct vregion {
+    uintptr_t base, end, bump;
+    struct vblock *free; size_t nfree, capfree;
+};
+
+struct dev {
+    char     busid[32];
+    int      domain, bus, slot;
+    unsigned char uuid[16];
+    size_t   used;
+    int      peer_enabled[EMU_MAX_DEV];
+    struct CUstream_st *legacy, *perthread;
+    unsigned flags;
+};
+
+struct CUctx_st { int device; };
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;      /* allocations, lists, refs */
+static pthread_mutex_t g_done_mu = PTHREAD_MUTEX_INITIALIZER; /* completion state */
+static pthread_cond_t g_done_cv = PTHREAD_COND_INITIALIZER;
+static cudaError_t g_init_err;
+static volatile int g_forked_child;
+static int g_ndev;
+static struct dev g_dev[EMU_MAX_DEV];
+static struct CUctx_st g_ctx[EMU_MAX_DEV];
+static int g_no_peer[EMU_MAX_DEV][EMU_MAX_DEV];
+static unsigned g_node;
+static uint64_t g_token;
+static size_t g_mem_limit;
+static int g_ipc_refcount;      /* WEFT_EMU_CUDA_IPC_REOPEN=refcount */
+static int g_gdr;
+static struct vregion g_devva[EMU_MAX_DEV], g_impva;
+static struct alloc **g_allocs; /* sorted by base */
+static size_t g_nallocs, g_capallocs;
+static uint64_t g_next_bufid;
+static struct CUstream_st *g_streams; /* live streams, default ones included */
+static struct CUevent_st *g_events;
+
+static _Thread_local int t_dev;
+static _Thread_local cudaError_t t_err;
+
+enum { C_MALLOC, C_FREE, C_IPC_GET, C_IPC_OPEN, C_IPC_CLOSE, C_IPC_IMPORTS, C_MEMCPY,
+       C_MEMSET, C_WAIT_VALUE, C_WRITE_VALUE, C_STREAMS, C_NCOUNTERS };
+static const char *const g_counter_names[C_NCOUNTERS] = {
+    "malloc", "free", "ipc_get", "ipc_open", "ipc_close", "ipc_imports", "memcpy",
+    "memset", "wait_value", "write_value", "streams" };
+static unsigned long long g_counters[C_NCOUNTERS];
+#define COUNT(c, d) __atomic_add_fetch(&g_counters[c], (unsigned long long)(d), __ATOMIC_RELAXED)
+
+/* ------------------------------------------------------------------ helpers */
+
+static cudaError_t rt_ret(cudaError_t e)
+{
+    if (e != cudaSuccess) t_err = e;
+    return e;
+}
+
+static size_t round_page(size_t n) { return (n + EMU_PAGE - 1) & ~(size_t)(EMU_PAGE - 1); }
+
+static unsigned long long env_ull(const char *name, unsigned long long def)
+{
+    const char *s = getenv(name);
+    if (!s || !*s) return def;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (*end == 'k' || *end == 'K') v <<= 10;
+    else if (*end == 'm' || *end == 'M') v <<= 20;
+    else if (*end == 'g' || *end == 'G') v <<= 30;
+    return v;
+}
+
+static uint64_t fnv1a(const void *p, size_t n, uint64_t h)
+{
+    const unsigned char *c = p;
+    for (size_t i = 0; i < n; i++) { h ^= c[i]; h *= 1099511628211ULL; }
+    return h;
+}
+
+#if defined(__SANITIZE_THREAD__)
+#define EMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMU_TSAN 1
+#endif
+#endif
+
+static void *reserve(uintptr_t hint, size_t len)
+{
+#ifdef EMU_TSAN
+    /* ThreadSanitizer only allows application memory in its own ranges (it
+     * would turn the hint into address 0): let the kernel choose. */
+    hint = 0;
+#endif
+    void *p = MAP_FAILED;
+    if (hint)
+        p = mmap((void *)hint, len, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+    if (p == MAP_FAILED)
+        p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+/* Gives [addr, addr+len) back to the reservation: inaccessible again. */
+static void unreserve_range(uintptr_t addr, size_t len)
+{
+    (void)mmap((void *)addr, len, PROT_NONE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+}
+
+/* Address-space allocator: the most recently freed block of the same size
+ * first (so a same-size cudaMalloc after cudaFree gets the same address, as
+ * real GPUs often do), then fresh space, then any larger free block. */
+static uintptr_t va_get(struct vregion *r, size_t len)
+{
+    for (size_t i = r->nfree; i-- > 0;) {
+        if (r->free[i].len == len) {
+            uintptr_t a = r->free[i].addr;
+            memmove(&r->free[i], &r->free[i + 1], (r->nfree - i - 1) * sizeof(*r->free));
+            r->nfree--;
+            return a;
+        }
+    }
+    if (r->end - r->bump >= len) {
+        uintptr_t a = r->bump;
+        r->bump += len;
+        return a;
+    }
+    for (size_t i = 0; i < r->nfree; i++) {
+        if (r->free[i].len > len) {
+            uintptr_t a = r->free[i].addr;
+            r->free[i].addr += len;
+            r->free[i].len -= len;
+            return a;
+        }
+    }
+    return 0;
+}
+
+static void va_put(struct vregion *r, uintptr_t addr, size_t len)
+{
+    if (r->nfree == r->capfree) {
+        size_t cap = r->capfree ? r->capfree * 2 : 64;
+        struct vblock *n = realloc(r->free, cap * sizeof(*n));
+        if (!n) return; /* the range is lost, nothing worse */
+        r->free = n;
+        r->capfree = cap;
+    }
+    r->free[r->nfree].addr = addr;
+    r->free[r->nfree].len = len;
+    r->nfree++;
+}
+
+/* g_mu held. Index of the allocation containing p, or -1. */
+static long alloc_find_idx(uintptr_t p)
+{
+    size_t lo = 0, hi = g_nallocs;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (g_allocs[mid]->base <= p) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo == 0) return -1;
+    struct alloc *a = g_allocs[lo - 1];
+    size_t span = a->size ? a->size : 1;
+    return (p - a->base < span) ? (long)(lo - 1) : -1;
+}
+
+static struct alloc *alloc_find(uintptr_t p)
+{
+    long i = alloc_find_idx(p);
+    return i < 0 ? NULL : g_allocs[i];
+}
+
+/* g_mu held. First allocation overlapping [p, p+len), or NULL. */
+static struct alloc *alloc_overlap(uintptr_t p, size_t len)
+{
+    for (size_t i = 0; i < g_nallocs; i++) {
+        struct alloc *a = g_allocs[i];
+        if (a->base < p + len && p < a->base + a->size) return a;
+    }
+    return NULL;
+}
+
+static int alloc_insert(struct alloc *a)
+{
+    if (g_nallocs == g_capallocs) {
+        size_t cap = g_capallocs ? g_capallocs * 2 : 256;
+        struct alloc **n = realloc(g_allocs, cap * sizeof(*n));
+        if (!n) return -1;
+        g_allocs = n;
+        g_capallocs = cap;
+    }
+    size_t i = g_nallocs;
+    while (i > 0 && g_allocs[i - 1]->base > a->base) {
+        g_allocs[i] = g_allocs[i - 1];
+        i--;
+    }
+    g_allocs[i] = a;
+    g_nallocs++;
+    return 0;
+}
+
+static void alloc_remove(struct alloc *a)
+{
+    for (size_t i = 0; i < g_nallocs; i++) {
+        if (g_allocs[i] == a) {
+            memmove(&g_allocs[i], &g_allocs[i + 1], (g_nallocs - i - 1) * sizeof(*g_allocs));
+            g_nallocs--;
+            return;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ init */
+
+static void on_fork_child(void) { g_forked_child = 1; }
+
+static int parse_busid(const char *s, int *dom, int *bus, int *slot)
+{
+    unsigned d, b, sl, fn;
+    if (sscanf(s, "%x:%x:%x.%x", &d, &b, &sl, &fn) == 4) {
+        *dom = (int)d; *bus = (int)b; *slot = (int)sl;
+        return 0;
+    }
+    if (sscanf(s, "%x:%x.%x", &b, &sl, &fn) == 3) {
+        *dom = 0; *bus = (int)b; *slot = (int)sl;
+        return 0;
+    }
+    return -1;
+}
+
+static void emu_init(void)
+{
+    const char *s = getenv("WEFT_EMU_CUDA_DEVICES");
+    long n = 2;
+    if (s && *s) n = strtol(s, NULL, 10);
+    if (n < 0) n = 0;
+    if (n > EMU_MAX_DEV) n = EMU_MAX_DEV;
+    g_ndev = (int)n;
+    s = getenv("WEFT_EMU_CUDA_NODE");
+    /* Unset under WEFT_VIRTUAL_NODES: the virtual nodes are the emulated machines. */
+    if (!s && env_ull("WEFT_VIRTUAL_NODES", 0) > 0) s = "auto";
+    if (s && strcmp(s, "auto") == 0) {
+        /* The node weft's WEFT_VIRTUAL_NODES puts this rank on: contiguous
+         * blocks, rank * k / size (k capped at size). */
+        const char *r = getenv("OMPI_COMM_WORLD_RANK"), *z = getenv("OMPI_COMM_WORLD_SIZE");
+        if (!r) r = getenv("PMIX_RANK");
+        if (!r) r = getenv("PMI_RANK");
+        if (!z) z = getenv("PMI_SIZE");
+        long long rank = r ? atoll(r) : 0, size = z ? atoll(z) : 0;
+        long long k = (long long)env_ull("WEFT_VIRTUAL_NODES", 0);
+        if (k > size) k = size;
+        g_node = (k > 0 && size > 0 && rank >= 0) ? (unsigned)(rank * k / size) : 0;
+    } else {
+        g_node = (unsigned)env_ull("WEFT_EMU_CUDA_NODE", 0);
+    }
+    g_mem_limit = (size_t)env_ull("WEFT_EMU_CUDA_MEM", 16ULL << 30);
+    if (g_mem_limit > EMU_DEV_SPAN) g_mem_limit = EMU_DEV_SPAN;
+    s = getenv("WEFT_EMU_CUDA_IPC_REOPEN");
+    g_ipc_refcount = s && strcmp(s, "refcount") == 0;
+    g_gdr = (int)env_ull("WEFT_EMU_CUDA_GDR", 0) != 0;
+
+    /* Bus ids: WEFT_EMU_CUDA_BUSIDS, then defaults for the rest. */
+    char list[1024] = "";
+    s = getenv("WEFT_EMU_CUDA_BUSIDS");
+    if (s) snprintf(list, sizeof(list), "%s", s);
+    char *save = NULL, *tok = strtok_r(list, ", ", &save);
+    for (int d = 0; d < g_ndev; d++) {
+        struct dev *dv = &g_dev[d];
+        if (tok && parse_busid(tok, &dv->domain, &dv->bus, &dv->slot) == 0) {
+            tok = strtok_r(NULL, ", ", &save);
+        } else {
+            dv->domain = 0; dv->bus = 0x10 + 0x10 * d; dv->slot = 0;
+        }
+        snprintf(dv->busid, sizeof(dv->busid), "%04x:%02x:%02x.0",
+                 (unsigned)dv->domain, (unsigned)dv->bus, (unsigned)dv->slot);
+        /* Same GPU (node, bus id) -> same UUID in every process. */
+        uint64_t h1 = fnv1a(dv->busid, strlen(dv->busid), 1469598103934665603ULL ^ g_node);
+        uint64_t h2 = fnv1a(&h1, sizeof(h1), h1 ^ 0x9e3779b97f4a7c15ULL);
+        memcpy(dv->uuid, &h1, 8);
+        memcpy(dv->uuid + 8, &h2, 8);
+        dv->uuid[6] = (unsigned char)((dv->uuid[6] & 0x0f) | 0x40);
+        dv->uuid[8] = (unsigned char)((dv->uuid[8] & 0x3f) | 0x80);
+        g_ctx[d].device = d;
+    }
+
+    /* WEFT_EMU_CUDA_NO_PEER="0-1,2-3": pairs that cannot reach each other. */
+    s = getenv("WEFT_EMU_CUDA_NO_PEER");
+    if (s) {
+        snprintf(list, sizeof(list), "%s", s);
+        for (tok = strtok_r(list, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+            int a, b;
+            if (sscanf(tok, "%d-%d", &a, &b) == 2 && a >= 0 && b >= 0 && a < EMU_MAX_DEV &&
+                b < EMU_MAX_DEV)
+                g_no_peer[a][b] = g_no_peer[b][a] = 1;
+        }
+    }
+
+    uint64_t t = 0;
+    if (syscall(SYS_getrandom, &t, sizeof(t), 0) != (long)sizeof(t)) t = 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    g_token = t ^ ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)ts.tv_sec;
+    if (!g_token) g_token = 1;
+
+    if (g_ndev > 0) {
+        uint8_t *base = reserve(EMU_DEV_HINT, (size_t)g_ndev * EMU_DEV_SPAN);
+        uint8_t *imp = reserve(EMU_IMPORT_HINT, EMU_IMPORT_SPAN);
+        if (!base || !imp) {
+            g_init_err = cudaErrorInitializationError;
+            return;
+        }
+        for (int d = 0; d < g_ndev; d++) {
+            g_devva[d].base = g_devva[d].bump = (uintptr_t)base + (uintptr_t)d * EMU_DEV_SPAN;
+            g_devva[d].end = g_devva[d].base + EMU_DEV_SPAN;
+        }
+        g_impva.base = g_impva.bump = (uintptr_t)imp;
+        g_impva.end = g_impva.base + EMU_IMPORT_SPAN;
+    }
+    /* One descriptor per device allocation: lift the soft limit. */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        (void)setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    pthread_atfork(NULL, NULL, on_fork_child);
+}
+
+/* For calls that need the runtime (and a device). */
+static cudaError_t ensure(void)
+{
+    pthread_once(&g_once, emu_init);
+    if (g_forked_child) return cudaErrorInitializationError;
+    if (g_init_err) return g_init_err;
+    if (g_ndev == 0) return cudaErrorNoDevice;
+    if (t_dev >= g_ndev) t_dev = 0;
+    return cudaSuccess;
+}
+
+#define ENSURE()                               \
+    do {                                       \
+        cudaError_t e_ = ensure();             \
+        if (e_ != cudaSuccess) return rt_ret(e_); \
+    } while (0)
+
+static CUresult drv_err(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return CUDA_SUCCESS;
+    case cudaErrorNoDevice: return CUDA_ERROR_NO_DEVICE;
+    case cudaErrorInitializationError: return CUDA_ERROR_NOT_INITIALIZED;
+    case cudaErrorInvalidValue: return CUDA_ERROR_INVALID_VALUE;
+    case cudaErrorInvalidResourceHandle: return CUDA_ERROR_INVALID_HANDLE;
+    case cudaErrorMemoryAllocation: return CUDA_ERROR_OUT_OF_MEMORY;
+    case cudaErrorNotSupported: return CUDA_ERROR_NOT_SUPPORTED;
+    default: return CUDA_ERROR_UNKNOWN;
+    }
+}
+
+/* ------------------------------------------------------------------ streams */
+
+enum opkind { OP_COPY, OP_SET, OP_HOSTFN, OP_CALLBACK, OP_DELAY, OP_WAIT_EVENT, OP_WAIT_STREAM,
+              OP_RECORD, OP_WAIT32, OP_WAIT64, OP_WRITE32, OP_WRITE64 };
+
+struct op {
+    struct op *next;
+    int       kind;
+    uint64_t  seq;
+    void     *dst;
+    const void *src;
+    size_t    n;
+    int       value;
+    uint64_t  u64;
+    unsigned  flags;
+    void    (*fn)(void *);
+    cudaStreamCallback_t cb;
+    void     *arg;
+    struct CUevent_st  *ev;
+    struct CUstream_st *other;
+    uint64_t  gen;
+};
+
+#define STREAM_LEGACY    1
+#define STREAM_PERTHREAD 2
+
+struct CUstream_st {
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    struct op      *head, *tail;
+    uint64_t        enq_seq;  /* under mu (atomic loads elsewhere) */
+    uint64_t        done_seq; /* under g_done_mu */
+    int             device;
+    unsigned        flags;
+    int             priority;
+    int             special;  /* STREAM_LEGACY / STREAM_PERTHREAD / 0 */
+    int             destroying;
+    int             refs;     /* under g_mu: user handle, worker, ops */
+    pthread_t       thread;
+    struct CUstream_st *next_all;
+};
+
+struct CUevent_st {
+    unsigned flags;
+    int      device;
+    uint64_t rec_gen;  /* under g_done_mu */
+    uint64_t done_gen; /* under g_done_mu */
+    struct timespec t;
+    int      refs;     /* under g_mu */
+    struct CUevent_st *next_all;
+};
+
+static void stream_unref(struct CUstream_st *s)
+{
+    pthread_mutex_lock(&g_mu);
+    int last = --s->refs == 0;
+    pthread_mutex_unlock(&g_mu);
+    if (last) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        free(s);
+    }
+}
+
+static void event_unref(struct CUevent_st *e)
+{
+    pthread_mutex_lock(&g_mu);
+    int last = --e->refs == 0;
+    pthread_mutex_unlock(&g_mu);
+    if (last) free(e);
+}
+
+static void sleep_us(unsigned long us)
+{
+    struct timespec ts = { (time_t)(us / 1000000), (long)(us % 1000000) * 1000 };
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+static int wait_pred32(uint32_t cur, uint32_t v, unsigned flags)
+{
+    switch (flags & 0x3) {
+    case CU_STREAM_WAIT_VALUE_GEQ: return (int32_t)(cur - v) >= 0;
+    case CU_STREAM_WAIT_VALUE_EQ: return cur == v;
+    case CU_STREAM_WAIT_VALUE_AND: return (cur & v) != 0;
+    default: return ~(cur | v) != 0;
+    }
+}
+
+static int wait_pred64(uint64_t cur, uint64_t v, unsigned flags)
+{
+    switch (flags & 0x3) {
+    case CU_STREAM_WAIT_VALUE_GEQ: return (int64_t)(cur - v) >= 0;
+    case CU_STREAM_WAIT_VALUE_EQ: return cur == v;
+    case CU_STREAM_WAIT_VALUE_AND: return (cur & v) != 0;
+    default: return ~(cur | v) != 0;
+    }
+}
+
+/* Polls a word in memory (written by another stream, the host, or another
+ * process through an IPC mapping): spins briefly, then sleeps in growing
+ * steps, so that waiting streams leave the CPU to the writers. */
+static void poll_wait(const struct op *o)
+{
+    unsigned long spins = 0, us = 5;
+    for (;;) {
+        int ok;
+        if (o->kind == OP_WAIT32)
+            ok = wait_pred32(__atomic_load_n((uint32_t *)o->dst, __ATOMIC_ACQUIRE), (uint32_t)o->u64, o->flags);
+        else
+            ok = wait_pred64(__atomic_load_n((uint64_t *)o->dst, __ATOMIC_ACQUIRE), o->u64, o->flags);
+        if (ok) return;
+        if (++spins < 64) { sched_yield(); continue; }
+        sleep_us(us);
+        if (us < 200) us += us / 2 + 1;
+    }
+}
+
+static void op_exec(struct CUstream_st *s, struct op *o)
+{
+    switch (o->kind) {
+    case OP_COPY:
+        /* Ordering with other streams and processes comes from the acquire
+         * loads of stream waits and the seq_cst stores of stream writes. */
+        memmove(o->dst, o->src, o->n);
+        break;
+    case OP_SET:
+        memset(o->dst, o->value, o->n);
+        break;
+    case OP_HOSTFN: o->fn(o->arg); break;
+    case OP_CALLBACK: o->cb(s, cudaSuccess, o->arg); break;
+    case OP_DELAY: sleep_us(o->n); break;
+    case OP_WAIT_EVENT:
+        pthread_mutex_lock(&g_done_mu);
+        while (o->ev->done_gen < o->gen) pthread_cond_wait(&g_done_cv, &g_done_mu);
+        pthread_mutex_unlock(&g_done_mu);
+        event_unref(o->ev);
+        break;
+    case OP_WAIT_STREAM:
+        pthread_mutex_lock(&g_done_mu);
+        while (o->other->done_seq < o->gen) pthread_cond_wait(&g_done_cv, &g_done_mu);
+        pthread_mutex_unlock(&g_done_mu);
+        stream_unref(o->other);
+        break;
+    case OP_RECORD: {
+        struct timespec now;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        pthread_mutex_lock(&g_done_mu);
+        if (o->ev->done_gen < o->gen) {
+            o->ev->done_gen = o->gen;
+            o->ev->t = now;
+        }
+        pthread_cond_broadcast(&g_done_cv);
+        pthread_mutex_unlock(&g_done_mu);
+        event_unref(o->ev);
+        break;
+    }
+    case OP_WAIT32:
+    case OP_WAIT64:
+        poll_wait(o);
+        break;
+    case OP_WRITE32:
+        if (o->flags & CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)
+            __atomic_store_n((uint32_t *)o->dst, (uint32_t)o->u64, __ATOMIC_RELAXED);
+        else
+            __atomic_store_n((uint32_t *)o->dst, (uint32_t)o->u64, __ATOMIC_SEQ_CST);
+        break;
+    case OP_WRITE64:
+        if (o->flags & CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)
+            __atomic_store_n((uint64_t *)o->dst, o->u64, __ATOMIC_RELAXED);
+        else
+            __atomic_store_n((uint64_t *)o->dst, o->u64, __ATOMIC_SEQ_CST);
+        break;
+    }
+}
+
+static void *stream_worker(void *arg)
+{
+    struct CUstream_st *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->head && !s->destroying) pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->head) break;
+        struct op *o = s->head;
+        s->head = o->next;
+        if (!s->head) s->tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+        op_exec(s, o);
+        pthread_mutex_lock(&g_done_mu);
+        s->done_seq = o->seq;
+        pthread_cond_broadcast(&g_done_cv);
+        pthread_mutex_unlock(&g_done_mu);
+        free(o);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    stream_unref(s);
+    return NULL;
+}
+
+/* g_mu held. */
+static struct CUstream_st *stream_new_locked(int device, unsigned flags, int priority, int special,
+                                             cudaError_t *err)
+{
+    struct CUstream_st *s = calloc(1, sizeof(*s));
+    if (!s) { *err = cudaErrorMemoryAllocation; return NULL; }
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    s->device = device;
+    s->flags = flags;
+    s->priority = priority;
+    s->special = special;
+    s->refs = 2;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    int rc = pthread_create(&s->thread, &at, stream_worker, s);
+    pthread_attr_destroy(&at);
+    if (rc != 0) {
+        pthread_mutex_destroy(&s->mu);
+        pthread_cond_destroy(&s->cv);
+        free(s);
+        *err = cudaErrorMemoryAllocation;
+        return NULL;
+    }
+    s->next_all = g_streams;
+    g_streams = s;
+    COUNT(C_STREAMS, 1);
+    return s;
+}
+
+/* The stream a handle names: 0 / cudaStreamLegacy -> the legacy default
+ * stream of the current device, cudaStreamPerThread -> its per-thread stream
+ * (one per device, shared by all threads), else a created, live stream. */
+static cudaError_t stream_resolve(cudaStream_t h, struct CUstream_st **out)
+{
+    cudaError_t err = cudaSuccess;
+    pthread_mutex_lock(&g_mu);
+    if (h == NULL || h == cudaStreamLegacy || h == cudaStreamPerThread) {
+        struct dev *d = &g_dev[t_dev];
+        struct CUstream_st **slot = (h == cudaStreamPerThread) ? &d->perthread : &d->legacy;
+        if (!*slot)
+            *slot = stream_new_locked(t_dev, cudaStreamDefault, 0,
+                                      h == cudaStreamPerThread ? STREAM_PERTHREAD : STREAM_LEGACY, &err);
+        *out = *slot;
+    } else {
+        struct CUstream_st *s;
+        for (s = g_streams; s && s != h; s = s->next_all) {}
+        if (!s) err = cudaErrorInvalidResourceHandle;
+        *out = s;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return err;
+}
+
+static struct op *op_new(int kind)
+{
+    struct op *o = calloc(1, sizeof(*o));
+    if (o) o->kind = kind;
+    return o;
+}
+
+static int stream_pending(struct CUstream_st *s, uint64_t *upto)
+{
+    uint64_t e = __atomic_load_n(&s->enq_seq, __ATOMIC_ACQUIRE);
+    pthread_mutex_lock(&g_done_mu);
+    int p = s->done_seq < e;
+    pthread_mutex_unlock(&g_done_mu);
+    *upto = e;
+    return p;
+}
+
+/* Legacy default stream semantics (approximated): work on the legacy stream
+ * waits for the work already queued on every blocking stream of its device,
+ * and work on a blocking stream waits for the work already queued on the
+ * legacy stream. Returns a chain of OP_WAIT_STREAM to put in front. */
+static struct op *legacy_deps(struct CUstream_st *s)
+{
+    struct op *chain = NULL;
+    if (s->flags & cudaStreamNonBlocking) return NULL;
+    pthread_mutex_lock(&g_mu);
+    for (struct CUstream_st *o = g_streams; o; o = o->next_all) {
+        if (o == s || o->device != s->device || (o->flags & cudaStreamNonBlocking)) continue;
+        if (s->special != STREAM_LEGACY && o->special != STREAM_LEGACY) continue;
+        uint64_t upto;
+        if (!stream_pending(o, &upto)) continue;
+        struct op *w = op_new(OP_WAIT_STREAM);
+        if (!w) continue;
+        w->other = o;
+        w->gen = upto;
+        o->refs++;
+        w->next = chain;
+        chain = w;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return chain;
+}
+
+/* Queues o (after any legacy-stream dependencies); returns its sequence number. */
+static uint64_t stream_push(struct CUstream_st *s, struct op *o)
+{
+    struct op *chain = legacy_deps(s);
+    pthread_mutex_lock(&s->mu);
+    while (chain) {
+        struct op *w = chain;
+        chain = w->next;
+        w->next = NULL;
+        w->seq = s->enq_seq + 1;
+        if (s->tail) s->tail->next = w;
+        else s->head = w;
+        s->tail = w;
+        __atomic_store_n(&s->enq_seq, w->seq, __ATOMIC_RELEASE);
+    }
+    o->next = NULL;
+    o->seq = s->enq_seq + 1;
+    if (s->tail) s->tail->next = o;
+    else s->head = o;
+    s->tail = o;
+    uint64_t seq = o->seq; /* o belongs to the worker once the lock is dropped */
+    __atomic_store_n(&s->enq_seq, seq, __ATOMIC_RELEASE);
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return seq;
+}
+
+static void stream_wait_seq(struct CUstream_st *s, uint64_t seq)
+{
+    pthread_mutex_lock(&g_done_mu);
+    while (s->done_seq < seq) pthread_cond_wait(&g_done_cv, &g_done_mu);
+    pthread_mutex_unlock(&g_done_mu);
+}
+
+static void stream_sync(struct CUstream_st *s)
+{
+    stream_wait_seq(s, __atomic_load_n(&s->enq_seq, __ATOMIC_ACQUIRE));
+}
+
+/* Waits for all work queued so far on the streams of `device` (-1: all). */
+static void sync_streams(int device)
+{
+    struct CUstream_st *list[256];
+    uint64_t upto[256];
+    size_t n = 0;
+    pthread_mutex_lock(&g_mu);
+    for (struct CUstream_st *s = g_streams; s && n < 256; s = s->next_all) {
+        if (device >= 0 && s->device != device) continue;
+        s->refs++;
+        list[n] = s;
+        upto[n] = __atomic_load_n(&s->enq_seq, __ATOMIC_ACQUIRE);
+        n++;
+    }
+    pthread_mutex_unlock(&g_mu);
+    for (size_t i = 0; i < n; i++) {
+        stream_wait_seq(list[i], upto[i]);
+        stream_unref(list[i]);
+    }
+}
+
+/* ------------------------------------------------------------------ errors */
+
+#define RT_ERRORS(X)                                                                   \
+    X(cudaSuccess, "no error")                                                         \
+    X(cudaErrorInvalidValue, "invalid argument")                                       \
+    X(cudaErrorMemoryAllocation, "out of memory")                                      \
+    X(cudaErrorInitializationError, "initialization error")                            \
+    X(cudaErrorCudartUnloading, "driver shutting down")                                \
+    X(cudaErrorInvalidDevicePointer, "invalid device pointer")                         \
+    X(cudaErrorInvalidMemcpyDirection, "invalid copy direction for memcpy")            \
+    X(cudaErrorInsufficientDriver, "CUDA driver version is insufficient for CUDA runtime version") \
+    X(cudaErrorNoDevice, "no CUDA-capable device is detected")                         \
+    X(cudaErrorInvalidDevice, "invalid device ordinal")                                \
+    X(cudaErrorDeviceUninitialized, "invalid device context")                          \
+    X(cudaErrorMapBufferObjectFailed, "mapping of buffer object failed")               \
+    X(cudaErrorAlreadyMapped, "resource already mapped")                               \
+    X(cudaErrorPeerAccessUnsupported, "peer access is not supported between these two devices") \
+    X(cudaErrorInvalidResourceHandle, "invalid resource handle")                       \
+    X(cudaErrorSymbolNotFound, "named symbol not found")                               \
+    X(cudaErrorNotReady, "device not ready")                                           \
+    X(cudaErrorIllegalAddress, "an illegal memory access was encountered")             \
+    X(cudaErrorPeerAccessAlreadyEnabled, "peer access is already enabled")             \
+    X(cudaErrorPeerAccessNotEnabled, "peer access has not been enabled")               \
+    X(cudaErrorSetOnActiveProcess, "cannot set while device is active in this process") \
+    X(cudaErrorHostMemoryAlreadyRegistered, "part or all of the requested memory range is already mapped") \
+    X(cudaErrorHostMemoryNotRegistered, "pointer does not correspond to a registered memory region") \
+    X(cudaErrorNotSupported, "operation not supported")                                \
+    X(cudaErrorNotPermitted, "operation not permitted")                                \
+    X(cudaErrorUnknown, "unknown error")
+
+#define DRV_ERRORS(X)                                                                  \
+    X(CUDA_SUCCESS, "no error")                                                        \
+    X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                    \
+    X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                       \
+    X(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                              \
+    X(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                                \
+    X(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected")                      \
+    X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                             \
+    X(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                            \
+    X(CUDA_ERROR_MAP_FAILED, "mapping of buffer object failed")                        \
+    X(CUDA_ERROR_ALREADY_MAPPED, "resource already mapped")                            \
+    X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                            \
+    X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                  \
+    X(CUDA_ERROR_NOT_READY, "device not ready")                                        \
+    X(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access is not supported between these two devices") \
+    X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                             \
+    X(CUDA_ERROR_UNKNOWN, "unknown error")
+
+const char *cudaGetErrorName(cudaError_t error)
+{
+#define X(c, s) case c: return #c;
+    switch (error) { RT_ERRORS(X) default: break; }
+#undef X
+    return "unrecognized error code";
+}
+
+const char *cudaGetErrorString(cudaError_t error)
+{
+#define X(c, s) case c: return s;
+    switch (error) { RT_ERRORS(X) default: break; }
+#undef X
+    return "unrecognized error code";
+}
+
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = t_err;
+    t_err = cudaSuccess;
+    return e;
+}
+
+cudaError_t cudaPeekAtLastError(void) { return t_err; }
+
+CUresult cuGetErrorString(CUresult error, const char **pStr)
+{
+    if (!pStr) return CUDA_ERROR_INVALID_VALUE;
+#define X(c, s) case c: *pStr = s; return CUDA_SUCCESS;
+    switch (error) { DRV_ERRORS(X) default: break; }
+#undef X
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGetErrorName(CUresult error, const char **pStr)
+{
+    if (!pStr) return CUDA_ERROR_INVALID_VALUE;
+#define X(c, s) case c: *pStr = #c; return CUDA_SUCCESS;
+    switch (error) { DRV_ERRORS(X) default: break; }
+#undef X
+    *pStr = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ------------------------------------------------------------------ versions, devices */
+
+cudaError_t cudaRuntimeGetVersion(int *v)
+{
+    if (!v) return rt_ret(cudaErrorInvalidValue);
+    *v = EMU_VERSION;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int *v)
+{
+    if (!v) return rt_ret(cudaErrorInvalidValue);
+    *v = EMU_VERSION;
+    return cudaSuccess;
+}
+
+CUresult cuDriverGetVersion(int *v)
+{
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    *v = EMU_VERSION;
+    return CUDA_SUCCESS;
+}
+
+cudaError_t cudaGetDeviceCount(int *count)
+{
+    if (!count) return rt_ret(cudaErrorInvalidValue);
+    cudaError_t e = ensure();
+    *count = e == cudaSuccess ? g_ndev : 0;
+    return rt_ret(e);
+}
+
+cudaError_t cudaSetDevice(int device)
+{
+    ENSURE();
+    if (device < 0 || device >= g_ndev) return rt_ret(cudaErrorInvalidDevice);
+    t_dev = device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device)
+{
+    if (!device) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    *device = t_dev;
+    return cudaSuccess;
+}
+
+cudaError_t cudaInitDevice(int device, unsigned int deviceFlags, unsigned int flags)
+{
+    (void)deviceFlags; (void)flags;
+    ENSURE();
+    if (device < 0 || device >= g_ndev) return rt_ret(cudaErrorInvalidDevice);
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDeviceFlags(unsigned int flags)
+{
+    ENSURE();
+    g_dev[t_dev].flags = flags;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceFlags(unsigned int *flags)
+{
+    if (!flags) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    *flags = g_dev[t_dev].flags;
+    return cudaSuccess;
+}
+
+static int dev_attr(enum cudaDeviceAttr a, int d, int *v)
+{
+    const struct dev *dv = &g_dev[d];
+    switch (a) {
+    case cudaDevAttrMaxThreadsPerBlock: *v = 1024; break;
+    case cudaDevAttrMaxBlockDimX: case cudaDevAttrMaxBlockDimY: *v = 1024; break;
+    case cudaDevAttrMaxBlockDimZ: *v = 64; break;
+    case cudaDevAttrMaxGridDimX: *v = 2147483647; break;
+    case cudaDevAttrMaxGridDimY: case cudaDevAttrMaxGridDimZ: *v = 65535; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *v = 48 << 10; break;
+    case cudaDevAttrWarpSize: *v = 32; break;
+    case cudaDevAttrMaxRegistersPerBlock: *v = 65536; break;
+    case cudaDevAttrMultiProcessorCount: *v = 132; break;
+    case cudaDevAttrComputeCapabilityMajor: *v = 9; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = 0; break;
+    case cudaDevAttrPciBusId: *v = dv->bus; break;
+    case cudaDevAttrPciDeviceId: *v = dv->slot; break;
+    case cudaDevAttrPciDomainId: *v = dv->domain; break;
+    case cudaDevAttrUnifiedAddressing: case cudaDevAttrCanMapHostMemory:
+    case cudaDevAttrConcurrentKernels: case cudaDevAttrCanUseHostPointerForRegisteredMem:
+    case cudaDevAttrHostRegisterSupported: case cudaDevAttrIpcEventSupport:
+    case cudaDevAttrStreamPrioritiesSupported:
+        *v = 1; break;
+    case cudaDevAttrAsyncEngineCount: *v = 2; break;
+    case cudaDevAttrGlobalMemoryBusWidth: *v = 5120; break;
+    case cudaDevAttrL2CacheSize: *v = 50 << 20; break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *v = 2048; break;
+    case cudaDevAttrGPUDirectRDMASupported: *v = g_gdr; break;
+    default:
+        if ((int)a <= 0 || (int)a >= (int)cudaDevAttrMax) return -1;
+        *v = 0;
+        break;
+    }
+    return 0;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device)
+{
+    if (!value) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    if (device < 0 || device >= g_ndev) return rt_ret(cudaErrorInvalidDevice);
+    if (dev_attr(attr, device, value) != 0) return rt_ret(cudaErrorInvalidValue);
+    return cudaSuccess;
+}
+
+CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+    if (!pi) return CUDA_ERROR_INVALID_VALUE;
+    cudaError_t e = ensure();
+    if (e) return drv_err(e);
+    if (dev < 0 || dev >= g_ndev) return CUDA_ERROR_INVALID_DEVICE;
+    switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR:
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS:
+        *pi = 1;
+        return CUDA_SUCCESS;
+    default:
+        /* The driver and runtime attribute numbers agree. */
+        return dev_attr((enum cudaDeviceAttr)attrib, dev, pi) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    }
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int device)
+{
+    if (!p) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    if (device < 0 || device >= g_ndev) return rt_ret(cudaErrorInvalidDevice);
+    const struct dev *dv = &g_dev[device];
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "Weft Emulated GPU %d", device);
+    memcpy(p->uuid.bytes, dv->uuid, 16);
+    p->totalGlobalMem = g_mem_limit;
+    p->sharedMemPerBlock = 48 << 10;
+    p->regsPerBlock = 65536;
+    p->warpSize = 32;
+    p->memPitch = 2147483647;
+    p->maxThreadsPerBlock = 1024;
+    p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;
+    p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 2147483647;
+    p->maxGridSize[1] = p->maxGridSize[2] = 65535;
+    p->totalConstMem = 64 << 10;
+    p->major = 9;
+    p->minor = 0;
+    p->multiProcessorCount = 132;
+    p->canMapHostMemory = 1;
+    p->concurrentKernels = 1;
+    p->pciBusID = dv->bus;
+    p->pciDeviceID = dv->slot;
+    p->pciDomainID = dv->domain;
+    p->asyncEngineCount = 2;
+    p->unifiedAddressing = 1;
+    p->memoryBusWidth = 5120;
+    p->l2CacheSize = 50 << 20;
+    p->maxThreadsPerMultiProcessor = 2048;
+    p->streamPrioritiesSupported = 1;
+    p->canUseHostPointerForRegisteredMem = 1;
+    p->hostRegisterSupported = 1;
+    p->gpuDirectRDMASupported = g_gdr;
+    p->ipcEventSupported = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetPCIBusId(char *pciBusId, int len, int device)
+{
+    if (!pciBusId || len <= 0) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    if (device < 0 || device >= g_ndev) return rt_ret(cudaErrorInvalidDevice);
+    snprintf(pciBusId, (size_t)len, "%s", g_dev[device].busid);
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetByPCIBusId(int *device, const char *pciBusId)
+{
+    if (!device || !pciBusId) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    int dom, bus, slot;
+    if (parse_busid(pciBusId, &dom, &bus, &slot) != 0) return rt_ret(cudaErrorInvalidValue);
+    for (int d = 0; d < g_ndev; d++) {
+        if (g_dev[d].domain == dom && g_dev[d].bus == bus && g_dev[d].slot == slot) {
+            *device = d;
+            return cudaSuccess;
+        }
+    }
+    return rt_ret(cudaErrorInvalidDevice);
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevice)
+{
+    if (!canAccessPeer) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    if (device < 0 || device >= g_ndev || peerDevice < 0 || peerDevice >= g_ndev)
+        return rt_ret(cudaErrorInvalidDevice);
+    *canAccessPeer = device != peerDevice && !g_no_peer[device][peerDevice];
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags)
+{
+    ENSURE();
+    if (flags != 0) return rt_ret(cudaErrorInvalidValue);
+    if (peerDevice < 0 || peerDevice >= g_ndev || peerDevice == t_dev) return rt_ret(cudaErrorInvalidDevice);
+    if (g_no_peer[t_dev][peerDevice]) return rt_ret(cudaErrorPeerAccessUnsupported);
+    pthread_mutex_lock(&g_mu);
+    int was = g_dev[t_dev].peer_enabled[peerDevice];
+    g_dev[t_dev].peer_enabled[peerDevice] = 1;
+    pthread_mutex_unlock(&g_mu);
+    return was ? rt_ret(cudaErrorPeerAccessAlreadyEnabled) : cudaSuccess;
+}
+
+cudaError_t cudaDeviceDisablePeerAccess(int peerDevice)
+{
+    ENSURE();
+    if (peerDevice < 0 || peerDevice >= g_ndev || peerDevice == t_dev) return rt_ret(cudaErrorInvalidDevice);
+    pthread_mutex_lock(&g_mu);
+    int was = g_dev[t_dev].peer_enabled[peerDevice];
+    g_dev[t_dev].peer_enabled[peerDevice] = 0;
+    pthread_mutex_unlock(&g_mu);
+    return was ? cudaSuccess : rt_ret(cudaErrorPeerAccessNotEnabled);
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+    ENSURE();
+    sync_streams(t_dev);
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceReset(void)
+{
+    ENSURE();
+    sync_streams(t_dev);
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
+{
+    ENSURE();
+    if (leastPriority) *leastPriority = 0;
+    if (greatestPriority) *greatestPriority = -5;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total)
+{
+    ENSURE();
+    pthread_mutex_lock(&g_mu);
+    size_t used = g_dev[t_dev].used;
+    pthread_mutex_unlock(&g_mu);
+    if (free_b) *free_b = g_mem_limit - used;
+    if (total) *total = g_mem_limit;
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------------------ memory */
+
+cudaError_t cudaMalloc(void **devPtr, size_t size)
+{
+    if (!devPtr) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    if (size == 0) { *devPtr = NULL; return cudaSuccess; }
+    if (size > g_mem_limit) return rt_ret(cudaErrorMemoryAllocation);
+    int d = t_dev;
+    size_t len = round_page(size);
+    struct alloc *a = calloc(1, sizeof(*a));
+    if (!a) return rt_ret(cudaErrorMemoryAllocation);
+    pthread_mutex_lock(&g_mu);
+    uint64_t id = ++g_next_bufid;
+    char name[64];
+    snprintf(name, sizeof(name), "weft-emu-cuda-dev%d-buf%" PRIu64, d, id);
+    uintptr_t addr = 0;
+    int fd = -1;
+    struct stat st;
+    if (g_dev[d].used + len > g_mem_limit) goto oom;
+    fd = memfd_create(name, MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)len) != 0 || fstat(fd, &st) != 0) goto oom;
+    addr = va_get(&g_devva[d], len);
+    if (!addr) goto oom;
+    if (mmap((void *)addr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        va_put(&g_devva[d], addr, len);
+        goto oom;
+    }
+    a->base = addr;
+    a->size = size;
+    a->map_size = len;
+    a->kind = A_DEVICE;
+    a->device = d;
+    a->buffer_id = id;
+    a->fd = fd;
+    a->ino = st.st_ino;
+    if (alloc_insert(a) != 0) {
+        unreserve_range(addr, len);
+        va_put(&g_devva[d], addr, len);
+        goto oom;
+    }
+    g_dev[d].used += len;
+    pthread_mutex_unlock(&g_mu);
+    COUNT(C_MALLOC, 1);
+    *devPtr = (void *)addr;
+    return cudaSuccess;
+oom:
+    pthread_mutex_unlock(&g_mu);
+    if (fd >= 0) close(fd);
+    free(a);
+    return rt_ret(cudaErrorMemoryAllocation);
+}
+
+cudaError_t cudaFree(void *devPtr)
+{
+    ENSURE();
+    if (!devPtr) return cudaSuccess;
+    /* cudaFree synchronizes: queued work may still use the memory. */
+    sync_streams(-1);
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = alloc_find((uintptr_t)devPtr);
+    if (!a || a->kind != A_DEVICE || a->base != (uintptr_t)devPtr) {
+        pthread_mutex_unlock(&g_mu);
+        return rt_ret(cudaErrorInvalidValue);
+    }
+    alloc_remove(a);
+    unreserve_range(a->base, a->map_size);
+    va_put(&g_devva[a->device], a->base, a->map_size);
+    g_dev[a->device].used -= a->map_size;
+    pthread_mutex_unlock(&g_mu);
+    close(a->fd); /* importers' mappings keep the memory alive */
+    free(a);
+    COUNT(C_FREE, 1);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
+{
+    if (!pHost) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    if (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined))
+        return rt_ret(cudaErrorInvalidValue);
+    if (size == 0) { *pHost = NULL; return cudaSuccess; }
+    size_t len = round_page(size);
+    void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return rt_ret(cudaErrorMemoryAllocation);
+    struct alloc *a = calloc(1, sizeof(*a));
+    if (!a) { munmap(p, len); return rt_ret(cudaErrorMemoryAllocation); }
+    a->base = (uintptr_t)p;
+    a->size = size;
+    a->map_size = len;
+    a->kind = A_HOST;
+    a->device = t_dev;
+    a->fd = -1;
+    pthread_mutex_lock(&g_mu);
+    a->buffer_id = ++g_next_bufid;
+    int rc = alloc_insert(a);
+    pthread_mutex_unlock(&g_mu);
+    if (rc != 0) { munmap(p, len); free(a); return rt_ret(cudaErrorMemoryAllocation); }
+    *pHost = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void **ptr, size_t size) { return cudaHostAlloc(ptr, size, cudaHostAllocDefault); }
+
+cudaError_t cudaFreeHost(void *ptr)
+{
+    ENSURE();
+    if (!ptr) return cudaSuccess;
+    sync_streams(-1);
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = alloc_find((uintptr_t)ptr);
+    if (!a || a->kind != A_HOST || a->base != (uintptr_t)ptr) {
+        pthread_mutex_unlock(&g_mu);
+        return rt_ret(cudaErrorInvalidValue);
+    }
+    alloc_remove(a);
+    pthread_mutex_unlock(&g_mu);
+    munmap((void *)a->base, a->map_size);
+    free(a);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
+{
+    ENSURE();
+    if (!ptr || size == 0 ||
+        (flags & ~(unsigned)(cudaHostRegisterPortable | cudaHostRegisterMapped |
+                             cudaHostRegisterIoMemory | cudaHostRegisterReadOnly)))
+        return rt_ret(cudaErrorInvalidValue);
+    struct alloc *a = calloc(1, sizeof(*a));
+    if (!a) return rt_ret(cudaErrorMemoryAllocation);
+    pthread_mutex_lock(&g_mu);
+    struct alloc *o = alloc_overlap((uintptr_t)ptr, size);
+    if (o) {
+        pthread_mutex_unlock(&g_mu);
+        free(a);
+        return rt_ret(o->kind == A_DEVICE || o->kind == A_IMPORT ? cudaErrorInvalidValue
+                                                                 : cudaErrorHostMemoryAlreadyRegistered);
+    }
+    a->base = (uintptr_t)ptr;
+    a->size = size;
+    a->map_size = size;
+    a->kind = A_REGISTERED;
+    a->device = t_dev;
+    a->fd = -1;
+    a->buffer_id = ++g_next_bufid;
+    int rc = alloc_insert(a);
+    pthread_mutex_unlock(&g_mu);
+    if (rc != 0) { free(a); return rt_ret(cudaErrorMemoryAllocation); }
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostUnregister(void *ptr)
+{
+    ENSURE();
+    sync_streams(-1);
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = ptr ? alloc_find((uintptr_t)ptr) : NULL;
+    if (!a || a->kind != A_REGISTERED || a->base != (uintptr_t)ptr) {
+        pthread_mutex_unlock(&g_mu);
+        return rt_ret(cudaErrorHostMemoryNotRegistered);
+    }
+    alloc_remove(a);
+    pthread_mutex_unlock(&g_mu);
+    free(a);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags)
+{
+    if (!pDevice || flags != 0) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = alloc_find((uintptr_t)pHost);
+    int ok = a && (a->kind == A_HOST || a->kind == A_REGISTERED);
+    pthread_mutex_unlock(&g_mu);
+    if (!ok) return rt_ret(cudaErrorInvalidValue);
+    *pDevice = pHost;
+    return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *ptr)
+{
+    if (!attr) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    memset(attr, 0, sizeof(*attr));
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = alloc_find((uintptr_t)ptr);
+    if (!a) {
+        attr->type = cudaMemoryTypeUnregistered;
+        attr->device = cudaInvalidDeviceId;
+    } else if (a->kind == A_DEVICE || a->kind == A_IMPORT) {
+        attr->type = cudaMemoryTypeDevice;
+        attr->device = a->device;
+        attr->devicePointer = (void *)ptr;
+    } else {
+        attr->type = cudaMemoryTypeHost;
+        attr->device = a->device;
+        attr->devicePointer = (void *)ptr;
+        attr->hostPointer = (void *)ptr;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return cudaSuccess;
+}
+
+/* Driver pointer attributes. g_mu held; a may be NULL (not a CUDA pointer).
+ * Returns -1 for an attribute this emulator does not know. */
+static int ptr_attr(struct alloc *a, CUpointer_attribute at, void *data, uintptr_t p)
+{
+    int dev = a && (a->kind == A_DEVICE || a->kind == A_IMPORT);
+    switch (at) {
+    case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = a ? &g_ctx[a->device] : NULL; break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *(unsigned int *)data = !a ? 0 : dev ? CU_MEMORYTYPE_DEVICE : CU_MEMORYTYPE_HOST;
+        break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_POINTER: *(CUdeviceptr *)data = a ? (CUdeviceptr)p : 0; break;
+    case CU_POINTER_ATTRIBUTE_HOST_POINTER: *(void **)data = a && !dev ? (void *)p : NULL; break;
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: *(unsigned int *)data = a ? 1 : 0; break;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = a ? a->buffer_id : 0; break;
+    case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(unsigned int *)data = 0; break;
+    case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = a ? a->device : -2; break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+        *(unsigned int *)data = a && a->kind == A_DEVICE;
+        break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a ? (CUdeviceptr)a->base : 0; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a ? a->size : 0; break;
+    case CU_POINTER_ATTRIBUTE_MAPPED: *(unsigned int *)data = a ? 1 : 0; break;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: *(unsigned long long *)data = 0; break;
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: *(unsigned int *)data = dev && g_gdr; break;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+        *(unsigned int *)data = a ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE : 0;
+        break;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: *(void **)data = NULL; break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: *(size_t *)data = a ? a->map_size : 0; break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: *(void **)data = a ? (void *)a->base : NULL; break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: *(unsigned long long *)data = a ? a->buffer_id : 0; break;
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: *(unsigned int *)data = 0; break;
+    default: return -1;
+    }
+    return 0;
+}
+
+CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
+{
+    if (!data) return CUDA_ERROR_INVALID_VALUE;
+    cudaError_t e = ensure();
+    if (e) return drv_err(e);
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = alloc_find((uintptr_t)ptr);
+    int rc = a ? ptr_attr(a, attribute, data, (uintptr_t)ptr) : -1;
+    pthread_mutex_unlock(&g_mu);
+    return rc ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute *attributes, void **data,
+                                CUdeviceptr ptr)
+{
+    if (!attributes || !data) return CUDA_ERROR_INVALID_VALUE;
+    cudaError_t e = ensure();
+    if (e) return drv_err(e);
+    int rc = 0;
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = alloc_find((uintptr_t)ptr);
+    for (unsigned i = 0; i < numAttributes && rc == 0; i++)
+        if (data[i]) rc = ptr_attr(a, attributes[i], data[i], (uintptr_t)ptr);
+    pthread_mutex_unlock(&g_mu);
+    return rc ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+CUresult cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
+    cudaError_t e = ensure();
+    if (e) return drv_err(e);
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = alloc_find((uintptr_t)dptr);
+    int ok = a && a->kind != A_REGISTERED;
+    if (ok) {
+        if (pbase) *pbase = (CUdeviceptr)a->base;
+        if (psize) *psize = a->size;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
+                                       CUmemRangeHandleType handleType, unsigned long long flags)
+{
+    if (!handle || handleType != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD || size == 0) return CUDA_ERROR_INVALID_VALUE;
+    (void)flags;
+    cudaError_t e = ensure();
+    if (e) return drv_err(e);
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = alloc_find((uintptr_t)dptr);
+    int ok = a && (a->kind == A_DEVICE) && (uintptr_t)dptr + size <= a->base + a->map_size;
+    pthread_mutex_unlock(&g_mu);
+    /* No dma-buf exporter behind emulated memory. */
+    return ok ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* ------------------------------------------------------------------ copies */
+
+enum pkind { P_PAGEABLE, P_PINNED, P_DEVICE, P_BAD };
+
+/* What [p, p+n) is: device memory (own or imported), pinned/registered host
+ * memory, or ordinary host memory; P_BAD when it starts in an allocation
+ * but runs past its end. */
+static int classify(const void *p, size_t n, int *device)
+{
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = alloc_find((uintptr_t)p);
+    int k = P_PAGEABLE;
+    if (a) {
+        if ((uintptr_t)p - a->base + n > a->size) k = P_BAD;
+        else k = (a->kind == A_DEVICE || a->kind == A_IMPORT) ? P_DEVICE : P_PINNED;
+        if (device) *device = a->device;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return k;
+}
+
+/* Checks a copy; *sync: the blocking call must wait for it (cudaMemcpy). */
+static cudaError_t check_copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, int *sync)
+{
+    if (count == 0) return cudaSuccess;
+    if (!dst || !src) return cudaErrorInvalidValue;
+    int kd = classify(dst, count, NULL), ks = classify(src, count, NULL);
+    if (kd == P_BAD || ks == P_BAD) return cudaErrorInvalidValue;
+    switch (kind) {
+    case cudaMemcpyHostToHost:
+        if (kd == P_DEVICE || ks == P_DEVICE) return cudaErrorInvalidValue;
+        break;
+    case cudaMemcpyHostToDevice:
+        if (kd != P_DEVICE || ks == P_DEVICE) return cudaErrorInvalidValue;
+        break;
+    case cudaMemcpyDeviceToHost:
+        if (ks != P_DEVICE || kd == P_DEVICE) return cudaErrorInvalidValue;
+        break;
+    case cudaMemcpyDeviceToDevice:
+        if (kd != P_DEVICE || ks != P_DEVICE) return cudaErrorInvalidValue;
+        break;
+    case cudaMemcpyDefault: break;
+    default: return cudaErrorInvalidMemcpyDirection;
+    }
+    /* *sync: 1 = cudaMemcpy waits (real cudaMemcpy returns before a
+     * device-to-device copy completes); 2 = even cudaMemcpyAsync waits (a
+     * host-to-host copy is fully synchronous on real CUDA). */
+    if (sync) *sync = (kd != P_DEVICE && ks != P_DEVICE) ? 2 : !(kd == P_DEVICE && ks == P_DEVICE);
+    return cudaSuccess;
+}
+
+static cudaError_t enqueue_copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
+                                cudaStream_t stream, int blocking)
+{
+    ENSURE();
+    int sync = 1;
+    cudaError_t e = check_copy(dst, src, count, kind, &sync);
+    if (e) return rt_ret(e);
+    struct CUstream_st *s;
+    e = stream_resolve(stream, &s);
+    if (e) return rt_ret(e);
+    if (count == 0) return cudaSuccess;
+    struct op *o = op_new(OP_COPY);
+    if (!o) return rt_ret(cudaErrorMemoryAllocation);
+    o->dst = dst;
+    o->src = src;
+    o->n = count;
+    uint64_t seq = stream_push(s, o);
+    COUNT(C_MEMCPY, 1);
+    if ((blocking && sync) || sync == 2) stream_wait_seq(s, seq);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+    return enqueue_copy(dst, src, count, kind, NULL, 1);
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, cudaStream_t stream)
+{
+    return enqueue_copy(dst, src, count, kind, stream, 0);
+}
+
+cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice, size_t count)
+{
+    ENSURE();
+    if (dstDevice < 0 || dstDevice >= g_ndev || srcDevice < 0 || srcDevice >= g_ndev)
+        return rt_ret(cudaErrorInvalidDevice);
+    return enqueue_copy(dst, src, count, cudaMemcpyDeviceToDevice, NULL, 1);
+}
+
+cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int srcDevice, size_t count,
+                                cudaStream_t stream)
+{
+    ENSURE();
+    if (dstDevice < 0 || dstDevice >= g_ndev || srcDevice < 0 || srcDevice >= g_ndev)
+        return rt_ret(cudaErrorInvalidDevice);
+    return enqueue_copy(dst, src, count, cudaMemcpyDeviceToDevice, stream, 0);
+}
+
+static cudaError_t enqueue_set(void *devPtr, int value, size_t count, cudaStream_t stream, int blocking)
+{
+    ENSURE();
+    if (count == 0) return cudaSuccess;
+    int k = devPtr ? classify(devPtr, count, NULL) : P_PAGEABLE;
+    if (k == P_PAGEABLE || k == P_BAD) return rt_ret(cudaErrorInvalidValue);
+    struct CUstream_st *s;
+    cudaError_t e = stream_resolve(stream, &s);
+    if (e) return rt_ret(e);
+    struct op *o = op_new(OP_SET);
+    if (!o) return rt_ret(cudaErrorMemoryAllocation);
+    o->dst = devPtr;
+    o->value = value;
+    o->n = count;
+    uint64_t seq = stream_push(s, o);
+    COUNT(C_MEMSET, 1);
+    /* cudaMemset is asynchronous for device memory, synchronous for pinned host memory. */
+    if (blocking && k == P_PINNED) stream_wait_seq(s, seq);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void *devPtr, int value, size_t count) { return enqueue_set(devPtr, value, count, NULL, 1); }
+
+cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t stream)
+{
+    return enqueue_set(devPtr, value, count, stream, 0);
+}
+
+/* ------------------------------------------------------------------ stream API */
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int flags, int priority)
+{
+    if (!pStream || (flags & ~(unsigned)cudaStreamNonBlocking)) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    cudaError_t e = cudaSuccess;
+    pthread_mutex_lock(&g_mu);
+    struct CUstream_st *s = stream_new_locked(t_dev, flags, priority, 0, &e);
+    pthread_mutex_unlock(&g_mu);
+    if (!s) return rt_ret(e);
+    *pStream = s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *pStream, unsigned int flags)
+{
+    return cudaStreamCreateWithPriority(pStream, flags, 0);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *pStream) { return cudaStreamCreateWithPriority(pStream, cudaStreamDefault, 0); }
+
+/* Returns at once; queued work still runs, then the stream is released. */
+cudaError_t cudaStreamDestroy(cudaStream_t stream)
+{
+    ENSURE();
+    if (stream == NULL || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
+        return rt_ret(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&g_mu);
+    struct CUstream_st **pp = &g_streams;
+    while (*pp && *pp != stream) pp = &(*pp)->next_all;
+    struct CUstream_st *s = *pp;
+    if (s) *pp = s->next_all;
+    pthread_mutex_unlock(&g_mu);
+    if (!s) return rt_ret(cudaErrorInvalidResourceHandle);
+    COUNT(C_STREAMS, -1);
+    pthread_mutex_lock(&s->mu);
+    s->destroying = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    stream_unref(s);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream)
+{
+    ENSURE();
+    struct CUstream_st *s;
+    cudaError_t e = stream_resolve(stream, &s);
+    if (e) return rt_ret(e);
+    stream_sync(s);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream)
+{
+    ENSURE();
+    struct CUstream_st *s;
+    cudaError_t e = stream_resolve(stream, &s);
+    if (e) return rt_ret(e);
+    uint64_t upto;
+    return stream_pending(s, &upto) ? cudaErrorNotReady : cudaSuccess;
+}
+
+cudaError_t cudaStreamGetFlags(cudaStream_t hStream, unsigned int *flags)
+{
+    if (!flags) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    struct CUstream_st *s;
+    cudaError_t e = stream_resolve(hStream, &s);
+    if (e) return rt_ret(e);
+    *flags = s->flags;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetPriority(cudaStream_t hStream, int *priority)
+{
+    if (!priority) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    struct CUstream_st *s;
+    cudaError_t e = stream_resolve(hStream, &s);
+    if (e) return rt_ret(e);
+    *priority = s->priority;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetDevice(cudaStream_t hStream, int *device)
+{
+    if (!device) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    struct CUstream_st *s;
+    cudaError_t e = stream_resolve(hStream, &s);
+    if (e) return rt_ret(e);
+    *device = s->device;
+    return cudaSuccess;
+}
+
+cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *userData)
+{
+    if (!fn) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    struct CUstream_st *s;
+    cudaError_t e = stream_resolve(stream, &s);
+    if (e) return rt_ret(e);
+    struct op *o = op_new(OP_HOSTFN);
+    if (!o) return rt_ret(cudaErrorMemoryAllocation);
+    o->fn = fn;
+    o->arg = userData;
+    stream_push(s, o);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t callback, void *userData,
+                                  unsigned int flags)
+{
+    if (!callback || flags != 0) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    struct CUstream_st *s;
+    cudaError_t e = stream_resolve(stream, &s);
+    if (e) return rt_ret(e);
+    struct op *o = op_new(OP_CALLBACK);
+    if (!o) return rt_ret(cudaErrorMemoryAllocation);
+    o->cb = callback;
+    o->arg = userData;
+    stream_push(s, o);
+    return cudaSuccess;
+}
+
+cudaError_t weft_emu_cuda_stream_delay(cudaStream_t stream, unsigned int usec)
+{
+    ENSURE();
+    struct CUstream_st *s;
+    cudaError_t e = stream_resolve(stream, &s);
+    if (e) return rt_ret(e);
+    struct op *o = op_new(OP_DELAY);
+    if (!o) return rt_ret(cudaErrorMemoryAllocation);
+    o->n = usec;
+    stream_push(s, o);
+    return cudaSuccess;
+}
+
+unsigned long long weft_emu_cuda_counter(const char *name)
+{
+    if (name && strcmp(name, "node") == 0) {
+        pthread_once(&g_once, emu_init);
+        return g_node;
+    }
+    for (int i = 0; name && i < C_NCOUNTERS; i++)
+        if (strcmp(name, g_counter_names[i]) == 0) return __atomic_load_n(&g_counters[i], __ATOMIC_RELAXED);
+    return ~0ULL;
+}
+
+/* ------------------------------------------------------------------ events */
+
+static cudaError_t event_resolve(cudaEvent_t h, struct CUevent_st **out)
+{
+    pthread_mutex_lock(&g_mu);
+    struct CUevent_st *e;
+    for (e = g_events; e && e != h; e = e->next_all) {}
+    pthread_mutex_unlock(&g_mu);
+    *out = e;
+    return e ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
+{
+    if (!event || (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess)))
+        return rt_ret(cudaErrorInvalidValue);
+    if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming)) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    struct CUevent_st *e = calloc(1, sizeof(*e));
+    if (!e) return rt_ret(cudaErrorMemoryAllocation);
+    e->flags = flags;
+    e->device = t_dev;
+    e->refs = 1;
+    pthread_mutex_lock(&g_mu);
+    e->next_all = g_events;
+    g_events = e;
+    pthread_mutex_unlock(&g_mu);
+    *event = e;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlags(event, cudaEventDefault); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t event)
+{
+    ENSURE();
+    pthread_mutex_lock(&g_mu);
+    struct CUevent_st **pp = &g_events;
+    while (*pp && *pp != event) pp = &(*pp)->next_all;
+    struct CUevent_st *e = *pp;
+    if (e) *pp = e->next_all;
+    pthread_mutex_unlock(&g_mu);
+    if (!e) return rt_ret(cudaErrorInvalidResourceHandle);
+    event_unref(e); /* queued records and waits hold their own references */
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+    ENSURE();
+    struct CUevent_st *ev;
+    struct CUstream_st *s;
+    cudaError_t e = event_resolve(event, &ev);
+    if (!e) e = stream_resolve(stream, &s);
+    if (e) return rt_ret(e);
+    struct op *o = op_new(OP_RECORD);
+    if (!o) return rt_ret(cudaErrorMemoryAllocation);
+    pthread_mutex_lock(&g_mu);
+    ev->refs++;
+    pthread_mutex_unlock(&g_mu);
+    pthread_mutex_lock(&g_done_mu);
+    o->gen = ++ev->rec_gen;
+    pthread_mutex_unlock(&g_done_mu);
+    o->ev = ev;
+    stream_push(s, o);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, unsigned int flags)
+{
+    if (flags & ~(unsigned)cudaEventRecordExternal) return rt_ret(cudaErrorInvalidValue);
+    return cudaEventRecord(event, stream);
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event)
+{
+    ENSURE();
+    struct CUevent_st *ev;
+    cudaError_t e = event_resolve(event, &ev);
+    if (e) return rt_ret(e);
+    pthread_mutex_lock(&g_done_mu);
+    int done = ev->done_gen >= ev->rec_gen;
+    pthread_mutex_unlock(&g_done_mu);
+    return done ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event)
+{
+    ENSURE();
+    struct CUevent_st *ev;
+    cudaError_t e = event_resolve(event, &ev);
+    if (e) return rt_ret(e);
+    pthread_mutex_lock(&g_done_mu);
+    uint64_t gen = ev->rec_gen;
+    while (ev->done_gen < gen) pthread_cond_wait(&g_done_cv, &g_done_mu);
+    pthread_mutex_unlock(&g_done_mu);
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+    if (!ms) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    struct CUevent_st *a, *b;
+    cudaError_t e = event_resolve(start, &a);
+    if (!e) e = event_resolve(end, &b);
+    if (e) return rt_ret(e);
+    if ((a->flags | b->flags) & cudaEventDisableTiming) return rt_ret(cudaErrorInvalidResourceHandle);
+    pthread_mutex_lock(&g_done_mu);
+    if (a->rec_gen == 0 || b->rec_gen == 0) e = cudaErrorInvalidResourceHandle;
+    else if (a->done_gen < a->rec_gen || b->done_gen < b->rec_gen) e = cudaErrorNotReady;
+    else *ms = (float)((double)(b->t.tv_sec - a->t.tv_sec) * 1e3 + (double)(b->t.tv_nsec - a->t.tv_nsec) / 1e6);
+    pthread_mutex_unlock(&g_done_mu);
+    return rt_ret(e);
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
+{
+    if (flags & ~(unsigned)cudaEventWaitExternal) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    struct CUevent_st *ev;
+    struct CUstream_st *s;
+    cudaError_t e = event_resolve(event, &ev);
+    if (!e) e = stream_resolve(stream, &s);
+    if (e) return rt_ret(e);
+    pthread_mutex_lock(&g_done_mu);
+    uint64_t gen = ev->rec_gen;
+    int done = ev->done_gen >= gen;
+    pthread_mutex_unlock(&g_done_mu);
+    if (done) return cudaSuccess; /* nothing to wait for (or never recorded) */
+    struct op *o = op_new(OP_WAIT_EVENT);
+    if (!o) return rt_ret(cudaErrorMemoryAllocation);
+    pthread_mutex_lock(&g_mu);
+    ev->refs++;
+    pthread_mutex_unlock(&g_mu);
+    o->ev = ev;
+    o->gen = gen;
+    stream_push(s, o);
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t *handle, cudaEvent_t event)
+{
+    (void)handle; (void)event;
+    return rt_ret(cudaErrorNotSupported);
+}
+
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t *event, cudaIpcEventHandle_t handle)
+{
+    (void)event; (void)handle;
+    return rt_ret(cudaErrorNotSupported);
+}
+
+/* ------------------------------------------------------------------ stream memory operations */
+
+static CUresult mem_op(CUstream stream, CUdeviceptr addr, uint64_t value, unsigned flags, int kind)
+{
+    cudaError_t e = ensure();
+    if (e) return drv_err(e);
+    int wait = kind == OP_WAIT32 || kind == OP_WAIT64;
+    size_t width = (kind == OP_WAIT32 || kind == OP_WRITE32) ? 4 : 8;
+    unsigned allowed = wait ? (0x3u | CU_STREAM_WAIT_VALUE_FLUSH) : CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
+    if (!addr || (addr & (width - 1)) || (flags & ~allowed)) return CUDA_ERROR_INVALID_VALUE;
+    int k = classify((const void *)(uintptr_t)addr, width, NULL);
+    /* Device memory (own or imported) or registered/pinned host memory. */
+    if (k != P_DEVICE && k != P_PINNED) return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *s;
+    if (stream_resolve(stream, &s) != cudaSuccess) return CUDA_ERROR_INVALID_HANDLE;
+    struct op *o = op_new(kind);
+    if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
+    o->dst = (void *)(uintptr_t)addr;
+    o->u64 = value;
+    o->flags = flags;
+    stream_push(s, o);
+    COUNT(wait ? C_WAIT_VALUE : C_WRITE_VALUE, 1);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+    return mem_op(stream, addr, value, flags, OP_WAIT32);
+}
+
+CUresult cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags)
+{
+    return mem_op(stream, addr, value, flags, OP_WRITE32);
+}
+
+CUresult cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
+{
+    return mem_op(stream, addr, value, flags, OP_WAIT64);
+}
+
+CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags)
+{
+    return mem_op(stream, addr, value, flags, OP_WRITE64);
+}
+
+/* ------------------------------------------------------------------ IPC */
+
+struct ipc_handle {
+    uint32_t magic;
+    uint32_t node;
+    uint32_t pid;
+    int32_t  fd;
+    uint64_t token;
+    uint64_t ino;
+    uint64_t size;
+    uint64_t buffer_id;
+    int32_t  device;
+    uint32_t check;
+    uint8_t  pad[8];
+};
+_Static_assert(sizeof(struct ipc_handle) == CUDA_IPC_HANDLE_SIZE, "IPC handle size");
+
+static uint32_t ipc_check(const struct ipc_handle *h)
+{
+    return (uint32_t)fnv1a(h, offsetof(struct ipc_handle, check), 1469598103934665603ULL);
+}
+
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
+{
+    if (!handle || !devPtr) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    struct ipc_handle h;
+    memset(&h, 0, sizeof(h));
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = alloc_find((uintptr_t)devPtr);
+    /* Only the base of a cudaMalloc allocation (real CUDA would hand out the
+     * containing allocation for an interior pointer: strict here on purpose). */
+    int ok = a && a->kind == A_DEVICE && a->base == (uintptr_t)devPtr;
+    if (ok) {
+        h.magic = EMU_IPC_MAGIC;
+        h.node = g_node;
+        h.pid = (uint32_t)getpid();
+        h.fd = a->fd;
+        h.token = g_token;
+        h.ino = (uint64_t)a->ino;
+        h.size = a->size;
+        h.buffer_id = a->buffer_id;
+        h.device = a->device;
+    }
+    pthread_mutex_unlock(&g_mu);
+    if (!ok) return rt_ret(cudaErrorInvalidValue);
+    h.check = ipc_check(&h);
+    memcpy(handle->reserved, &h, sizeof(h));
+    COUNT(C_IPC_GET, 1);
+    return cudaSuccess;
+}
+
+/* g_mu held. A handle already open in this process: cudaErrorAlreadyMapped,
+ * or (WEFT_EMU_CUDA_IPC_REOPEN=refcount) one more reference to the same
+ * mapping; cudaErrorNotReady when it is not open. */
+static cudaError_t reopen_locked(const struct ipc_handle *h, void **devPtr)
+{
+    for (size_t i = 0; i < g_nallocs; i++) {
+        struct alloc *a = g_allocs[i];
+        if (a->kind == A_IMPORT && a->imp_token == h->token && a->imp_bufid == h->buffer_id) {
+            if (!g_ipc_refcount) return cudaErrorAlreadyMapped;
+            a->refs++;
+            *devPtr = (void *)a->base;
+            COUNT(C_IPC_OPEN, 1);
+            return cudaSuccess;
+        }
+    }
+    return cudaErrorNotReady;
+}
+
+cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsigned int flags)
+{
+    if (!devPtr || (flags & ~(unsigned)cudaIpcMemLazyEnablePeerAccess)) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    struct ipc_handle h;
+    memcpy(&h, handle.reserved, sizeof(h));
+    if (h.magic != EMU_IPC_MAGIC || h.check != ipc_check(&h) || h.device < 0 || h.device >= g_ndev)
+        return rt_ret(cudaErrorInvalidValue);
+    /* Another node: the handle means nothing here. */
+    if (h.node != g_node) return rt_ret(cudaErrorInvalidResourceHandle);
+    /* The exporting process itself: CUDA_ERROR_INVALID_CONTEXT in the driver. */
+    if (h.pid == (uint32_t)getpid() && h.token == g_token) return rt_ret(cudaErrorDeviceUninitialized);
+    if (h.device != t_dev && g_no_peer[t_dev][h.device]) return rt_ret(cudaErrorPeerAccessUnsupported);
+
+    pthread_mutex_lock(&g_mu);
+    cudaError_t e = reopen_locked(&h, devPtr);
+    pthread_mutex_unlock(&g_mu);
+    if (e != cudaErrorNotReady) return rt_ret(e);
+
+    /* The exporter's memfd through /proc: gone (freed, or the process
+     * exited) when the descriptor is closed or now names another file. */
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%u/fd/%d", h.pid, h.fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0) return rt_ret(cudaErrorInvalidResourceHandle);
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != h.ino || (uint64_t)st.st_size < h.size) {
+        close(fd);
+        return rt_ret(cudaErrorInvalidResourceHandle);
+    }
+    size_t len = round_page(h.size);
+    struct alloc *a = calloc(1, sizeof(*a));
+    if (!a) { close(fd); return rt_ret(cudaErrorMemoryAllocation); }
+    pthread_mutex_lock(&g_mu);
+    e = reopen_locked(&h, devPtr); /* another thread opened it meanwhile */
+    if (e != cudaErrorNotReady) {
+        pthread_mutex_unlock(&g_mu);
+        close(fd);
+        free(a);
+        return rt_ret(e);
+    }
+    uintptr_t addr = va_get(&g_impva, len);
+    if (!addr || mmap((void *)addr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        if (addr) va_put(&g_impva, addr, len);
+        pthread_mutex_unlock(&g_mu);
+        close(fd);
+        free(a);
+        return rt_ret(cudaErrorMapBufferObjectFailed);
+    }
+    close(fd);
+    a->base = addr;
+    a->size = h.size;
+    a->map_size = len;
+    a->kind = A_IMPORT;
+    a->device = h.device;
+    a->buffer_id = ++g_next_bufid;
+    a->fd = -1;
+    a->refs = 1;
+    a->imp_token = h.token;
+    a->imp_bufid = h.buffer_id;
+    a->imp_pid = h.pid;
+    if (alloc_insert(a) != 0) {
+        unreserve_range(addr, len);
+        va_put(&g_impva, addr, len);
+        pthread_mutex_unlock(&g_mu);
+        free(a);
+        return rt_ret(cudaErrorMemoryAllocation);
+    }
+    pthread_mutex_unlock(&g_mu);
+    COUNT(C_IPC_OPEN, 1);
+    COUNT(C_IPC_IMPORTS, 1);
+    *devPtr = (void *)addr;
+    return cudaSuccess;
+}
+
+cudaError_t cudaIpcCloseMemHandle(void *devPtr)
+{
+    ENSURE();
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = devPtr ? alloc_find((uintptr_t)devPtr) : NULL;
+    if (!a || a->kind != A_IMPORT || a->base != (uintptr_t)devPtr) {
+        pthread_mutex_unlock(&g_mu);
+        return rt_ret(cudaErrorInvalidValue);
+    }
+    int last = --a->refs == 0;
+    pthread_mutex_unlock(&g_mu);
+    COUNT(C_IPC_CLOSE, 1);
+    if (!last) return cudaSuccess;
+    sync_streams(-1); /* queued work may still use the mapping */
+    pthread_mutex_lock(&g_mu);
+    alloc_remove(a);
+    unreserve_range(a->base, a->map_size);
+    va_put(&g_impva, a->base, a->map_size);
+    pthread_mutex_unlock(&g_mu);
+    free(a);
+    COUNT(C_IPC_IMPORTS, -1);
+    return cudaSuccess;
+}
+
+/* ------------------------------------------------------------------ driver entry points */
+
+struct entry { const char *name; void *fn; int since; };
+
+static const struct entry g_entries[] = {
+    { "cuStreamWaitValue32", (void *)cuStreamWaitValue32, 8000 },
+    { "cuStreamWriteValue32", (void *)cuStreamWriteValue32, 8000 },
+    { "cuStreamWaitValue64", (void *)cuStreamWaitValue64, 9000 },
+    { "cuStreamWriteValue64", (void *)cuStreamWriteValue64, 9000 },
+    { "cuPointerGetAttribute", (void *)cuPointerGetAttribute, 4000 },
+    { "cuPointerGetAttributes", (void *)cuPointerGetAttributes, 7000 },
+    { "cuMemGetAddressRange", (void *)cuMemGetAddressRange, 3020 },
+    { "cuMemGetHandleForAddressRange", (void *)cuMemGetHandleForAddressRange, 11070 },
+    { "cuGetErrorString", (void *)cuGetErrorString, 6000 },
+    { "cuGetErrorName", (void *)cuGetErrorName, 6000 },
+    { "cuDeviceGetAttribute", (void *)cuDeviceGetAttribute, 2000 },
+    { "cuDriverGetVersion", (void *)cuDriverGetVersion, 2020 },
+};
+
+static int lookup_entry(const char *symbol, int version, void **fn)
+{
+    *fn = NULL;
+    for (size_t i = 0; i < sizeof(g_entries) / sizeof(g_entries[0]); i++) {
+        if (strcmp(g_entries[i].name, symbol) != 0) continue;
+        if (version < g_entries[i].since) return 2;
+        *fn = g_entries[i].fn;
+        return 0;
+    }
+    return 1;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned int cudaVersion,
+                                             unsigned long long flags, enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    if (!symbol || !funcPtr) return rt_ret(cudaErrorInvalidValue);
+    if (flags & ~(unsigned long long)(cudaEnableLegacyStream | cudaEnablePerThreadDefaultStream))
+        return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    if (cudaVersion > EMU_VERSION) return rt_ret(cudaErrorInvalidValue);
+    int r = lookup_entry(symbol, (int)cudaVersion, funcPtr);
+    if (driverStatus)
+        *driverStatus = r == 0 ? cudaDriverEntryPointSuccess
+                      : r == 1 ? cudaDriverEntryPointSymbolNotFound : cudaDriverEntryPointVersionNotSufficent;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPtr, unsigned long long flags,
+                                    enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+    return cudaGetDriverEntryPointByVersion(symbol, funcPtr, EMU_VERSION, flags, driverStatus);
+}
+
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
+                          CUdriverProcAddressQueryResult *symbolStatus)
+{
+    if (!symbol || !pfn || cudaVersion > EMU_VERSION) return CUDA_ERROR_INVALID_VALUE;
+    (void)flags;
+    int r = lookup_entry(symbol, cudaVersion, pfn);
+    if (symbolStatus)
+        *symbolStatus = r == 0 ? CU_GET_PROC_ADDRESS_SUCCESS
+                      : r == 1 ? CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND : CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+    return r == 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+/* The unversioned names of the stream memory operations, as libcuda exports
+ * them too (same behaviour here). */
+#undef cuStreamWaitValue32
+#undef cuStreamWriteValue32
+#undef cuStreamWaitValue64
+#undef cuStreamWriteValue64
+#define EMU_ALIAS(name, target) __attribute__((alias(#target), visibility("default")))
+CUresult cuStreamWaitValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) EMU_ALIAS(cuStreamWaitValue32, cuStreamWaitValue32_v2);
+CUresult cuStreamWriteValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) EMU_ALIAS(cuStreamWriteValue32, cuStreamWriteValue32_v2);
+CUresult cuStreamWaitValue64(CUstream, CUdeviceptr, cuuint64_t, unsigned int) EMU_ALIAS(cuStreamWaitValue64, cuStreamWaitValue64_v2);
+CUresult cuStreamWriteValue64(CUstream, CUdeviceptr, cuuint64_t, unsigned int) EMU_ALIAS(cuStreamWriteValue64, cuStreamWriteValue64_v2);

@@ -1,0 +1,27 @@
+/* Emulator-only entry points of libweft_emu_cuda.so (the emulated CUDA
+ * runtime used by weft's tests; see tests/emu/cuda/README.md). Programs that
+ * run on real GPUs must not call these. */
+#ifndef WEFT_EMU_CUDA_H
+#define WEFT_EMU_CUDA_H
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Queues a step on `stream` that sleeps `usec` microseconds on the stream's
+ * worker thread: a slow "kernel" for ordering tests. Returns at once. */
+cudaError_t weft_emu_cuda_stream_delay(cudaStream_t stream, unsigned int usec);
+
+/* Process-wide counters of the emulator, by name: "malloc", "free",
+ * "ipc_get", "ipc_open", "ipc_close", "ipc_imports" (imports open now),
+ * "memcpy", "memset", "wait_value", "write_value", "streams" (streams alive
+ * now, default streams included), and "node" (the emulated node id this
+ * process is on). Unknown names give (unsigned long long)-1. */
+unsigned long long weft_emu_cuda_counter(const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
