@@ -3,11 +3,18 @@
  * fixture: see tests/emu/cuda/README.md for what it models and how it differs
  * from real GPUs.
  *
- * Device memory: one memfd per allocation, mapped MAP_SHARED into a reserved
- * address range of its own (so device pointers never mix with the heap).
+ * Device memory: one memfd per allocation, mapped MAP_SHARED with PROT_NONE
+ * into a reserved address range of its own (so device pointers never mix
+ * with the heap, and host code dereferencing one faults, as on a GPU). The
+ * emulator's own operations (copies, memsets, stream memory operations) go
+ * through a second, read-write mapping of the same memfd, the allocation's
+ * "alias": host_view() translates a device address to it.
  * IPC: the 64-byte handle names the exporter (node, pid, a per-process token),
  * the memfd's descriptor number and inode, the size and the buffer id; the
- * importer opens /proc/<pid>/fd/<n> and checks the inode, then maps it.
+ * importer opens /proc/<pid>/fd/<n> and checks the inode, then maps it the
+ * same way (PROT_NONE at the import address, plus an alias).
+ * dma-buf (cuMemGetHandleForAddressRange): a fresh open file description of
+ * the memfd whose file position encodes the range (see EMU_DMABUF_*).
  * Streams: one worker thread each, executing queued operations in order. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -47,6 +54,14 @@
 #define EMU_VERSION      13000
 #define EMU_IPC_MAGIC    0x57454d55u    /* "WEMU" */
 
+/* An emulated dma-buf is an open file description of the allocation's memfd
+ * whose file position says which range it stands for:
+ *   tag (bits 62..56) | first page in the memfd (bits 55..28) | pages (27..0).
+ * libweft_emu_verbs.so (ibv_reg_dmabuf_mr) decodes it with lseek(fd, 0,
+ * SEEK_CUR); keep the two in step (tests/emu/verbs/emu_verbs.c). */
+#define EMU_DMABUF_TAG   0x2DULL
+#define EMU_DMABUF_FIELD 28
+
 /* ------------------------------------------------------------------ state */
 
 enum akind { A_DEVICE, A_HOST, A_REGISTERED, A_IMPORT };
@@ -58,7 +73,9 @@ struct alloc {
     int       kind;
     int       device;
     uint64_t  buffer_id;
-    int       fd;        /* A_DEVICE: its memfd */
+    int       fd;        /* A_DEVICE, A_IMPORT: its memfd (an import's own descriptor) */
+    void     *alias;     /* A_DEVICE, A_IMPORT: read-write mapping of the memfd
+                            the emulator works through (NULL: host memory) */
     ino_t     ino;
     int       refs;      /* A_IMPORT: opens not yet closed */
     uint64_t  imp_token; /* A_IMPORT: exporter token + buffer id */
@@ -239,6 +256,13 @@ static struct alloc *alloc_find(uintptr_t p)
 {
     long i = alloc_find_idx(p);
     return i < 0 ? NULL : g_allocs[i];
+}
+
+/* g_mu held. Where the emulator itself reads and writes p (inside a): the
+ * alias of device memory and imports, p itself for host memory. */
+static void *host_view(const struct alloc *a, uintptr_t p)
+{
+    return a->alias ? (char *)a->alias + (p - a->base) : (void *)p;
 }
 
 /* g_mu held. First allocation overlapping [p, p+len), or NULL. */
@@ -975,6 +999,9 @@ static int dev_attr(enum cudaDeviceAttr a, int d, int *v)
     case cudaDevAttrL2CacheSize: *v = 50 << 20; break;
     case cudaDevAttrMaxThreadsPerMultiProcessor: *v = 2048; break;
     case cudaDevAttrGPUDirectRDMASupported: *v = g_gdr; break;
+    /* CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED (124; the runtime enum calls it
+     * cudaDevAttrReserved124, cudaDeviceGetAttribute passes it through). */
+    case cudaDevAttrReserved124: *v = g_gdr; break;
     default:
         if ((int)a <= 0 || (int)a >= (int)cudaDevAttrMax) return -1;
         *v = 0;
@@ -1165,7 +1192,16 @@ cudaError_t cudaMalloc(void **devPtr, size_t size)
     if (fd < 0 || ftruncate(fd, (off_t)len) != 0 || fstat(fd, &st) != 0) goto oom;
     addr = va_get(&g_devva[d], len);
     if (!addr) goto oom;
-    if (mmap((void *)addr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    /* The device address: the memfd, inaccessible to the host (a GPU
+     * faults too). The emulator works through the alias. */
+    a->alias = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (a->alias == MAP_FAILED) {
+        a->alias = NULL;
+        va_put(&g_devva[d], addr, len);
+        goto oom;
+    }
+    if (mmap((void *)addr, len, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        munmap(a->alias, len);
         va_put(&g_devva[d], addr, len);
         goto oom;
     }
@@ -1179,6 +1215,7 @@ cudaError_t cudaMalloc(void **devPtr, size_t size)
     a->ino = st.st_ino;
     if (alloc_insert(a) != 0) {
         unreserve_range(addr, len);
+        munmap(a->alias, len);
         va_put(&g_devva[d], addr, len);
         goto oom;
     }
@@ -1211,7 +1248,10 @@ cudaError_t cudaFree(void *devPtr)
     va_put(&g_devva[a->device], a->base, a->map_size);
     g_dev[a->device].used -= a->map_size;
     pthread_mutex_unlock(&g_mu);
-    close(a->fd); /* importers' mappings keep the memory alive */
+    munmap(a->alias, a->map_size);
+    /* Importers' mappings (and dma-buf descriptors or their mappings) keep
+     * the memory alive. */
+    close(a->fd);
     free(a);
     COUNT(C_FREE, 1);
     return cudaSuccess;
@@ -1426,19 +1466,74 @@ CUresult cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dpt
     return ok ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
+/* g_mu held. A new emulated dma-buf descriptor for [off, off+len) of a's
+ * memfd (both page multiples): a fresh open file description (its own file
+ * position, unlike dup), positioned at the EMU_DMABUF_* encoding. -1 on error. */
+static int dmabuf_fd_locked(const struct alloc *a, size_t off, size_t len)
+{
+    uint64_t first = off / EMU_PAGE, pages = len / EMU_PAGE, lim = 1ULL << EMU_DMABUF_FIELD;
+    if (a->fd < 0 || pages == 0 || first >= lim || pages >= lim) return -1;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", a->fd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0) return -1;
+    off_t pos = (off_t)((EMU_DMABUF_TAG << 56) | (first << EMU_DMABUF_FIELD) | pages);
+    if (lseek(fd, pos, SEEK_SET) != pos) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* dma-buf export (the real contract): dptr and size aligned to the host page
+ * size, the range inside one cudaMalloc allocation (up to its page-rounded
+ * end), flags 0 or CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE. The fd stands
+ * for the range starting at dptr: offset 0 of the dma-buf is dptr, so
+ * ibv_reg_dmabuf_mr(pd, 0, size, (uint64_t)dptr, fd, access) registers
+ * exactly [dptr, dptr+size). (An mmap of the fd, which real NVIDIA dma-bufs
+ * do not offer, maps the memfd: its offset 0 is the allocation's base.)
+ * WEFT_EMU_CUDA_GDR=0: CUDA_ERROR_NOT_SUPPORTED for a valid range. */
 CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
                                        CUmemRangeHandleType handleType, unsigned long long flags)
 {
-    if (!handle || handleType != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD || size == 0) return CUDA_ERROR_INVALID_VALUE;
-    (void)flags;
+    if (!handle || handleType != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD || size == 0 ||
+        (flags & ~(unsigned long long)CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE) ||
+        (dptr & (EMU_PAGE - 1)) || (size & (EMU_PAGE - 1)))
+        return CUDA_ERROR_INVALID_VALUE;
     cudaError_t e = ensure();
     if (e) return drv_err(e);
     pthread_mutex_lock(&g_mu);
     struct alloc *a = alloc_find((uintptr_t)dptr);
-    int ok = a && (a->kind == A_DEVICE) && (uintptr_t)dptr + size <= a->base + a->map_size;
+    int ok = a && a->kind == A_DEVICE && size <= a->map_size && (uintptr_t)dptr - a->base <= a->map_size - size;
+    int fd = -1;
+    if (ok && g_gdr) fd = dmabuf_fd_locked(a, (uintptr_t)dptr - a->base, size);
     pthread_mutex_unlock(&g_mu);
-    /* No dma-buf exporter behind emulated memory. */
-    return ok ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    if (!g_gdr) return CUDA_ERROR_NOT_SUPPORTED; /* no dma-buf support on this "platform" */
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *(int *)handle = fd;
+    return CUDA_SUCCESS;
+}
+
+/* For libweft_emu_verbs.so's WEFT_EMU_VERBS_PEERMEM (nvidia-peermem: plain
+ * ibv_reg_mr of device memory): an emulated dma-buf descriptor for the pages
+ * covering [ptr, ptr+size), which must lie in one device allocation or IPC
+ * import of this process; -1 otherwise. Not gated by WEFT_EMU_CUDA_GDR. */
+int weft_emu_cuda_peermem_fd(const void *ptr, size_t size)
+{
+    if (!ptr || size == 0 || ensure() != cudaSuccess) return -1;
+    pthread_mutex_lock(&g_mu);
+    struct alloc *a = alloc_find((uintptr_t)ptr);
+    int fd = -1;
+    if (a && (a->kind == A_DEVICE || a->kind == A_IMPORT)) {
+        size_t off = (uintptr_t)ptr - a->base;
+        if (size <= a->size - off) {
+            size_t first = off & ~(size_t)(EMU_PAGE - 1);
+            fd = dmabuf_fd_locked(a, first, round_page(off + size) - first);
+        }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return fd;
 }
 
 /* ------------------------------------------------------------------ copies */
@@ -1447,27 +1542,33 @@ enum pkind { P_PAGEABLE, P_PINNED, P_DEVICE, P_BAD };
 
 /* What [p, p+n) is: device memory (own or imported), pinned/registered host
  * memory, or ordinary host memory; P_BAD when it starts in an allocation
- * but runs past its end. */
-static int classify(const void *p, size_t n, int *device)
+ * but runs past its end. *view (if given): where the emulator accesses p
+ * (host_view); valid until the allocation is freed, which synchronizes the
+ * streams first, so queued operations may keep it. */
+static int classify(const void *p, size_t n, int *device, void **view)
 {
     pthread_mutex_lock(&g_mu);
     struct alloc *a = alloc_find((uintptr_t)p);
     int k = P_PAGEABLE;
+    if (view) *view = (void *)p;
     if (a) {
         if ((uintptr_t)p - a->base + n > a->size) k = P_BAD;
         else k = (a->kind == A_DEVICE || a->kind == A_IMPORT) ? P_DEVICE : P_PINNED;
         if (device) *device = a->device;
+        if (view) *view = host_view(a, (uintptr_t)p);
     }
     pthread_mutex_unlock(&g_mu);
     return k;
 }
 
-/* Checks a copy; *sync: the blocking call must wait for it (cudaMemcpy). */
-static cudaError_t check_copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, int *sync)
+/* Checks a copy; *sync: the blocking call must wait for it (cudaMemcpy);
+ * *vdst, *vsrc: where the copy reads and writes (classify's view). */
+static cudaError_t check_copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, int *sync,
+                              void **vdst, void **vsrc)
 {
     if (count == 0) return cudaSuccess;
     if (!dst || !src) return cudaErrorInvalidValue;
-    int kd = classify(dst, count, NULL), ks = classify(src, count, NULL);
+    int kd = classify(dst, count, NULL, vdst), ks = classify(src, count, NULL, vsrc);
     if (kd == P_BAD || ks == P_BAD) return cudaErrorInvalidValue;
     switch (kind) {
     case cudaMemcpyHostToHost:
@@ -1497,7 +1598,8 @@ static cudaError_t enqueue_copy(void *dst, const void *src, size_t count, enum c
 {
     ENSURE();
     int sync = 1;
-    cudaError_t e = check_copy(dst, src, count, kind, &sync);
+    void *vdst = dst, *vsrc = (void *)src;
+    cudaError_t e = check_copy(dst, src, count, kind, &sync, &vdst, &vsrc);
     if (e) return rt_ret(e);
     struct CUstream_st *s;
     e = stream_resolve(stream, &s);
@@ -1505,8 +1607,8 @@ static cudaError_t enqueue_copy(void *dst, const void *src, size_t count, enum c
     if (count == 0) return cudaSuccess;
     struct op *o = op_new(OP_COPY);
     if (!o) return rt_ret(cudaErrorMemoryAllocation);
-    o->dst = dst;
-    o->src = src;
+    o->dst = vdst;
+    o->src = vsrc;
     o->n = count;
     uint64_t seq = stream_push(s, o);
     COUNT(C_MEMCPY, 1);
@@ -1545,14 +1647,15 @@ static cudaError_t enqueue_set(void *devPtr, int value, size_t count, cudaStream
 {
     ENSURE();
     if (count == 0) return cudaSuccess;
-    int k = devPtr ? classify(devPtr, count, NULL) : P_PAGEABLE;
+    void *view = devPtr;
+    int k = devPtr ? classify(devPtr, count, NULL, &view) : P_PAGEABLE;
     if (k == P_PAGEABLE || k == P_BAD) return rt_ret(cudaErrorInvalidValue);
     struct CUstream_st *s;
     cudaError_t e = stream_resolve(stream, &s);
     if (e) return rt_ret(e);
     struct op *o = op_new(OP_SET);
     if (!o) return rt_ret(cudaErrorMemoryAllocation);
-    o->dst = devPtr;
+    o->dst = view;
     o->value = value;
     o->n = count;
     uint64_t seq = stream_push(s, o);
@@ -1884,14 +1987,15 @@ static CUresult mem_op(CUstream stream, CUdeviceptr addr, uint64_t value, unsign
     size_t width = (kind == OP_WAIT32 || kind == OP_WRITE32) ? 4 : 8;
     unsigned allowed = wait ? (0x3u | CU_STREAM_WAIT_VALUE_FLUSH) : CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER;
     if (!addr || (addr & (width - 1)) || (flags & ~allowed)) return CUDA_ERROR_INVALID_VALUE;
-    int k = classify((const void *)(uintptr_t)addr, width, NULL);
+    void *view = NULL;
+    int k = classify((const void *)(uintptr_t)addr, width, NULL, &view);
     /* Device memory (own or imported) or registered/pinned host memory. */
     if (k != P_DEVICE && k != P_PINNED) return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *s;
     if (stream_resolve(stream, &s) != cudaSuccess) return CUDA_ERROR_INVALID_HANDLE;
     struct op *o = op_new(kind);
     if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
-    o->dst = (void *)(uintptr_t)addr;
+    o->dst = view;
     o->u64 = value;
     o->flags = flags;
     stream_push(s, o);
@@ -2031,29 +2135,34 @@ cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsig
         return rt_ret(e);
     }
     uintptr_t addr = va_get(&g_impva, len);
-    if (!addr || mmap((void *)addr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    void *alias = addr ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+    if (alias == MAP_FAILED ||
+        mmap((void *)addr, len, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        if (alias != MAP_FAILED) munmap(alias, len);
         if (addr) va_put(&g_impva, addr, len);
         pthread_mutex_unlock(&g_mu);
         close(fd);
         free(a);
         return rt_ret(cudaErrorMapBufferObjectFailed);
     }
-    close(fd);
+    a->alias = alias;
     a->base = addr;
     a->size = h.size;
     a->map_size = len;
     a->kind = A_IMPORT;
     a->device = h.device;
     a->buffer_id = ++g_next_bufid;
-    a->fd = -1;
+    a->fd = fd; /* kept for weft_emu_cuda_peermem_fd */
     a->refs = 1;
     a->imp_token = h.token;
     a->imp_bufid = h.buffer_id;
     a->imp_pid = h.pid;
     if (alloc_insert(a) != 0) {
         unreserve_range(addr, len);
+        munmap(alias, len);
         va_put(&g_impva, addr, len);
         pthread_mutex_unlock(&g_mu);
+        close(fd);
         free(a);
         return rt_ret(cudaErrorMemoryAllocation);
     }
@@ -2083,6 +2192,8 @@ cudaError_t cudaIpcCloseMemHandle(void *devPtr)
     unreserve_range(a->base, a->map_size);
     va_put(&g_impva, a->base, a->map_size);
     pthread_mutex_unlock(&g_mu);
+    munmap(a->alias, a->map_size);
+    close(a->fd);
     free(a);
     COUNT(C_IPC_IMPORTS, -1);
     return cudaSuccess;

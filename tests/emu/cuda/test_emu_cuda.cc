@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -152,6 +153,27 @@ constexpr size_t kData2 = kData + 256 * 1024;  // offset of the child's answer
 constexpr size_t kDataLen = 128 * 1024;
 
 unsigned char pattern(size_t i, int salt) { return (unsigned char)((i * 131 + (size_t)salt) & 0xff); }
+
+// Touches *p from the host in a forked child: 1 when that killed the child
+// with SIGSEGV (device memory on a GPU), 0 when it worked, -1 otherwise.
+int host_access_faults(const void *p, bool write)
+{
+    fflush(nullptr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        // The default action, not a sanitizer's report-and-exit handler.
+        signal(SIGSEGV, SIG_DFL);
+        volatile unsigned char *c = (volatile unsigned char *)p;
+        if (write) *c = 1;
+        else (void)*c;
+        _exit(0);
+    }
+    if (pid < 0) return -1;
+    int st = 0;
+    if (waitpid(pid, &st, 0) != pid) return -1;
+    if (WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV) return 1;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
 
 }  // namespace
 
@@ -489,17 +511,101 @@ TEST(EmuCuda, HostRegister)
     cudaGetLastError();
 }
 
+TEST(EmuCuda, DeviceMemoryFaultsOnHost)
+{
+    // Host code dereferencing a device pointer faults, as on a GPU; the
+    // runtime's own copies reach the memory.
+    const size_t n = 3 * 4096 + 100;
+    std::vector<unsigned char> src(n), dst(n, 0);
+    for (size_t i = 0; i < n; i++) src[i] = pattern(i, 9);
+    void *d = nullptr, *pin = nullptr;
+    CK(cudaMalloc(&d, n));
+    CK(cudaMemcpy(d, src.data(), n, cudaMemcpyHostToDevice));
+    EXPECT_EQ(1, host_access_faults(d, false));
+    EXPECT_EQ(1, host_access_faults((char *)d + n - 1, false));
+    EXPECT_EQ(1, host_access_faults((char *)d + 5000, true));
+    CK(cudaMemcpy(dst.data(), d, n, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(src, dst);
+    // Memset, stream memory operations and device-to-device copies too.
+    void *d2 = nullptr;
+    CK(cudaMalloc(&d2, n));
+    EXPECT_EQ(1, host_access_faults(d2, false));
+    CK(cudaMemset(d2, 0x5c, n));
+    DK(cuStreamWriteValue32(0, (CUdeviceptr)d2 + 8, 0x01020304u, 0));
+    DK(cuStreamWaitValue32(0, (CUdeviceptr)d2 + 8, 0x01020304u, CU_STREAM_WAIT_VALUE_EQ));
+    CK(cudaMemcpy((char *)d2 + 4096, (char *)d + 4096, 100, cudaMemcpyDeviceToDevice));
+    CK(cudaMemcpy(dst.data(), d2, n, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(0x5c, dst[0]);
+    unsigned int word = 0;
+    memcpy(&word, dst.data() + 8, 4);
+    EXPECT_EQ(0x01020304u, word);
+    EXPECT_EQ(0, memcmp(dst.data() + 4096, src.data() + 4096, 100));
+    EXPECT_EQ(0x5c, dst[4196]);
+    // Pinned host memory stays host memory.
+    CK(cudaMallocHost(&pin, 4096));
+    EXPECT_EQ(0, host_access_faults(pin, true));
+    CK(cudaMemcpy(pin, d, 4096, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(0, memcmp(pin, src.data(), 4096));
+    CK(cudaFreeHost(pin));
+    CK(cudaFree(d2));
+    CK(cudaFree(d));
+    // Freed device memory faults too.
+    EXPECT_EQ(1, host_access_faults(d, false));
+}
+
 TEST(EmuCuda, DmaBufNotSupported)
 {
+    // WEFT_EMU_CUDA_GDR unset: no GPUDirect RDMA, no dma-buf (see the
+    // dmabuf child role for the supported case).
+    int v = -1;
+    DK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, 0));
+    EXPECT_EQ(0, v);
+    DK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0));
+    EXPECT_EQ(0, v);
+    CK(cudaDeviceGetAttribute(&v, (cudaDeviceAttr)CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, 0));
+    EXPECT_EQ(0, v);
     void *d = nullptr;
     CK(cudaMalloc(&d, 1 << 16));
     int fd = -1;
     EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED,
               cuMemGetHandleForAddressRange(&fd, (CUdeviceptr)d, 1 << 16, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
+    EXPECT_EQ(-1, fd);
+    EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
+              cuMemGetHandleForAddressRange(&fd, (CUdeviceptr)d + 64, 4096, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
     std::vector<char> h(64);
     EXPECT_EQ(CUDA_ERROR_INVALID_VALUE,
               cuMemGetHandleForAddressRange(&fd, (CUdeviceptr)h.data(), 64, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0));
     CK(cudaFree(d));
+}
+
+TEST(EmuCuda, DmaBufExport)
+{
+    Child c("dmabuf", {"WEFT_EMU_CUDA_GDR=1"});
+    std::string out = c.read_rest();
+    EXPECT_EQ(0, c.wait()) << out;
+}
+
+TEST(EmuCuda, PeermemHook)
+{
+    // weft_emu_cuda_peermem_fd: what libweft_emu_verbs.so uses for
+    // WEFT_EMU_VERBS_PEERMEM (tested end to end in emu_verbs).
+    void *d = nullptr;
+    CK(cudaMalloc(&d, 3 * 4096));
+    CK(cudaMemset(d, 0x3e, 3 * 4096));
+    CK(cudaDeviceSynchronize());
+    int fd = weft_emu_cuda_peermem_fd((char *)d + 100, 5000);
+    ASSERT_GE(fd, 0);
+    // The memfd behind the allocation (offset 0: its base).
+    void *m = mmap(nullptr, 3 * 4096, PROT_READ, MAP_SHARED, fd, 0);
+    ASSERT_NE(MAP_FAILED, m);
+    EXPECT_EQ(0x3e, ((unsigned char *)m)[5100]);
+    munmap(m, 3 * 4096);
+    close(fd);
+    EXPECT_EQ(-1, weft_emu_cuda_peermem_fd((char *)d + 100, 3 * 4096));
+    std::vector<char> h(64);
+    EXPECT_EQ(-1, weft_emu_cuda_peermem_fd(h.data(), 64));
+    CK(cudaFree(d));
+    EXPECT_EQ(-1, weft_emu_cuda_peermem_fd(d, 64));
 }
 
 // ---------------------------------------------------------------- streams and events
@@ -740,8 +846,9 @@ TEST(EmuCuda, WaitValuePredicates)
     void *d = nullptr;
     CK(cudaMalloc(&d, 4096));
     CUdeviceptr w = (CUdeviceptr)d;
-    cudaStream_t s;
+    cudaStream_t s, setter;  // the host cannot store into device memory: a second stream does
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&setter, cudaStreamNonBlocking));
     struct Case {
         unsigned flags, value, before, after;
     } cases[] = {
@@ -752,24 +859,28 @@ TEST(EmuCuda, WaitValuePredicates)
         {CU_STREAM_WAIT_VALUE_NOR, 0xfffffff0u, 0x0000000fu, 0x00000007u},
     };
     for (const Case &c : cases) {
-        unsigned *word = static_cast<unsigned *>(d);
-        __atomic_store_n(word, c.before, __ATOMIC_SEQ_CST);
+        DK(cuStreamWriteValue32(setter, w, c.before, 0));
+        CK(cudaStreamSynchronize(setter));
         DK(cuStreamWaitValue32(s, w, c.value, c.flags));
         sleep_ms(30);
         EXPECT_EQ(cudaErrorNotReady, cudaStreamQuery(s)) << "flags " << c.flags << " value " << c.value;
-        __atomic_store_n(word, c.after, __ATOMIC_SEQ_CST);
+        DK(cuStreamWriteValue32(setter, w, c.after, 0));
         CK(cudaStreamSynchronize(s));
     }
     // 64-bit forms.
-    uint64_t *w64 = reinterpret_cast<uint64_t *>((char *)d + 8);
-    __atomic_store_n(w64, 0, __ATOMIC_SEQ_CST);
-    DK(cuStreamWaitValue64(s, (CUdeviceptr)w64, 1ull << 40, CU_STREAM_WAIT_VALUE_GEQ));
-    DK(cuStreamWriteValue64(s, (CUdeviceptr)w64 + 8, 99, 0));
+    CUdeviceptr w64 = (CUdeviceptr)d + 8;
+    DK(cuStreamWriteValue64(setter, w64, 0, 0));
+    CK(cudaStreamSynchronize(setter));
+    DK(cuStreamWaitValue64(s, w64, 1ull << 40, CU_STREAM_WAIT_VALUE_GEQ));
+    DK(cuStreamWriteValue64(s, w64 + 8, 99, 0));
     sleep_ms(30);
     EXPECT_EQ(cudaErrorNotReady, cudaStreamQuery(s));
-    __atomic_store_n(w64, 1ull << 41, __ATOMIC_SEQ_CST);
+    DK(cuStreamWriteValue64(setter, w64, 1ull << 41, 0));
     CK(cudaStreamSynchronize(s));
-    EXPECT_EQ(99u, w64[1]);
+    uint64_t got = 0;
+    CK(cudaMemcpy(&got, (void *)(w64 + 8), 8, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(99u, got);
+    CK(cudaStreamDestroy(setter));
     CK(cudaStreamDestroy(s));
     CK(cudaFree(d));
 }
@@ -927,9 +1038,11 @@ TEST(EmuCudaIpc, DataBothWays)
     int rc = -1;
     ASSERT_TRUE(c.recv(&rc));
     ASSERT_EQ(0, rc) << cudaGetErrorName((cudaError_t)rc);
-    int seen_ok = 0;
+    int seen_ok = 0, import_faults = -2;
     ASSERT_TRUE(c.recv(&seen_ok));
     EXPECT_EQ(1, seen_ok) << "the child did not see the parent's data";
+    ASSERT_TRUE(c.recv(&import_faults));
+    EXPECT_EQ(1, import_faults) << "a host read of the imported device pointer did not fault";
     EXPECT_EQ(0, c.wait());
     // The child wrote its answer into the same memory.
     CK(cudaMemcpy(h.data(), (char *)d + kData2, kDataLen, cudaMemcpyDeviceToHost));
@@ -953,8 +1066,9 @@ TEST(EmuCudaIpc, StreamSemaphoresAcrossProcesses)
     ASSERT_TRUE(c.recv(&rc));  // the child opened it and queued its wait
     ASSERT_EQ(0, rc) << cudaGetErrorName((cudaError_t)rc);
     sleep_ms(100);
-    unsigned int *flags = static_cast<unsigned int *>(d);
-    EXPECT_EQ(0u, __atomic_load_n(&flags[1], __ATOMIC_SEQ_CST)) << "the child's stream did not wait";
+    unsigned int answer = 7;
+    CK(cudaMemcpy(&answer, (char *)d + 4, 4, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(0u, answer) << "the child's stream did not wait";
 
     std::vector<unsigned char> h(kDataLen);
     for (size_t i = 0; i < kDataLen; i++) h[i] = pattern(i, 5);
@@ -1175,6 +1289,79 @@ int child_info_role()
     return 0;
 }
 
+// WEFT_EMU_CUDA_GDR=1: dma-buf export. Returns 0, or 1 after printing the
+// failed check to stdout.
+int child_dmabuf_role()
+{
+#define DB_CHECK(c)                                                      \
+    do {                                                                 \
+        if (!(c)) {                                                      \
+            printf("check failed: %s (line %d)\n", #c, __LINE__);        \
+            return 1;                                                    \
+        }                                                                \
+    } while (0)
+    auto run = [&]() -> int {
+        int v = -1;
+        DB_CHECK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, 1) == CUDA_SUCCESS && v == 1);
+        DB_CHECK(cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, 0) == CUDA_SUCCESS && v == 1);
+        DB_CHECK(cudaDeviceGetAttribute(&v, (cudaDeviceAttr)CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, 0) == cudaSuccess &&
+                 v == 1);
+        DB_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrGPUDirectRDMASupported, 0) == cudaSuccess && v == 1);
+        const size_t n = (1 << 20) + 100, mapped = (1 << 20) + 4096;
+        std::vector<unsigned char> src(n), back(n);
+        for (size_t i = 0; i < n; i++) src[i] = pattern(i, 11);
+        void *d = nullptr;
+        DB_CHECK(cudaMalloc(&d, n) == cudaSuccess);
+        DB_CHECK(cudaMemcpy(d, src.data(), n, cudaMemcpyHostToDevice) == cudaSuccess);
+        CUdeviceptr dp = (CUdeviceptr)d;
+        const CUmemRangeHandleType dmabuf = CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD;
+        // The whole allocation, up to its page-rounded end: a mappable fd
+        // with the data, sharing the memory both ways.
+        int fd = -1;
+        DB_CHECK(cuMemGetHandleForAddressRange(&fd, dp, mapped, dmabuf, 0) == CUDA_SUCCESS && fd >= 0);
+        unsigned char *m = (unsigned char *)mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        DB_CHECK(m != MAP_FAILED);
+        DB_CHECK(memcmp(m, src.data(), n) == 0);
+        memset(m + 200, 0xd7, 50);
+        DB_CHECK(cudaMemcpy(back.data(), d, n, cudaMemcpyDeviceToHost) == cudaSuccess);
+        DB_CHECK(back[199] == src[199] && back[200] == 0xd7 && back[249] == 0xd7 && back[250] == src[250]);
+        munmap(m, mapped);
+        // An interior, page-aligned range; another descriptor each time;
+        // the PCIe mapping flag is accepted.
+        int fd2 = -1, fd3 = -1;
+        DB_CHECK(cuMemGetHandleForAddressRange(&fd2, dp + 65536, 131072, dmabuf, 0) == CUDA_SUCCESS && fd2 >= 0 &&
+                 fd2 != fd);
+        DB_CHECK(cuMemGetHandleForAddressRange(&fd3, dp + 4096, 4096, dmabuf,
+                                               CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE) == CUDA_SUCCESS);
+        close(fd);
+        close(fd2);
+        close(fd3);
+        // Refusals: unaligned start or size, past the end, not device
+        // memory, unknown flags or handle type.
+        int bad = -1;
+        DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp + 100, 4096, dmabuf, 0) == CUDA_ERROR_INVALID_VALUE);
+        DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp, 4000, dmabuf, 0) == CUDA_ERROR_INVALID_VALUE);
+        DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp, mapped + 4096, dmabuf, 0) == CUDA_ERROR_INVALID_VALUE);
+        DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp + 4096, mapped, dmabuf, 0) == CUDA_ERROR_INVALID_VALUE);
+        DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp, 4096, dmabuf, 2) == CUDA_ERROR_INVALID_VALUE);
+        DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp, 4096, (CUmemRangeHandleType)2, 0) ==
+                 CUDA_ERROR_INVALID_VALUE);
+        DB_CHECK(cuMemGetHandleForAddressRange(nullptr, dp, 4096, dmabuf, 0) == CUDA_ERROR_INVALID_VALUE);
+        void *pin = nullptr;
+        DB_CHECK(cudaMallocHost(&pin, 8192) == cudaSuccess);
+        DB_CHECK(cuMemGetHandleForAddressRange(&bad, (CUdeviceptr)pin, 4096, dmabuf, 0) == CUDA_ERROR_INVALID_VALUE);
+        cudaFreeHost(pin);
+        DB_CHECK(bad == -1);
+        DB_CHECK(cudaFree(d) == cudaSuccess);
+        DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp, 4096, dmabuf, 0) == CUDA_ERROR_INVALID_VALUE);
+        return 0;
+    };
+#undef DB_CHECK
+    int rc = run();
+    fflush(stdout);
+    return rc;
+}
+
 int child_ipc(const char *role)
 {
     cudaIpcMemHandle_t handle;
@@ -1229,6 +1416,8 @@ int child_ipc(const char *role)
         if (cudaMemcpy(h.data(), base + kData, kDataLen, cudaMemcpyDeviceToHost) != cudaSuccess) return 9;
         for (size_t i = 0; i < kDataLen; i++) ok &= h[i] == pattern(i, 3);
         write_all(1, &ok, sizeof(ok));
+        int faults = host_access_faults(base + kData, false);
+        write_all(1, &faults, sizeof(faults));
         if (cudaMemcpy(base + kData2, mine.data(), kDataLen, cudaMemcpyHostToDevice) != cudaSuccess) return 10;
     } else {  // ipc_sem: wait for the parent's post, read, answer, post back
         cudaStream_t s;
@@ -1252,6 +1441,7 @@ int main(int argc, char **argv)
 {
     if (argc >= 3 && strcmp(argv[1], "--emu-child") == 0) {
         if (strcmp(argv[2], "info") == 0) return child_info_role();
+        if (strcmp(argv[2], "dmabuf") == 0) return child_dmabuf_role();
         return child_ipc(argv[2]);
     }
     // The in-process tests expect the defaults; children get their own knobs.

@@ -21,6 +21,15 @@ cudaError_t weft_emu_cuda_stream_delay(cudaStream_t stream, unsigned int usec);
  * process is on). Unknown names give (unsigned long long)-1. */
 unsigned long long weft_emu_cuda_counter(const char *name);
 
+/* The "peer-memory module" hook of libweft_emu_verbs.so
+ * (WEFT_EMU_VERBS_PEERMEM=1 lets ibv_reg_mr take device pointers, as
+ * nvidia-peermem does): a new emulated dma-buf descriptor (see
+ * cuMemGetHandleForAddressRange in README.md) for the pages covering
+ * [ptr, ptr+size), which must lie inside one device allocation or IPC import
+ * of this process; -1 otherwise. The caller closes it. Independent of
+ * WEFT_EMU_CUDA_GDR. */
+int weft_emu_cuda_peermem_fd(const void *ptr, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,6 +6,13 @@
  * Send work requests live in process memory and execute when the owning
  * process polls a CQ of the context; data moves with process_vm_readv/writev.
  *
+ * dma-buf MRs (ibv_reg_dmabuf_mr, and ibv_reg_mr of emulated device memory
+ * with WEFT_EMU_VERBS_PEERMEM=1): the owner maps the dma-buf into its own
+ * memory (the "alias") and records the alias address in the MR table; every
+ * access to [iova, iova+length) -- local SGEs, and peers' CMA into the
+ * owner -- goes to the alias instead of the iova, which the owner's host
+ * code cannot touch (device memory of libweft_emu_cuda.so is PROT_NONE).
+ *
  * Locks, always taken in this order and never two segment locks at once:
  *   emu_context.lock  ->  g.lock (briefly)  ->  one segment's lock.
  */
@@ -28,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <dirent.h>
+#include <dlfcn.h>
 
 #include <infiniband/verbs.h>
 
@@ -48,7 +56,15 @@
 #define EMU_MAX_RSEGS 512
 
 #define EMU_MAGIC 0x57454d5556425253ull
-#define EMU_VERSION 1
+#define EMU_VERSION 2
+
+/* The emulated dma-buf of libweft_emu_cuda.so (cuMemGetHandleForAddressRange):
+ * a descriptor of a memfd whose file position encodes the range it stands for,
+ *   tag (bits 62..56) | first page in the file (55..28) | pages (27..0).
+ * Keep in step with EMU_DMABUF_* in tests/emu/cuda/emu_cuda.c. */
+#define EMU_DMABUF_TAG 0x2Dull
+#define EMU_DMABUF_FIELD 28
+#define EMU_PAGE 4096ull
 
 /* garbage written into error completions (only wr_id, status, qp_num and
  * vendor_err are valid there, as on hardware) */
@@ -87,7 +103,15 @@ struct shm_rwr {
 struct shm_mr {
     uint32_t in_use, key, pd_id, access;
     uint64_t addr, length;
+    uint64_t alias; /* dma-buf MR: where [addr, addr+length) is in the owner's
+                       memory (its mapping of the dma-buf); 0: at addr itself */
 };
+
+/* where the owner of m keeps the byte at addr (inside m) */
+static inline void *mr_where(const struct shm_mr *m, uint64_t addr)
+{
+    return (void *)(uintptr_t)(m->alias ? m->alias + (addr - m->addr) : addr);
+}
 
 struct shm_cq {
     uint32_t in_use, gen, cap, broken;
@@ -170,6 +194,8 @@ struct emu_mr {
     struct ibv_mr mr;
     uint32_t slot;
     struct emu_pd *epd;
+    void *map;      /* dma-buf MR: the mapping behind the alias (munmap at dereg) */
+    size_t map_len;
 };
 
 struct swr {
@@ -231,6 +257,7 @@ static struct {
     uint64_t fail_wr, drop_after;
     int fail_status;
     int faults_here;
+    int peermem;
     char stats_path[512];
     int ndev;
     struct emu_device devs[EMU_MAX_DEVS];
@@ -337,6 +364,7 @@ static void load_config(void)
     if (g.fail_status <= 0 || g.fail_status > IBV_WC_TM_RNDV_INCOMPLETE)
         g.fail_status = IBV_WC_RETRY_EXC_ERR;
     g.drop_after = env_u64("WEFT_EMU_VERBS_DROP_AFTER", 0);
+    g.peermem = env_u64("WEFT_EMU_VERBS_PEERMEM", 0) != 0;
     const char *fr = getenv("WEFT_EMU_VERBS_FAULT_RANK");
     g.faults_here = 1;
     if (fr && *fr) {
@@ -984,21 +1012,20 @@ static int range_mapped(uint64_t addr, uint64_t len)
     return 1;
 }
 
-EXPORT struct ibv_mr *(ibv_reg_mr)(struct ibv_pd *pd, void *addr, size_t length, int access)
+static int access_ok(int access)
 {
-    struct emu_pd *p = (struct emu_pd *)pd;
     const int known = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
                       IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING;
-    if ((access & ~known) ||
-        ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE)) ||
-        length > (1ull << 46) || (uintptr_t)addr + length < (uintptr_t)addr) {
-        errno = EINVAL;
-        return NULL;
-    }
-    if (!range_mapped((uintptr_t)addr, length)) {
-        errno = EFAULT;
-        return NULL;
-    }
+    return !(access & ~known) &&
+           !((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) && !(access & IBV_ACCESS_LOCAL_WRITE));
+}
+
+/* Enters an MR for [addr, addr+length) (alias: see struct shm_mr; map,
+ * map_len: the dma-buf mapping the MR owns from now on). Sets errno. */
+static struct ibv_mr *reg_common(struct ibv_pd *pd, uint64_t addr, size_t length, int access, uint64_t alias,
+                                 void *map, size_t map_len)
+{
+    struct emu_pd *p = (struct emu_pd *)pd;
     struct emu_mr *m = calloc(1, sizeof *m);
     if (!m) {
         errno = ENOMEM;
@@ -1034,22 +1061,125 @@ EXPORT struct ibv_mr *(ibv_reg_mr)(struct ibv_pd *pd, void *addr, size_t length,
     sm->key = key;
     sm->pd_id = p->id;
     sm->access = (uint32_t)access;
-    sm->addr = (uintptr_t)addr;
+    sm->addr = addr;
     sm->length = length;
+    sm->alias = alias;
     sm->in_use = 1;
     seg_unlock(&g.self);
     pthread_mutex_unlock(&g.lock);
 
     m->slot = (uint32_t)slot;
     m->epd = p;
+    m->map = map;
+    m->map_len = map_len;
     m->mr.context = pd->context;
     m->mr.pd = pd;
-    m->mr.addr = addr;
+    m->mr.addr = (void *)(uintptr_t)addr;
     m->mr.length = length;
     m->mr.handle = (uint32_t)slot;
     m->mr.lkey = key;
     m->mr.rkey = key;
     return &m->mr;
+}
+
+/* The range an emulated dma-buf descriptor stands for: *first (byte offset
+ * in the file) and *size. 0, or an errno: EBADF (not a descriptor), EINVAL
+ * (not a dma-buf: the kernel's dma_buf_get says so too). */
+static int dmabuf_decode(int fd, uint64_t *first, uint64_t *size)
+{
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0)
+        return EBADF;
+    if (!S_ISREG(st.st_mode))
+        return EINVAL;
+    off_t pos = lseek(fd, 0, SEEK_CUR);
+    if (pos < 0 || ((uint64_t)pos >> 56) != EMU_DMABUF_TAG)
+        return EINVAL;
+    const uint64_t mask = (1ull << EMU_DMABUF_FIELD) - 1;
+    *first = (((uint64_t)pos >> EMU_DMABUF_FIELD) & mask) * EMU_PAGE;
+    *size = ((uint64_t)pos & mask) * EMU_PAGE;
+    if (*size == 0 || *first + *size > (uint64_t)st.st_size)
+        return EINVAL;
+    return 0;
+}
+
+static struct ibv_mr *reg_dmabuf(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                                 int access)
+{
+    /* mlx5 (mkeys of PAGE_SIZE pages) needs iova and offset to agree within
+     * a page; the kernel refuses a range past the dma-buf's end. */
+    if (!access_ok(access) || length == 0 || length > (1ull << 46) || offset + length < offset ||
+        iova + length < iova || ((iova ^ offset) & (EMU_PAGE - 1))) {
+        errno = EINVAL;
+        return NULL;
+    }
+    uint64_t first, size;
+    int e = dmabuf_decode(fd, &first, &size);
+    if (e) {
+        errno = e;
+        return NULL;
+    }
+    if (offset + length > size) {
+        errno = EINVAL;
+        return NULL;
+    }
+    uint64_t at = first + offset, pgoff = at & (EMU_PAGE - 1);
+    size_t map_len = (size_t)((pgoff + length + EMU_PAGE - 1) & ~(EMU_PAGE - 1));
+    void *map = mmap(NULL, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)(at - pgoff));
+    if (map == MAP_FAILED)
+        return NULL; /* errno from mmap */
+    struct ibv_mr *mr = reg_common(pd, iova, length, access, (uint64_t)(uintptr_t)map + pgoff, map, map_len);
+    if (!mr) {
+        e = errno;
+        munmap(map, map_len);
+        errno = e;
+    }
+    return mr;
+}
+
+/* WEFT_EMU_VERBS_PEERMEM: what nvidia-peermem does for ibv_reg_mr of device
+ * memory, asked of libweft_emu_cuda.so when it is loaded: an emulated dma-buf
+ * of the pages covering [addr, addr+length), or -1. */
+static int peermem_fd(const void *addr, size_t length)
+{
+    void *h = dlopen("libweft_emu_cuda.so", RTLD_LAZY | RTLD_NOLOAD);
+    if (!h)
+        return -1;
+    int (*fn)(const void *, size_t);
+    *(void **)&fn = dlsym(h, "weft_emu_cuda_peermem_fd");
+    int fd = fn ? fn(addr, length) : -1;
+    dlclose(h);
+    return fd;
+}
+
+EXPORT struct ibv_mr *(ibv_reg_mr)(struct ibv_pd *pd, void *addr, size_t length, int access)
+{
+    if (!access_ok(access) || length > (1ull << 46) || (uintptr_t)addr + length < (uintptr_t)addr) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (!range_mapped((uintptr_t)addr, length)) {
+        /* Device memory the host cannot touch: a NIC without a peer-memory
+         * module cannot pin it either. */
+        int fd = g.peermem ? peermem_fd(addr, length) : -1;
+        if (fd < 0) {
+            errno = EFAULT;
+            return NULL;
+        }
+        uint64_t iova = (uintptr_t)addr;
+        struct ibv_mr *mr = reg_dmabuf(pd, iova & (EMU_PAGE - 1), length, iova, fd, access);
+        int e = errno;
+        close(fd);
+        errno = e;
+        return mr;
+    }
+    return reg_common(pd, (uintptr_t)addr, length, access, 0, NULL, 0);
+}
+
+EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                                        int access)
+{
+    return reg_dmabuf(pd, offset, length, iova, fd, access);
 }
 
 EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
@@ -1062,6 +1192,9 @@ EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
     pthread_mutex_lock(&g.lock);
     m->epd->nref--;
     pthread_mutex_unlock(&g.lock);
+    /* no peer is inside the MR now: they check and copy under our segment lock */
+    if (m->map)
+        munmap(m->map, m->map_len);
     free(m);
     return 0;
 }
@@ -1609,7 +1742,7 @@ static int check_local(const struct emu_qp *q, const struct swr *w, int need_wri
         if (!m || !m->in_use || m->key != s->lkey || m->pd_id != q->epd->id || s->addr < m->addr ||
             s->addr + s->length > m->addr + m->length || (need_write && !(m->access & IBV_ACCESS_LOCAL_WRITE)))
             bad = 1;
-        iov[*niov].iov_base = (void *)(uintptr_t)s->addr;
+        iov[*niov].iov_base = bad ? (void *)(uintptr_t)s->addr : mr_where(m, s->addr);
         iov[*niov].iov_len = s->length;
         (*niov)++;
     }
@@ -1617,10 +1750,12 @@ static int check_local(const struct emu_qp *q, const struct swr *w, int need_wri
     return bad;
 }
 
-/* remote MR check on the target (its lock held) */
+/* remote MR check on the target (its lock held); *where: the target's
+ * address of addr (mr_where) */
 static int check_rkey(const struct seg *t, const struct shm_qp *tq, uint32_t rkey, uint64_t addr, uint64_t len,
-                      uint32_t need)
+                      uint32_t need, void **where)
 {
+    *where = (void *)(uintptr_t)addr;
     if (!(tq->access & need))
         return 1;
     uint32_t slot = rkey >> 8;
@@ -1631,6 +1766,7 @@ static int check_rkey(const struct seg *t, const struct shm_qp *tq, uint32_t rke
         return 1;
     if (addr < m->addr || addr + len < addr || addr + len > m->addr + m->length)
         return 1;
+    *where = mr_where(m, addr);
     return 0;
 }
 
@@ -1828,7 +1964,8 @@ static int exec_wr(struct emu_qp *q, struct swr *w, enum ibv_wc_status *st)
     switch (w->opcode) {
     case IBV_WR_RDMA_WRITE:
     case IBV_WR_RDMA_WRITE_WITH_IMM: {
-        if (w->len && check_rkey(t, tq, w->rkey, w->raddr, w->len, IBV_ACCESS_REMOTE_WRITE)) {
+        void *rwhere = (void *)(uintptr_t)w->raddr;
+        if (w->len && check_rkey(t, tq, w->rkey, w->raddr, w->len, IBV_ACCESS_REMOTE_WRITE, &rwhere)) {
             qp_to_error_locked(t, tslot);
             *st = IBV_WC_REM_ACCESS_ERR;
             break;
@@ -1837,7 +1974,7 @@ static int exec_wr(struct emu_qp *q, struct swr *w, enum ibv_wc_status *st)
             rnr = 1;
             break;
         }
-        struct iovec riov = { (void *)(uintptr_t)w->raddr, w->len };
+        struct iovec riov = { rwhere, w->len };
         if (w->len && cma(t->pid, liov, nl, &riov, 1, w->len, 1)) {
             terr = 1;
             break;
@@ -1874,7 +2011,7 @@ static int exec_wr(struct emu_qp *q, struct swr *w, enum ibv_wc_status *st)
             if (!m || !m->in_use || m->key != s->lkey || m->pd_id != tq->pd_id || s->addr < m->addr ||
                 s->addr + s->length > m->addr + m->length || !(m->access & IBV_ACCESS_LOCAL_WRITE))
                 bad = 1;
-            riov[nr].iov_base = (void *)(uintptr_t)s->addr;
+            riov[nr].iov_base = bad ? (void *)(uintptr_t)s->addr : mr_where(m, s->addr);
             riov[nr].iov_len = s->length;
             nr++;
         }
@@ -1914,12 +2051,13 @@ static int exec_wr(struct emu_qp *q, struct swr *w, enum ibv_wc_status *st)
             *st = IBV_WC_REM_INV_REQ_ERR;
             break;
         }
-        if (w->len && check_rkey(t, tq, w->rkey, w->raddr, w->len, IBV_ACCESS_REMOTE_READ)) {
+        void *rwhere = (void *)(uintptr_t)w->raddr;
+        if (w->len && check_rkey(t, tq, w->rkey, w->raddr, w->len, IBV_ACCESS_REMOTE_READ, &rwhere)) {
             qp_to_error_locked(t, tslot);
             *st = IBV_WC_REM_ACCESS_ERR;
             break;
         }
-        struct iovec riov = { (void *)(uintptr_t)w->raddr, w->len };
+        struct iovec riov = { rwhere, w->len };
         if (w->len && cma(t->pid, liov, nl, &riov, 1, w->len, 0))
             terr = 1;
         break;

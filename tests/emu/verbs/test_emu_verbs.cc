@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <signal.h>
 #include <stdio.h>
@@ -17,6 +18,14 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#ifdef WEFT_EMU_VERBS_TEST_CUDA
+// The emulated CUDA runtime (linked in): device memory for dma-buf MRs. Only
+// forked children call it (it refuses to work in the child of a process that
+// used it), so the parent process never does.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#endif
 
 #include <chrono>
 #include <thread>
@@ -39,6 +48,7 @@ struct Api {
     ibv_pd *(*alloc_pd)(ibv_context *);
     int (*dealloc_pd)(ibv_pd *);
     ibv_mr *(*reg_mr)(ibv_pd *, void *, size_t, int);
+    ibv_mr *(*reg_dmabuf_mr)(ibv_pd *, uint64_t, size_t, uint64_t, int, int);
     int (*dereg_mr)(ibv_mr *);
     ibv_cq *(*create_cq)(ibv_context *, int, void *, ibv_comp_channel *, int);
     int (*destroy_cq)(ibv_cq *);
@@ -78,6 +88,7 @@ Api &api()
         sym(a.h, a.alloc_pd, "ibv_alloc_pd");
         sym(a.h, a.dealloc_pd, "ibv_dealloc_pd");
         sym(a.h, a.reg_mr, "ibv_reg_mr");
+        sym(a.h, a.reg_dmabuf_mr, "ibv_reg_dmabuf_mr");
         sym(a.h, a.dereg_mr, "ibv_dereg_mr");
         sym(a.h, a.create_cq, "ibv_create_cq");
         sym(a.h, a.destroy_cq, "ibv_destroy_cq");
@@ -95,6 +106,7 @@ const char *const kKnobs[] = {
     "WEFT_EMU_VERBS_MAX_CQE",   "WEFT_EMU_VERBS_MTU",       "WEFT_EMU_VERBS_FAULT_RANK",
     "WEFT_EMU_VERBS_FAIL_WR",   "WEFT_EMU_VERBS_FAIL_STATUS", "WEFT_EMU_VERBS_DROP_AFTER",
     "WEFT_EMU_VERBS_STATS",     "OMPI_COMM_WORLD_RANK",     "PMIX_RANK",
+    "WEFT_EMU_VERBS_PEERMEM",   "WEFT_EMU_CUDA_GDR",
 };
 
 // Sets knobs for one test; all knobs are cleared before and after.
@@ -1492,5 +1504,281 @@ TEST(EmuVerbs, LargeTransferChunkedByCma)
     EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
     EXPECT_EQ(memcmp(p.bufa.data(), p.bufb.data(), Pair::kBuf), 0);
 }
+
+// ---- dma-buf MRs ----------------------------------------------------------------
+// An emulated dma-buf as libweft_emu_cuda.so makes one (cuMemGetHandleForAddressRange):
+// a memfd descriptor whose file position encodes the range, tag | first page |
+// pages (EMU_DMABUF_* in both emulators). Lets these tests run without it.
+int fake_dmabuf(int memfd, uint64_t first_page, uint64_t pages)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", memfd);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd >= 0)
+        lseek(fd, (off_t)((0x2Dull << 56) | (first_page << 28) | pages), SEEK_SET);
+    return fd;
+}
+
+TEST(EmuVerbs, RegMrOfInaccessibleMemoryFails)
+{
+    // What a NIC without a peer-memory module does with a GPU pointer.
+    Env env({});
+    Pair p;
+    ASSERT_TRUE(p.ok());
+    void *none = mmap(nullptr, 8192, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(none, MAP_FAILED);
+    errno = 0;
+    EXPECT_EQ(api().reg_mr(p.pd, none, 8192, IBV_ACCESS_LOCAL_WRITE), nullptr);
+    EXPECT_EQ(errno, EFAULT);
+    munmap(none, 8192);
+}
+
+TEST(EmuVerbs, DmaBufMrLoopback)
+{
+    Env env({});
+    const size_t kFile = 16 * 4096;
+    int memfd = memfd_create("wemu-test-dmabuf", MFD_CLOEXEC);
+    ASSERT_GE(memfd, 0);
+    ASSERT_EQ(ftruncate(memfd, (off_t)kFile), 0);
+    uint8_t *file = (uint8_t *)mmap(nullptr, kFile, PROT_READ | PROT_WRITE, MAP_SHARED, memfd, 0);
+    ASSERT_NE(file, MAP_FAILED);
+    for (size_t i = 0; i < kFile; i++)
+        file[i] = (uint8_t)(i * 5 + 1);
+    // the dma-buf: pages 2..9 of the file; its offset 0 is file offset 8192
+    int fd = fake_dmabuf(memfd, 2, 8);
+    ASSERT_GE(fd, 0);
+    const uint64_t iova = 0x7e5500001000ull; // an address nothing maps here
+    const int full = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    {
+        Pair p;
+        ASSERT_TRUE(p.ok());
+        ASSERT_TRUE(p.connect());
+        // refusals: bad descriptor, not a dma-buf, past its end, iova and
+        // offset not agreeing within a page, zero length, access flags
+        errno = 0;
+        EXPECT_EQ(api().reg_dmabuf_mr(p.pd, 0, 4096, iova, -1, full), nullptr);
+        EXPECT_EQ(errno, EBADF);
+        errno = 0;
+        EXPECT_EQ(api().reg_dmabuf_mr(p.pd, 0, 4096, iova, memfd, full), nullptr);
+        EXPECT_EQ(errno, EINVAL);
+        errno = 0;
+        EXPECT_EQ(api().reg_dmabuf_mr(p.pd, 4096, 8 * 4096, iova, fd, full), nullptr);
+        EXPECT_EQ(errno, EINVAL);
+        errno = 0;
+        EXPECT_EQ(api().reg_dmabuf_mr(p.pd, 0, 4096, iova + 8, fd, full), nullptr);
+        EXPECT_EQ(errno, EINVAL);
+        EXPECT_EQ(api().reg_dmabuf_mr(p.pd, 0, 0, iova, fd, full), nullptr);
+        EXPECT_EQ(api().reg_dmabuf_mr(p.pd, 0, 4096, iova, fd, IBV_ACCESS_REMOTE_WRITE), nullptr);
+        // [iova, iova + 6 pages) = file [12288, 36864): offset 4096 into the dma-buf
+        ibv_mr *dm = api().reg_dmabuf_mr(p.pd, 4096, 6 * 4096, iova, fd, full);
+        ASSERT_NE(dm, nullptr) << strerror(errno);
+        EXPECT_EQ((uint64_t)(uintptr_t)dm->addr, iova);
+        EXPECT_EQ(dm->length, 6u * 4096);
+        close(fd); // the MR keeps the memory
+        const size_t base = 12288;
+        // RDMA WRITE from host memory into it
+        for (int i = 0; i < 5000; i++)
+            p.bufa[i] = (uint8_t)(i ^ 0x33);
+        ASSERT_EQ(post_write(p.a, 1, p.bufa.data(), 5000, p.mra->lkey, iova + 100, dm->rkey), 0);
+        // RDMA READ out of it
+        ASSERT_EQ(post_write(p.a, 2, p.bufa.data() + 65536, 3000, p.mra->lkey, iova + 9000, dm->rkey,
+                             IBV_SEND_SIGNALED, IBV_WR_RDMA_READ),
+                  0);
+        ibv_wc wc[2];
+        ASSERT_EQ(poll_n(p.cqa, wc, 2), 2);
+        EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+        EXPECT_EQ(wc[1].status, IBV_WC_SUCCESS);
+        for (int i = 0; i < 5000; i++)
+            ASSERT_EQ(file[base + 100 + i], (uint8_t)(i ^ 0x33)) << i;
+        EXPECT_EQ(file[base + 99], (uint8_t)((base + 99) * 5 + 1));
+        for (int i = 0; i < 3000; i++)
+            ASSERT_EQ(p.bufa[65536 + i], (uint8_t)((base + 9000 + i) * 5 + 1)) << i;
+        // a dma-buf MR as the local side: WRITE from it, SEND into a receive in it
+        ASSERT_EQ(post_write(p.a, 3, (void *)(uintptr_t)(iova + 100), 64, dm->lkey, p.ab.addr + 512, p.mrb->rkey), 0);
+        ASSERT_EQ(post_recv(p.b, 40, (void *)(uintptr_t)(iova + 20000), 128, dm->lkey), 0);
+        ASSERT_EQ(post_send(p.a, 4, p.bufa.data() + 100, 128, p.mra->lkey), 0);
+        ASSERT_EQ(poll_n(p.cqa, wc, 2), 2);
+        EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+        EXPECT_EQ(wc[1].status, IBV_WC_SUCCESS);
+        ASSERT_EQ(poll_n(p.rcqb, wc, 1), 1);
+        EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS);
+        EXPECT_EQ(memcmp(p.bufb.data() + 512, file + base + 100, 64), 0);
+        EXPECT_EQ(memcmp(file + base + 20000, p.bufa.data() + 100, 128), 0);
+        // out of its bounds: remote access error
+        ASSERT_EQ(post_write(p.a, 5, p.bufa.data(), 16, p.mra->lkey, iova + 6 * 4096 - 8, dm->rkey), 0);
+        ASSERT_EQ(poll_n(p.cqa, wc, 1), 1);
+        EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+        EXPECT_EQ(api().dereg_mr(dm), 0);
+    }
+    munmap(file, kFile);
+    close(memfd);
+}
+
+#ifdef WEFT_EMU_VERBS_TEST_CUDA
+unsigned char dev_pattern(size_t i) { return (unsigned char)(i * 29 + 7); }
+
+// GPUDirect RDMA end to end: the child owns device memory (emulated CUDA,
+// not host-accessible) registered through a dma-buf; the parent writes into
+// it and reads from it with RDMA from host memory.
+TEST(EmuVerbs, DmaBufMrOverDeviceMemoryAcrossProcesses)
+{
+    Env env({{"WEFT_EMU_CUDA_GDR", "1"}});
+    const size_t kDev = 1 << 20, kOff = 65536, kLen = 256 * 1024;
+    Child child([&](int rfd, int wfd) -> int {
+        void *d = nullptr;
+        CCHECK(cudaMalloc(&d, kDev) == cudaSuccess);
+        std::vector<unsigned char> h(kDev);
+        for (size_t i = 0; i < kDev; i++)
+            h[i] = dev_pattern(i);
+        CCHECK(cudaMemcpy(d, h.data(), kDev, cudaMemcpyHostToDevice) == cudaSuccess);
+        CUdeviceptr range = (CUdeviceptr)d + kOff;
+        int fd = -1;
+        CCHECK(cuMemGetHandleForAddressRange(&fd, range, kLen, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) ==
+               CUDA_SUCCESS);
+        ibv_context *ctx = open_dev();
+        CCHECK(ctx);
+        ibv_pd *pd = api().alloc_pd(ctx);
+        ibv_cq *cq = api().create_cq(ctx, 64, nullptr, nullptr, 0);
+        ibv_qp *qp = make_qp(pd, cq, cq);
+        CCHECK(pd && cq && qp);
+        const int full = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+        // plain ibv_reg_mr of device memory: no peer-memory module, EFAULT
+        errno = 0;
+        CCHECK(api().reg_mr(pd, d, 4096, full) == nullptr && errno == EFAULT);
+        // the real recipe: offset 0, iova = the exported range's start
+        ibv_mr *mr = api().reg_dmabuf_mr(pd, 0, kLen, (uint64_t)range, fd, full);
+        CCHECK(mr);
+        close(fd);
+        CCHECK(to_init(qp, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) == 0);
+        Addr me = local_addr(ctx, qp, 77, -1, (void *)(uintptr_t)range, mr), peer{};
+        CCHECK(write_all(wfd, &me, sizeof me) && read_all(rfd, &peer, sizeof peer));
+        CCHECK(to_rtr(qp, peer, ConnOpts()) == 0 && to_rts(qp, me.psn, ConnOpts()) == 0);
+        // local side in device memory: WRITE the range's first 4 KiB to the parent
+        CCHECK(post_write(qp, 1, (void *)(uintptr_t)range, 4096, mr->lkey, peer.addr, peer.rkey) == 0);
+        ibv_wc wc{};
+        CCHECK(poll_n(cq, &wc, 1) == 1 && wc.status == IBV_WC_SUCCESS);
+        char c = 'w';
+        CCHECK(write_all(wfd, &c, 1));
+        CCHECK(read_all(rfd, &c, 1) && c == 'd'); // the parent's WRITE, READ, bad WRITE are done
+        CCHECK(cudaMemcpy(h.data(), d, kDev, cudaMemcpyDeviceToHost) == cudaSuccess);
+        for (size_t i = 0; i < kDev; i++) {
+            size_t r = i - kOff;
+            unsigned char want = (i >= kOff + 100 && r < 100 + 5000) ? (unsigned char)((r - 100) ^ 0x6b) : dev_pattern(i);
+            CCHECK(h[i] == want);
+        }
+        CCHECK(api().destroy_qp(qp) == 0 && api().dereg_mr(mr) == 0 && api().destroy_cq(cq) == 0 &&
+               api().dealloc_pd(pd) == 0 && api().close_device(ctx) == 0);
+        CCHECK(cudaFree(d) == cudaSuccess);
+        return 0;
+    });
+    ASSERT_GT(child.pid, 0);
+    std::vector<uint8_t> buf(1 << 20, 0);
+    ibv_context *ctx = open_dev();
+    ASSERT_NE(ctx, nullptr);
+    ibv_pd *pd = api().alloc_pd(ctx);
+    ibv_cq *cq = api().create_cq(ctx, 64, nullptr, nullptr, 0);
+    ibv_qp *qp = make_qp(pd, cq, cq);
+    ibv_mr *mr = api().reg_mr(pd, buf.data(), buf.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+    ASSERT_TRUE(pd && cq && qp && mr);
+    Addr peer{};
+    ASSERT_TRUE(read_all(child.rfd, &peer, sizeof peer));
+    Addr me = local_addr(ctx, qp, 88, -1, buf.data(), mr);
+    ASSERT_EQ(to_init(qp, IBV_ACCESS_REMOTE_WRITE), 0);
+    ASSERT_EQ(to_rtr(qp, peer, ConnOpts()), 0);
+    ASSERT_EQ(to_rts(qp, me.psn, ConnOpts()), 0);
+    ASSERT_TRUE(write_all(child.wfd, &me, sizeof me));
+    char c = 0;
+    ASSERT_TRUE(read_all(child.rfd, &c, 1));
+    for (size_t i = 0; i < 4096; i++)
+        ASSERT_EQ(buf[i], dev_pattern(kOff + i)) << "the child's WRITE from device memory, byte " << i;
+    // WRITE into the child's device memory, READ from it
+    for (size_t i = 0; i < 5000; i++)
+        buf[8192 + i] = (uint8_t)(i ^ 0x6b);
+    ASSERT_EQ(post_write(qp, 1, buf.data() + 8192, 5000, mr->lkey, peer.addr + 100, peer.rkey), 0);
+    ASSERT_EQ(post_write(qp, 2, buf.data() + 65536, 100000, mr->lkey, peer.addr + 20000, peer.rkey,
+                         IBV_SEND_SIGNALED, IBV_WR_RDMA_READ),
+              0);
+    ibv_wc wc[2];
+    ASSERT_EQ(poll_n(cq, wc, 2), 2);
+    EXPECT_EQ(wc[0].status, IBV_WC_SUCCESS) << api().wc_status_str(wc[0].status);
+    EXPECT_EQ(wc[1].status, IBV_WC_SUCCESS) << api().wc_status_str(wc[1].status);
+    for (size_t i = 0; i < 100000; i++)
+        ASSERT_EQ(buf[65536 + i], dev_pattern(kOff + 20000 + i)) << i;
+    // past the end of the dma-buf MR
+    ASSERT_EQ(post_write(qp, 3, buf.data(), 16, mr->lkey, peer.addr + kLen - 8, peer.rkey), 0);
+    ASSERT_EQ(poll_n(cq, wc, 1), 1);
+    EXPECT_EQ(wc[0].status, IBV_WC_REM_ACCESS_ERR);
+    c = 'd';
+    ASSERT_TRUE(write_all(child.wfd, &c, 1));
+    EXPECT_EQ(child.wait(), 0);
+    EXPECT_EQ(api().destroy_qp(qp), 0);
+    EXPECT_EQ(api().dereg_mr(mr), 0);
+    EXPECT_EQ(api().destroy_cq(cq), 0);
+    EXPECT_EQ(api().dealloc_pd(pd), 0);
+    EXPECT_EQ(api().close_device(ctx), 0);
+}
+
+// WEFT_EMU_VERBS_PEERMEM=1: ibv_reg_mr takes device pointers (nvidia-peermem);
+// and an interior dma-buf range with a non-zero offset.
+TEST(EmuVerbs, PeermemKnobAndDmaBufOffset)
+{
+    Env env({{"WEFT_EMU_VERBS_PEERMEM", "1"}, {"WEFT_EMU_CUDA_GDR", "1"}});
+    Child child([&](int, int) -> int {
+        const size_t kDev = 64 * 1024;
+        void *d = nullptr;
+        CCHECK(cudaMalloc(&d, kDev) == cudaSuccess);
+        std::vector<unsigned char> h(kDev);
+        for (size_t i = 0; i < kDev; i++)
+            h[i] = dev_pattern(i);
+        CCHECK(cudaMemcpy(d, h.data(), kDev, cudaMemcpyHostToDevice) == cudaSuccess);
+        char *dc = (char *)d;
+        const int full = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+        {
+            Pair p;
+            CCHECK(p.ok() && p.connect());
+            // an unaligned device range, as nvidia-peermem accepts
+            ibv_mr *pm = api().reg_mr(p.pd, dc + 100, 5000, full);
+            CCHECK(pm && pm->addr == dc + 100 && pm->length == 5000);
+            // beyond the allocation: EFAULT
+            errno = 0;
+            CCHECK(api().reg_mr(p.pd, dc + 100, kDev, full) == nullptr && errno == EFAULT);
+            // dma-buf of [d+4096, d+36864), registered from dma-buf offset 4096 at iova d+8192
+            int fd = -1;
+            CCHECK(cuMemGetHandleForAddressRange(&fd, (CUdeviceptr)dc + 4096, 32768,
+                                                 CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) == CUDA_SUCCESS);
+            ibv_mr *dm = api().reg_dmabuf_mr(p.pd, 4096, 16384, (uint64_t)(uintptr_t)(dc + 8192), fd, full);
+            CCHECK(dm);
+            close(fd);
+            for (int i = 0; i < 1000; i++)
+                p.bufa[i] = (uint8_t)(i + 17);
+            CCHECK(post_write(p.a, 1, p.bufa.data(), 1000, p.mra->lkey, (uint64_t)(uintptr_t)(dc + 200), pm->rkey) ==
+                   0);
+            CCHECK(post_write(p.a, 2, p.bufa.data() + 4096, 3000, p.mra->lkey, (uint64_t)(uintptr_t)(dc + 8192 + 10),
+                              dm->rkey, IBV_SEND_SIGNALED, IBV_WR_RDMA_READ) == 0);
+            CCHECK(post_recv(p.b, 9, dc + 8192 + 5000, 100, dm->lkey) == 0);
+            CCHECK(post_send(p.a, 3, p.bufa.data() + 500, 100, p.mra->lkey) == 0);
+            CCHECK(post_write(p.a, 4, p.bufa.data(), 16, p.mra->lkey, (uint64_t)(uintptr_t)(dc + 8192 + 16384 - 8),
+                              dm->rkey) == 0);
+            ibv_wc wc[4];
+            CCHECK(poll_n(p.cqa, wc, 4) == 4);
+            CCHECK(wc[0].status == IBV_WC_SUCCESS && wc[1].status == IBV_WC_SUCCESS && wc[2].status == IBV_WC_SUCCESS);
+            CCHECK(wc[3].status == IBV_WC_REM_ACCESS_ERR);
+            for (int i = 0; i < 3000; i++)
+                CCHECK(p.bufa[4096 + i] == dev_pattern(8192 + 10 + (size_t)i));
+            CCHECK(cudaMemcpy(h.data(), d, kDev, cudaMemcpyDeviceToHost) == cudaSuccess);
+            for (int i = 0; i < 1000; i++)
+                CCHECK(h[200 + i] == (uint8_t)(i + 17));
+            CCHECK(h[199] == dev_pattern(199) && h[1200] == dev_pattern(1200));
+            for (int i = 0; i < 100; i++)
+                CCHECK(h[8192 + 5000 + i] == (uint8_t)(500 + i + 17));
+            CCHECK(api().dereg_mr(pm) == 0 && api().dereg_mr(dm) == 0);
+        }
+        CCHECK(cudaFree(d) == cudaSuccess);
+        return 0;
+    });
+    ASSERT_GT(child.pid, 0);
+    EXPECT_EQ(child.wait(), 0);
+}
+#endif // WEFT_EMU_VERBS_TEST_CUDA
 
 } // namespace
