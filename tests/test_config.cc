@@ -47,14 +47,21 @@ void expect_rejected(const std::string &name, const std::string &value)
         << name << "=\"" << value << "\": message \"" << err << "\" does not name the variable";
 }
 
-const unsigned kSelf = 1u << WEFT_TP_SELF, kShm = 1u << WEFT_TP_SHM, kTcp = 1u << WEFT_TP_TCP;
+const unsigned kSelf = 1u << WEFT_TP_SELF, kShm = 1u << WEFT_TP_SHM, kTcp = 1u << WEFT_TP_TCP,
+               kIb = 1u << WEFT_TP_IB;
 
 TEST(Config, Defaults)
 {
     struct weft_config cfg = load_ok({});
     EXPECT_EQ(cfg.timeout_s, 300.0);
     EXPECT_EQ(cfg.log_level, WEFT_LOG_NONE);
-    EXPECT_EQ(cfg.transports_mask, kSelf | kShm | kTcp);
+    EXPECT_EQ(cfg.transports_mask, kSelf | kShm | kTcp | kIb);
+    EXPECT_STREQ(cfg.ibverbs_lib, "libibverbs.so.1");
+    EXPECT_STREQ(cfg.ib_hca, "");
+    EXPECT_EQ(cfg.ib_gid_index, -1);
+    EXPECT_EQ(cfg.ib_qps_per_peer, 1);
+    EXPECT_GE(cfg.ib_eager_limit, 64u) << "a rendezvous message is never below 64 bytes (no tiny RDMA writes)";
+    EXPECT_STREQ(cfg.cuda_lib, "libcudart.so");
     EXPECT_EQ(cfg.virtual_nodes, 0);
     EXPECT_EQ(cfg.shm_cma, 1);
     EXPECT_EQ(cfg.tcp_streams, 4);
@@ -127,7 +134,7 @@ TEST(Config, MalformedValuesNameTheVariable)
     const std::pair<const char *, const char *> bad[] = {
         {"WEFT_TIMEOUT", "abc"},        {"WEFT_TIMEOUT", "-1"},          {"WEFT_TIMEOUT", "5s"},
         {"WEFT_TIMEOUT", ""},           {"WEFT_DEBUG", "loud"},          {"WEFT_DEBUG", "infos"},
-        {"WEFT_TRANSPORTS", "ib"},      {"WEFT_TRANSPORTS", "shm,tpc"},  {"WEFT_TRANSPORTS", ""},
+        {"WEFT_TRANSPORTS", "rdma"},    {"WEFT_TRANSPORTS", "shm,tpc"},  {"WEFT_TRANSPORTS", ""},
         {"WEFT_VIRTUAL_NODES", "-2"},   {"WEFT_VIRTUAL_NODES", "two"},   {"WEFT_VIRTUAL_NODES", "2x"},
         {"WEFT_SHM_CMA", "2"},          {"WEFT_SHM_CMA", "yes"},         {"WEFT_SHM_CMA", ""},
         {"WEFT_SHM_EAGER", "-5"},       {"WEFT_SHM_EAGER", "12q"},       {"WEFT_SHM_EAGER", "1kk"},
@@ -136,6 +143,10 @@ TEST(Config, MalformedValuesNameTheVariable)
         {"WEFT_TCP_STREAMS", "65"},     {"WEFT_TCP_STREAMS", "four"},    {"WEFT_TCP_EAGER", "1t"},
         {"WEFT_TCP_EAGER", "99999999999999999999999"},                   {"WEFT_TCP_CHUNK_KB", "1"},
         {"WEFT_SELF_EAGER", " "},       {"WEFT_SPIN_US", "-1"},          {"WEFT_SPIN_US", "1.5"},
+        {"WEFT_IB_GID_INDEX", "-2"},    {"WEFT_IB_GID_INDEX", "256"},    {"WEFT_IB_QPS_PER_PEER", "0"},
+        {"WEFT_IB_QPS_PER_PEER", "17"}, {"WEFT_IB_TIMEOUT", "0"},        {"WEFT_IB_RETRY_CNT", "8"},
+        {"WEFT_IB_CHUNK", "1"},         {"WEFT_IB_EAGER", "10"},         {"WEFT_IB_RECV_DEPTH", "1"},
+        {"WEFT_IB_SQ_DEPTH", "x"},      {"WEFT_IB_REG_CACHE_MB", "lots"},
         {"WEFT_TCP_IF", "an-interface-name-that-is-much-longer-than-sixty-three-characters-in-all"},
     };
     for (const auto &b : bad)
@@ -217,6 +228,8 @@ TEST(Config, Transports)
     unsigned m = 0;
     ASSERT_EQ(weft_parse_transports("shm,tcp", &m), 0);
     EXPECT_EQ(m, kSelf | kShm | kTcp);
+    ASSERT_EQ(weft_parse_transports("shm,ib", &m), 0);
+    EXPECT_EQ(m, kSelf | kShm | kIb);
     ASSERT_EQ(weft_parse_transports("tcp", &m), 0);
     EXPECT_EQ(m, kSelf | kTcp) << "self is always added";
     ASSERT_EQ(weft_parse_transports("shm", &m), 0);
@@ -229,7 +242,7 @@ TEST(Config, Transports)
     EXPECT_EQ(m, kSelf | kTcp);
 
     m = 12345;
-    for (const char *bad : {"", "ib", "shm;tcp", "sh", "shmm", "shm,,x", "tcp,ib"}) {
+    for (const char *bad : {"", "rdma", "shm;tcp", "sh", "shmm", "shm,,x", "tcp,ibv", "i"}) {
         EXPECT_NE(weft_parse_transports(bad, &m), 0) << "\"" << bad << "\" accepted";
         EXPECT_EQ(m, 12345u) << "\"" << bad << "\" wrote the output";
     }
