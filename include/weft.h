@@ -77,6 +77,37 @@ WEFT_API int  weft_allgather(weft_comm_t *c, const void *sendbuf, void *recvbuf,
 WEFT_API int  weft_barrier(weft_comm_t *c);
 WEFT_API int  weft_bcast(weft_comm_t *c, void *buf, size_t bytes, int root);
 
+/* Stream-ordered calls (NCCL style); struct CUstream_st * is cudaStream_t.
+ * The operation starts after the work queued on `stream` before the call,
+ * and work queued on `stream` after the call waits until it completed (the
+ * received data is in place). The host never blocks: the calls queue the
+ * operation and return; a progress thread of the comm runs it. Call them
+ * with the stream's device current. Buffers: device memory (or host memory)
+ * that must stay valid until the stream reaches the point after the call.
+ * Arguments as for weft_isend/weft_irecv/weft_allgather; stream may be NULL
+ * (the default stream). Without CUDA in the comm: WEFT_ERR_UNSUPPORTED.
+ * Operations of one comm are started in the order they were called (so
+ * lanes match as for weft_isend); the allgather is collective and must be
+ * called in the same order on every rank.
+ * An operation that fails after the call returned (truncation, transport,
+ * timeout) records its error in weft_comm_last_error() (rank, peer, why),
+ * still releases the stream (its data is then undefined), and the next
+ * stream-ordered call on the comm returns that error without starting
+ * anything. weft_comm_destroy waits (bounded by WEFT_TIMEOUT) for the
+ * operations still queued.
+ * Groups: calls between weft_group_start() and weft_group_end() (per host
+ * thread, may nest) are only recorded; the outermost weft_group_end() queues
+ * them together, after the work queued on their streams by then, and work
+ * queued afterwards waits for all of them, so e.g. a ring of send/recv pairs
+ * on one stream cannot deadlock. weft_group_end() without a matching
+ * weft_group_start(): WEFT_ERR_INVALID_ARG. */
+struct CUstream_st;   /* cudaStream_t; no CUDA header needed */
+WEFT_API int  weft_send_on_stream(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream);
+WEFT_API int  weft_recv_on_stream(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream);
+WEFT_API int  weft_allgather_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, struct CUstream_st *stream);
+WEFT_API int  weft_group_start(void);
+WEFT_API int  weft_group_end(void);
+
 /* Memory registration (RDMA). weft pins the buffers it sends from and
  * receives into on its own, through a cache (WEFT_IB_REG_CACHE_MB), so these
  * calls are optional: weft_mem_register pins [buf, buf+bytes) now, so the

@@ -4,7 +4,7 @@
  * A transport moves bytes between this process and the peers the comm
  * assigned to it; the pipe (p2p/pipe.c) owns everything else: matching,
  * ordering, eager vs rendezvous, truncation, completion. One file per
- * transport implements this table: self.c, shm.c, tcp.c.
+ * transport implements this table: self.c, shm.c, tcp.c, ib.c.
  *
  * Threading: every function below but sleep is called with the comm lock
  * held, so a transport needs no locking of its own for its per-comm state.
@@ -130,6 +130,9 @@ struct weft_transport {
 extern const struct weft_transport weft_transport_self;
 extern const struct weft_transport weft_transport_shm;
 extern const struct weft_transport weft_transport_tcp;
+#ifdef WEFT_HAVE_VERBS_HEADERS
+extern const struct weft_transport weft_transport_ib;   /* p2p/ib.c: only with the verbs headers */
+#endif
 
 /* By id; NULL for an id with no transport in this build. */
 const struct weft_transport *weft_transport_get(int id);

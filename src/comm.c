@@ -20,6 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cuda_comm.h"
+#include "stream.h"
+#include "ib_card.h"
 #include "log.h"
 #include "transport.h"
 
@@ -120,6 +123,8 @@ static int choose_transports(struct weft_comm *c)
             id = WEFT_TP_SELF;
         else if (pc->node == me->node && (both & (1u << WEFT_TP_SHM)))
             id = WEFT_TP_SHM;
+        else if (weft_transport_get(WEFT_TP_IB) && weft_ib_pair_chosen(me, pc))
+            id = WEFT_TP_IB;   /* RDMA whenever both ends have a port on the same link layer */
         else if (both & (1u << WEFT_TP_TCP))
             id = WEFT_TP_TCP;
         else
@@ -147,12 +152,20 @@ static void log_choices(const struct weft_comm *c)
               c->cards[c->rank].node);
     for (int peer = 0; peer < c->size; peer++) {
         const struct weft_pipe *p = &c->pipes[peer];
+        const int same = c->cards[peer].node == c->cards[c->rank].node;
         const char *why = peer == c->rank ? "this rank"
                           : p->tp->id == WEFT_TP_SHM ? "same node"
-                          : c->cards[peer].node == c->cards[c->rank].node ? "same node, shm not allowed"
-                                                                          : "other node";
-        WEFT_INFO(c->rank, "peer %d: transport %s (%s, host %s), eager limit %zu", peer, p->tp->name, why,
-                  c->cards[peer].hostname, p->eager_limit);
+                          : same ? "same node, shm not allowed"
+                                 : "other node";
+        /* Why a pair that could have used RDMA did not. */
+        const char *not_ib = "";
+        if (peer != c->rank && p->tp->id == WEFT_TP_TCP)
+            not_ib = weft_transport_get(WEFT_TP_IB) == NULL
+                         ? "built without verbs headers"
+                         : weft_ib_pair_why_not(&c->cards[c->rank], &c->cards[peer]);
+        WEFT_INFO(c->rank, "peer %d: transport %s (%s%s%s%s, host %s), eager limit %zu", peer, p->tp->name, why,
+                  p->tp->id == WEFT_TP_IB ? ", ib" : "", not_ib && not_ib[0] ? ", not ib: " : "",
+                  not_ib ? not_ib : "", c->cards[peer].hostname, p->eager_limit);
     }
 }
 
@@ -172,6 +185,7 @@ static void comm_free(struct weft_comm *c)
             weft_pipe_fini(&c->pipes[i]);
         free(c->pipes);
     }
+    weft_cuda_comm_fini(c);
     weft_request_pool_fini(c);
     if (c->coll_state && c->coll_state_free)
         c->coll_state_free(c->coll_state);
@@ -242,13 +256,14 @@ int weft_comm_create(MPI_Comm mpi_comm, weft_comm_t **out)
     gethostname(mine.hostname, sizeof(mine.hostname) - 1);
 
     /* Whole comm on one node, shm allowed and no virtual nodes: no peer can
-     * need TCP (WEFT_TRANSPORTS is the same on every rank), so no listener. */
+     * need TCP or ib (WEFT_TRANSPORTS is the same on every rank), so no
+     * listener, and no RDMA device opened. */
     offer = c->cfg.transports_mask;
     if (node_size == c->size && c->cfg.virtual_nodes <= 1 && (offer & (1u << WEFT_TP_SHM)))
-        offer &= ~(1u << WEFT_TP_TCP);
+        offer &= ~((1u << WEFT_TP_TCP) | (1u << WEFT_TP_IB));
     mine.transports_mask = offer;
 
-    rc = WEFT_SUCCESS;
+    rc = weft_cuda_comm_card(c, &mine);
     for (id = 0; id < WEFT_TP_COUNT && rc == WEFT_SUCCESS; id++) {
         const struct weft_transport *tp = weft_transport_get(id);
         if (tp && (offer & (1u << id)))
@@ -287,6 +302,9 @@ int weft_comm_create(MPI_Comm mpi_comm, weft_comm_t **out)
         if (rc != WEFT_SUCCESS)
             goto fail_transports;
     }
+    rc = agree(c, weft_cuda_comm_connect(c), "cuda");
+    if (rc != WEFT_SUCCESS)
+        goto fail_transports;
     log_choices(c);
     *out = c;
     return WEFT_SUCCESS;
@@ -333,8 +351,13 @@ int weft_comm_destroy(weft_comm_t *c)
 
     if (c == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_destroy: comm is NULL");
+    /* Stream-ordered operations still queued finish (or time out) first:
+     * the progress thread must be gone before pipes are torn down. */
+    int qrc = weft_stream_comm_quiesce(c);
     pthread_mutex_lock(&c->lock);
     rc = drain(c);
+    if (rc == WEFT_SUCCESS)
+        rc = qrc;
     for (int i = 0; i < c->size; i++) {
         const struct weft_pipe *p = &c->pipes[i];
         if (p->inflight.count)

@@ -144,6 +144,15 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     cfg->ib_sq_depth      = 128;
     cfg->ib_reg_cache     = (size_t)1 << 30;
     strcpy(cfg->cuda_lib, "libcudart.so");
+    /* Staged device transfers (p2p/stage.c): 1 MiB chunks, 4 in flight per
+     * side. Per-chunk costs (a pipe message, a copy launch, an event) are a
+     * few us, under 5% of a 1 MiB chunk at PCIe speed; larger chunks only
+     * lengthen the pipeline's fill and drain (one chunk's D2H before the
+     * network starts, one H2D after it ends) and pin more memory
+     * (2 x slots x chunk per comm once used). docs/cuda.md has the numbers. */
+    cfg->cuda_stage_chunk = 1 << 20;
+    cfg->cuda_stage_slots = 4;
+    cfg->cuda_ipc_cache   = 128;
 
     if ((v = lookup("WEFT_TIMEOUT", ctx)) != NULL) {
         char *end;
@@ -195,6 +204,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
         { "WEFT_IB_CHUNK",       &cfg->ib_chunk,         4 << 10,   (size_t)1 << 30, 1 },
         { "WEFT_IB_EAGER",       &cfg->ib_eager_limit,   64,         1u << 20,      1 },
         { "WEFT_IB_REG_CACHE_MB",&cfg->ib_reg_cache,     0,         SIZE_MAX,      1u << 20 },
+        { "WEFT_CUDA_STAGE_CHUNK",&cfg->cuda_stage_chunk, 4 << 10,  (size_t)1 << 30, 1 },
     };
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         size_t s;
@@ -261,6 +271,8 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
         { "WEFT_IB_RETRY_CNT",    &cfg->ib_retry_cnt,     0, 7,     "expected an integer in [0, 7]" },
         { "WEFT_IB_RECV_DEPTH",   &cfg->ib_recv_depth,    2, 4096,  "expected an integer in [2, 4096]" },
         { "WEFT_IB_SQ_DEPTH",     &cfg->ib_sq_depth,      2, 16384, "expected an integer in [2, 16384]" },
+        { "WEFT_CUDA_STAGE_SLOTS",&cfg->cuda_stage_slots, 1, 64,    "expected an integer in [1, 64]" },
+        { "WEFT_CUDA_IPC_CACHE",  &cfg->cuda_ipc_cache,   1, 1 << 20, "expected a number of mappings in [1, 1048576]" },
     };
     for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
         if ((v = lookup(ints[i].name, ctx)) == NULL)

@@ -52,6 +52,9 @@ struct weft_config {
 
     /* CUDA (src/cudawrap.c) */
     char     cuda_lib[256];    /* WEFT_CUDA_LIB: CUDA runtime to dlopen ("libcudart.so") */
+    size_t   cuda_stage_chunk; /* WEFT_CUDA_STAGE_CHUNK: bytes per chunk of a staged device transfer (p2p/stage.c) */
+    int      cuda_stage_slots; /* WEFT_CUDA_STAGE_SLOTS: pinned chunks in flight per side (sends, receives) */
+    int      cuda_ipc_cache;   /* WEFT_CUDA_IPC_CACHE: CUDA IPC mappings kept open per comm (p2p/cuda_ipc.c) */
 };
 
 /* Looks up a variable; returns NULL when unset. getenv is the default. */

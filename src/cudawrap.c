@@ -100,6 +100,8 @@ static int load_locked(const char *path, char *why, size_t whylen)
     R(GetErrorString, "cudaGetErrorString");
     R(GetLastError, "cudaGetLastError");
     R(GetDriverEntryPointByVersion, "cudaGetDriverEntryPointByVersion");
+    R(HostAlloc, "cudaHostAlloc");
+    R(HostGetDevicePointer, "cudaHostGetDevicePointer");
 #undef R
 
     /* No device: nothing weft could do with CUDA (this is also what a
@@ -159,6 +161,28 @@ static void host_attr(struct weft_mem_attr *out)
     out->device = -1;
 }
 
+/* Looks once for an application CUDA runtime in the process. */
+static void app_probe(void)
+{
+    if (!__atomic_load_n(&app_probe_done, __ATOMIC_ACQUIRE)) {
+        pthread_mutex_lock(&load_lock);
+        if (!app_probe_done) {
+            app_pointer_attrs = (cudaError_t (*)(struct cudaPointerAttributes *, const void *))dlsym(
+                RTLD_DEFAULT, "cudaPointerGetAttributes");
+            __atomic_store_n(&app_probe_done, 1, __ATOMIC_RELEASE);
+        }
+        pthread_mutex_unlock(&load_lock);
+    }
+}
+
+int weft_cuda_present(void)
+{
+    if (weft_cuda_get() != NULL)
+        return 1;
+    app_probe();
+    return app_pointer_attrs != NULL;
+}
+
 int weft_cuda_mem_attr(const void *ptr, struct weft_mem_attr *out)
 {
     host_attr(out);
@@ -196,15 +220,7 @@ int weft_cuda_mem_attr(const void *ptr, struct weft_mem_attr *out)
 
     /* weft has no CUDA, but the application may: recognise its device
      * pointers so the caller can refuse them instead of reading them. */
-    if (!__atomic_load_n(&app_probe_done, __ATOMIC_ACQUIRE)) {
-        pthread_mutex_lock(&load_lock);
-        if (!app_probe_done) {
-            app_pointer_attrs = (cudaError_t (*)(struct cudaPointerAttributes *, const void *))dlsym(
-                RTLD_DEFAULT, "cudaPointerGetAttributes");
-            __atomic_store_n(&app_probe_done, 1, __ATOMIC_RELEASE);
-        }
-        pthread_mutex_unlock(&load_lock);
-    }
+    app_probe();
     if (app_pointer_attrs) {
         struct cudaPointerAttributes a;
         memset(&a, 0, sizeof(a));
@@ -231,6 +247,11 @@ int weft_cuda_load(const char *path, char *why, size_t whylen)
         snprintf(why, whylen, "%s", load_why);
     pthread_mutex_unlock(&load_lock);
     return WEFT_ERR_UNSUPPORTED;
+}
+
+int weft_cuda_present(void)
+{
+    return 0;
 }
 
 int weft_cuda_mem_attr(const void *ptr, struct weft_mem_attr *out)

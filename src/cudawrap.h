@@ -53,6 +53,11 @@ const char *weft_cuda_why(void);
 /* Kind of the memory at ptr. Host memory when CUDA is not in the process at
  * all. Returns WEFT_SUCCESS; *out is always filled. */
 int  weft_cuda_mem_attr(const void *ptr, struct weft_mem_attr *out);
+/* Nonzero when a pointer can be device memory at all: weft's CUDA is loaded,
+ * or the application has a CUDA runtime of its own in the process (looked
+ * for once, like weft_cuda_mem_attr does). Callers on a hot path test this
+ * once and skip classifying buffers in host-only processes. */
+int  weft_cuda_present(void);
 
 #ifdef WEFT_HAVE_CUDA_HEADERS
 #include <cuda.h>
@@ -92,6 +97,9 @@ struct weft_cuda {
     cudaError_t (*GetDriverEntryPointByVersion)(const char *symbol, void **fn, unsigned int version,
                                                 unsigned long long flags,
                                                 enum cudaDriverEntryPointQueryResult *status);
+    /* stream-ordered calls (src/stream.c): completion counters in mapped pinned memory */
+    cudaError_t (*HostAlloc)(void **ptr, size_t size, unsigned int flags);
+    cudaError_t (*HostGetDevicePointer)(void **dptr, void *hptr, unsigned int flags);
     /* driver, through the entry-point query */
     CUresult (*cuStreamWaitValue32)(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
     CUresult (*cuStreamWriteValue32)(CUstream s, CUdeviceptr addr, cuuint32_t value, unsigned int flags);

@@ -1,0 +1,395 @@
+// CUDA IPC between ranks of one node (p2p/cuda_ipc.c), over the emulated
+// CUDA runtime (tests/emu/cuda), which this binary links directly; weft
+// loads the same file (WEFT_CUDA_LIB), so both share one emulated GPU state
+// and the emulator's counters ("ipc_open", "ipc_close", "ipc_get",
+// "ipc_imports") show what weft did in this process.
+//
+// Ranks use device (rank % device count): neighbours in a ring are on
+// different devices, ranks two apart on the same one.
+//
+//   CudaIpc.*        (WEFT_TRANSPORTS=shm) data through IPC at several sizes,
+//                    the import cache (a buffer used again opens nothing, a
+//                    freed + reallocated buffer at the same address gets a
+//                    fresh mapping, eviction beyond WEFT_CUDA_IPC_CACHE), and
+//                    the trace lines that prove the path.
+//   CudaIpcNoPeer.*  (WEFT_EMU_CUDA_NO_PEER=0-1) devices 0 and 1 cannot reach
+//                    each other: the pair is not eligible, the transfer is
+//                    staged through host memory and still correct.
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "weft_emu_cuda.h"
+#include "weft_mpi_test.h"
+
+using namespace weft_mpitest;
+
+namespace {
+
+unsigned long long counter(const char *name) { return weft_emu_cuda_counter(name); }
+
+/* Runs fn with fd 2 going to a temporary file; returns what was written. */
+template <typename Fn>
+std::string capture_stderr(Fn fn)
+{
+    char path[] = "/tmp/weft-cuda-ipc-stderr-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        ADD_FAILURE() << "mkstemp failed";
+        fn();
+        return "";
+    }
+    std::fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    fn();
+    std::fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    unlink(path);
+    return ss.str();
+}
+
+int device_count()
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess)
+        return 0;
+    return n;
+}
+
+/* A device buffer of the test (freed at scope exit unless released). */
+struct DevBuf {
+    void *p = nullptr;
+    size_t n = 0;
+    explicit DevBuf(size_t bytes) : n(bytes)
+    {
+        cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+        if (e != cudaSuccess) {
+            ADD_FAILURE() << "cudaMalloc(" << bytes << "): " << cudaGetErrorString(e);
+            p = nullptr;
+        }
+    }
+    ~DevBuf() { reset(); }
+    void reset()
+    {
+        if (p)
+            cudaFree(p);
+        p = nullptr;
+    }
+    DevBuf(const DevBuf &) = delete;
+    DevBuf &operator=(const DevBuf &) = delete;
+
+    void fill(uint64_t seed)
+    {
+        std::vector<unsigned char> h(n);
+        fill_pattern(h.data(), n, seed);
+        ASSERT_EQ(cudaMemcpy(p, h.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    void zero()
+    {
+        std::vector<unsigned char> h(n, 0xee);
+        ASSERT_EQ(cudaMemcpy(p, h.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+    }
+    /* Offset of the first byte that differs from the pattern, SIZE_MAX if none. */
+    size_t mismatch(uint64_t seed, size_t bytes) const
+    {
+        std::vector<unsigned char> h(bytes);
+        if (cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+            return 0;
+        return pattern_mismatch(h.data(), bytes, seed);
+    }
+};
+
+class CudaIpcBase : public WeftMpiTest {
+protected:
+    int ndev = 0;
+    int mydev = 0;
+
+    void SetUp() override
+    {
+        ndev = device_count();
+        mydev = ndev > 0 ? world_rank() % ndev : 0;
+        if (ndev > 0)
+            cudaSetDevice(mydev);
+        WeftMpiTest::SetUp();
+    }
+
+    int right() const { return (rank + 1) % size; }
+    int left() const { return (rank - 1 + size) % size; }
+
+    /* One message from every rank to (rank + dist), received from
+     * (rank - dist), into rbuf (n bytes of it). Checks the data. */
+    void ring(weft_comm_t *c, DevBuf &sbuf, DevBuf &rbuf, size_t n, int tag, uint64_t index, int dist = 1)
+    {
+        int to = (rank + dist) % size, from = (rank - dist + size) % size;
+        sbuf.fill(pattern_seed(rank, tag, index));
+        rbuf.zero();
+        weft_request_t *reqs[2] = {nullptr, nullptr};
+        ASSERT_EQ(weft_irecv(c, rbuf.p, rbuf.n, from, tag, &reqs[0]), WEFT_SUCCESS) << weft_comm_last_error(c);
+        ASSERT_EQ(weft_isend(c, sbuf.p, n, to, tag, &reqs[1]), WEFT_SUCCESS) << weft_comm_last_error(c);
+        weft_status_t st[2];
+        ASSERT_EQ(weft_waitall(2, reqs, st), WEFT_SUCCESS) << weft_comm_last_error(c);
+        EXPECT_EQ(st[0].bytes, n);
+        size_t bad = rbuf.mismatch(pattern_seed(from, tag, index), n);
+        EXPECT_EQ(bad, SIZE_MAX) << "message of " << n << " bytes from rank " << from << " differs at byte " << bad;
+    }
+
+    /* A comm of its own with extra environment (read at create). */
+    weft_comm_t *create_with_env(const std::vector<std::pair<std::string, std::string>> &env)
+    {
+        for (auto &kv : env)
+            setenv(kv.first.c_str(), kv.second.c_str(), 1);
+        weft_comm_t *c = nullptr;
+        int rc = weft_comm_create(MPI_COMM_WORLD, &c);
+        for (auto &kv : env)
+            unsetenv(kv.first.c_str());
+        EXPECT_EQ(rc, WEFT_SUCCESS);
+        return rc == WEFT_SUCCESS ? c : nullptr;
+    }
+};
+
+class CudaIpc : public CudaIpcBase {};
+class CudaIpcNoPeer : public CudaIpcBase {};
+
+/* Above the shm eager limit (4 KiB by default): rendezvous, the IPC path. */
+const size_t kSizes[] = {4097, 8192 + 3, 65536, (1u << 20) + 7, 4u << 20};
+
+TEST_F(CudaIpc, DataAtSeveralSizes)
+{
+    ASSERT_GT(ndev, 0);
+    unsigned long long opens0 = counter("ipc_open"), writes0 = counter("write_value");
+    int tag = 1;
+    for (size_t n : kSizes) {
+        DevBuf s(n), r(n + 64);
+        ring(comm, s, r, n, tag++, n);
+    }
+    const unsigned long long nsizes = sizeof(kSizes) / sizeof(kSizes[0]);
+    /* Every size went through IPC: one fresh receive buffer per size, plus
+     * the peer's semaphores once; one semaphore write per message. */
+    EXPECT_EQ(counter("ipc_open") - opens0, nsizes + 1);
+    EXPECT_EQ(counter("write_value") - writes0, nsizes);
+}
+
+TEST_F(CudaIpc, SameDevicePairs)
+{
+    if (size < 4)
+        GTEST_SKIP() << "needs ranks two apart on the same device";
+    ASSERT_GT(ndev, 0);
+    unsigned long long opens0 = counter("ipc_open");
+    DevBuf s(1 << 20), r(1 << 20);
+    ring(comm, s, r, 1 << 20, 7, 0, 2);
+    ring(comm, s, r, 1 << 20, 7, 1, 2);
+    EXPECT_EQ(counter("ipc_open") - opens0, 2u);   /* semaphores + the buffer, once */
+}
+
+TEST_F(CudaIpc, SameBufferTwiceOpensOnce)
+{
+    ASSERT_GT(ndev, 0);
+    const size_t n = 256 << 10;
+    DevBuf s(n), r(n);
+    ring(comm, s, r, n, 3, 0);   /* warm: semaphores + this buffer */
+    unsigned long long opens0 = counter("ipc_open"), gets0 = counter("ipc_get");
+    for (int i = 1; i <= 4; i++)
+        ring(comm, s, r, n, 3, (uint64_t)i);
+    EXPECT_EQ(counter("ipc_open") - opens0, 0u) << "a buffer used again was opened again";
+    EXPECT_EQ(counter("ipc_get") - gets0, 0u) << "a buffer used again was exported again";
+    /* An offset into the same allocation is the same mapping too. */
+    DevBuf s2(n);
+    s2.fill(pattern_seed(rank, 4, 9));
+    weft_request_t *reqs[2];
+    ASSERT_EQ(weft_irecv(comm, (char *)r.p + 4096, n - 4096, left(), 4, &reqs[0]), WEFT_SUCCESS);
+    ASSERT_EQ(weft_isend(comm, s2.p, n - 4096, right(), 4, &reqs[1]), WEFT_SUCCESS);
+    ASSERT_EQ(weft_waitall(2, reqs, nullptr), WEFT_SUCCESS) << last_error();
+    std::vector<unsigned char> h(n - 4096);
+    ASSERT_EQ(cudaMemcpy(h.data(), (char *)r.p + 4096, h.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(pattern_mismatch(h.data(), h.size(), pattern_seed(left(), 4, 9)), SIZE_MAX);
+    EXPECT_EQ(counter("ipc_open") - opens0, 0u);
+}
+
+TEST_F(CudaIpc, FreeAndReallocGetsFreshMapping)
+{
+    ASSERT_GT(ndev, 0);
+    const size_t n = 192 << 10;
+    DevBuf s(n);
+    auto r = std::make_unique<DevBuf>(n);
+    ring(comm, s, *r, n, 5, 0);
+    void *old = r->p;
+    r->reset();
+    /* The emulator (like real GPUs often) gives the same address back for a
+     * same-size allocation, with a new buffer id. */
+    r = std::make_unique<DevBuf>(n);
+    bool same_addr = r->p == old;
+    EXPECT_TRUE(same_addr) << "the emulator did not reuse the address; the test proves less";
+    /* Make sure every rank reallocated before anyone sends into the new buffer. */
+    MPI_Barrier(MPI_COMM_WORLD);
+    unsigned long long opens0 = counter("ipc_open"), closes0 = counter("ipc_close");
+    ring(comm, s, *r, n, 5, 1);
+    EXPECT_EQ(counter("ipc_open") - opens0, 1u) << "the new allocation needs a new mapping";
+    EXPECT_EQ(counter("ipc_close") - closes0, 1u) << "the stale mapping must be closed";
+    ring(comm, s, *r, n, 5, 2);
+    EXPECT_EQ(counter("ipc_open") - opens0, 1u);
+}
+
+TEST_F(CudaIpc, ManyBuffersBeyondCacheCap)
+{
+    ASSERT_GT(ndev, 0);
+    weft_comm_t *c = create_with_env({{"WEFT_CUDA_IPC_CACHE", "4"}});
+    ASSERT_NE(c, nullptr);
+    const size_t n = 16 << 10;
+    const int nbuf = 10;
+    DevBuf s(n);
+    std::vector<std::unique_ptr<DevBuf>> rb;
+    for (int i = 0; i < nbuf; i++)
+        rb.push_back(std::make_unique<DevBuf>(n + 4096 * (size_t)i));   /* distinct sizes: distinct addresses */
+    unsigned long long imports0 = counter("ipc_imports");
+    unsigned long long opens0 = counter("ipc_open");
+    for (int round = 0; round < 2; round++)
+        for (int i = 0; i < nbuf; i++) {
+            ring(c, s, *rb[i], n, 10 + i, (uint64_t)(round * nbuf + i));
+            /* Never more than the cap (+ the peer's semaphores) open at once. */
+            EXPECT_LE(counter("ipc_imports") - imports0, 4u + 1u);
+        }
+    /* LRU over 10 buffers cycled through a cache of 4: every use misses. */
+    EXPECT_EQ(counter("ipc_open") - opens0, 2u * nbuf + 1u);
+    EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
+    /* Destroy closes every mapping of that comm. */
+    EXPECT_EQ(counter("ipc_imports"), imports0);
+}
+
+/* Several messages in flight to one peer at once, from send buffers on
+ * both devices (weft's streams of two devices; the semaphore writes must
+ * stay in order across them), into distinct receive buffers. */
+TEST_F(CudaIpc, ManyInFlightFromTwoDevices)
+{
+    ASSERT_GT(ndev, 0);
+    const int k = 8;
+    const size_t n = 96 << 10;
+    std::vector<std::unique_ptr<DevBuf>> sb, rb;
+    for (int i = 0; i < k; i++) {
+        int d = ndev > 1 ? (mydev + i) % ndev : mydev;
+        cudaSetDevice(d);
+        sb.push_back(std::make_unique<DevBuf>(n + 512 * (size_t)i));
+        cudaSetDevice(mydev);
+        rb.push_back(std::make_unique<DevBuf>(n + 512 * (size_t)i));
+        sb[i]->fill(pattern_seed(rank, 40 + i, (uint64_t)i));
+        rb[i]->zero();
+    }
+    unsigned long long writes0 = counter("write_value");
+    std::vector<weft_request_t *> reqs(2 * k);
+    for (int i = 0; i < k; i++)
+        ASSERT_EQ(weft_irecv(comm, rb[i]->p, rb[i]->n, left(), 40 + i, &reqs[i]), WEFT_SUCCESS);
+    for (int i = 0; i < k; i++)
+        ASSERT_EQ(weft_isend(comm, sb[i]->p, n + 512 * (size_t)i, right(), 40 + i, &reqs[k + i]), WEFT_SUCCESS);
+    ASSERT_EQ(weft_waitall(reqs.size(), reqs.data(), nullptr), WEFT_SUCCESS) << last_error();
+    for (int i = 0; i < k; i++) {
+        size_t bad = rb[i]->mismatch(pattern_seed(left(), 40 + i, (uint64_t)i), n + 512 * (size_t)i);
+        EXPECT_EQ(bad, SIZE_MAX) << "message " << i << " differs at byte " << bad;
+    }
+    EXPECT_EQ(counter("write_value") - writes0, (unsigned long long)k);
+}
+
+/* The application itself has the receiver's buffer mapped (a second open in
+ * one process is refused by the emulator, as by drivers that report
+ * cudaErrorAlreadyMapped): weft's open fails, the send fails with
+ * WEFT_ERR_TRANSPORT naming the peer, the buffer and the CUDA error, the FIN
+ * fails the receive the same way (no hang), and the pipe stays usable. */
+TEST_F(CudaIpc, OpenFailureFailsBothSides)
+{
+    ASSERT_GT(ndev, 0);
+    const size_t n = 128 << 10;
+    DevBuf s(n), r(n);
+    ring(comm, s, r, n, 30, 0);   /* semaphores open: only the buffer open can fail below */
+    DevBuf r2(n);
+    cudaIpcMemHandle_t mine, theirs;
+    ASSERT_EQ(cudaIpcGetMemHandle(&mine, r2.p), cudaSuccess);
+    /* My handle to the rank that sends to me; the handle of the rank I send to. */
+    MPI_Sendrecv(&mine, sizeof(mine), MPI_BYTE, left(), 99, &theirs, sizeof(theirs), MPI_BYTE, right(), 99,
+                 MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    void *app_map = nullptr;
+    ASSERT_EQ(cudaIpcOpenMemHandle(&app_map, theirs, cudaIpcMemLazyEnablePeerAccess), cudaSuccess);
+    MPI_Barrier(MPI_COMM_WORLD);
+
+    s.fill(pattern_seed(rank, 31, 0));
+    weft_request_t *reqs[2];
+    ASSERT_EQ(weft_irecv(comm, r2.p, n, left(), 31, &reqs[0]), WEFT_SUCCESS);
+    ASSERT_EQ(weft_isend(comm, s.p, n, right(), 31, &reqs[1]), WEFT_SUCCESS);
+    weft_status_t st[2];
+    EXPECT_EQ(weft_waitall(2, reqs, st), WEFT_ERR_TRANSPORT);
+    EXPECT_EQ(st[0].error, WEFT_ERR_TRANSPORT) << "the receive must fail too (FIN carries the status)";
+    EXPECT_EQ(st[1].error, WEFT_ERR_TRANSPORT);
+    std::string err = last_error();
+    char want[96];
+    std::snprintf(want, sizeof(want), "send to peer %d tag 31: cannot open the IPC handle", right());
+    EXPECT_NE(err.find(want), std::string::npos) << err;
+    EXPECT_NE(err.find("resource already mapped"), std::string::npos) << err;
+
+    /* Once the application lets go, the same buffer works. */
+    ASSERT_EQ(cudaIpcCloseMemHandle(app_map), cudaSuccess);
+    MPI_Barrier(MPI_COMM_WORLD);
+    ring(comm, s, r2, n, 32, 1);
+}
+
+TEST_F(CudaIpc, TraceShowsIpcPath)
+{
+    ASSERT_GT(ndev, 0);
+    const size_t n = 1 << 20;
+    DevBuf s(n), r(n);
+    weft_comm_t *c = nullptr;
+    std::string log = capture_stderr([&] {
+        c = create_with_env({{"WEFT_DEBUG", "trace"}});
+        if (c)
+            ring(c, s, r, n, 21, 0);
+    });
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
+    weft_comm_t *quiet = create_with_env({{"WEFT_DEBUG", "none"}});   /* level back to quiet */
+    ASSERT_NE(quiet, nullptr);
+    EXPECT_EQ(weft_comm_destroy(quiet), WEFT_SUCCESS);
+    char want_send[128], want_recv[128];
+    std::snprintf(want_send, sizeof(want_send), "cuda_ipc: send to peer %d tag 21: %zu bytes", right(), n);
+    std::snprintf(want_recv, sizeof(want_recv), "cuda_ipc: recv from peer %d tag 21: exported buffer", left());
+    EXPECT_NE(log.find(want_send), std::string::npos) << "no IPC send line in:\n" << log;
+    EXPECT_NE(log.find("by CUDA IPC"), std::string::npos) << log;
+    EXPECT_NE(log.find(want_recv), std::string::npos) << "no IPC export line in:\n" << log;
+    EXPECT_NE(log.find("opened IPC mapping"), std::string::npos) << log;
+}
+
+TEST_F(CudaIpcNoPeer, UnreachablePairIsStaged)
+{
+    ASSERT_GT(ndev, 1);
+    const char *np = std::getenv("WEFT_EMU_CUDA_NO_PEER");
+    ASSERT_TRUE(np && std::string(np) == "0-1") << "run with WEFT_EMU_CUDA_NO_PEER=0-1";
+    int can = -1;
+    ASSERT_EQ(cudaDeviceCanAccessPeer(&can, 0, 1), cudaSuccess);
+    EXPECT_EQ(can, 0);
+    unsigned long long opens0 = counter("ipc_open");
+    int tag = 1;
+    for (size_t n : kSizes) {
+        DevBuf s(n), r(n);
+        ring(comm, s, r, n, tag++, n);   /* neighbours are on devices 0 and 1 */
+    }
+    EXPECT_EQ(counter("ipc_open") - opens0, 0u) << "an unreachable pair went through IPC";
+}
+
+TEST_F(CudaIpcNoPeer, SameDeviceStillUsesIpc)
+{
+    if (size < 4)
+        GTEST_SKIP() << "needs ranks two apart on the same device";
+    unsigned long long opens0 = counter("ipc_open");
+    DevBuf s(1 << 20), r(1 << 20);
+    ring(comm, s, r, 1 << 20, 7, 0, 2);
+    EXPECT_EQ(counter("ipc_open") - opens0, 2u);   /* semaphores + the buffer */
+}
+
+} // namespace

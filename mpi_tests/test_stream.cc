@@ -1,0 +1,506 @@
+/*
+ * Stream-ordered calls (weft_send_on_stream, weft_recv_on_stream,
+ * weft_allgather_on_stream, weft_group_start/end) over CUDA streams.
+ *
+ * The binary links the emulated CUDA runtime (tests/emu/cuda) and weft loads
+ * the same file (WEFT_CUDA_LIB), so test and library share one emulated GPU.
+ * Buffers handed to weft are device memory (cudaMalloc); the tests fill and
+ * read them only through stream copies from/to pinned host memory, which
+ * are queued on the same stream as the weft call, so the stream order is
+ * what is checked. weft_emu_cuda_stream_delay queues a slow "kernel".
+ *
+ * WEFT_TEST_STREAM_MEM=pinned hands weft pinned host memory instead (and
+ * moves data with host functions on the stream), for debugging the stream
+ * machinery apart from the device-memory paths.
+ *
+ * StreamNoCuda.* runs only with WEFT_CUDA_LIB=/nonexistent (an entry of its
+ * own) and skips otherwise; every other test needs CUDA in the comm.
+ * The DISABLED_Destroy* tests need weft_stream_comm_quiesce() called at the
+ * start of weft_comm_destroy; run them with --gtest_also_run_disabled_tests.
+ */
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "weft_emu_cuda.h"
+#include "weft_mpi_test.h"
+
+using namespace weft_mpitest;
+
+namespace {
+
+double now_s()
+{
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+bool no_cuda_run()
+{
+    return std::string(env_or("WEFT_CUDA_LIB", "")) == "/nonexistent";
+}
+
+/* Pinned host memory, freed at scope end. */
+struct Pinned {
+    unsigned char *p = nullptr;
+    size_t n = 0;
+    explicit Pinned(size_t bytes) : n(bytes)
+    {
+        if (cudaMallocHost(reinterpret_cast<void **>(&p), bytes ? bytes : 1) != cudaSuccess)
+            p = nullptr;
+    }
+    ~Pinned() { cudaFreeHost(p); }
+    Pinned(const Pinned &) = delete;
+    Pinned &operator=(const Pinned &) = delete;
+};
+
+/* The buffers handed to weft: device memory (cudaMalloc), or pinned host
+ * memory with WEFT_TEST_STREAM_MEM=pinned. */
+bool pinned_mode()
+{
+    return std::string(env_or("WEFT_TEST_STREAM_MEM", "device")) == "pinned";
+}
+
+struct Dev {
+    unsigned char *p = nullptr;
+    explicit Dev(size_t bytes)
+    {
+        void **pp = reinterpret_cast<void **>(&p);
+        if ((pinned_mode() ? cudaMallocHost(pp, bytes ? bytes : 1) : cudaMalloc(pp, bytes ? bytes : 1)) != cudaSuccess)
+            p = nullptr;
+    }
+    ~Dev()
+    {
+        if (pinned_mode())
+            cudaFreeHost(p);
+        else
+            cudaFree(p);
+    }
+    Dev(const Dev &) = delete;
+    Dev &operator=(const Dev &) = delete;
+};
+
+/* A stream-ordered copy between a weft buffer and pinned host memory:
+ * cudaMemcpyAsync for device memory; for pinned weft buffers a host function
+ * on the stream (a host-to-host cudaMemcpyAsync would block the host). */
+struct CopyArg {
+    void *dst;
+    const void *src;
+    size_t n;
+};
+
+void CUDART_CB copy_fn(void *arg)
+{
+    CopyArg *a = static_cast<CopyArg *>(arg);
+    std::memcpy(a->dst, a->src, a->n);
+    delete a;
+}
+
+cudaError_t stream_copy(void *dst, const void *src, size_t n, cudaStream_t s)
+{
+    if (!pinned_mode())
+        return cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, s);
+    CopyArg *a = new CopyArg{ dst, src, n };
+    cudaError_t e = cudaLaunchHostFunc(s, copy_fn, a);
+    if (e != cudaSuccess)
+        delete a;
+    return e;
+}
+
+struct Stream {
+    cudaStream_t s = nullptr;
+    Stream() { cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking); }
+    ~Stream()
+    {
+        if (s) {
+            cudaStreamSynchronize(s);
+            cudaStreamDestroy(s);
+        }
+    }
+    Stream(const Stream &) = delete;
+    Stream &operator=(const Stream &) = delete;
+};
+
+class StreamTest : public WeftMpiTest {
+protected:
+    void SetUp() override
+    {
+        WeftMpiTest::SetUp();
+        if (comm == nullptr)
+            return;
+        if (no_cuda_run())
+            GTEST_SKIP() << "WEFT_CUDA_LIB=/nonexistent: only StreamNoCuda.* runs";
+        int ndev = 0;
+        ASSERT_EQ(cudaGetDeviceCount(&ndev), cudaSuccess);
+        ASSERT_GT(ndev, 0);
+        ASSERT_EQ(cudaSetDevice(rank % ndev), cudaSuccess);
+    }
+
+    /* Pairs (0,1), (2,3), ...; the last rank of an odd size pairs with itself. */
+    int partner() const
+    {
+        int p = rank ^ 1;
+        return p < size ? p : rank;
+    }
+};
+
+/* (a)+(b): the send starts only after the earlier (slow) work on the sender's
+ * stream that writes its buffer; the receiver's later copy sees the data. */
+void order_case(StreamTest *t, weft_comm_t *comm, int rank, int peer, size_t n)
+{
+    const int tag = 3;
+    const bool sender = rank <= peer;   /* self pair: both roles */
+    const bool receiver = rank >= peer;
+    Stream ss, rs;
+    Dev sbuf(n), rbuf(n);
+    Pinned fresh(n), stale(n), out(n);
+    ASSERT_TRUE(sbuf.p && rbuf.p && fresh.p && stale.p && out.p);
+    fill_pattern(fresh.p, n, pattern_seed(rank, tag, 1));
+    fill_pattern(stale.p, n, pattern_seed(rank, tag, 0));
+    ASSERT_EQ(cudaMemcpy(sbuf.p, stale.p, n, cudaMemcpyDefault), cudaSuccess);
+    ASSERT_EQ(cudaMemset(rbuf.p, 0, n), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    MPI_Barrier(MPI_COMM_WORLD);
+
+    if (receiver) {
+        double t0 = now_s();
+        ASSERT_EQ(weft_recv_on_stream(comm, rbuf.p, n, peer, tag, rs.s), WEFT_SUCCESS) << weft_comm_last_error(comm);
+        ASSERT_EQ(stream_copy(out.p, rbuf.p, n, rs.s), cudaSuccess);
+        EXPECT_LT(now_s() - t0, 0.15) << "weft_recv_on_stream blocked the host";
+    }
+    if (sender) {
+        double t0 = now_s();
+        ASSERT_EQ(weft_emu_cuda_stream_delay(ss.s, 300 * 1000), cudaSuccess);
+        ASSERT_EQ(stream_copy(sbuf.p, fresh.p, n, ss.s), cudaSuccess);
+        ASSERT_EQ(weft_send_on_stream(comm, sbuf.p, n, peer, tag, ss.s), WEFT_SUCCESS) << weft_comm_last_error(comm);
+        double dt = now_s() - t0;
+        EXPECT_LT(dt, 0.15) << "delay + copy + weft_send_on_stream took " << dt << " s: the host was blocked";
+        /* Work after the send waits for it: overwriting the buffer now is safe. */
+        ASSERT_EQ(stream_copy(sbuf.p, stale.p, n, ss.s), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(ss.s), cudaSuccess);
+    }
+    if (receiver) {
+        ASSERT_EQ(cudaStreamSynchronize(rs.s), cudaSuccess);
+        EXPECT_TRUE(HasPattern(out.p, n, peer, tag, 1)) << "size " << n << ": not the data written before the send";
+    }
+    (void)t;
+}
+
+TEST_F(StreamTest, SendWaitsForEarlierWorkRecvOrdersLaterWork)
+{
+    for (size_t n : { (size_t)64, (size_t)4096 + 3, (size_t)1 << 20 })
+        order_case(this, comm, rank, partner(), n);
+    /* Also to this rank itself (self pipe). */
+    order_case(this, comm, rank, rank, 4096);
+}
+
+/* (c): a ring in one group on one stream (recv issued after send, large
+ * enough for rendezvous); nested groups; then across two streams. */
+TEST_F(StreamTest, GroupRingDoesNotDeadlock)
+{
+    const size_t n = (size_t)4 << 20;
+    const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+    Stream s, s2;
+    Dev sbuf(n), rbuf(n);
+    Pinned src(n), out(n);
+    ASSERT_TRUE(sbuf.p && rbuf.p && src.p && out.p);
+
+    for (int round = 0; round < 2; round++) {
+        const int tag = 10 + round;
+        cudaStream_t recv_stream = round == 0 ? s.s : s2.s;
+        fill_pattern(src.p, n, pattern_seed(rank, tag, round));
+        ASSERT_EQ(stream_copy(sbuf.p, src.p, n, s.s), cudaSuccess);
+        /* No ASSERT inside the group: a failure must not leave it open. */
+        EXPECT_EQ(weft_group_start(), WEFT_SUCCESS);
+        EXPECT_EQ(weft_group_start(), WEFT_SUCCESS);   /* nested: only the outer end issues */
+        EXPECT_EQ(weft_send_on_stream(comm, sbuf.p, n, next, tag, s.s), WEFT_SUCCESS) << last_error();
+        EXPECT_EQ(weft_group_end(), WEFT_SUCCESS);
+        EXPECT_EQ(weft_recv_on_stream(comm, rbuf.p, n, prev, tag, recv_stream), WEFT_SUCCESS) << last_error();
+        ASSERT_EQ(weft_group_end(), WEFT_SUCCESS) << last_error();
+        ASSERT_EQ(stream_copy(out.p, rbuf.p, n, recv_stream), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(recv_stream), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+        EXPECT_TRUE(HasPattern(out.p, n, prev, tag, round)) << "round " << round;
+    }
+}
+
+/* (d): 100 operations on one stream, each overwriting the same buffer; the
+ * copies queued between them capture every intermediate value. */
+TEST_F(StreamTest, HundredOpsStayInOrder)
+{
+    const size_t n = 4096;
+    const int k = 100, tag = 20;
+    const int peer = partner();
+    const bool sender = rank <= peer, receiver = rank >= peer;
+    Stream ss, rs;
+    Dev sbuf(n), rbuf(n);
+    Pinned vals((size_t)k * n), caps((size_t)k * n);
+    ASSERT_TRUE(sbuf.p && rbuf.p && vals.p && caps.p);
+    for (int i = 0; i < k; i++)
+        fill_pattern(vals.p + (size_t)i * n, n, pattern_seed(rank, tag, (uint64_t)i));
+    std::memset(caps.p, 0, (size_t)k * n);
+
+    double t0 = now_s();
+    for (int i = 0; i < k; i++) {
+        if (receiver) {
+            ASSERT_EQ(weft_recv_on_stream(comm, rbuf.p, n, peer, tag, rs.s), WEFT_SUCCESS) << last_error();
+            ASSERT_EQ(stream_copy(caps.p + (size_t)i * n, rbuf.p, n, rs.s), cudaSuccess);
+        }
+        if (sender) {
+            ASSERT_EQ(stream_copy(sbuf.p, vals.p + (size_t)i * n, n, ss.s), cudaSuccess);
+            ASSERT_EQ(weft_send_on_stream(comm, sbuf.p, n, peer, tag, ss.s), WEFT_SUCCESS) << last_error();
+        }
+    }
+    double queued = now_s() - t0;
+    ASSERT_EQ(cudaStreamSynchronize(ss.s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(rs.s), cudaSuccess);
+    if (receiver) {
+        for (int i = 0; i < k; i++)
+            ASSERT_TRUE(HasPattern(caps.p + (size_t)i * n, n, peer, tag, (uint64_t)i)) << "op " << i;
+        Pinned fin(n);
+        ASSERT_EQ(cudaMemcpy(fin.p, rbuf.p, n, cudaMemcpyDefault), cudaSuccess);
+        EXPECT_TRUE(HasPattern(fin.p, n, peer, tag, (uint64_t)k - 1)) << "final value";
+    }
+    if (rank == 0)
+        std::printf("  100 ops: queued in %.1f ms, done in %.1f ms\n", 1e3 * queued, 1e3 * (now_s() - t0));
+}
+
+/* (e): allgather on a stream, out of place and in place, after slow work that
+ * writes the contribution; two allgathers on two streams in call order. */
+TEST_F(StreamTest, AllgatherOnStream)
+{
+    for (size_t n : { (size_t)8, (size_t)65536 + 3 }) {
+        const size_t total = n * (size_t)size;
+        Stream s, s2;
+        Dev send(n), recv(total), recv2(total);
+        Pinned mine(n), out(total), out2(total), mine2(n);
+        ASSERT_TRUE(send.p && recv.p && recv2.p && mine.p && out.p && out2.p && mine2.p);
+        const int tag = 30;
+        fill_pattern(mine.p, n, pattern_seed(rank, tag, n));
+        fill_pattern(mine2.p, n, pattern_seed(rank, tag + 1, n));
+        ASSERT_EQ(cudaMemset(recv.p, 0, total), cudaSuccess);
+        ASSERT_EQ(cudaMemset(recv2.p, 0, total), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+        /* Out of place on s (slow producer), in place on s2. */
+        ASSERT_EQ(weft_emu_cuda_stream_delay(s.s, 50 * 1000), cudaSuccess);
+        ASSERT_EQ(stream_copy(send.p, mine.p, n, s.s), cudaSuccess);
+        ASSERT_EQ(weft_allgather_on_stream(comm, send.p, recv.p, n, s.s), WEFT_SUCCESS) << last_error();
+        ASSERT_EQ(stream_copy(out.p, recv.p, total, s.s), cudaSuccess);
+
+        unsigned char *slot = recv2.p + (size_t)rank * n;
+        ASSERT_EQ(stream_copy(slot, mine2.p, n, s2.s), cudaSuccess);
+        ASSERT_EQ(weft_allgather_on_stream(comm, slot, recv2.p, n, s2.s), WEFT_SUCCESS) << last_error();
+        ASSERT_EQ(stream_copy(out2.p, recv2.p, total, s2.s), cudaSuccess);
+
+        ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(s2.s), cudaSuccess);
+        for (int r = 0; r < size; r++) {
+            EXPECT_TRUE(HasPattern(out.p + (size_t)r * n, n, r, tag, n)) << "out of place, block " << r;
+            EXPECT_TRUE(HasPattern(out2.p + (size_t)r * n, n, r, tag + 1, n)) << "in place, block " << r;
+        }
+    }
+    /* Zero bytes: nothing to do, success. */
+    Stream s;
+    EXPECT_EQ(weft_allgather_on_stream(comm, nullptr, nullptr, 0, s.s), WEFT_SUCCESS);
+}
+
+/* A receive buffer too small: the stream is released, the next
+ * stream-ordered call returns the error with the peer in the text, and the
+ * comm and stream keep working afterwards. */
+TEST_F(StreamTest, AsyncErrorReportedByNextCall)
+{
+    const int peer = partner();
+    if (peer == rank)
+        GTEST_SKIP() << "odd rank out";   /* same decision on every rank: depends on size only */
+    const bool sender = rank < peer;
+    Stream s;
+    Dev buf(128);
+    Pinned host(128);
+    ASSERT_TRUE(buf.p && host.p);
+    if (sender) {
+        ASSERT_EQ(weft_send_on_stream(comm, buf.p, 128, peer, 1, s.s), WEFT_SUCCESS) << last_error();
+    } else {
+        ASSERT_EQ(weft_recv_on_stream(comm, buf.p, 64, peer, 1, s.s), WEFT_SUCCESS) << last_error();
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);   /* must not hang */
+
+    if (!sender) {
+        int rc = weft_recv_on_stream(comm, buf.p, 64, peer, 2, s.s);
+        EXPECT_EQ(rc, WEFT_ERR_TRUNCATE) << weft_strerror(rc);
+        std::string err = last_error();
+        EXPECT_NE(err.find("peer " + std::to_string(peer)), std::string::npos) << err;
+        EXPECT_NE(err.find("weft_recv_on_stream"), std::string::npos) << err;
+    } else {
+        /* The send fails with the same code or completes: take the error, if
+         * any, with a matched pair to this rank itself. */
+        EXPECT_EQ(weft_group_start(), WEFT_SUCCESS);
+        int rc = weft_send_on_stream(comm, nullptr, 0, rank, 7, s.s);
+        if (rc == WEFT_SUCCESS) {
+            EXPECT_EQ(weft_recv_on_stream(comm, nullptr, 0, rank, 7, s.s), WEFT_SUCCESS) << last_error();
+        } else {
+            EXPECT_EQ(rc, WEFT_ERR_TRUNCATE) << weft_strerror(rc);
+        }
+        ASSERT_EQ(weft_group_end(), WEFT_SUCCESS) << last_error();
+    }
+    /* Both go on normally. */
+    fill_pattern(host.p, 64, pattern_seed(rank, 2, 0));
+    if (sender) {
+        ASSERT_EQ(stream_copy(buf.p, host.p, 64, s.s), cudaSuccess);
+        ASSERT_EQ(weft_send_on_stream(comm, buf.p, 64, peer, 2, s.s), WEFT_SUCCESS) << last_error();
+    } else {
+        ASSERT_EQ(weft_recv_on_stream(comm, buf.p, 64, peer, 2, s.s), WEFT_SUCCESS) << last_error();
+        ASSERT_EQ(stream_copy(host.p, buf.p, 64, s.s), cudaSuccess);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+    if (!sender) {
+        EXPECT_TRUE(HasPattern(host.p, 64, peer, 2, 0));
+    }
+}
+
+/* (g): argument errors, checked before anything is queued. */
+TEST_F(StreamTest, ArgumentErrors)
+{
+    Stream s;
+    Dev buf(256);
+    ASSERT_TRUE(buf.p);
+    EXPECT_EQ(weft_send_on_stream(nullptr, buf.p, 8, 0, 0, s.s), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_recv_on_stream(nullptr, buf.p, 8, 0, 0, s.s), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_allgather_on_stream(nullptr, buf.p, buf.p, 8, s.s), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_send_on_stream(comm, nullptr, 8, 0, 0, s.s), WEFT_ERR_INVALID_ARG);
+    EXPECT_NE(last_error().find("weft_send_on_stream"), std::string::npos) << last_error();
+    EXPECT_EQ(weft_recv_on_stream(comm, nullptr, 8, 0, 0, s.s), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_send_on_stream(comm, buf.p, 8, -1, 0, s.s), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_send_on_stream(comm, buf.p, 8, size, 0, s.s), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_recv_on_stream(comm, buf.p, 8, size, 0, s.s), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_send_on_stream(comm, buf.p, 8, 0, -1, s.s), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_recv_on_stream(comm, buf.p, 8, 0, -5, s.s), WEFT_ERR_INVALID_ARG);
+    EXPECT_NE(last_error().find("negative"), std::string::npos) << last_error();
+    EXPECT_EQ(weft_allgather_on_stream(comm, nullptr, buf.p, 8, s.s), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_allgather_on_stream(comm, buf.p, nullptr, 8, s.s), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_allgather_on_stream(comm, buf.p, buf.p, SIZE_MAX / 2 + 1, s.s), WEFT_ERR_INVALID_ARG);
+    if (size > 1) {
+        /* sendbuf inside recvbuf but not at rank*bytes. */
+        unsigned char *wrong = buf.p + (size_t)((rank + 1) % size) * 8 + 1;
+        EXPECT_EQ(weft_allgather_on_stream(comm, wrong, buf.p, 8, s.s), WEFT_ERR_INVALID_ARG);
+    }
+    /* Not a stream (the emulator reports it; undefined behaviour on real GPUs). */
+    int not_a_stream = 0;
+    cudaStream_t bogus = reinterpret_cast<cudaStream_t>(&not_a_stream);
+    EXPECT_EQ(weft_send_on_stream(comm, buf.p, 8, rank, 0, bogus), WEFT_ERR_INVALID_ARG);
+    EXPECT_NE(last_error().find("cudaEventRecord"), std::string::npos) << last_error();
+
+    /* Groups. */
+    EXPECT_EQ(weft_group_end(), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_group_start(), WEFT_SUCCESS);
+    EXPECT_EQ(weft_send_on_stream(comm, buf.p, 8, -1, 0, s.s), WEFT_ERR_INVALID_ARG);   /* refused, not recorded */
+    EXPECT_EQ(weft_group_end(), WEFT_SUCCESS);
+    EXPECT_EQ(weft_group_end(), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_group_start(), WEFT_SUCCESS);   /* empty group */
+    EXPECT_EQ(weft_group_end(), WEFT_SUCCESS);
+    ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+}
+
+/* (f): weft without CUDA (WEFT_CUDA_LIB=/nonexistent, while the program
+ * itself has the emulated runtime): every stream call is unsupported. */
+class StreamNoCuda : public WeftMpiTest {};
+
+TEST_F(StreamNoCuda, EveryCallUnsupported)
+{
+    if (!no_cuda_run())
+        GTEST_SKIP() << "needs WEFT_CUDA_LIB=/nonexistent (ctest entry stream_nocuda)";
+    Stream s;
+    unsigned char host[64] = { 0 };
+    unsigned char all[64 * 8] = { 0 };
+    ASSERT_LE(size, 8);
+    EXPECT_EQ(weft_send_on_stream(comm, host, 8, rank, 0, s.s), WEFT_ERR_UNSUPPORTED);
+    EXPECT_NE(last_error().find("CUDA"), std::string::npos) << last_error();
+    EXPECT_EQ(weft_recv_on_stream(comm, host, 8, rank, 0, s.s), WEFT_ERR_UNSUPPORTED);
+    EXPECT_EQ(weft_allgather_on_stream(comm, host, all, 8, s.s), WEFT_ERR_UNSUPPORTED);
+    EXPECT_EQ(weft_allgather_on_stream(comm, nullptr, nullptr, 0, s.s), WEFT_ERR_UNSUPPORTED);
+    EXPECT_EQ(weft_group_start(), WEFT_SUCCESS);
+    EXPECT_EQ(weft_send_on_stream(comm, host, 8, rank, 0, s.s), WEFT_ERR_UNSUPPORTED);
+    EXPECT_EQ(weft_group_end(), WEFT_SUCCESS);
+    /* Argument errors still come first. */
+    EXPECT_EQ(weft_send_on_stream(comm, host, 8, -1, 0, s.s), WEFT_ERR_INVALID_ARG);
+}
+
+/* weft_comm_destroy waits for operations still queued on streams (the
+ * quiesce call at the start of weft_comm_destroy, src/comm.c). */
+TEST_F(StreamTest, DestroyWaitsForQueuedOps)
+{
+    const size_t n = 1 << 16;
+    const int peer = partner();
+    Stream s;
+    Dev sbuf(n), rbuf(n);
+    Pinned src(n), out(n);
+    ASSERT_TRUE(sbuf.p && rbuf.p && src.p && out.p);
+    fill_pattern(src.p, n, pattern_seed(rank, 40, 0));
+    ASSERT_EQ(weft_emu_cuda_stream_delay(s.s, 300 * 1000), cudaSuccess);
+    ASSERT_EQ(stream_copy(sbuf.p, src.p, n, s.s), cudaSuccess);
+    EXPECT_EQ(weft_group_start(), WEFT_SUCCESS);
+    EXPECT_EQ(weft_send_on_stream(comm, sbuf.p, n, peer, 40, s.s), WEFT_SUCCESS);
+    EXPECT_EQ(weft_recv_on_stream(comm, rbuf.p, n, peer, 40, s.s), WEFT_SUCCESS);
+    ASSERT_EQ(weft_group_end(), WEFT_SUCCESS);
+    ASSERT_EQ(stream_copy(out.p, rbuf.p, n, s.s), cudaSuccess);
+    /* No synchronize: destroy must wait for the ops (the fixture's TearDown
+     * would destroy too; do it here and clear comm). */
+    ASSERT_EQ(weft_comm_destroy(comm), WEFT_SUCCESS);
+    comm = nullptr;
+    ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+    EXPECT_TRUE(HasPattern(out.p, n, peer, 40, 0));
+}
+
+/* A stream held back (a host function that waits for the test) longer
+ * than WEFT_TIMEOUT: destroy gives up on the queued operations, returns
+ * WEFT_ERR_TIMEOUT and releases the stream. */
+void CUDART_CB hold_fn(void *arg)
+{
+    std::atomic<int> *flag = static_cast<std::atomic<int> *>(arg);
+    while (flag->load() == 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
+TEST_F(StreamTest, DestroyTimesOutOnHeldStream)
+{
+    /* A comm of its own with WEFT_TIMEOUT=2 (read at create, same on every rank). */
+    std::string old = env_or("WEFT_TIMEOUT", "");
+    setenv("WEFT_TIMEOUT", "2", 1);
+    weft_comm_t *c2 = nullptr;
+    int crc = weft_comm_create(MPI_COMM_WORLD, &c2);
+    if (old.empty())
+        unsetenv("WEFT_TIMEOUT");
+    else
+        setenv("WEFT_TIMEOUT", old.c_str(), 1);
+    ASSERT_EQ(crc, WEFT_SUCCESS);
+
+    std::atomic<int> flag{ 0 };
+    Stream s;
+    Dev sbuf(64), rbuf(64);
+    ASSERT_TRUE(sbuf.p && rbuf.p);
+    ASSERT_EQ(cudaLaunchHostFunc(s.s, hold_fn, &flag), cudaSuccess);
+    EXPECT_EQ(weft_group_start(), WEFT_SUCCESS);
+    EXPECT_EQ(weft_send_on_stream(c2, sbuf.p, 64, rank, 1, s.s), WEFT_SUCCESS);
+    EXPECT_EQ(weft_recv_on_stream(c2, rbuf.p, 64, rank, 1, s.s), WEFT_SUCCESS);
+    ASSERT_EQ(weft_group_end(), WEFT_SUCCESS);
+    /* Released after destroy gave up (cudaFree inside destroy synchronises
+     * every stream, so it must not be held forever). */
+    std::thread releaser([&flag] {
+        std::this_thread::sleep_for(std::chrono::seconds(4));
+        flag.store(1);
+    });
+    double t0 = now_s();
+    EXPECT_EQ(weft_comm_destroy(c2), WEFT_ERR_TIMEOUT);
+    double dt = now_s() - t0;
+    EXPECT_GE(dt, 1.5);
+    EXPECT_LT(dt, 15.0);
+    releaser.join();
+    ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);   /* released: does not hang */
+}
+
+} // namespace

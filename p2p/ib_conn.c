@@ -1,0 +1,531 @@
+/*
+ * ib transport: set-up and teardown (the data path is p2p/ib.c, whose top
+ * comment describes the protocol).
+ *
+ * card_fill loads libibverbs, picks the port (ib_dev.c) and writes it into
+ * the rank card; connect creates, per peer, the QPs (to INIT, receives
+ * posted), exchanges one fixed-size record per pair with one MPI_Alltoall
+ * (always made when some pair of the comm uses ib, so no rank can hang
+ * another), then takes the QPs to RTR and RTS. disconnect releases
+ * everything, in reverse order, and is idempotent.
+ */
+#ifdef WEFT_HAVE_VERBS_HEADERS
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gdr.h"
+#include "ib.h"
+#include "ib_card.h"
+#include "ib_chunk.h"
+#include "log.h"
+#include "transport.h"
+
+/* ------------------------------------------------------------ teardown */
+
+
+static void peer_teardown(struct ib_state *st, struct ib_peer *pe)
+{
+    for (unsigned i = 0; i < pe->nqp_created; i++) {
+        if (pe->qps[i].qp)
+            st->ibv.destroy_qp(pe->qps[i].qp);
+        pe->qps[i].qp = NULL;
+        pe->qps[i].head = pe->qps[i].tail = NULL;
+    }
+    /* QPs are gone: nothing references the pushes' memory any more. */
+    while (pe->push_head)
+        weft_ib_push_free(pe->push_head);
+    for (int i = 0; i < pe->nslots; i++)
+        if (pe->slots[i].req || pe->slots[i].reg)
+            weft_ib_slot_release(pe, i);
+    free(pe->slots);
+    pe->slots = NULL;
+    pe->nslots = 0;
+    if (pe->mr)
+        st->ibv.dereg_mr(pe->mr);
+    pe->mr = NULL;
+    free(pe->mem);
+    pe->mem = NULL;
+    free(pe->rbufs);
+    pe->rbufs = NULL;
+    free(pe->sbufs);
+    pe->sbufs = NULL;
+    if (pe->pipe && pe->pipe->tp_peer == pe)
+        pe->pipe->tp_peer = NULL;
+}
+
+/* Releases everything; st itself too. */
+static void ib_teardown(struct weft_comm *c, struct ib_state *st)
+{
+    for (int i = 0; i < st->npeers; i++)
+        peer_teardown(st, &st->peers[i]);
+    free(st->peers);
+    st->peers = NULL;
+    st->npeers = 0;
+    if (st->scq)
+        st->ibv.destroy_cq(st->scq);
+    if (st->rcq)
+        st->ibv.destroy_cq(st->rcq);
+    if (c->regcache) {
+        weft_regcache_destroy(c->regcache);
+        c->regcache = NULL;
+    }
+    if (st->pd)
+        st->ibv.dealloc_pd(st->pd);
+    if (st->ctx)
+        st->ibv.close_device(st->ctx);
+    if (st->loaded)
+        weft_ibv_unload(&st->ibv);
+    free(st);
+    c->tp_state[WEFT_TP_IB] = NULL;
+}
+
+void weft_ib_disconnect(struct weft_comm *c)
+{
+    struct ib_state *st = ib_state(c);
+    if (st)
+        ib_teardown(c, st);
+}
+
+/* --------------------------------------------------------------- card */
+
+int weft_ib_card_fill(struct weft_comm *c, struct weft_rank_card *mine)
+{
+    struct ib_state *st = ib_state(c);
+    char why[256] = "";
+    int rc;
+
+    if (st == NULL) {
+        st = calloc(1, sizeof(*st));
+        if (st == NULL)
+            return weft_set_error(c, WEFT_ERR_NO_MEMORY, "ib: no memory for transport state");
+        st->c = c;
+        c->tp_state[WEFT_TP_IB] = st;
+    }
+    if (weft_ibv_load(c->cfg.ibverbs_lib, &st->ibv, why, sizeof(why)) != 0) {
+        WEFT_INFO(c->rank, "ib: not offered: cannot load the verbs library: %s", why);
+        return WEFT_SUCCESS;
+    }
+    st->loaded = 1;
+
+    rc = ib_dev_open(&st->ibv, &c->cfg, c->rank, &st->ctx, &st->dattr, &st->port, why, sizeof(why));
+    if (rc != WEFT_SUCCESS) {
+        weft_ibv_unload(&st->ibv);
+        st->loaded = 0;
+        if (rc == WEFT_ERR_UNSUPPORTED) {
+            WEFT_INFO(c->rank, "ib: not offered: %s", why);
+            return WEFT_SUCCESS;
+        }
+        return weft_set_error(c, rc, "ib: opening the RDMA device failed: %s", why);
+    }
+    st->pd = st->ibv.alloc_pd(st->ctx);
+    if (st->pd == NULL) {
+        WEFT_INFO(c->rank, "ib: not offered: %s port %u: ibv_alloc_pd failed: %s", st->port.dev, st->port.port,
+                  strerror(errno));
+        st->ibv.close_device(st->ctx);
+        st->ctx = NULL;
+        weft_ibv_unload(&st->ibv);
+        st->loaded = 0;
+        return WEFT_SUCCESS;
+    }
+
+    /* Once per process, where RDMA is really there: can GPU memory be
+     * registered too (for the CUDA transport later)? */
+    weft_gdr_probe(st->ibv.reg_dmabuf_mr != NULL, c->rank);
+
+    snprintf(mine->ib_dev, sizeof(mine->ib_dev), "%s", st->port.dev);
+    mine->ib_port = st->port.port;
+    mine->ib_link_layer = st->port.link_layer;
+    mine->ib_mtu = st->port.active_mtu;
+    mine->ib_lid = st->port.lid;
+    mine->ib_gid_index = (uint8_t)(st->port.gid_index < 0 ? 0 : st->port.gid_index);
+    memcpy(mine->ib_gid, st->port.gid.raw, sizeof(mine->ib_gid));
+    if (st->port.link_layer == IBV_LINK_LAYER_ETHERNET)
+        WEFT_INFO(c->rank, "ib: offering %s port %u (RoCE, GID index %d: %s, MTU %d, max message %llu) from %s",
+                  st->port.dev, st->port.port, st->port.gid_index, st->port.gid_how,
+                  128 << st->port.active_mtu, (unsigned long long)st->port.max_msg_sz, st->ibv.path);
+    else
+        WEFT_INFO(c->rank, "ib: offering %s port %u (InfiniBand, LID %u, MTU %d, max message %llu) from %s",
+                  st->port.dev, st->port.port, st->port.lid, 128 << st->port.active_mtu,
+                  (unsigned long long)st->port.max_msg_sz, st->ibv.path);
+    return WEFT_SUCCESS;
+}
+
+/* ------------------------------------------------------------ connect */
+
+static int reg_cb(void *ctx, uintptr_t addr, size_t len, void **handle, uint32_t *lkey, uint32_t *rkey, char *why,
+                  size_t whylen)
+{
+    struct ib_state *st = ctx;
+    struct ibv_mr *mr = st->ibv.reg_mr(st->pd, (void *)addr, len,
+                                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    if (mr == NULL) {
+        int e = errno;
+        /* A send buffer may be read-only memory (a constant table), which
+         * cannot be pinned for writing; reading is all a send needs. */
+        mr = st->ibv.reg_mr(st->pd, (void *)addr, len, IBV_ACCESS_REMOTE_READ);
+        if (mr == NULL) {
+            snprintf(why, whylen, "ibv_reg_mr of %zu bytes at %p failed: %s", len, (void *)addr, strerror(e));
+            return -1;
+        }
+    }
+    *handle = mr;
+    *lkey = mr->lkey;
+    *rkey = mr->rkey;
+    return 0;
+}
+
+static void dereg_cb(void *ctx, void *handle)
+{
+    struct ib_state *st = ctx;
+    st->ibv.dereg_mr(handle);
+}
+
+/* Whether any pair of the comm uses ib: the same answer on every rank. */
+static int comm_uses_ib(const struct weft_comm *c)
+{
+    for (int a = 0; a < c->size; a++) {
+        if (!weft_ib_card_offers(&c->cards[a]))
+            continue;
+        for (int b = a + 1; b < c->size; b++)
+            if (weft_ib_pair_chosen(&c->cards[a], &c->cards[b]))
+                return 1;
+    }
+    return 0;
+}
+
+int weft_ib_post_recv(struct ib_rbuf *rb)
+{
+    struct ib_peer *pe = rb->qp->pe;
+    struct ibv_sge sge = { .addr = (uintptr_t)rb->mem, .length = rb->len, .lkey = pe->mr->lkey };
+    struct ibv_recv_wr wr, *bad = NULL;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = (uint64_t)(uintptr_t)rb;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    return ibv_post_recv(rb->qp->qp, &wr, &bad);
+}
+
+/* Creates the QPs of one peer (to INIT), its buffers, and posts receives. */
+static int peer_setup(struct weft_comm *c, struct ib_state *st, struct ib_peer *pe)
+{
+    const int depth = st->recv_posted;
+    unsigned nqp = (unsigned)c->cfg.ib_qps_per_peer;
+    size_t rbytes = (size_t)depth * st->frame_max, sbytes;
+    int i;
+
+    if (nqp > IB_MAX_QPS)
+        nqp = IB_MAX_QPS;
+    /* Send buffers: a few more than the peer's receive credits, so frames
+     * can wait for credits while one buffer stays free for a CREDIT frame. */
+    pe->nsbufs = depth + 4;
+    sbytes = (size_t)pe->nsbufs * st->frame_max;
+    pe->mem_bytes = rbytes + sbytes + 64;
+    pe->mem = aligned_alloc(64, (pe->mem_bytes + 63) & ~(size_t)63);
+    pe->rbufs = calloc((size_t)depth * nqp, sizeof(*pe->rbufs));
+    pe->sbufs = calloc((size_t)pe->nsbufs, sizeof(*pe->sbufs));
+    if (pe->mem == NULL || pe->rbufs == NULL || pe->sbufs == NULL)
+        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "ib: peer %d: no memory for %zu bytes of buffers", pe->rank,
+                              pe->mem_bytes);
+    memset(pe->mem, 0, pe->mem_bytes);
+    pe->mr = st->ibv.reg_mr(st->pd, pe->mem, pe->mem_bytes, IBV_ACCESS_LOCAL_WRITE);
+    if (pe->mr == NULL)
+        return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): ibv_reg_mr of %zu buffer bytes failed: %s",
+                              pe->rank, peer_host(pe), pe->mem_bytes, strerror(errno));
+    for (i = 0; i < pe->nsbufs; i++) {
+        struct ib_sbuf *sb = &pe->sbufs[i];
+        sb->mem = pe->mem + rbytes + (size_t)i * st->frame_max;
+        sb->wr.kind = IB_WR_FRAME;
+        sb->wr.sb = sb;
+        sb->next_free = pe->sfree;
+        pe->sfree = sb;
+    }
+    pe->nsfree = pe->nsbufs;
+    pe->slot_free = -1;
+
+    for (unsigned q = 0; q < nqp; q++) {
+        struct ib_qp *qp = &pe->qps[q];
+        struct ibv_qp_init_attr ia;
+        /* Devices cap max_inline_data differently (and refuse more): ask
+         * for less until one is granted. */
+        static const uint32_t inline_try[] = { IB_INLINE_WANT, 192, 128, 64, 0 };
+
+        qp->pe = pe;
+        qp->idx = q;
+        qp->sq_depth = st->sq_depth;
+        for (size_t t = 0; t < sizeof(inline_try) / sizeof(inline_try[0]) && qp->qp == NULL; t++) {
+            memset(&ia, 0, sizeof(ia));
+            ia.send_cq = st->scq;
+            ia.recv_cq = st->rcq;
+            ia.qp_type = IBV_QPT_RC;
+            ia.sq_sig_all = 0;
+            ia.cap.max_send_wr = (uint32_t)st->sq_depth;
+            ia.cap.max_recv_wr = (uint32_t)depth;
+            ia.cap.max_send_sge = 1;
+            ia.cap.max_recv_sge = 1;
+            ia.cap.max_inline_data = inline_try[t];
+            qp->qp = st->ibv.create_qp(st->pd, &ia);
+        }
+        if (qp->qp == NULL)
+            return weft_set_error(c, WEFT_ERR_TRANSPORT,
+                                  "ib: peer %d (host %s): ibv_create_qp (RC, %d send / %d receive WRs) failed: %s",
+                                  pe->rank, peer_host(pe), st->sq_depth, depth, strerror(errno));
+        pe->nqp_created = q + 1;
+        qp->max_inline = ia.cap.max_inline_data;
+        uint32_t psn = 0;
+        if (getrandom(&psn, sizeof(psn), GRND_NONBLOCK) != (ssize_t)sizeof(psn))
+            psn = (uint32_t)time(NULL) ^ (uint32_t)getpid() ^ (q << 8);
+        qp->psn = psn & 0xffffff;
+
+        struct ibv_qp_attr a;
+        memset(&a, 0, sizeof(a));
+        a.qp_state = IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = st->port.port;
+        a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+        int mrc = st->ibv.modify_qp(qp->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+        if (mrc != 0)
+            return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): QP %u to INIT failed: %s", pe->rank,
+                                  peer_host(pe), q, strerror(mrc));
+
+        /* QP 0 receives frames into its buffers; the others receive only
+         * the immediates of RDMA writes (no bytes), into a shared sink. */
+        qp->rbufs = &pe->rbufs[(size_t)q * depth];
+        qp->nrbufs = depth;
+        for (i = 0; i < depth; i++) {
+            struct ib_rbuf *rb = &qp->rbufs[i];
+            rb->qp = qp;
+            rb->mem = q == 0 ? pe->mem + (size_t)i * st->frame_max : pe->mem + rbytes + sbytes;
+            rb->len = q == 0 ? (uint32_t)st->frame_max : 64;
+            int prc = weft_ib_post_recv(rb);
+            if (prc != 0)
+                return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): ibv_post_recv on QP %u failed: %s",
+                                      pe->rank, peer_host(pe), q, strerror(prc));
+        }
+    }
+    return WEFT_SUCCESS;
+}
+
+static void rec_fill(const struct ib_state *st, const struct weft_comm *c, const struct ib_peer *pe,
+                     struct ib_pair_rec *r)
+{
+    memset(r, 0, sizeof(*r));
+    r->valid = IB_REC_MAGIC;
+    r->nqp = pe->nqp_created;
+    for (unsigned q = 0; q < pe->nqp_created; q++) {
+        r->qpn[q] = pe->qps[q].qp->qp_num;
+        r->psn[q] = pe->qps[q].psn;
+    }
+    r->recv_posted = (uint32_t)st->recv_posted;
+    r->frame_max = (uint32_t)st->frame_max;
+    r->max_msg_sz = st->port.max_msg_sz;
+    r->chunk = c->cfg.ib_chunk;
+    r->lid = st->port.lid;
+    r->mtu = st->port.active_mtu;
+    r->link_layer = st->port.link_layer;
+    r->gid_index = (uint32_t)(st->port.gid_index < 0 ? 0 : st->port.gid_index);
+    memcpy(r->gid, st->port.gid.raw, sizeof(r->gid));
+}
+
+static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* INIT -> RTR -> RTS for the pair's QPs, with what the peer sent. */
+static int peer_connect(struct weft_comm *c, struct ib_state *st, struct ib_peer *pe, const struct ib_pair_rec *r)
+{
+    const char *host = peer_host(pe);
+
+    if (r->valid != IB_REC_MAGIC)
+        return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): the peer set up no QPs for this pair "
+                              "(see its log)", pe->rank, host);
+    if (r->nqp == 0 || r->nqp > IB_MAX_QPS || r->recv_posted < IB_MIN_DEPTH || r->link_layer != st->port.link_layer)
+        return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): bad connection record (%u QPs, %u "
+                              "receives, link layer %u)", pe->rank, host, r->nqp, r->recv_posted, r->link_layer);
+    if (r->frame_max < st->frame_max)
+        return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): its receive buffers (%u bytes) are "
+                              "smaller than my frames (%zu): WEFT_IB_EAGER must be the same on every rank",
+                              pe->rank, host, r->frame_max, st->frame_max);
+    pe->nqp = r->nqp < pe->nqp_created ? r->nqp : pe->nqp_created;
+    pe->peer_frame_max = r->frame_max;
+    pe->chunk = min_u64(min_u64(st->port.max_msg_sz, r->max_msg_sz), min_u64(c->cfg.ib_chunk, r->chunk));
+    pe->chunk = min_u64(pe->chunk, IB_ONE_GIB);
+    if (pe->chunk < 2 * IB_CHUNK_MIN)
+        pe->chunk = 2 * IB_CHUNK_MIN;
+    enum ibv_mtu mtu = (enum ibv_mtu)(r->mtu < st->port.active_mtu ? r->mtu : st->port.active_mtu);
+
+    for (unsigned q = 0; q < pe->nqp; q++) {
+        struct ib_qp *qp = &pe->qps[q];
+        struct ibv_qp_attr a;
+        int mrc;
+
+        qp->credits = (int)r->recv_posted;
+        memset(&a, 0, sizeof(a));
+        a.qp_state = IBV_QPS_RTR;
+        a.path_mtu = mtu;
+        a.dest_qp_num = r->qpn[q];
+        a.rq_psn = r->psn[q];
+        a.max_dest_rd_atomic = 1;
+        a.min_rnr_timer = 12;
+        a.ah_attr.port_num = st->port.port;
+        a.ah_attr.sl = 0;
+        if (st->port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+            a.ah_attr.is_global = 1;
+            memcpy(a.ah_attr.grh.dgid.raw, r->gid, 16);
+            a.ah_attr.grh.sgid_index = (uint8_t)st->port.gid_index;
+            a.ah_attr.grh.hop_limit = 64;
+        } else {
+            a.ah_attr.dlid = r->lid;
+        }
+        mrc = st->ibv.modify_qp(qp->qp, &a,
+                                IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+        if (mrc != 0)
+            return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s, %s port %u): QP %u to RTR (remote QPN "
+                                  "%u, MTU %d) failed: %s", pe->rank, host, c->cards[pe->rank].ib_dev,
+                                  c->cards[pe->rank].ib_port, q, r->qpn[q], 128 << mtu, strerror(mrc));
+        memset(&a, 0, sizeof(a));
+        a.qp_state = IBV_QPS_RTS;
+        a.timeout = (uint8_t)c->cfg.ib_timeout;
+        a.retry_cnt = (uint8_t)c->cfg.ib_retry_cnt;
+        a.rnr_retry = 7;
+        a.sq_psn = qp->psn;
+        a.max_rd_atomic = 1;
+        mrc = st->ibv.modify_qp(qp->qp, &a,
+                                IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                                    IBV_QP_MAX_QP_RD_ATOMIC);
+        if (mrc != 0)
+            return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): QP %u to RTS failed: %s", pe->rank,
+                                  host, q, strerror(mrc));
+    }
+    WEFT_INFO(c->rank, "ib: peer %d (host %s, %s port %u): %u RC QP(s), MTU %d, %d credits, writes of up to %llu "
+              "bytes", pe->rank, host, c->cards[pe->rank].ib_dev, c->cards[pe->rank].ib_port, pe->nqp, 128 << mtu,
+              (int)r->recv_posted, (unsigned long long)pe->chunk);
+    return WEFT_SUCCESS;
+}
+
+/* Local set-up before the exchange: CQs, regcache, every ib peer's QPs. */
+static int local_setup(struct weft_comm *c, struct ib_state *st, int npeers)
+{
+    const struct ibv_device_attr *da = &st->dattr;
+    int maxwr = da->max_qp_wr > 0 ? da->max_qp_wr : 1;
+    unsigned nqp = (unsigned)c->cfg.ib_qps_per_peer;
+    long long scqe, rcqe;
+    int rc;
+
+    if (nqp > IB_MAX_QPS)
+        nqp = IB_MAX_QPS;
+    st->sq_depth = c->cfg.ib_sq_depth < maxwr ? c->cfg.ib_sq_depth : maxwr;
+    /* One receive more than WEFT_IB_RECV_DEPTH: the credit kept for CREDIT frames. */
+    st->recv_posted = c->cfg.ib_recv_depth + 1 < maxwr ? c->cfg.ib_recv_depth + 1 : maxwr;
+    if (st->recv_posted < IB_MIN_DEPTH || st->sq_depth < 1)
+        return weft_set_error(c, WEFT_ERR_UNSUPPORTED, "ib: %s: device max_qp_wr %d is below the %d receive WRs "
+                              "the credit scheme needs", st->port.dev, da->max_qp_wr, IB_MIN_DEPTH);
+    st->frame_max = IB_PAYLOAD_OFF + (c->cfg.ib_eager_limit > sizeof(struct ib_cts_ext)
+                                          ? c->cfg.ib_eager_limit : sizeof(struct ib_cts_ext));
+    st->frame_max = (st->frame_max + 63) & ~(size_t)63;
+
+    /* Every WR is signaled: one CQE per outstanding WR at most. */
+    scqe = (long long)npeers * nqp * st->sq_depth;
+    rcqe = (long long)npeers * nqp * st->recv_posted;
+    if (da->max_cqe > 0 && (scqe > da->max_cqe || rcqe > da->max_cqe))
+        return weft_set_error(c, WEFT_ERR_UNSUPPORTED, "ib: %s: %d peers x %u QPs need CQs of %lld/%lld entries, "
+                              "the device allows %d (lower WEFT_IB_SQ_DEPTH, WEFT_IB_RECV_DEPTH or "
+                              "WEFT_IB_QPS_PER_PEER)", st->port.dev, npeers, nqp, scqe, rcqe, da->max_cqe);
+    st->scq = st->ibv.create_cq(st->ctx, (int)scqe, NULL, NULL, 0);
+    st->rcq = st->scq ? st->ibv.create_cq(st->ctx, (int)rcqe, NULL, NULL, 0) : NULL;
+    if (st->rcq == NULL)
+        return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: %s: ibv_create_cq (%lld entries) failed: %s", st->port.dev,
+                              st->scq ? rcqe : scqe, strerror(errno));
+
+    st->reg_ops.ctx = st;
+    st->reg_ops.reg = reg_cb;
+    st->reg_ops.dereg = dereg_cb;
+    rc = weft_regcache_create(&st->reg_ops, c->cfg.ib_reg_cache, &c->regcache);
+    if (rc != WEFT_SUCCESS)
+        return weft_set_error(c, rc, "ib: cannot create the registration cache");
+
+    st->peers = calloc((size_t)npeers, sizeof(*st->peers));
+    if (st->peers == NULL)
+        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "ib: no memory for %d peers", npeers);
+    for (int r = 0; r < c->size; r++) {
+        if (r == c->rank || c->pipes[r].tp != &weft_transport_ib)
+            continue;
+        struct ib_peer *pe = &st->peers[st->npeers++];
+        pe->st = st;
+        pe->rank = r;
+        pe->pipe = &c->pipes[r];
+        rc = peer_setup(c, st, pe);
+        if (rc != WEFT_SUCCESS)
+            return rc;
+    }
+    return WEFT_SUCCESS;
+}
+
+int weft_ib_connect(struct weft_comm *c)
+{
+    struct ib_state *st = ib_state(c);
+    struct ib_pair_rec *out = NULL, *in = NULL;
+    int npeers = 0, rc = WEFT_SUCCESS;
+
+    /* No pair of the comm uses ib: no exchange (every rank sees the same
+     * cards, so every rank skips it), and the device is given back. */
+    if (!comm_uses_ib(c)) {
+        if (st)
+            ib_teardown(c, st);
+        return WEFT_SUCCESS;
+    }
+
+    for (int r = 0; r < c->size; r++)
+        if (r != c->rank && c->pipes[r].tp == &weft_transport_ib)
+            npeers++;
+    if (npeers > 0 && (st == NULL || st->ctx == NULL))
+        rc = weft_set_error(c, WEFT_ERR_INTERNAL, "ib: %d peers chose ib but this rank has no device open", npeers);
+    if (rc == WEFT_SUCCESS && npeers > 0)
+        rc = local_setup(c, st, npeers);
+
+    size_t nranks = c->size > 0 ? (size_t)c->size : 1;
+    out = calloc(nranks, sizeof(*out));
+    in = calloc(nranks, sizeof(*in));
+    if (out == NULL || in == NULL) {
+        /* Without buffers this rank cannot take part in the exchange; MPI
+         * then fails the Alltoall on every rank instead of hanging it. */
+        free(out);
+        free(in);
+        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "ib: no memory for the connection records of %d ranks",
+                              c->size);
+    }
+    if (rc == WEFT_SUCCESS)
+        for (int i = 0; i < (st ? st->npeers : 0); i++)
+            rec_fill(st, c, &st->peers[i], &out[st->peers[i].rank]);
+
+    /* The one exchange: made whatever happened above, so that every rank
+     * makes the same MPI calls; failures are agreed by the caller. */
+    if (MPI_Alltoall(out, (int)sizeof(*out), MPI_BYTE, in, (int)sizeof(*in), MPI_BYTE, c->mpi) != MPI_SUCCESS &&
+        rc == WEFT_SUCCESS)
+        rc = weft_set_error(c, WEFT_ERR_MPI, "ib: MPI_Alltoall of the QP numbers failed");
+
+    for (int i = 0; rc == WEFT_SUCCESS && st && i < st->npeers; i++)
+        rc = peer_connect(c, st, &st->peers[i], &in[st->peers[i].rank]);
+    free(out);
+    free(in);
+    if (rc != WEFT_SUCCESS)
+        return rc;   /* the caller unwinds with disconnect */
+    if (st && st->npeers == 0) {
+        /* Other pairs use ib, none of this rank's: give the device back. */
+        ib_teardown(c, st);
+        return WEFT_SUCCESS;
+    }
+    for (int i = 0; st && i < st->npeers; i++) {
+        st->peers[i].pipe->tp_peer = &st->peers[i];
+        st->peers[i].connected = 1;
+    }
+    return WEFT_SUCCESS;
+}
+
+#else
+typedef int weft_ib_conn_unused;
+#endif /* WEFT_HAVE_VERBS_HEADERS */
