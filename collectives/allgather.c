@@ -8,6 +8,7 @@
 #include <string.h>
 #include "coll.h"
 #include "comm.h"
+#include "devcopy.h"
 #include "log.h"
 
 static int coll_nomem(struct coll_op *op, size_t what_bytes)
@@ -16,12 +17,14 @@ static int coll_nomem(struct coll_op *op, size_t what_bytes)
                           op->what, what_bytes);
 }
 
-/* Copies this rank's block into place unless the call is in place. */
-static void copy_own_block(const void *sendbuf, char *recvbuf, int rank, size_t bytes)
+/* Copies this rank's block into place unless the call is in place (host or
+ * device memory, src/devcopy.c). */
+static int copy_own_block(const struct coll_op *op, const void *sendbuf, char *recvbuf, int rank, size_t bytes)
 {
     char *dst = recvbuf + (size_t)rank * bytes;
     if ((const char *)sendbuf != dst)
-        memcpy(dst, sendbuf, bytes);
+        return weft_devcopy(op->c, dst, sendbuf, bytes, op->what);
+    return WEFT_SUCCESS;
 }
 
 /*
@@ -117,8 +120,9 @@ int coll_ring(const struct coll_op *op, int phase, const int *members, int m, in
     }
     if (own_src) {
         const struct coll_seg *own = &segs[seg_first[my_pos]];
-        if ((const char *)own_src != buf + own->off)
-            memcpy(buf + own->off, own_src, own->len);
+        if ((const char *)own_src != buf + own->off &&
+            (rc = weft_devcopy(op->c, buf + own->off, own_src, own->len, op->what)) != WEFT_SUCCESS)
+            goto out_drain;
     }
 
     /* Forward each chunk as soon as it is in (a full member has it already). */
@@ -233,8 +237,8 @@ int weft_allgather_rd(struct weft_comm *c, const void *sendbuf, void *recvbuf, s
         if ((rc = coll_isend(&op, step, src, len, partner, 0, &r)) != WEFT_SUCCESS)
             goto fail;
         coll_reqs_add(&q, r, partner);
-        if (step == 0)
-            copy_own_block(sendbuf, rb, me, bytes);
+        if (step == 0 && (rc = copy_own_block(&op, sendbuf, rb, me, bytes)) != WEFT_SUCCESS)
+            goto fail;
         if ((rc = coll_reqs_waitall(&op, step, &q)) != WEFT_SUCCESS)
             goto out;
     }
@@ -282,16 +286,16 @@ int weft_allgather_bruck(struct weft_comm *c, const void *sendbuf, void *recvbuf
         if ((rc = coll_isend(&op, step, src, (size_t)cnt * bytes, to, 0, &r)) != WEFT_SUCCESS)
             goto fail;
         coll_reqs_add(&q, r, to);
-        if (step == 0)
-            memcpy(tmp, sendbuf, bytes);
+        if (step == 0 && (rc = weft_devcopy(c, tmp, sendbuf, bytes, op.what)) != WEFT_SUCCESS)
+            goto fail;
         if ((rc = coll_reqs_waitall(&op, step, &q)) != WEFT_SUCCESS)
             goto out;
     }
     /* Slot i holds rank (me+i)%n: slots [0, n-me) -> blocks [me, n), the rest -> [0, me). */
     char *rb = recvbuf;
-    memcpy(rb + (size_t)me * bytes, tmp, (size_t)(n - me) * bytes);
-    if (me > 0)
-        memcpy(rb, tmp + (size_t)(n - me) * bytes, (size_t)me * bytes);
+    rc = weft_devcopy(c, rb + (size_t)me * bytes, tmp, (size_t)(n - me) * bytes, op.what);
+    if (rc == WEFT_SUCCESS && me > 0)
+        rc = weft_devcopy(c, rb, tmp + (size_t)(n - me) * bytes, (size_t)me * bytes, op.what);
     goto out;
 fail:
     coll_reqs_drain(&q);
@@ -334,7 +338,8 @@ int weft_allgather_direct(struct weft_comm *c, const void *sendbuf, void *recvbu
             goto fail;
         coll_reqs_add(&q, r, to);
     }
-    copy_own_block(sendbuf, rb, me, bytes);
+    if ((rc = copy_own_block(&op, sendbuf, rb, me, bytes)) != WEFT_SUCCESS)
+        goto fail;
     rc = coll_reqs_waitall(&op, 0, &q);
     goto out;
 fail:
@@ -397,7 +402,8 @@ int weft_allgather_hier(struct weft_comm *c, const void *sendbuf, void *recvbuf,
         if ((rc = coll_isend(&op, 1, sendbuf, bytes, leader, 0, &r)) != WEFT_SUCCESS)
             goto fail;
         coll_reqs_add(&q, r, leader);
-        copy_own_block(sendbuf, rb, me, bytes);
+        if ((rc = copy_own_block(&op, sendbuf, rb, me, bytes)) != WEFT_SUCCESS)
+            goto fail;
         rc = coll_reqs_waitall(&op, 3, &q);
         goto out;
     }
@@ -414,7 +420,8 @@ int weft_allgather_hier(struct weft_comm *c, const void *sendbuf, void *recvbuf,
             goto fail;
         coll_reqs_add(&q, r, local[i]);
     }
-    copy_own_block(sendbuf, rb, me, bytes);
+    if ((rc = copy_own_block(&op, sendbuf, rb, me, bytes)) != WEFT_SUCCESS)
+        goto fail;
     if ((rc = coll_reqs_waitall(&op, 1, &q)) != WEFT_SUCCESS)
         goto out;
 

@@ -11,6 +11,7 @@
 #include "coll.h"
 #include "coll_state.h"
 #include "comm.h"
+#include "devcopy.h"
 #include "log.h"
 
 /* Up to this many bytes in total (bytes_per_rank * size) latency dominates:
@@ -146,7 +147,7 @@ int weft_allgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t by
 
     if (n == 1) {
         if (sb != mine)
-            memcpy(recvbuf, sendbuf, bytes_per_rank);
+            return weft_devcopy(c, recvbuf, sendbuf, bytes_per_rank, "weft_allgather");
         return WEFT_SUCCESS;
     }
 

@@ -1,12 +1,20 @@
 /*
- * The public point-to-point calls: argument checks, the comm lock, and the
- * hand-over to the pipe (p2p/pipe.c). Also error strings.
+ * The public point-to-point calls: argument checks, the memory kind of the
+ * buffer, the comm lock, and the hand-over to the pipe (p2p/pipe.c). Also
+ * error strings.
+ *
+ * Memory kind. Every call classifies its buffer once (weft_cuda_mem_attr,
+ * outside the lock) and the request carries the result. In a process without
+ * CUDA that call returns at once. Device (or managed) memory on a comm
+ * without CUDA is refused with WEFT_ERR_UNSUPPORTED, never read as host
+ * memory; pinned host memory is host memory for every transport.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "api_internal.h"
 #include "comm.h"
+#include "cudawrap.h"
 #include "log.h"
 #include "pipe.h"
 
@@ -62,30 +70,92 @@ static int check_p2p(weft_comm_t *c, const void *buf, size_t bytes, int peer, in
     return WEFT_SUCCESS;
 }
 
-static int do_isend(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag, weft_request_t **req,
-                    int internal)
+static const char *mem_kind_name(int kind)
+{
+    switch (kind) {
+    case WEFT_MEM_PINNED:  return "pinned host";
+    case WEFT_MEM_DEVICE:  return "device";
+    case WEFT_MEM_MANAGED: return "managed";
+    default:               return "host";
+    }
+}
+
+/* Is there any CUDA in this process (weft's or the application's)? Looked
+ * up once: a host-only process then pays one load per call. A comm with
+ * CUDA knows it already (c->cuda). */
+static int cuda_in_process(void)
+{
+    static int state = -1;   /* -1: not looked up yet */
+    int s = __atomic_load_n(&state, __ATOMIC_RELAXED);
+    if (s < 0) {
+        s = weft_cuda_present() ? 1 : 0;
+        __atomic_store_n(&state, s, __ATOMIC_RELAXED);
+    }
+    return s;
+}
+
+/* The buffer may be device memory: ask CUDA. */
+__attribute__((noinline)) static int classify_cuda(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag,
+                                                   const char *fn, int *kind, int *device)
+{
+    struct weft_mem_attr a;
+
+    weft_cuda_mem_attr(buf, &a);
+    if (weft_mem_is_device(a.kind) && !c->cuda) {
+        const char *why = weft_cuda_why();
+        return weft_set_error(c, WEFT_ERR_UNSUPPORTED,
+                              "%s: buf %p (%zu bytes, peer %d, tag %d) is CUDA %s memory of device %d, but weft "
+                              "cannot use CUDA in this process: %s",
+                              fn, buf, bytes, peer, tag, mem_kind_name(a.kind), a.device,
+                              why && *why ? why : "CUDA was not set up for this comm (WEFT_CUDA_LIB, WEFT_DEBUG=info)");
+    }
+    *kind = a.kind;
+    *device = a.device;
+    return WEFT_SUCCESS;
+}
+
+/* Memory kind of buf (once per call). A zero-byte message moves no data:
+ * its buffer is not looked at. */
+static inline int classify(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag, const char *fn,
+                           int *kind, int *device)
+{
+    *kind = WEFT_MEM_HOST;
+    *device = -1;
+    if (bytes == 0 || (!c->cuda && !cuda_in_process()))
+        return WEFT_SUCCESS;
+    return classify_cuda(c, buf, bytes, peer, tag, fn, kind, device);
+}
+
+static inline __attribute__((always_inline)) int do_isend(weft_comm_t *c, const void *buf, size_t bytes, int peer,
+                                                          int tag, weft_request_t **req, int internal)
 {
     struct weft_request *r;
+    int kind, dev;
     int rc = check_p2p(c, buf, bytes, peer, tag, req, "weft_isend", internal);
+    if (rc == WEFT_SUCCESS)
+        rc = classify(c, buf, bytes, peer, tag, "weft_isend", &kind, &dev);
     if (rc != WEFT_SUCCESS)
         return rc;
     pthread_mutex_lock(&c->lock);
-    rc = weft_pipe_isend(c, buf, bytes, peer, tag, &r);
+    rc = weft_pipe_isend_mem(c, buf, bytes, peer, tag, kind, dev, &r);
     pthread_mutex_unlock(&c->lock);
     if (rc == WEFT_SUCCESS)
         *req = r;
     return rc;
 }
 
-static int do_irecv(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_request_t **req,
-                    int internal)
+static inline __attribute__((always_inline)) int do_irecv(weft_comm_t *c, void *buf, size_t bytes, int peer,
+                                                          int tag, weft_request_t **req, int internal)
 {
     struct weft_request *r;
+    int kind, dev;
     int rc = check_p2p(c, buf, bytes, peer, tag, req, "weft_irecv", internal);
+    if (rc == WEFT_SUCCESS)
+        rc = classify(c, buf, bytes, peer, tag, "weft_irecv", &kind, &dev);
     if (rc != WEFT_SUCCESS)
         return rc;
     pthread_mutex_lock(&c->lock);
-    rc = weft_pipe_irecv(c, buf, bytes, peer, tag, &r);
+    rc = weft_pipe_irecv_mem(c, buf, bytes, peer, tag, kind, dev, &r);
     pthread_mutex_unlock(&c->lock);
     if (rc == WEFT_SUCCESS)
         *req = r;
@@ -208,11 +278,14 @@ int weft_waitall(size_t n, weft_request_t **reqs, weft_status_t *statuses)
 int weft_send(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag)
 {
     struct weft_request *r;
+    int kind, dev;
     int rc = check_p2p(c, buf, bytes, peer, tag, &r, "weft_send", 0);
+    if (rc == WEFT_SUCCESS)
+        rc = classify(c, buf, bytes, peer, tag, "weft_send", &kind, &dev);
     if (rc != WEFT_SUCCESS)
         return rc;
     pthread_mutex_lock(&c->lock);
-    rc = weft_pipe_isend(c, buf, bytes, peer, tag, &r);
+    rc = weft_pipe_isend_mem(c, buf, bytes, peer, tag, kind, dev, &r);
     if (rc == WEFT_SUCCESS) {
         if (r->state != WEFT_REQ_DONE)
             weft_progress_wait(c, &r, 1, "weft_send");
@@ -225,11 +298,14 @@ int weft_send(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag)
 int weft_recv(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_status_t *status)
 {
     struct weft_request *r;
+    int kind, dev;
     int rc = check_p2p(c, buf, bytes, peer, tag, &r, "weft_recv", 0);
+    if (rc == WEFT_SUCCESS)
+        rc = classify(c, buf, bytes, peer, tag, "weft_recv", &kind, &dev);
     if (rc != WEFT_SUCCESS)
         return rc;
     pthread_mutex_lock(&c->lock);
-    rc = weft_pipe_irecv(c, buf, bytes, peer, tag, &r);
+    rc = weft_pipe_irecv_mem(c, buf, bytes, peer, tag, kind, dev, &r);
     if (rc == WEFT_SUCCESS) {
         if (r->state != WEFT_REQ_DONE)
             weft_progress_wait(c, &r, 1, "weft_recv");

@@ -16,14 +16,31 @@
  * the receive with WEFT_ERR_TRUNCATE without writing to the buffer; a large
  * one tells the sender with FIN so its send fails the same way, and the pipe
  * goes on with the next message.
+ *
+ * Device memory (docs/cuda.md). Requests carry the memory kind of their
+ * buffer (classified once per call in p2p/api.c). Transports only ever see
+ * host memory: an EAGER payload from a device buffer is copied to a host
+ * bounce first (and copied to the device at the receiver); a rendezvous
+ * message with a device side is decided by the receiver when it matches:
+ * self pipe -> one cudaMemcpy between the two buffers; both device over shm
+ * with CUDA IPC possible -> CTS with F_IPC (p2p/cuda_ipc.c); otherwise
+ * STAGED through pinned host chunks on an internal lane (p2p/stage.c).
+ * Host-to-host messages take exactly the paths they took before.
  */
 #include "pipe.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm.h"
+#include "cuda_ipc.h"
+#include "cudawrap.h"
 #include "log.h"
+#include "stage.h"
+
+_Static_assert(WEFT_MEM_DEVICE == 2 && WEFT_MEM_MANAGED == 3 && WEFT_MEM_PINNED < 2,
+               "weft_mem_is_device (pipe.h) assumes this order of enum weft_mem_kind");
 
 /* ---------------------------------------------------------------- queues */
 
@@ -112,6 +129,23 @@ static struct weft_lane *lane_get(struct weft_pipe *p, int tag, int create)
     return l;
 }
 
+void weft_pipe_lane_release(struct weft_pipe *p, int tag)
+{
+    size_t h = lane_hash(tag, p->lane_buckets);
+    struct weft_lane **pl = &p->lanes[h], *l;
+
+    for (; (l = *pl) != NULL; pl = &l->hash_next) {
+        if (l->tag != tag)
+            continue;
+        if (l->posted.head || l->unexp_head)
+            return;
+        *pl = l->hash_next;
+        p->lane_count--;
+        free(l);
+        return;
+    }
+}
+
 /* ----------------------------------------------------------- set-up/down */
 
 int weft_pipe_init(struct weft_comm *c, struct weft_pipe *p, int peer)
@@ -146,6 +180,7 @@ void weft_pipe_fini(struct weft_pipe *p)
     while (p->out_head) {
         struct weft_outbound *o = p->out_head;
         p->out_head = o->next;
+        free(o->payload);
         free(o);
     }
     p->out_tail = NULL;
@@ -179,6 +214,41 @@ static void outbound_append(struct weft_pipe *p, struct weft_outbound *o)
     p->comm->out_queued++;
 }
 
+/* An EAGER message from a device buffer: the data goes through a host
+ * bounce (synchronous D2H). If the copy fails, the message still goes out
+ * (its sequence number is taken) as a 0-byte EAGER whose status tells the
+ * receiver, and the send fails with the copy's error. */
+__attribute__((noinline)) static int send_eager_device(struct weft_pipe *p, struct weft_request *r,
+                                                       struct weft_ctrl *h)
+{
+    struct weft_comm *c = p->comm;
+    const void *data = NULL;
+    int err = WEFT_SUCCESS, rc;
+
+    h->flags |= WEFT_CTRL_F_DEVICE;
+    if (r->bytes) {
+        void *b = weft_stage_bounce(c, r->bytes);
+        if (b == NULL)
+            err = weft_set_error(c, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no host memory to stage %zu bytes "
+                                 "of device memory", p->peer, r->tag, r->bytes);
+        else {
+            char what[96];
+            snprintf(what, sizeof(what), "send to peer %d tag %d: eager copy device to host", p->peer, r->tag);
+            err = weft_stage_copy_sync(c, b, r->buf, r->bytes, what);
+        }
+        data = b;
+    }
+    if (err != WEFT_SUCCESS) {
+        h->bytes = 0;
+        h->status = err;
+        data = NULL;
+    }
+    rc = p->tp->ctrl_send(p, h, data, err == WEFT_SUCCESS ? r->bytes : 0);
+    if (rc == WEFT_SUCCESS)
+        req_complete(r, err);
+    return rc;
+}
+
 /* Hands a send's first message (EAGER with data, or RTS) to the transport. */
 static int send_req_now(struct weft_pipe *p, struct weft_request *r)
 {
@@ -191,6 +261,8 @@ static int send_req_now(struct weft_pipe *p, struct weft_request *r)
     h.bytes = r->bytes;
     if (!r->rndv) {
         h.type = WEFT_CTRL_EAGER;
+        if (weft_mem_is_device(r->mem_kind))
+            return send_eager_device(p, r, &h);
         rc = p->tp->ctrl_send(p, &h, r->buf, r->bytes);
         if (rc == WEFT_SUCCESS)
             req_complete(r, WEFT_SUCCESS);
@@ -198,6 +270,12 @@ static int send_req_now(struct weft_pipe *p, struct weft_request *r)
         h.type = WEFT_CTRL_RTS;
         h.sreq = weft_req_id(r);
         h.addr = (uint64_t)(uintptr_t)r->buf;
+        if (weft_mem_is_device(r->mem_kind)) {
+            size_t chunk = weft_stage_chunk(p->comm);
+            h.flags |= WEFT_CTRL_F_DEVICE;
+            h.reserved = (uint16_t)(r->mem_device >= 0 ? r->mem_device : 0);   /* p2p/cuda_ipc.h */
+            h.reserved2 = (uint32_t)(chunk > UINT32_MAX ? UINT32_MAX : chunk);
+        }
         rc = p->tp->ctrl_send(p, &h, NULL, 0);
         if (rc == WEFT_SUCCESS) {
             r->state = WEFT_REQ_POSTED;
@@ -208,7 +286,7 @@ static int send_req_now(struct weft_pipe *p, struct weft_request *r)
 }
 
 /* Sends a control message now, or queues it behind earlier ones. */
-static void pipe_send_ctrl(struct weft_pipe *p, const struct weft_ctrl *h)
+void weft_pipe_send_ctrl(struct weft_pipe *p, const struct weft_ctrl *h, const void *payload, size_t len)
 {
     struct weft_outbound *o;
     int rc;
@@ -216,7 +294,7 @@ static void pipe_send_ctrl(struct weft_pipe *p, const struct weft_ctrl *h)
     if (p->broken)
         return;
     if (p->out_head == NULL) {
-        rc = p->tp->ctrl_send(p, h, NULL, 0);
+        rc = p->tp->ctrl_send(p, h, payload, len);
         if (rc == WEFT_SUCCESS)
             return;
         if (rc != WEFT_EAGAIN) {
@@ -225,7 +303,14 @@ static void pipe_send_ctrl(struct weft_pipe *p, const struct weft_ctrl *h)
         }
     }
     o = calloc(1, sizeof(*o));
-    if (o == NULL) {
+    if (o && len) {
+        o->payload = malloc(len);
+        if (o->payload)
+            memcpy(o->payload, payload, len);
+        o->len = len;
+    }
+    if (o == NULL || (len && o->payload == NULL)) {
+        free(o);
         weft_set_error(p->comm, WEFT_ERR_NO_MEMORY, "peer %d: no memory to queue a control message", p->peer);
         weft_pipe_break(p, WEFT_ERR_NO_MEMORY);
         return;
@@ -234,13 +319,18 @@ static void pipe_send_ctrl(struct weft_pipe *p, const struct weft_ctrl *h)
     outbound_append(p, o);
 }
 
+static void pipe_send_ctrl(struct weft_pipe *p, const struct weft_ctrl *h)
+{
+    weft_pipe_send_ctrl(p, h, NULL, 0);
+}
+
 int weft_pipe_flush(struct weft_pipe *p)
 {
     int n = 0;
 
     while (p->out_head && !p->broken) {
         struct weft_outbound *o = p->out_head;
-        int rc = o->req ? send_req_now(p, o->req) : p->tp->ctrl_send(p, &o->hdr, NULL, 0);
+        int rc = o->req ? send_req_now(p, o->req) : p->tp->ctrl_send(p, &o->hdr, o->payload, o->len);
         if (rc == WEFT_EAGAIN)
             break;
         p->out_head = o->next;
@@ -250,10 +340,12 @@ int weft_pipe_flush(struct weft_pipe *p)
         if (rc != WEFT_SUCCESS) {
             if (o->req)
                 req_complete(o->req, rc);
+            free(o->payload);
             free(o);
             weft_pipe_break(p, rc);
             return n;
         }
+        free(o->payload);
         free(o);
         n++;
     }
@@ -281,6 +373,12 @@ static struct weft_request *req_new(struct weft_comm *c, struct weft_pipe *p, in
 int weft_pipe_isend(struct weft_comm *c, const void *buf, size_t bytes, int peer, int tag,
                     struct weft_request **out)
 {
+    return weft_pipe_isend_mem(c, buf, bytes, peer, tag, WEFT_MEM_HOST, -1, out);
+}
+
+int weft_pipe_isend_mem(struct weft_comm *c, const void *buf, size_t bytes, int peer, int tag,
+                        int mem_kind, int device, struct weft_request **out)
+{
     struct weft_pipe *p = &c->pipes[peer];
     struct weft_request *r;
     int rc = WEFT_EAGAIN;
@@ -291,6 +389,8 @@ int weft_pipe_isend(struct weft_comm *c, const void *buf, size_t bytes, int peer
     r = req_new(c, p, WEFT_REQ_SEND, (void *)buf, bytes, tag);
     if (r == NULL)
         return weft_set_error(c, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory for a request", peer, tag);
+    r->mem_kind = mem_kind;
+    r->mem_device = device;
     r->seq = p->send_seq++;
     r->rndv = bytes > (tag < 0 ? p->eager_limit_internal : p->eager_limit);
 
@@ -318,11 +418,28 @@ int weft_pipe_isend(struct weft_comm *c, const void *buf, size_t bytes, int peer
 
 /* ------------------------------------------------------------- receiving */
 
+/* An EAGER payload into a device buffer: one synchronous copy. */
+__attribute__((noinline)) static void deliver_eager_device(struct weft_pipe *p, struct weft_request *r,
+                                                           const struct weft_ctrl *m, const void *payload)
+{
+    char what[96];
+    snprintf(what, sizeof(what), "recv from peer %d tag %d: eager copy host to device", p->peer, r->tag);
+    req_complete(r, weft_stage_copy_sync(p->comm, r->buf, payload, m->bytes, what));
+}
+
 /* EAGER message meets its receive: copy, or fail with TRUNCATE. */
 static void deliver_eager(struct weft_pipe *p, struct weft_request *r, const struct weft_ctrl *m,
                           const void *payload)
 {
     r->msg_bytes = m->bytes;
+    if (m->status != WEFT_SUCCESS) {
+        /* The sender could not read its device buffer (send_eager_device). */
+        weft_set_error(p->comm, WEFT_ERR_TRANSPORT,
+                       "recv from peer %d tag %d: the sender failed to copy its device buffer (%s there)", p->peer,
+                       r->tag, weft_strerror(m->status));
+        req_complete(r, WEFT_ERR_TRANSPORT);
+        return;
+    }
     if (m->bytes > r->bytes) {
         weft_set_error(p->comm, WEFT_ERR_TRUNCATE,
                        "recv from peer %d tag %d: message of %llu bytes does not fit the %zu-byte buffer",
@@ -330,9 +447,67 @@ static void deliver_eager(struct weft_pipe *p, struct weft_request *r, const str
         req_complete(r, WEFT_ERR_TRUNCATE);
         return;
     }
+    if (m->bytes && weft_mem_is_device(r->mem_kind)) {
+        deliver_eager_device(p, r, m, payload);
+        return;
+    }
     if (m->bytes)
         memcpy(r->buf, payload, m->bytes);
     req_complete(r, WEFT_SUCCESS);
+}
+
+/* A rendezvous message with a device buffer on either side, matched (see
+ * the top of this file). h: the answer prepared by match_rts. */
+static void match_rts_device(struct weft_pipe *p, struct weft_request *r, const struct weft_ctrl *m,
+                             struct weft_ctrl *h)
+{
+    struct weft_comm *c = p->comm;
+    int sdev = (m->flags & WEFT_CTRL_F_DEVICE) != 0, rdev = weft_mem_is_device(r->mem_kind);
+    int rc;
+
+    if (p->tp->id == WEFT_TP_SELF) {
+        /* One process: one copy between the two buffers, like the host pull. */
+        char what[64];
+        snprintf(what, sizeof(what), "send to self tag %d", r->tag);
+        rc = weft_stage_copy_sync(c, r->buf, (const void *)(uintptr_t)m->addr, m->bytes, what);
+        h->type = WEFT_CTRL_FIN;
+        h->status = rc;
+        pipe_send_ctrl(p, h);
+        req_complete(r, rc);
+        return;
+    }
+    if (sdev && rdev && c->cuda && p->tp->id == WEFT_TP_SHM && weft_cuda_ipc_eligible(p, m, r)) {
+        unsigned char payload[WEFT_CUDA_IPC_PAYLOAD_MAX];
+        size_t len = sizeof(payload);
+        rc = weft_cuda_ipc_export(p, r, payload, &len);
+        if (rc == WEFT_SUCCESS && len <= sizeof(payload)) {
+            r->dev_path = WEFT_DEV_PATH_IPC;
+            r->state = WEFT_REQ_ACTIVE;
+            r->tp_done = 0;
+            weft_req_queue_push(&p->inflight, r);
+            h->type = WEFT_CTRL_CTS;
+            h->flags = WEFT_CTRL_F_IPC;
+            h->rreq = weft_req_id(r);
+            h->status = WEFT_SUCCESS;
+            weft_pipe_send_ctrl(p, h, payload, len);
+            return;
+        }
+        WEFT_TRACE(c->rank, "recv from peer %d tag %d: CUDA IPC export failed (%s), staging instead", p->peer,
+                   r->tag, weft_strerror(rc));
+    }
+    r->dev_path = WEFT_DEV_PATH_STAGED;
+    r->state = WEFT_REQ_ACTIVE;
+    r->tp_done = 0;
+    weft_req_queue_push(&p->inflight, r);
+    rc = weft_stage_recv_start(p, r, m);
+    if (rc != WEFT_SUCCESS && !p->broken && r->state != WEFT_REQ_DONE) {
+        /* Nothing was announced to the sender: refuse the message. */
+        weft_req_queue_remove(&p->inflight, r);
+        h->type = WEFT_CTRL_FIN;
+        h->status = rc;
+        pipe_send_ctrl(p, h);
+        req_complete(r, rc);
+    }
 }
 
 /* RTS meets its receive: pull it, or ask the sender to push, or refuse it. */
@@ -357,6 +532,10 @@ static void match_rts(struct weft_pipe *p, struct weft_request *r, const struct 
         h.status = WEFT_ERR_TRUNCATE;
         pipe_send_ctrl(p, &h);
         req_complete(r, WEFT_ERR_TRUNCATE);
+        return;
+    }
+    if ((m->flags & WEFT_CTRL_F_DEVICE) || weft_mem_is_device(r->mem_kind)) {
+        match_rts_device(p, r, m, &h);
         return;
     }
     if (p->tp->rndv_get)
@@ -388,6 +567,12 @@ static void match_rts(struct weft_pipe *p, struct weft_request *r, const struct 
 int weft_pipe_irecv(struct weft_comm *c, void *buf, size_t bytes, int peer, int tag,
                     struct weft_request **out)
 {
+    return weft_pipe_irecv_mem(c, buf, bytes, peer, tag, WEFT_MEM_HOST, -1, out);
+}
+
+int weft_pipe_irecv_mem(struct weft_comm *c, void *buf, size_t bytes, int peer, int tag,
+                        int mem_kind, int device, struct weft_request **out)
+{
     struct weft_pipe *p = &c->pipes[peer];
     struct weft_request *r;
     struct weft_lane *l;
@@ -402,6 +587,8 @@ int weft_pipe_irecv(struct weft_comm *c, void *buf, size_t bytes, int peer, int 
             weft_request_free(r);
         return weft_set_error(c, WEFT_ERR_NO_MEMORY, "recv from peer %d tag %d: no memory", peer, tag);
     }
+    r->mem_kind = mem_kind;
+    r->mem_device = device;
     r->state = WEFT_REQ_POSTED;
     if (l->unexp_head) {
         struct weft_unexpected *u = l->unexp_head;
@@ -496,7 +683,16 @@ void weft_pipe_on_ctrl(struct weft_pipe *p, const struct weft_ctrl *m, const voi
         r->peer_req = m->rreq;
         r->tp_done = 0;
         {
-            int rc = p->tp->rndv_push(p, r, m);
+            int rc;
+            if (m->flags & WEFT_CTRL_F_STAGED) {
+                r->dev_path = WEFT_DEV_PATH_STAGED;
+                rc = weft_stage_send_start(p, r, m);
+            } else if (m->flags & WEFT_CTRL_F_IPC) {
+                r->dev_path = WEFT_DEV_PATH_IPC;
+                rc = weft_cuda_ipc_push(p, r, m, payload, len);
+            } else {
+                rc = p->tp->rndv_push(p, r, m);
+            }
             if (rc != WEFT_SUCCESS) {
                 weft_set_error(p->comm, rc, "send to peer %d tag %d: %s could not push %zu bytes", p->peer,
                                r->tag, pipe_tp_name(p), r->bytes);
@@ -506,7 +702,8 @@ void weft_pipe_on_ctrl(struct weft_pipe *p, const struct weft_ctrl *m, const voi
         break;
 
     case WEFT_CTRL_FIN:
-        r = weft_req_from_id(m->sreq);
+        /* FIN with F_IPC comes from the sender and names our receive. */
+        r = weft_req_from_id((m->flags & WEFT_CTRL_F_IPC) ? m->rreq : m->sreq);
         weft_req_queue_remove(&p->inflight, r);
         if (m->status == WEFT_ERR_TRUNCATE)
             weft_set_error(p->comm, WEFT_ERR_TRUNCATE,
@@ -548,6 +745,11 @@ void weft_pipe_break(struct weft_pipe *p, int err)
               weft_strerror(p->broken));
     if (p->tp && p->tp->abort_pipe)
         p->tp->abort_pipe(p);
+    /* Device paths let go of this pipe's requests before they fail. */
+    if (p->comm->stage_state)
+        weft_stage_abort_pipe(p);
+    if (p->comm->cuda)
+        weft_cuda_ipc_abort_pipe(p);
 
     while ((r = weft_req_queue_pop(&p->inflight)) != NULL)
         req_complete(r, p->broken);
@@ -557,6 +759,7 @@ void weft_pipe_break(struct weft_pipe *p, int err)
         p->comm->out_queued--;
         if (o->req)
             req_complete(o->req, p->broken);
+        free(o->payload);
         free(o);
     }
     p->out_tail = NULL;

@@ -24,6 +24,14 @@ enum weft_ctrl_type {
 #define WEFT_CTRL_F_DEVICE  0x01  /* EAGER/RTS: the sender's buffer is CUDA device memory */
 #define WEFT_CTRL_F_STAGED  0x02  /* CTS: data follows as staged chunks on an internal lane (p2p/stage.c) */
 #define WEFT_CTRL_F_IPC     0x04  /* CTS: payload is a CUDA IPC export of the receive buffer (p2p/cuda_ipc.c) */
+/* Device fields (p2p/stage.c, p2p/cuda_ipc.h, docs/cuda.md):
+ *   RTS with F_DEVICE:  reserved = the sender's device ordinal of its buffer,
+ *                       reserved2 = the sender's staging chunk (bytes), 0 = any.
+ *   CTS with F_STAGED:  addr = lane index k (chunks travel on tag
+ *                       weft_stage_tag(k), p2p/stage.h), reserved2 = chunk bytes.
+ *   FIN with F_IPC:     sent by the SENDER after an IPC copy (p2p/cuda_ipc.c);
+ *                       rreq (and sreq) name the receiver's request, status
+ *                       its result. */
 
 struct weft_ctrl {
     uint8_t  type;
@@ -40,6 +48,11 @@ struct weft_ctrl {
 };
 
 enum weft_req_type { WEFT_REQ_SEND = 1, WEFT_REQ_RECV = 2 };
+enum weft_dev_path {
+    WEFT_DEV_PATH_NONE = 0,  /* host path (or not decided yet) */
+    WEFT_DEV_PATH_STAGED,    /* chunks through pinned host slots (p2p/stage.c) */
+    WEFT_DEV_PATH_IPC        /* CUDA IPC copy (p2p/cuda_ipc.c) */
+};
 enum weft_req_state {
     WEFT_REQ_QUEUED = 0,   /* send waiting for room on the transport */
     WEFT_REQ_POSTED,       /* recv posted / send's RTS out, waiting for the peer */
@@ -63,6 +76,7 @@ struct weft_request {
     int                  mem_kind; /* enum weft_mem_kind (src/cudawrap.h) of buf */
     int                  mem_device; /* CUDA device ordinal of buf, -1 for host memory */
     void                *dev_state;  /* device paths (stage.c, cuda_ipc.c): per-request state */
+    int                  dev_path;   /* enum weft_dev_path: how a rendezvous with a device side moves */
     struct weft_request *next, *prev;  /* pipe queue links (lane or outbound) */
 
     /* Transport scratch, owned by the pipe's transport while ACTIVE. */
@@ -93,6 +107,8 @@ struct weft_lane {
 struct weft_outbound {
     struct weft_ctrl         hdr;
     struct weft_request     *req;      /* non-NULL: a send (EAGER payload / RTS) */
+    void                    *payload;  /* control payload (e.g. CTS with F_IPC), malloc'ed copy */
+    size_t                   len;
     struct weft_outbound    *next;
 };
 
@@ -114,6 +130,7 @@ struct weft_pipe {
     struct weft_req_queue            inflight;     /* sends/recvs waiting on the peer (for abort) */
 
     int                              broken;       /* WEFT_* code once the pipe failed, else 0 */
+    uint32_t                         stage_lane_next; /* next staged-transfer lane index (receiver side) */
 };
 
 /* ---- used by the public API (p2p/api.c) and collectives ---- */
@@ -125,6 +142,13 @@ int  weft_pipe_isend(struct weft_comm *c, const void *buf, size_t bytes, int pee
                      struct weft_request **out);
 int  weft_pipe_irecv(struct weft_comm *c, void *buf, size_t bytes, int peer, int tag,
                      struct weft_request **out);
+/* The same for a buffer of a known memory kind (enum weft_mem_kind,
+ * src/cudawrap.h) on CUDA device `device` (-1: host): the public calls
+ * classify the buffer once and pass the result here. */
+int  weft_pipe_isend_mem(struct weft_comm *c, const void *buf, size_t bytes, int peer, int tag,
+                         int mem_kind, int device, struct weft_request **out);
+int  weft_pipe_irecv_mem(struct weft_comm *c, void *buf, size_t bytes, int peer, int tag,
+                         int mem_kind, int device, struct weft_request **out);
 
 int  weft_pipe_init(struct weft_comm *c, struct weft_pipe *p, int peer);
 void weft_pipe_fini(struct weft_pipe *p);
@@ -134,6 +158,19 @@ int  weft_pipe_flush(struct weft_pipe *p);
 
 /* Breaks the pipe: every request of this pipe completes with err. */
 void weft_pipe_break(struct weft_pipe *p, int err);
+
+/* Sends a control message (CTS/FIN, with an optional payload of len bytes,
+ * copied) now, or queues it behind earlier ones; a failure breaks the pipe.
+ * For the device paths (p2p/stage.c, p2p/cuda_ipc.c). */
+void weft_pipe_send_ctrl(struct weft_pipe *p, const struct weft_ctrl *h, const void *payload, size_t len);
+
+/* Nonzero when a buffer of this kind is CUDA device (or managed) memory:
+ * the transports never touch such a buffer with host code. */
+static inline int weft_mem_is_device(int mem_kind) { return mem_kind >= 2; /* WEFT_MEM_DEVICE, WEFT_MEM_MANAGED */ }
+
+/* Frees the lane of tag when nothing is posted or waiting on it (the
+ * per-message lanes of staged transfers, p2p/stage.c). */
+void weft_pipe_lane_release(struct weft_pipe *p, int tag);
 
 /* ---- called by transports ---- */
 

@@ -5,13 +5,21 @@
  * eager payload); a large message is pulled with one memcpy straight from
  * the send buffer once its receive is posted (rndv_get), so a send to self
  * of any size costs one copy.
+ *
+ * Device buffers never reach this file: the pipe copies them with one
+ * cudaMemcpy (p2p/pipe.c, match_rts_device) or through a host bounce
+ * (EAGER). The self transport is in every comm, so its busy() also reports
+ * this process's own device work (staged chunks, IPC copies, p2p/stage.c):
+ * weft_comm_destroy then progresses until that is drained.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm.h"
+#include "cuda_ipc.h"
 #include "log.h"
 #include "pipe.h"
+#include "stage.h"
 #include "transport.h"
 
 struct self_msg {
@@ -121,6 +129,12 @@ static int self_rndv_push(struct weft_pipe *p, struct weft_request *s, const str
     return self_rndv_unused(p, s);
 }
 
+static int self_busy(const struct weft_comm *c)
+{
+    const struct self_state *s = c->tp_state[WEFT_TP_SELF];
+    return (s && s->head) || weft_stage_busy(c) || (c->cuda && weft_cuda_ipc_busy(c));
+}
+
 static void self_abort_pipe(struct weft_pipe *p)
 {
     if (p->tp_peer)
@@ -140,6 +154,6 @@ const struct weft_transport weft_transport_self = {
     .rndv_expect = self_rndv_unused,
     .rndv_push   = self_rndv_push,
     .abort_pipe  = self_abort_pipe,
-    .busy        = NULL,
+    .busy        = self_busy,
     .sleep       = NULL,
 };

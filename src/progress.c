@@ -9,6 +9,11 @@
  * shm doorbell, poll on sockets) until a peer wakes it or a short timeout.
  * WEFT_TIMEOUT bounds the time without any progress; then the pipes of the
  * requests still waiting are broken so nothing waits forever.
+ *
+ * Device work (staged chunks, p2p/stage.c; CUDA IPC copies, p2p/cuda_ipc.c)
+ * advances in the same pass when the comm has CUDA or staged work; no peer
+ * knocks when a copy on weft's stream ends, so while one runs a waiter naps
+ * briefly and polls instead of sleeping in a transport.
  */
 #include <sched.h>
 #include <stdlib.h>
@@ -17,8 +22,10 @@
 #include <time.h>
 
 #include "comm.h"
+#include "cuda_ipc.h"
 #include "log.h"
 #include "pipe.h"
+#include "stage.h"
 #include "transport.h"
 
 /* How long a waiter yields before it sleeps, and the longest single sleep
@@ -44,6 +51,10 @@ int weft_progress(struct weft_comm *c)
                 n += k;
         }
     }
+    if (c->stage_state)
+        n += weft_stage_progress(c);
+    if (c->cuda)
+        n += weft_cuda_ipc_progress(c);
     if (c->out_queued) {
         for (int i = 0; i < c->size; i++)
             if (c->pipes[i].out_head)
@@ -67,6 +78,9 @@ static void wait_sleep(struct weft_comm *c, int timeout_ms)
         if ((c->tp_used & (1u << id)) && tp && tp->sleep == NULL)
             unsleepable = 1;
     }
+    /* A copy on a CUDA stream ends without a knock: poll for it. */
+    if ((c->stage_state && weft_stage_copies_pending(c)) || (c->cuda && weft_cuda_ipc_busy(c)))
+        unsleepable = 1;
 
     /* Another waiting thread of this process may complete our request
      * without any peer knocking: keep sleeps short then. A poll on sockets
