@@ -8,18 +8,14 @@
  *
  * Device buffers never reach this file: the pipe copies them with one
  * cudaMemcpy (p2p/pipe.c, match_rts_device) or through a host bounce
- * (EAGER). The self transport is in every comm, so its busy() also reports
- * this process's own device work (staged chunks, IPC copies, p2p/stage.c):
- * weft_comm_destroy then progresses until that is drained.
+ * (EAGER).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "comm.h"
-#include "cuda_ipc.h"
 #include "log.h"
 #include "pipe.h"
-#include "stage.h"
 #include "transport.h"
 
 struct self_msg {
@@ -132,7 +128,7 @@ static int self_rndv_push(struct weft_pipe *p, struct weft_request *s, const str
 static int self_busy(const struct weft_comm *c)
 {
     const struct self_state *s = c->tp_state[WEFT_TP_SELF];
-    return (s && s->head) || weft_stage_busy(c) || (c->cuda && weft_cuda_ipc_busy(c));
+    return s && s->head;
 }
 
 static void self_abort_pipe(struct weft_pipe *p)

@@ -21,6 +21,8 @@
 #include <unistd.h>
 
 #include "cuda_comm.h"
+#include "cuda_ipc.h"
+#include "stage.h"
 #include "stream.h"
 #include "ib_card.h"
 #include "log.h"
@@ -325,7 +327,8 @@ static int drain(struct weft_comm *c)
 {
     double start = weft_now();
     for (;;) {
-        int busy = c->out_queued != 0;
+        /* Device paths (staged chunks, IPC copies) hold work no transport sees. */
+        int busy = c->out_queued != 0 || weft_stage_busy(c) || (c->cuda && weft_cuda_ipc_busy(c));
         for (int id = 0; id < WEFT_TP_COUNT && !busy; id++) {
             const struct weft_transport *tp = weft_transport_get(id);
             busy = (c->tp_used & (1u << id)) && tp->busy && tp->busy(c);
