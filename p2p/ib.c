@@ -346,7 +346,7 @@ static int slot_prepare(struct ib_peer *pe, struct weft_request *r)
         pe->slots = ns;
         pe->nslots = n;
     }
-    rc = weft_regcache_acquire(c->regcache, r->buf, r->msg_bytes, &reg, why, sizeof(why));
+    rc = ib_reg_acquire(pe->st, r->buf, r->msg_bytes, r->mem_kind, &reg, why, sizeof(why));
     if (rc != WEFT_SUCCESS)
         return weft_set_error(c, rc, "ib: recv from peer %d tag %d: registering the %zu-byte buffer failed: %s",
                               pe->rank, r->tag, r->msg_bytes, why);
@@ -504,7 +504,7 @@ static int ib_rndv_push(struct weft_pipe *p, struct weft_request *s, const struc
     if (ps == NULL)
         return weft_set_error(c, WEFT_ERR_NO_MEMORY, "ib: send to peer %d: no memory for %llu write requests",
                               p->peer, (unsigned long long)n);
-    rc = weft_regcache_acquire(c->regcache, s->buf, s->bytes, &reg, why, sizeof(why));
+    rc = ib_reg_acquire(pe->st, s->buf, s->bytes, s->mem_kind, &reg, why, sizeof(why));
     if (rc != WEFT_SUCCESS) {
         free(ps);
         return weft_set_error(c, rc, "ib: send to peer %d tag %d: registering the %zu-byte buffer failed: %s",

@@ -139,6 +139,16 @@ struct ib_push {
 
 struct ib_state;
 
+/* How a registration cache entry was pinned (p2p/ib_gdr.c). */
+enum { IB_REG_HOST = 0, IB_REG_DMABUF, IB_REG_PEERMEM };
+
+/* What the registration cache's reg op returns as the entry's handle. */
+struct ib_mr {
+    struct ibv_mr *mr;
+    int            how;        /* IB_REG_* */
+    uint64_t       buffer_id;  /* device memory: CUDA buffer id of the allocation registered; else 0 */
+};
+
 struct ib_peer {
     struct ib_state     *st;
     struct weft_pipe    *pipe;
@@ -180,6 +190,12 @@ struct ib_state {
     size_t                  frame_max;
     int                     sq_depth, recv_posted;
     int                     drain;    /* weft_comm_destroy is draining: return every owed credit */
+    /* GPUDirect RDMA (p2p/ib_gdr.c): which ways of registering device
+     * memory worked on the test allocation at create; gdr = either did and
+     * WEFT_IB_GDR is not 0 (what the rank card says) */
+    int                     gdr, gdr_dmabuf, gdr_peermem;
+    char                    gdr_why[256];   /* why not, when gdr == 0 */
+    uint64_t                gdr_regs[3];    /* registrations so far, by IB_REG_* */
 };
 
 static inline struct ib_state *ib_state(const struct weft_comm *c)
@@ -206,6 +222,22 @@ int  weft_ib_connect(struct weft_comm *c);
 void weft_ib_disconnect(struct weft_comm *c);
 /* Posts one receive buffer (again). 0, or the errno of ibv_post_recv. */
 int  weft_ib_post_recv(struct ib_rbuf *rb);
+
+/* ---- p2p/ib_gdr.c ---- */
+
+/* card_fill, once the PD exists: decides st->gdr (WEFT_IB_GDR, the probe of
+ * src/gdr.c, a test allocation registered and deregistered) and logs it. */
+void ib_gdr_setup(struct weft_comm *c, struct ib_state *st);
+/* The registration cache's reg op: host memory with ibv_reg_mr, CUDA device
+ * memory through dma-buf (else a peer-memory module). */
+int  ib_reg_cb(void *ctx, uintptr_t addr, size_t len, void **handle, uint32_t *lkey, uint32_t *rkey, char *why,
+               size_t whylen);
+void ib_dereg_cb(void *ctx, void *handle);
+/* weft_regcache_acquire for a transfer from/to buf (memory kind mem_kind):
+ * a cached registration of device memory that was freed meanwhile (same
+ * address, other CUDA buffer id) is dropped and the range registered anew. */
+int  ib_reg_acquire(struct ib_state *st, const void *buf, size_t len, int mem_kind, struct weft_reg **out,
+                    char *why, size_t whylen);
 
 /* ---- p2p/ib.c ---- */
 

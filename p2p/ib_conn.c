@@ -19,7 +19,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "gdr.h"
 #include "ib.h"
 #include "ib_card.h"
 #include "ib_chunk.h"
@@ -94,7 +93,7 @@ void weft_ib_disconnect(struct weft_comm *c)
 
 /* --------------------------------------------------------------- card */
 
-int weft_ib_card_fill(struct weft_comm *c, struct weft_rank_card *mine)
+static int card_fill_port(struct weft_comm *c, struct weft_rank_card *mine)
 {
     struct ib_state *st = ib_state(c);
     char why[256] = "";
@@ -134,9 +133,9 @@ int weft_ib_card_fill(struct weft_comm *c, struct weft_rank_card *mine)
         return WEFT_SUCCESS;
     }
 
-    /* Once per process, where RDMA is really there: can GPU memory be
-     * registered too (for the CUDA transport later)? */
-    weft_gdr_probe(st->ibv.reg_dmabuf_mr != NULL, c->rank);
+    /* Where RDMA is really there: can GPU memory be registered too? */
+    ib_gdr_setup(c, st);
+    mine->ib_gdr = (uint8_t)(st->gdr != 0);
 
     snprintf(mine->ib_dev, sizeof(mine->ib_dev), "%s", st->port.dev);
     mine->ib_port = st->port.port;
@@ -156,35 +155,20 @@ int weft_ib_card_fill(struct weft_comm *c, struct weft_rank_card *mine)
     return WEFT_SUCCESS;
 }
 
+int weft_ib_card_fill(struct weft_comm *c, struct weft_rank_card *mine)
+{
+    int rc = card_fill_port(c, mine);
+    struct ib_state *st = ib_state(c);
+
+    /* WEFT_IB_GDR=1: GPUDirect is required wherever ib is offered. */
+    if (rc == WEFT_SUCCESS && c->cfg.ib_gdr == 1 && !mine->ib_gdr)
+        return weft_set_error(c, WEFT_ERR_UNSUPPORTED, "ib: WEFT_IB_GDR=1 but GPUDirect RDMA is not possible on "
+                              "rank %d: %s", c->rank, st && st->loaded && st->gdr_why[0] ? st->gdr_why
+                              : "ib is not offered here (WEFT_DEBUG=info says why)");
+    return rc;
+}
+
 /* ------------------------------------------------------------ connect */
-
-static int reg_cb(void *ctx, uintptr_t addr, size_t len, void **handle, uint32_t *lkey, uint32_t *rkey, char *why,
-                  size_t whylen)
-{
-    struct ib_state *st = ctx;
-    struct ibv_mr *mr = st->ibv.reg_mr(st->pd, (void *)addr, len,
-                                       IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
-    if (mr == NULL) {
-        int e = errno;
-        /* A send buffer may be read-only memory (a constant table), which
-         * cannot be pinned for writing; reading is all a send needs. */
-        mr = st->ibv.reg_mr(st->pd, (void *)addr, len, IBV_ACCESS_REMOTE_READ);
-        if (mr == NULL) {
-            snprintf(why, whylen, "ibv_reg_mr of %zu bytes at %p failed: %s", len, (void *)addr, strerror(e));
-            return -1;
-        }
-    }
-    *handle = mr;
-    *lkey = mr->lkey;
-    *rkey = mr->rkey;
-    return 0;
-}
-
-static void dereg_cb(void *ctx, void *handle)
-{
-    struct ib_state *st = ctx;
-    st->ibv.dereg_mr(handle);
-}
 
 /* Whether any pair of the comm uses ib: the same answer on every rank. */
 static int comm_uses_ib(const struct weft_comm *c)
@@ -442,8 +426,8 @@ static int local_setup(struct weft_comm *c, struct ib_state *st, int npeers)
                               st->scq ? rcqe : scqe, strerror(errno));
 
     st->reg_ops.ctx = st;
-    st->reg_ops.reg = reg_cb;
-    st->reg_ops.dereg = dereg_cb;
+    st->reg_ops.reg = ib_reg_cb;
+    st->reg_ops.dereg = ib_dereg_cb;
     rc = weft_regcache_create(&st->reg_ops, c->cfg.ib_reg_cache, &c->regcache);
     if (rc != WEFT_SUCCESS)
         return weft_set_error(c, rc, "ib: cannot create the registration cache");

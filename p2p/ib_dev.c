@@ -11,9 +11,77 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cudawrap.h"
+#include "log.h"
+#include "topo.h"
 #include "weft.h"
 
 #define IB_DEV_MAX_CANDIDATES 64
+
+static const char *distance_words(int d)
+{
+    switch (d) {
+    case WEFT_TOPO_SAME_SWITCH:     return "same PCIe switch";
+    case WEFT_TOPO_SAME_HOSTBRIDGE: return "same host bridge";
+    case WEFT_TOPO_SAME_NUMA:       return "same NUMA node";
+    case WEFT_TOPO_SYSTEM:          return "across sockets";
+    default:                        return "no path";
+    }
+}
+
+/* The NIC the topology (WEFT_TOPO_XML, else this machine) matches to this
+ * thread's current CUDA device. 0 with nic and desc ("cuda0 (0000:07:00.0)
+ * -> mlx5_0: same PCIe switch") filled; -1 with desc saying why not. */
+static int gpu_nic(const struct weft_config *cfg, char *nic, size_t niclen, char *desc, size_t desclen)
+{
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    const struct weft_cuda *cu = weft_cuda_get();
+    struct weft_topo *t;
+    char bus[32] = "", why[256] = "";
+    int dev = -1, g, n;
+
+    if (cu == NULL) {
+        snprintf(desc, desclen, "CUDA not loaded");
+        return -1;
+    }
+    if (cu->GetDevice(&dev) != cudaSuccess || dev < 0 ||
+        cu->DeviceGetPCIBusId(bus, (int)sizeof(bus), dev) != cudaSuccess) {
+        cu->GetLastError();
+        snprintf(desc, desclen, "no current CUDA device");
+        return -1;
+    }
+    t = malloc(sizeof(*t));
+    if (t == NULL) {
+        snprintf(desc, desclen, "no memory for the topology");
+        return -1;
+    }
+    if (weft_topo_load(cfg->topo_xml, t, why, sizeof(why)) != WEFT_SUCCESS) {
+        snprintf(desc, desclen, "cuda%d (%s): topology not available: %s", dev, bus, why);
+        free(t);
+        return -1;
+    }
+    g = weft_topo_find_gpu(t, bus);
+    n = g >= 0 ? t->gpu_nic[g] : -1;
+    if (g < 0)
+        snprintf(desc, desclen, "cuda%d (%s) is not in the topology%s%s", dev, bus, cfg->topo_xml[0] ? " " : "",
+                 cfg->topo_xml);
+    else if (n < 0)
+        snprintf(desc, desclen, "cuda%d (%s): no RDMA NIC in the topology", dev, t->gpus[g].busid);
+    else {
+        snprintf(nic, niclen, "%s", t->nics[n].name);
+        snprintf(desc, desclen, "cuda%d (%s) -> %s: %s", dev, t->gpus[g].busid, t->nics[n].name,
+                 distance_words(t->gpu_nic_distance[g]));
+    }
+    free(t);
+    return n >= 0 ? 0 : -1;
+#else
+    (void)cfg;
+    (void)nic;
+    (void)niclen;
+    snprintf(desc, desclen, "built without CUDA");
+    return -1;
+#endif
+}
 
 int ib_hca_allows(const char *list, const char *dev, unsigned port)
 {
@@ -201,8 +269,28 @@ int ib_dev_open(const struct weft_ibv *ibv, const struct weft_config *cfg, int r
     }
 
     {
-        /* Spread ranks over the allowed ports. */
+        /* A rank with a current CUDA device takes the NIC nearest its GPU
+         * when that NIC has an allowed ACTIVE port; otherwise (and with one
+         * candidate only: nothing to choose) ranks spread over the ports. */
         const struct candidate *k = &cand[rank % ncand];
+        if (ncand > 1 && weft_cuda_available()) {
+            char nic[32] = "", desc[400] = "";
+            int idx[IB_DEV_MAX_CANDIDATES], nm = 0;
+            if (gpu_nic(cfg, nic, sizeof(nic), desc, sizeof(desc)) == 0) {
+                for (int i = 0; i < ncand; i++)
+                    if (strcmp(ibv->get_device_name(list[cand[i].dev]), nic) == 0)
+                        idx[nm++] = i;
+                if (nm > 0) {
+                    k = &cand[idx[rank % nm]];
+                    WEFT_INFO(rank, "ib: GPU-NIC affinity: %s", desc);
+                } else {
+                    WEFT_INFO(rank, "ib: GPU-NIC affinity: %s, which has no allowed ACTIVE port: spreading ranks "
+                              "over the ports", desc);
+                }
+            } else {
+                WEFT_INFO(rank, "ib: GPU-NIC affinity: none (%s): spreading ranks over the ports", desc);
+            }
+        }
         struct ibv_context *ctx = ctxs[k->dev];
         struct ibv_device_attr da;
         struct ibv_port_attr pa;

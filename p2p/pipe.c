@@ -36,6 +36,7 @@
 #include "comm.h"
 #include "cuda_ipc.h"
 #include "cudawrap.h"
+#include "ib_gdr.h"
 #include "log.h"
 #include "stage.h"
 
@@ -534,7 +535,9 @@ static void match_rts(struct weft_pipe *p, struct weft_request *r, const struct 
         req_complete(r, WEFT_ERR_TRUNCATE);
         return;
     }
-    if ((m->flags & WEFT_CTRL_F_DEVICE) || weft_mem_is_device(r->mem_kind)) {
+    /* GPUDirect RDMA (p2p/ib_gdr.c): on an ib pipe where both ranks register
+     * device memory, a device message takes the ordinary rendezvous below. */
+    if (((m->flags & WEFT_CTRL_F_DEVICE) || weft_mem_is_device(r->mem_kind)) && !weft_ib_gdr_usable(p)) {
         match_rts_device(p, r, m, &h);
         return;
     }

@@ -41,7 +41,11 @@ struct weft_rank_card {
     uint8_t  gpu_count;       /* 0 = no CUDA in this rank */
     uint8_t  gpu_pad[7];
     char     gpu_busid[8][16];/* "0000:07:00.0", device ordinal = index */
-    uint8_t  reserved[188];
+    /* ib: 1 = this rank registers CUDA device memory with its NIC (GPUDirect
+     * RDMA, p2p/ib_gdr.c); a pair moves device data by RDMA only when both say so */
+    uint8_t  ib_gdr;
+    uint8_t  ib_gdr_pad[3];
+    uint8_t  reserved[184];
 };
 
 struct weft_comm {

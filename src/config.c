@@ -143,6 +143,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     cfg->ib_recv_depth    = 64;
     cfg->ib_sq_depth      = 128;
     cfg->ib_reg_cache     = (size_t)1 << 30;
+    cfg->ib_gdr           = -1;
     strcpy(cfg->cuda_lib, "libcudart.so");
     /* Staged device transfers (p2p/stage.c): 1 MiB chunks, 4 in flight per
      * side. Per-chunk costs (a pipe message, a copy launch, an event) are a
@@ -239,6 +240,14 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     if (cfg->shm_chunk + 256 > cfg->shm_ring_bytes / 2)
         cfg->shm_chunk = cfg->shm_ring_bytes / 4;
 
+    if ((v = lookup("WEFT_IB_GDR", ctx)) != NULL) {
+        if (strcasecmp(v, "auto") == 0)
+            cfg->ib_gdr = -1;
+        else if (parse_int(v, 0, 1, &n) == 0)
+            cfg->ib_gdr = (int)n;
+        else
+            return config_error(err, errlen, "WEFT_IB_GDR", v, "expected auto, 0 or 1");
+    }
     if ((v = lookup("WEFT_TCP_STREAMS", ctx)) != NULL) {
         if (parse_int(v, 1, 64, &n) != 0)
             return config_error(err, errlen, "WEFT_TCP_STREAMS", v, "expected an integer in [1, 64]");

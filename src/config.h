@@ -48,6 +48,7 @@ struct weft_config {
     int      ib_recv_depth;    /* WEFT_IB_RECV_DEPTH: pre-posted receive buffers (= send credits) per QP */
     int      ib_sq_depth;      /* WEFT_IB_SQ_DEPTH: send-queue depth per QP (capped by the device) */
     size_t   ib_reg_cache;     /* WEFT_IB_REG_CACHE_MB: cap on bytes pinned by the registration cache */
+    int      ib_gdr;           /* WEFT_IB_GDR: -1 auto, 0 off (device data staged), 1 required (create fails without) */
     char     topo_xml[256];    /* WEFT_TOPO_XML: hwloc XML to use instead of this machine's topology */
 
     /* CUDA (src/cudawrap.c) */
