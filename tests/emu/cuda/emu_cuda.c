@@ -1540,6 +1540,16 @@ int weft_emu_cuda_peermem_fd(const void *ptr, size_t size)
 
 enum pkind { P_PAGEABLE, P_PINNED, P_DEVICE, P_BAD };
 
+/* g_mu held. p lies in the address space reserved for device memory or
+ * IPC imports. */
+static int in_device_window(uintptr_t p)
+{
+    for (int d = 0; d < g_ndev; d++)
+        if (p >= g_devva[d].base && p < g_devva[d].end)
+            return 1;
+    return g_ndev > 0 && p >= g_impva.base && p < g_impva.end;
+}
+
 /* What [p, p+n) is: device memory (own or imported), pinned/registered host
  * memory, or ordinary host memory; P_BAD when it starts in an allocation
  * but runs past its end. *view (if given): where the emulator accesses p
@@ -1556,6 +1566,11 @@ static int classify(const void *p, size_t n, int *device, void **view)
         else k = (a->kind == A_DEVICE || a->kind == A_IMPORT) ? P_DEVICE : P_PINNED;
         if (device) *device = a->device;
         if (view) *view = host_view(a, (uintptr_t)p);
+    } else if (in_device_window((uintptr_t)p)) {
+        /* Device address space that no live allocation covers (freed, or
+         * past an allocation's end): a GPU would fault, never treat it as
+         * host memory. */
+        k = P_BAD;
     }
     pthread_mutex_unlock(&g_mu);
     return k;

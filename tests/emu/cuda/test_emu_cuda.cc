@@ -481,8 +481,15 @@ TEST(EmuCuda, MemcpyRefusals)
     EXPECT_EQ(cudaErrorInvalidMemcpyDirection, cudaMemcpy(d, h.data(), 16, (cudaMemcpyKind)9));
     EXPECT_EQ(cudaErrorInvalidResourceHandle,
               cudaMemcpyAsync(d, h.data(), 16, cudaMemcpyHostToDevice, (cudaStream_t)h.data()));
+    // Device address space no allocation covers (beyond this allocation,
+    // or freed): refused, never copied as if it were host memory.
+    EXPECT_EQ(cudaErrorInvalidValue, cudaMemcpy((char *)d + (1 << 20), h.data(), 16, cudaMemcpyDefault));
+    EXPECT_EQ(cudaErrorInvalidValue,
+              cudaMemcpyAsync((char *)d + (1 << 20), h.data(), 16, cudaMemcpyDefault, 0));
     cudaGetLastError();
     CK(cudaFree(d));
+    EXPECT_EQ(cudaErrorInvalidValue, cudaMemcpy(h.data(), d, 16, cudaMemcpyDefault));
+    cudaGetLastError();
 }
 
 TEST(EmuCuda, HostRegister)
