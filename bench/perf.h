@@ -15,6 +15,7 @@
  *
  *     perf_p2p.c   perf_sendrecv, perf_init
  *     perf_coll.c  perf_allgather, perf_bcast
+ *     perf_mem.c   buffers in host or CUDA device memory (-d host|cuda)
  */
 #ifndef WEFT_PERF_H
 #define WEFT_PERF_H
@@ -41,6 +42,11 @@ struct perf_opts {
     const char *tests;         /* -t: sendrecv: "lat", "bw" or NULL for both */
     const char *algo;          /* -a: collectives: force an algorithm (WEFT_ALLGATHER_ALGO); NULL = selector */
     int         root;          /* -R: bcast root */
+    int         device;        /* -d cuda: buffers in CUDA device memory (sendrecv, allgather, bcast) */
+
+    /* Filled by perf_mem_init. */
+    int         mpi_direct;    /* MPI gets the benchmark's buffers as they are (host memory, or a
+                                * CUDA-aware MPI); 0: device data staged through host for MPI */
 
     /* Filled by main. */
     int         rank, size;    /* in MPI_COMM_WORLD */
@@ -93,6 +99,29 @@ size_t perf_verify(const void *buf, size_t bytes, uint64_t seed);
  * Aborts the job (with a message naming the rank) when memory runs out. */
 void *perf_alloc(size_t bytes);
 void  perf_free(void *p);
+
+/* ---- buffers in host or device memory (perf_mem.c) ----
+ * With o->device == 0 these are the host helpers above; with -d cuda they
+ * work on cudaMalloc'ed memory through the CUDA runtime loaded at run time
+ * (WEFT_CUDA_LIB, else libcudart.so), never touching it from the host. */
+
+/* "host" / "cuda" -> *device 0 / 1; -1 for anything else. */
+int    perf_mem_parse(const char *arg, int *device);
+/* Collective. -d cuda: loads the runtime, one device per node-local rank,
+ * sets o->mpi_direct. Returns 0, or 1 on every rank when a rank has no
+ * runtime or device (message printed). */
+int    perf_mem_init(struct perf_opts *o);
+void   perf_mem_fini(const struct perf_opts *o);
+/* Rank 0's header lines: memory kind, device, how the MPI column gets its
+ * data, and a warning when the runtime is the emulated one. */
+void   perf_mem_describe(const struct perf_opts *o);
+void  *perf_buf_alloc(const struct perf_opts *o, size_t bytes);   /* aborts the job on failure */
+void   perf_buf_free(const struct perf_opts *o, void *p);
+void   perf_buf_set(const struct perf_opts *o, void *buf, int byte, size_t bytes);
+void   perf_buf_fill(const struct perf_opts *o, void *buf, size_t bytes, uint64_t seed);
+size_t perf_buf_verify(const struct perf_opts *o, const void *buf, size_t bytes, uint64_t seed);
+void   perf_buf_to_host(const struct perf_opts *o, void *host, const void *buf, size_t bytes);
+void   perf_buf_from_host(const struct perf_opts *o, void *buf, const void *host, size_t bytes);
 
 /* "8", "4K", "64M" style, into buf (at least 16 bytes). */
 const char *perf_size_str(size_t bytes, char *buf, size_t len);

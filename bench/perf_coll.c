@@ -16,6 +16,12 @@
  *   #wrong   bytes that differed from the expected pattern, weft + MPI, over
  *            all ranks (every size gets one checked call of each library
  *            with a fresh pattern; -c checks every timed call too)
+ *
+ * -d cuda: sbuf/rbuf are device memory (perf_mem.c). MPI gets them directly
+ * when it is CUDA-aware; otherwise each MPI call is wrapped in host staging,
+ * timed with it: allgather copies the rank's block to host, gathers into a
+ * host result and copies the whole result to the device; bcast copies the
+ * root's data to host and the result to the device on the other ranks.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +41,8 @@ struct coll_bench {
     int is_bcast;
     size_t bytes;       /* per rank (allgather) or the message (bcast) */
     int root;
-    unsigned char *sbuf, *rbuf;
+    unsigned char *sbuf, *rbuf;     /* device memory with -d cuda */
+    unsigned char *shost, *rhost;   /* MPI's: sbuf/rbuf, or host staging (!o->mpi_direct) */
 };
 
 static size_t result_bytes(const struct coll_bench *b)
@@ -48,22 +55,22 @@ static void coll_fill(struct coll_bench *b, uint64_t iter, int lib)
 {
     if (b->is_bcast) {
         if (b->o->rank == b->root)
-            perf_fill(b->rbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)b->root, (uint64_t)lib));
+            perf_buf_fill(b->o, b->rbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)b->root, (uint64_t)lib));
         else
-            memset(b->rbuf, 0, b->bytes);
+            perf_buf_set(b->o, b->rbuf, 0, b->bytes);
     } else {
-        perf_fill(b->sbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)b->o->rank, (uint64_t)lib));
+        perf_buf_fill(b->o, b->sbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)b->o->rank, (uint64_t)lib));
     }
 }
 
 static size_t coll_verify(const struct coll_bench *b, uint64_t iter, int lib)
 {
     if (b->is_bcast)
-        return perf_verify(b->rbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)b->root, (uint64_t)lib));
+        return perf_buf_verify(b->o, b->rbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)b->root, (uint64_t)lib));
     size_t wrong = 0;
     for (int r = 0; r < b->o->size; r++)
-        wrong += perf_verify(b->rbuf + (size_t)r * b->bytes, b->bytes,
-                             perf_seed(iter, b->bytes, (uint64_t)r, (uint64_t)lib));
+        wrong += perf_buf_verify(b->o, b->rbuf + (size_t)r * b->bytes, b->bytes,
+                                 perf_seed(iter, b->bytes, (uint64_t)r, (uint64_t)lib));
     return wrong;
 }
 
@@ -79,6 +86,13 @@ static int coll_call(struct coll_bench *b, int lib)
         return 0;
     }
     int err;
+    const int staged = !o->mpi_direct;
+    if (staged) {
+        if (!b->is_bcast)
+            perf_buf_to_host(o, b->shost, b->sbuf, b->bytes);
+        else if (o->rank == b->root)
+            perf_buf_to_host(o, b->rhost, b->rbuf, b->bytes);
+    }
     if (b->is_bcast) {
         /* MPI counts are int: large messages go as 1-MiB elements plus a tail. */
         size_t big = b->bytes >> 20, tail = b->bytes & ((1u << 20) - 1);
@@ -87,16 +101,16 @@ static int coll_call(struct coll_bench *b, int lib)
             MPI_Datatype mib;
             MPI_Type_contiguous(1 << 20, MPI_BYTE, &mib);
             MPI_Type_commit(&mib);
-            err = MPI_Bcast(b->rbuf, (int)big, mib, b->root, o->mpi);
+            err = MPI_Bcast(b->rhost, (int)big, mib, b->root, o->mpi);
             MPI_Type_free(&mib);
         }
         if (err == MPI_SUCCESS && tail)
-            err = MPI_Bcast(b->rbuf + (big << 20), (int)tail, MPI_BYTE, b->root, o->mpi);
+            err = MPI_Bcast(b->rhost + (big << 20), (int)tail, MPI_BYTE, b->root, o->mpi);
     } else {
         MPI_Datatype blk;
         MPI_Type_contiguous((int)b->bytes, MPI_BYTE, &blk);
         MPI_Type_commit(&blk);
-        err = MPI_Allgather(b->sbuf, 1, blk, b->rbuf, 1, blk, o->mpi);
+        err = MPI_Allgather(b->shost, 1, blk, b->rhost, 1, blk, o->mpi);
         MPI_Type_free(&blk);
     }
     if (err != MPI_SUCCESS) {
@@ -104,6 +118,8 @@ static int coll_call(struct coll_bench *b, int lib)
                 b->is_bcast ? "Bcast" : "Allgather", err);
         return 1;
     }
+    if (staged && (!b->is_bcast || o->rank != b->root))
+        perf_buf_from_host(o, b->rbuf, b->rhost, result_bytes(b));
     return 0;
 }
 
@@ -112,7 +128,7 @@ static long long coll_checked_call(struct coll_bench *b, uint64_t iter, int lib)
 {
     coll_fill(b, iter, lib);
     if (!b->is_bcast)
-        memset(b->rbuf, 0, result_bytes(b));
+        perf_buf_set(b->o, b->rbuf, 0, result_bytes(b));
     if (coll_call(b, lib))
         return -1;
     return (long long)coll_verify(b, iter, lib);
@@ -159,8 +175,10 @@ static int coll_run(const struct perf_opts *o, weft_comm_t *c, int is_bcast)
     struct coll_bench b = { .o = o, .c = c, .is_bcast = is_bcast, .root = o->root };
 
     size_t max_result = is_bcast ? max_b : max_b * (size_t)n;
-    b.rbuf = perf_alloc(max_result ? max_result : 1);
-    b.sbuf = is_bcast ? NULL : perf_alloc(max_b ? max_b : 1);
+    b.rbuf = perf_buf_alloc(o, max_result ? max_result : 1);
+    b.sbuf = is_bcast ? NULL : perf_buf_alloc(o, max_b ? max_b : 1);
+    b.rhost = o->mpi_direct ? b.rbuf : perf_alloc(max_result ? max_result : 1);
+    b.shost = o->mpi_direct ? b.sbuf : is_bcast ? NULL : perf_alloc(max_b ? max_b : 1);
 
     char title[512];
     const char *algo = o->algo ? o->algo : getenv("WEFT_ALLGATHER_ALGO");
@@ -241,9 +259,13 @@ static int coll_run(const struct perf_opts *o, weft_comm_t *c, int is_bcast)
 out:
     free(times[0]);
     free(times[1]);
-    perf_free(b.rbuf);
+    if (!o->mpi_direct) {
+        perf_free(b.rhost);
+        perf_free(b.shost);
+    }
+    perf_buf_free(o, b.rbuf);
     if (b.sbuf)
-        perf_free(b.sbuf);
+        perf_buf_free(o, b.sbuf);
     return rc;
 }
 

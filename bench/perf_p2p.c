@@ -16,6 +16,12 @@
  *              other `win` receives; after waiting for all of them the
  *              receiver answers a 4-byte ack. time = elapsed / messages.
  *
+ * -d cuda: sbuf/rbuf are device memory (perf_mem.c). weft gets them as they
+ * are; MPI gets them too when it is CUDA-aware, else the device data is
+ * staged through host buffers of the same size (cudaMemcpy before MPI_Send,
+ * after MPI_Recv), inside the timed region. The 4-byte ack stays in host
+ * memory for both libraries.
+ *
  * init: weft_comm_create and weft_comm_destroy timed apart, next to
  * MPI_Comm_dup + MPI_Allgather of one rank card and MPI_Comm_free: the part
  * of creation MPI itself would have to do anyway.
@@ -38,8 +44,10 @@ struct pair_run {
     weft_comm_t *c;
     int          peer;     /* the other rank of the pair */
     int          low;      /* 1 on the rank that starts (pings, streams) */
-    char        *sbuf;     /* window slots of `bytes` each */
+    char        *sbuf;     /* window slots of `bytes` each (device memory with -d cuda) */
     char        *rbuf;
+    char        *shost;    /* host staging of sbuf/rbuf for MPI (-d cuda, MPI not CUDA-aware), */
+    char        *rhost;    /* else sbuf/rbuf themselves */
     size_t       bytes;
     int          win;      /* bandwidth: messages in flight */
     weft_request_t **wreqs;/* [win] */
@@ -72,7 +80,7 @@ static void check_recv(struct pair_run *p, int lib, const void *buf, size_t got_
         p->wrong[lib] += p->bytes > got_bytes ? p->bytes : got_bytes;
         return;
     }
-    p->wrong[lib] += perf_verify(buf, p->bytes, seed);
+    p->wrong[lib] += perf_buf_verify(p->o, buf, p->bytes, seed);
 }
 
 static int mpi_count(const MPI_Status *st, size_t *bytes)
@@ -98,14 +106,18 @@ static int pingpong(struct pair_run *p, int lib, int first, int n)
             int sending = (step == 0) == (p->low != 0);
             if (sending) {
                 if (check)
-                    perf_fill(p->sbuf, p->bytes, perf_seed((uint64_t)i, p->bytes, (uint64_t)dir_out, (uint64_t)lib));
+                    perf_buf_fill(o, p->sbuf, p->bytes, perf_seed((uint64_t)i, p->bytes, (uint64_t)dir_out, (uint64_t)lib));
                 if (lib == LIB_WEFT) {
                     int err = weft_send(p->c, p->sbuf, p->bytes, p->peer, TAG_DATA);
                     if (err)
                         return perf_weft_fail(o, p->c, "weft_send", err);
-                } else if (MPI_Send(p->sbuf, (int)p->bytes, MPI_BYTE, p->peer, TAG_DATA, o->mpi) != MPI_SUCCESS) {
-                    fprintf(stderr, "weft-perf rank %d: MPI_Send to %d failed\n", o->rank, p->peer);
-                    return 1;
+                } else {
+                    if (!o->mpi_direct)
+                        perf_buf_to_host(o, p->shost, p->sbuf, p->bytes);
+                    if (MPI_Send(p->shost, (int)p->bytes, MPI_BYTE, p->peer, TAG_DATA, o->mpi) != MPI_SUCCESS) {
+                        fprintf(stderr, "weft-perf rank %d: MPI_Send to %d failed\n", o->rank, p->peer);
+                        return 1;
+                    }
                 }
             } else {
                 size_t got = 0;
@@ -117,11 +129,13 @@ static int pingpong(struct pair_run *p, int lib, int first, int n)
                     got = st.bytes;
                 } else {
                     MPI_Status st;
-                    if (MPI_Recv(p->rbuf, (int)p->bytes, MPI_BYTE, p->peer, TAG_DATA, o->mpi, &st) != MPI_SUCCESS ||
+                    if (MPI_Recv(p->rhost, (int)p->bytes, MPI_BYTE, p->peer, TAG_DATA, o->mpi, &st) != MPI_SUCCESS ||
                         mpi_count(&st, &got) != MPI_SUCCESS) {
                         fprintf(stderr, "weft-perf rank %d: MPI_Recv from %d failed\n", o->rank, p->peer);
                         return 1;
                     }
+                    if (!o->mpi_direct)
+                        perf_buf_from_host(o, p->rbuf, p->rhost, got < p->bytes ? got : p->bytes);
                 }
                 if (check)
                     check_recv(p, lib, p->rbuf, got, perf_seed((uint64_t)i, p->bytes, (uint64_t)dir_in, (uint64_t)lib));
@@ -142,14 +156,19 @@ static int stream_window(struct pair_run *p, int lib, int iter)
         for (int w = 0; w < p->win; w++) {
             char *slot = p->sbuf + (size_t)w * p->bytes;
             if (check)
-                perf_fill(slot, p->bytes, perf_seed((uint64_t)iter, p->bytes, (uint64_t)w, (uint64_t)lib));
+                perf_buf_fill(o, slot, p->bytes, perf_seed((uint64_t)iter, p->bytes, (uint64_t)w, (uint64_t)lib));
             if (lib == LIB_WEFT) {
                 int err = weft_isend(p->c, slot, p->bytes, p->peer, TAG_DATA, &p->wreqs[w]);
                 if (err)
                     return perf_weft_fail(o, p->c, "weft_isend", err);
-            } else if (MPI_Isend(slot, (int)p->bytes, MPI_BYTE, p->peer, TAG_DATA, o->mpi, &p->mreqs[w]) != MPI_SUCCESS) {
-                fprintf(stderr, "weft-perf rank %d: MPI_Isend to %d failed\n", o->rank, p->peer);
-                return 1;
+            } else {
+                char *hslot = p->shost + (size_t)w * p->bytes;
+                if (!o->mpi_direct)
+                    perf_buf_to_host(o, hslot, slot, p->bytes);
+                if (MPI_Isend(hslot, (int)p->bytes, MPI_BYTE, p->peer, TAG_DATA, o->mpi, &p->mreqs[w]) != MPI_SUCCESS) {
+                    fprintf(stderr, "weft-perf rank %d: MPI_Isend to %d failed\n", o->rank, p->peer);
+                    return 1;
+                }
             }
         }
         if (lib == LIB_WEFT) {
@@ -173,7 +192,8 @@ static int stream_window(struct pair_run *p, int lib, int iter)
             int err = weft_irecv(p->c, slot, p->bytes, p->peer, TAG_DATA, &p->wreqs[w]);
             if (err)
                 return perf_weft_fail(o, p->c, "weft_irecv", err);
-        } else if (MPI_Irecv(slot, (int)p->bytes, MPI_BYTE, p->peer, TAG_DATA, o->mpi, &p->mreqs[w]) != MPI_SUCCESS) {
+        } else if (MPI_Irecv(p->rhost + (size_t)w * p->bytes, (int)p->bytes, MPI_BYTE, p->peer, TAG_DATA, o->mpi,
+                             &p->mreqs[w]) != MPI_SUCCESS) {
             fprintf(stderr, "weft-perf rank %d: MPI_Irecv from %d failed\n", o->rank, p->peer);
             return 1;
         }
@@ -182,9 +202,13 @@ static int stream_window(struct pair_run *p, int lib, int iter)
         int err = weft_waitall((size_t)p->win, p->wreqs, p->wst);
         if (err)
             return perf_weft_fail(o, p->c, "weft_waitall (receives)", err);
-    } else if (MPI_Waitall(p->win, p->mreqs, p->mst) != MPI_SUCCESS) {
-        fprintf(stderr, "weft-perf rank %d: MPI_Waitall (receives from %d) failed\n", o->rank, p->peer);
-        return 1;
+    } else {
+        if (MPI_Waitall(p->win, p->mreqs, p->mst) != MPI_SUCCESS) {
+            fprintf(stderr, "weft-perf rank %d: MPI_Waitall (receives from %d) failed\n", o->rank, p->peer);
+            return 1;
+        }
+        if (!o->mpi_direct)   /* the window's slots are contiguous: one copy */
+            perf_buf_from_host(o, p->rbuf, p->rhost, (size_t)p->win * p->bytes);
     }
     if (check) {
         for (int w = 0; w < p->win; w++) {
@@ -259,7 +283,7 @@ static int timed_run(struct pair_run *p, pair_op op, int lib, int *next_iter, in
 }
 
 static int run_sweep(const struct perf_opts *o, weft_comm_t *c, enum test_kind kind,
-                     int peer, int low, char *sbuf, char *rbuf, size_t cap)
+                     int peer, int low, char *sbuf, char *rbuf, char *shost, char *rhost, size_t cap)
 {
     size_t min_b, max_b;
     perf_sizes(o, 8, (size_t)64 << 20, &min_b, &max_b);
@@ -302,6 +326,8 @@ static int run_sweep(const struct perf_opts *o, weft_comm_t *c, enum test_kind k
     p.low = low;
     p.sbuf = sbuf;
     p.rbuf = rbuf;
+    p.shost = shost;
+    p.rhost = rhost;
 
     for (size_t bytes = min_b; bytes && bytes <= max_b; bytes = perf_next_size(o, bytes)) {
         p.bytes = bytes;
@@ -428,18 +454,25 @@ int perf_sendrecv(const struct perf_opts *o, weft_comm_t *c)
     size_t cap = o->window_cap > max_b ? o->window_cap : max_b;
     if (cap > (size_t)o->window * max_b)
         cap = (size_t)o->window * max_b;
-    char *sbuf = NULL, *rbuf = NULL;
+    char *sbuf = NULL, *rbuf = NULL, *shost = NULL, *rhost = NULL;
     if (peer >= 0) {
-        sbuf = perf_alloc(cap);
-        rbuf = perf_alloc(cap);
+        sbuf = perf_buf_alloc(o, cap);
+        rbuf = perf_buf_alloc(o, cap);
+        /* MPI's buffers: the same ones, or host staging for device data. */
+        shost = o->mpi_direct ? sbuf : perf_alloc(cap);
+        rhost = o->mpi_direct ? rbuf : perf_alloc(cap);
     }
     int rc = 0;
     if (!o->tests || strcmp(o->tests, "lat") == 0)
-        rc = run_sweep(o, c, TEST_LATENCY, peer, low, sbuf, rbuf, cap);
+        rc = run_sweep(o, c, TEST_LATENCY, peer, low, sbuf, rbuf, shost, rhost, cap);
     if (rc == 0 && (!o->tests || strcmp(o->tests, "bw") == 0))
-        rc = run_sweep(o, c, TEST_BANDWIDTH, peer, low, sbuf, rbuf, cap);
-    perf_free(sbuf);
-    perf_free(rbuf);
+        rc = run_sweep(o, c, TEST_BANDWIDTH, peer, low, sbuf, rbuf, shost, rhost, cap);
+    if (!o->mpi_direct) {
+        perf_free(shost);
+        perf_free(rhost);
+    }
+    perf_buf_free(o, sbuf);
+    perf_buf_free(o, rbuf);
     return rc;
 }
 

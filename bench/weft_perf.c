@@ -211,6 +211,7 @@ void perf_print_header(const struct perf_opts *o, const char *what)
     if (any)
         printf("\n");
     printf("# MPI transports: %s\n", getenv("OMPI_MCA_btl") ? getenv("OMPI_MCA_btl") : "Open MPI default");
+    perf_mem_describe(o);
     printf("%s\n", what);
     fflush(stdout);
 }
@@ -257,6 +258,11 @@ static void usage(FILE *f)
         "             (timings then include the fill/verify work)\n"
         "  -a ALGO    collectives: force an algorithm (sets WEFT_ALLGATHER_ALGO)\n"
         "  -R RANK    bcast root (default 0)\n"
+        "  -d MEM     buffers in host memory (host, default) or CUDA device memory (cuda):\n"
+        "             sendrecv, allgather, bcast. The CUDA runtime is loaded at run time from\n"
+        "             WEFT_CUDA_LIB (as weft does), else libcudart.so; one device per local\n"
+        "             rank. MPI gets the device data staged through host buffers unless the\n"
+        "             MPI library is CUDA-aware (the header says which)\n"
         "  -h         this help\n"
         "\n"
         "SIZE takes k/m/g suffixes (powers of 1024). weft's transports are chosen with\n"
@@ -303,7 +309,7 @@ static int parse_options(int argc, char **argv, struct perf_opts *o)
     int factor = 2, opt;
     opterr = 0;
     optind = 1;
-    while ((opt = getopt(argc, argv, "b:e:f:r:n:W:w:m:ot:ca:R:h")) != -1) {
+    while ((opt = getopt(argc, argv, "b:e:f:r:n:W:w:m:ot:ca:R:d:h")) != -1) {
         int bad = 0;
         switch (opt) {
         case 'b': bad = parse_size(optarg, &o->min_bytes); break;
@@ -322,6 +328,7 @@ static int parse_options(int argc, char **argv, struct perf_opts *o)
         case 'c': o->check = 1; break;
         case 'a': o->algo = optarg; break;
         case 'R': bad = parse_int(optarg, 0, &o->root); break;
+        case 'd': bad = perf_mem_parse(optarg, &o->device); break;
         case 'h': return 2;
         default:
             if (o->rank == 0)
@@ -422,6 +429,11 @@ int main(int argc, char **argv)
     }
     o.nodes = count_nodes();
     MPI_Comm_dup(MPI_COMM_WORLD, &o.mpi);
+    /* Before weft_comm_create: each rank's device is current when weft looks. */
+    if (perf_mem_init(&o) != 0) {
+        MPI_Finalize();
+        return 1;
+    }
 
     weft_comm_t *comm = NULL;
     if (needs_comm) {
@@ -444,6 +456,7 @@ int main(int argc, char **argv)
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
     }
+    perf_mem_fini(&o);
     MPI_Comm_free(&o.mpi);
     MPI_Finalize();
     return 0;

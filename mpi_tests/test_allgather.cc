@@ -5,7 +5,9 @@
  * sizes from 0 to 16 MiB. Each rank's block carries a pattern of (rank,
  * size, call), so a block from the wrong rank, a stale block from an earlier
  * call or a shifted byte all show, and guard bytes around recvbuf catch a
- * write past either end.
+ * write past either end. Every buffer weft reads or writes is a TestBuf
+ * (weft_test_mem.h): host memory, or CUDA device memory under
+ * WEFT_TEST_MEM=device (weft_mpi_coll_dev, mpi_tests/device.cmake).
  */
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -21,6 +23,7 @@
 
 #include "weft.h"
 #include "weft_mpi_test.h"
+#include "weft_test_mem.h"
 
 using namespace weft_mpitest;
 
@@ -55,11 +58,12 @@ std::vector<std::string> algos_for(int size)
 }
 
 /* Block sizes: the full list where it is affordable; at 5 and more ranks
- * (oversubscribed, n times the memory per rank) a shorter list that still
- * has the zero, odd, page-crossing and multi-chunk cases. */
+ * (oversubscribed, n times the memory per rank), and under
+ * WEFT_TEST_SIZES=reduced, a shorter list that still has the zero, odd,
+ * page-crossing and multi-chunk cases. */
 std::vector<size_t> block_sizes(int size)
 {
-    if (size <= 4)
+    if (size <= 4 && !reduced_sizes())
         return {0, 1, 3, 8, 1000, 4096, 65537, 1 * MiB, 16 * MiB};
     return {0, 1, 3, 8, 1000, 65537, 1 * MiB + 3};
 }
@@ -79,17 +83,18 @@ protected:
     {
         const uint64_t call = calls++;
         const size_t total = bytes * (size_t)size;
-        GuardedBuffer recv(total, call % 3); /* odd alignments too */
-        ASSERT_TRUE(recv.ok());
-        std::vector<unsigned char> send;
+        TestBuf recv(total, TestBuf::kGuarded, call % 3); /* odd alignments too */
+        ASSERT_TRUE(recv.ok()) << recv.error();
+        TestBuf send;
         const void *sendbuf;
         unsigned char *mine = recv.data() + (size_t)rank * bytes;
         if (in_place) {
-            fill_pattern(mine, bytes, block_seed(rank, bytes, call));
+            recv.fill_pattern_at((size_t)rank * bytes, bytes, block_seed(rank, bytes, call));
             sendbuf = mine;
         } else {
-            send.resize(bytes + 1);
-            fill_pattern(send.data() + 1, bytes, block_seed(rank, bytes, call));
+            send = TestBuf(bytes + 1);
+            ASSERT_TRUE(send.ok()) << send.error();
+            send.fill_pattern_at(1, bytes, block_seed(rank, bytes, call));
             sendbuf = send.data() + 1;
         }
         int rc = weft_allgather(comm, bytes ? sendbuf : nullptr, bytes ? recv.data() : nullptr, bytes);
@@ -97,14 +102,14 @@ protected:
                                     << (in_place ? " in place" : " out of place") << ": "
                                     << weft_strerror(rc) << ": " << last_error();
         for (int r = 0; r < size; r++) {
-            size_t bad = pattern_mismatch(recv.data() + (size_t)r * bytes, bytes, block_seed(r, bytes, call));
+            size_t bad = recv.pattern_mismatch_at((size_t)r * bytes, bytes, block_seed(r, bytes, call));
             ASSERT_EQ(bad, SIZE_MAX) << "algo " << algo << " bytes " << bytes
                                      << (in_place ? " in place" : " out of place") << ": block of rank " << r
                                      << " wrong from offset " << bad;
         }
         ASSERT_TRUE(recv.GuardsIntact()) << "algo " << algo << " bytes " << bytes;
         if (!in_place) {
-            ASSERT_TRUE(pattern_mismatch(send.data() + 1, bytes, block_seed(rank, bytes, call)) == SIZE_MAX)
+            ASSERT_TRUE(send.pattern_mismatch_at(1, bytes, block_seed(rank, bytes, call)) == SIZE_MAX)
                 << "sendbuf was modified";
         }
     }
@@ -139,20 +144,21 @@ TEST_F(Allgather, BackToBackDifferentSizes)
 {
     const std::vector<size_t> seq = {1, 65537, 3, 300 * KiB + 1, 0, 8, 4096, 1000, 2 * MiB + 5, 1};
     const std::vector<std::string> algos = algos_for(size);
-    std::vector<std::unique_ptr<GuardedBuffer>> bufs;
+    std::vector<std::unique_ptr<TestBuf>> bufs;
     for (size_t i = 0; i < seq.size() * 2; i++) {
         size_t bytes = seq[i % seq.size()];
         ForceAlgo force(algos[i % algos.size()]);
-        bufs.emplace_back(new GuardedBuffer(bytes * (size_t)size));
+        bufs.emplace_back(new TestBuf(bytes * (size_t)size, TestBuf::kGuarded));
+        ASSERT_TRUE(bufs.back()->ok()) << bufs.back()->error();
         unsigned char *rb = bufs.back()->data();
-        fill_pattern(rb + (size_t)rank * bytes, bytes, block_seed(rank, bytes, 1000 + i));
+        bufs.back()->fill_pattern_at((size_t)rank * bytes, bytes, block_seed(rank, bytes, 1000 + i));
         int rc = weft_allgather(comm, rb + (size_t)rank * bytes, rb, bytes);
         ASSERT_EQ(rc, WEFT_SUCCESS) << "call " << i << " bytes " << bytes << ": " << last_error();
     }
     for (size_t i = 0; i < bufs.size(); i++) {
         size_t bytes = seq[i % seq.size()];
         for (int r = 0; r < size; r++)
-            ASSERT_TRUE(HasPattern(bufs[i]->data() + (size_t)r * bytes, bytes, r, (int)(bytes & 0x7fffffff), 1000 + i))
+            ASSERT_TRUE(bufs[i]->HasPatternAt((size_t)r * bytes, bytes, r, (int)(bytes & 0x7fffffff), 1000 + i))
                 << "call " << i << " (" << algos[i % algos.size()] << ") block of rank " << r;
         ASSERT_TRUE(bufs[i]->GuardsIntact()) << "call " << i;
     }
@@ -165,13 +171,15 @@ TEST_F(Allgather, RecursiveDoublingRefusedOnNonPowerOfTwo)
     if (is_pow2(size))
         GTEST_SKIP() << size << " ranks is a power of two";
     ForceAlgo force("rd");
-    std::vector<unsigned char> recv(8 * (size_t)size, kFreshByte), send(8, 1);
+    TestBuf recv(8 * (size_t)size, TestBuf::kGuarded), send(8);
+    ASSERT_TRUE(recv.ok() && send.ok()) << recv.error() << send.error();
+    send.write(0, "\1\1\1\1\1\1\1\1", 8);
     int rc = weft_allgather(comm, send.data(), recv.data(), 8);
     EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG);
     EXPECT_NE(last_error().find("power-of-two"), std::string::npos) << last_error();
     EXPECT_NE(last_error().find("rd"), std::string::npos) << last_error();
-    for (unsigned char b : recv)
-        ASSERT_EQ(b, kFreshByte) << "a refused allgather wrote into recvbuf";
+    ASSERT_TRUE(recv.Untouched()) << "a refused allgather wrote into recvbuf";
+    ASSERT_TRUE(recv.GuardsIntact());
     /* The comm is still usable afterwards. */
     unsetenv("WEFT_ALLGATHER_ALGO");
     EXPECT_EQ(weft_barrier(comm), WEFT_SUCCESS) << last_error();
@@ -180,14 +188,16 @@ TEST_F(Allgather, RecursiveDoublingRefusedOnNonPowerOfTwo)
 TEST_F(Allgather, UnknownAlgorithmRefused)
 {
     ForceAlgo force("ringg");
-    std::vector<unsigned char> recv(8 * (size_t)size), send(8);
+    TestBuf recv(8 * (size_t)size), send(8);
+    ASSERT_TRUE(recv.ok() && send.ok()) << recv.error() << send.error();
     EXPECT_EQ(weft_allgather(comm, send.data(), recv.data(), 8), WEFT_ERR_INVALID_ARG);
     EXPECT_NE(last_error().find("WEFT_ALLGATHER_ALGO=ringg"), std::string::npos) << last_error();
 }
 
 TEST_F(Allgather, ArgumentChecks)
 {
-    std::vector<unsigned char> recv(16 * (size_t)size), send(16);
+    TestBuf recv(16 * (size_t)size), send(16);
+    ASSERT_TRUE(recv.ok() && send.ok()) << recv.error() << send.error();
     EXPECT_EQ(weft_allgather(nullptr, send.data(), recv.data(), 16), WEFT_ERR_INVALID_ARG);
 
     EXPECT_EQ(weft_allgather(comm, nullptr, recv.data(), 16), WEFT_ERR_INVALID_ARG);
@@ -215,6 +225,7 @@ TEST_F(Allgather, ArgumentChecks)
 TEST_F(Allgather, HugeTotalAbove4GiB)
 {
     const size_t bytes = 2048 * MiB + 3;
+    WEFT_SKIP_IF_DEVICE_MEM("> 4 GiB totals are tested with host buffers (label huge)");
     if (size != 2)
         GTEST_SKIP() << "run at np 2 only (memory)";
     for (const std::string algo : {"ring"}) { /* the chunked offsets; one pass: CI time */
@@ -246,7 +257,8 @@ TEST_F(Allgather, StepFailureNamesAlgorithmAndStep)
     ASSERT_EQ(rc, WEFT_SUCCESS);
     if (rank == 0) {
         ForceAlgo force("ring");
-        std::vector<unsigned char> recv(2 * 64), send(64, 3);
+        TestBuf recv(2 * 64), send(64);
+        ASSERT_TRUE(recv.ok() && send.ok()) << recv.error() << send.error();
         rc = weft_allgather(c2, send.data(), recv.data(), 64);
         EXPECT_EQ(rc, WEFT_ERR_TIMEOUT) << weft_comm_last_error(c2);
         std::string err = weft_comm_last_error(c2);
@@ -273,7 +285,7 @@ TEST_F(Allgather, InfoLogsEachShapeOnce)
     fflush(stderr);
     int saved = dup(2);
     dup2(fd, 2);
-    std::vector<unsigned char> recv(4096 * (size_t)size);
+    TestBuf recv(4096 * (size_t)size);
     int rc1 = weft_allgather(comm, recv.data() + (size_t)rank * 8, recv.data(), 8);
     int rc2 = weft_allgather(comm, recv.data() + (size_t)rank * 8, recv.data(), 8);
     int rc3 = weft_allgather(comm, recv.data() + (size_t)rank * 4096, recv.data(), 4096);

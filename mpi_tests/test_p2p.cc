@@ -2,7 +2,9 @@
  * Point-to-point over whatever transports the ctest entry selects (shm with
  * and without CMA, tcp, virtual nodes). Every message carries a pattern that
  * depends on sender, tag, message index and offset, and is checked byte for
- * byte on arrival.
+ * byte on arrival. Every buffer weft reads or writes is a TestBuf
+ * (weft_test_mem.h): host memory, or CUDA device memory under
+ * WEFT_TEST_MEM=device (the weft_mpi_p2p_dev binary, mpi_tests/device.cmake).
  */
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -19,6 +21,7 @@
 #include "weft.h"
 #include "weft_mpi_test.h"
 #include "weft_p2p_sizes.h"
+#include "weft_test_mem.h"
 
 using namespace weft_mpitest;
 
@@ -33,23 +36,36 @@ protected:
 };
 
 /* A buffer of n bytes filled with the pattern of (sender, tag, index). */
-std::vector<unsigned char> patterned(size_t n, int sender, int tag, uint64_t index)
+TestBuf patterned(size_t n, int sender, int tag, uint64_t index)
 {
-    std::vector<unsigned char> v(n);
-    fill_pattern(v.data(), n, pattern_seed(sender, tag, index));
-    return v;
+    return patterned_buf(n, sender, tag, index);
 }
 
 /* A receive buffer of n bytes plus one sentinel byte (kFreshByte) at [n].
  * The n bytes are left uninitialised: zeroing them would be one more pass
  * over up to 64 MiB per rank, and a byte weft failed to write cannot match
  * the pattern anyway. */
-struct RecvBuffer {
-    explicit RecvBuffer(size_t n) : bytes(new unsigned char[n + 1]) { bytes[n] = kFreshByte; }
-    unsigned char *data() { return bytes.get(); }
-    unsigned char &operator[](size_t i) { return bytes[i]; }
-    std::unique_ptr<unsigned char[]> bytes;
-};
+TestBuf recv_buffer(size_t n)
+{
+    return TestBuf(n, TestBuf::kSentinel);
+}
+
+/* protocol_sizes(max_bytes); under WEFT_TEST_SIZES=reduced nothing above
+ * 4 MiB + 5 (the 64 MiB message goes; 4 MiB + 5 still spans several chunks
+ * of every transport and staging path). */
+std::vector<size_t> test_sizes(size_t max_bytes = 0)
+{
+    std::vector<size_t> s = protocol_sizes(max_bytes);
+    if (!reduced_sizes())
+        return s;
+    const size_t cap = (4u << 20) + 5;
+    s.erase(std::remove_if(s.begin(), s.end(), [&](size_t v) { return v > cap; }), s.end());
+    if (max_bytes == 0 || max_bytes >= cap)
+        s.push_back(cap);
+    std::sort(s.begin(), s.end());
+    s.erase(std::unique(s.begin(), s.end()), s.end());
+    return s;
+}
 
 void expect_recv_status(const weft_status_t &st, size_t bytes, int peer, int tag, int error = WEFT_SUCCESS)
 {
@@ -62,12 +78,13 @@ void expect_recv_status(const weft_status_t &st, size_t bytes, int peer, int tag
 /* Every size, around a ring: receive from the left, send to the right. */
 TEST_F(P2P, RingAllSizes)
 {
-    const std::vector<size_t> sizes = protocol_sizes();
+    const std::vector<size_t> sizes = test_sizes();
     for (size_t i = 0; i < sizes.size(); i++) {
         const size_t n = sizes[i];
         const int tag = (int)i;
-        std::vector<unsigned char> out = patterned(n, rank, tag, i);
-        RecvBuffer in(n);
+        TestBuf out = patterned(n, rank, tag, i);
+        TestBuf in = recv_buffer(n);
+        ASSERT_TRUE(out.ok() && in.ok()) << out.error() << in.error();
         weft_request_t *reqs[2];
         weft_status_t st[2];
         /* Half of the ranks post the receive first, half the send. */
@@ -81,8 +98,8 @@ TEST_F(P2P, RingAllSizes)
         ASSERT_EQ(weft_waitall(2, reqs, st), WEFT_SUCCESS) << "size " << n << ": " << last_error();
         expect_recv_status(st[0], n, left(), tag);
         EXPECT_EQ(st[1].error, WEFT_SUCCESS);
-        EXPECT_TRUE(HasPattern(in.data(), n, left(), tag, i)) << "size " << n;
-        EXPECT_EQ(in[n], kFreshByte) << "byte past a " << n << "-byte message written";
+        EXPECT_TRUE(in.HasPattern(n, left(), tag, i)) << "size " << n;
+        EXPECT_TRUE(in.sentinel_intact()) << "byte past a " << n << "-byte message written";
     }
 }
 
@@ -96,11 +113,12 @@ TEST_F(P2P, BlockingPairsAllSizes)
     /* Above 2 MiB only pair (0, 1) when there are more pairs: the other pairs
      * repeat the same protocol path, and on 2 cores their copies would only
      * slow the run down (RingAllSizes moves every size on every pipe). */
-    const std::vector<size_t> sizes = protocol_sizes(size >= 4 && rank > 1 ? (2u << 20) : 0);
+    const std::vector<size_t> sizes = test_sizes(size >= 4 && rank > 1 ? (2u << 20) : 0);
     for (size_t i = 0; i < sizes.size(); i++) {
         const size_t n = sizes[i];
-        std::vector<unsigned char> out = patterned(n, rank, 7, i);
-        RecvBuffer in(n);
+        TestBuf out = patterned(n, rank, 7, i);
+        TestBuf in = recv_buffer(n);
+        ASSERT_TRUE(out.ok() && in.ok()) << out.error() << in.error();
         weft_status_t st;
         if (rank % 2 == 0) {
             ASSERT_EQ(weft_send(comm, out.data(), n, partner, 7), WEFT_SUCCESS) << n << ": " << last_error();
@@ -110,15 +128,18 @@ TEST_F(P2P, BlockingPairsAllSizes)
             ASSERT_EQ(weft_send(comm, out.data(), n, partner, 7), WEFT_SUCCESS) << n << ": " << last_error();
         }
         expect_recv_status(st, n, partner, 7);
-        EXPECT_TRUE(HasPattern(in.data(), n, partner, 7, i));
+        EXPECT_TRUE(in.HasPattern(n, partner, 7, i));
+        EXPECT_TRUE(in.sentinel_intact()) << "byte past a " << n << "-byte message written";
     }
     /* status NULL is allowed. */
-    char b = 'x', r = 0;
+    TestBuf b(1), r(1);
+    ASSERT_TRUE(b.ok() && r.ok());
+    b.write(0, "x", 1);
     if (rank % 2 == 0) {
-        ASSERT_EQ(weft_send(comm, &b, 1, partner, 8), WEFT_SUCCESS);
+        ASSERT_EQ(weft_send(comm, b.data(), 1, partner, 8), WEFT_SUCCESS);
     } else {
-        ASSERT_EQ(weft_recv(comm, &r, 1, partner, 8, nullptr), WEFT_SUCCESS);
-        EXPECT_EQ(r, 'x');
+        ASSERT_EQ(weft_recv(comm, r.data(), 1, partner, 8, nullptr), WEFT_SUCCESS);
+        EXPECT_EQ(r.byte_at(0), 'x');
     }
 }
 
@@ -127,7 +148,7 @@ TEST_F(P2P, BlockingPairsAllSizes)
 TEST_F(P2P, AllToAllSizes)
 {
     const size_t sizes[] = {0, 31, max_eager_limit() + 1, (1u << 20) + 3};
-    std::vector<std::vector<unsigned char>> outs, ins;
+    std::vector<TestBuf> outs, ins;
     std::vector<weft_request_t *> reqs;
     std::vector<int> recv_peer, recv_tag;
     std::vector<size_t> recv_size;
@@ -135,6 +156,7 @@ TEST_F(P2P, AllToAllSizes)
         for (int p = 0; p < size; p++) {
             const int tag = 100 + (int)s;
             ins.emplace_back(sizes[s]);
+            ASSERT_TRUE(ins.back().ok()) << ins.back().error();
             weft_request_t *r;
             ASSERT_EQ(weft_irecv(comm, ins.back().data(), sizes[s], p, tag, &r), WEFT_SUCCESS) << last_error();
             reqs.push_back(r);
@@ -149,6 +171,7 @@ TEST_F(P2P, AllToAllSizes)
             const int p = (rank + k) % size; /* stagger so not everyone hits rank 0 first */
             const int tag = 100 + (int)s;
             outs.push_back(patterned(sizes[s], rank, tag, (uint64_t)p));
+            ASSERT_TRUE(outs.back().ok()) << outs.back().error();
             weft_request_t *r;
             ASSERT_EQ(weft_isend(comm, outs.back().data(), sizes[s], p, tag, &r), WEFT_SUCCESS) << last_error();
             reqs.push_back(r);
@@ -158,7 +181,7 @@ TEST_F(P2P, AllToAllSizes)
     ASSERT_EQ(weft_waitall(reqs.size(), reqs.data(), st.data()), WEFT_SUCCESS) << last_error();
     for (size_t i = 0; i < nrecv; i++) {
         expect_recv_status(st[i], recv_size[i], recv_peer[i], recv_tag[i]);
-        EXPECT_TRUE(HasPattern(ins[i].data(), recv_size[i], recv_peer[i], recv_tag[i], (uint64_t)rank));
+        EXPECT_TRUE(ins[i].HasPattern(recv_size[i], recv_peer[i], recv_tag[i], (uint64_t)rank));
     }
     for (size_t i = nrecv; i < reqs.size(); i++)
         EXPECT_EQ(st[i].error, WEFT_SUCCESS);
@@ -172,22 +195,20 @@ TEST_F(P2P, ReceiveBufferLargerThanMessage)
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         const size_t n = sizes[i];
         const size_t cap = n + 4096 + 13;
-        GuardedBuffer in(cap);
-        ASSERT_TRUE(in.ok());
-        std::vector<unsigned char> out = patterned(n, rank, 3, i);
+        TestBuf in(cap, TestBuf::kGuarded);
+        TestBuf out = patterned(n, rank, 3, i);
+        ASSERT_TRUE(in.ok() && out.ok()) << in.error() << out.error();
         weft_request_t *reqs[2];
         weft_status_t st[2];
         ASSERT_EQ(weft_irecv(comm, in.data(), cap, left(), 3, &reqs[0]), WEFT_SUCCESS) << last_error();
         ASSERT_EQ(weft_isend(comm, out.data(), n, right(), 3, &reqs[1]), WEFT_SUCCESS) << last_error();
         ASSERT_EQ(weft_waitall(2, reqs, st), WEFT_SUCCESS) << last_error();
         expect_recv_status(st[0], n, left(), 3);
-        EXPECT_TRUE(HasPattern(in.data(), n, left(), 3, i));
-        for (size_t b = n; b < cap; b++)
-            if (in.data()[b] != kFreshByte) {
-                ADD_FAILURE() << "message of " << n << " bytes wrote byte " << b << " of a " << cap
-                              << "-byte buffer";
-                break;
-            }
+        EXPECT_TRUE(in.HasPattern(n, left(), 3, i));
+        const size_t b = in.first_not(n, cap - n, kFreshByte);
+        if (b != SIZE_MAX)
+            ADD_FAILURE() << "message of " << n << " bytes wrote byte " << n + b << " of a " << cap
+                          << "-byte buffer";
         EXPECT_TRUE(in.GuardsIntact());
     }
 }
@@ -208,11 +229,12 @@ TEST_F(P2P, Truncation)
     const int tag = 21;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const Case c = cases[i];
-        std::vector<unsigned char> out = patterned(c.msg, rank, tag, 2 * i);
-        std::vector<unsigned char> next_out = patterned(c.msg, rank, tag, 2 * i + 1);
-        GuardedBuffer small(c.buf, i % 8);
-        std::vector<unsigned char> next_in(c.msg);
-        ASSERT_TRUE(small.ok());
+        TestBuf out = patterned(c.msg, rank, tag, 2 * i);
+        TestBuf next_out = patterned(c.msg, rank, tag, 2 * i + 1);
+        TestBuf small(c.buf, TestBuf::kGuarded, i % 8);
+        TestBuf next_in(c.msg);
+        ASSERT_TRUE(out.ok() && next_out.ok() && small.ok() && next_in.ok())
+            << out.error() << next_out.error() << small.error() << next_in.error();
         weft_request_t *r_small, *r_next, *s1, *s2;
         weft_status_t st_small, st_next, st_s1, st_s2;
         ASSERT_EQ(weft_irecv(comm, small.data(), c.buf, left(), tag, &r_small), WEFT_SUCCESS) << last_error();
@@ -231,7 +253,7 @@ TEST_F(P2P, Truncation)
         ASSERT_EQ(weft_irecv(comm, next_in.data(), c.msg, left(), tag, &r_next), WEFT_SUCCESS) << last_error();
         EXPECT_EQ(weft_wait(r_next, &st_next), WEFT_SUCCESS) << last_error();
         expect_recv_status(st_next, c.msg, left(), tag);
-        EXPECT_TRUE(HasPattern(next_in.data(), c.msg, left(), tag, 2 * i + 1)) << "message after a truncation";
+        EXPECT_TRUE(next_in.HasPattern(c.msg, left(), tag, 2 * i + 1)) << "message after a truncation";
 
         rc = weft_wait(s1, &st_s1);
         EXPECT_TRUE(rc == WEFT_SUCCESS || rc == WEFT_ERR_TRUNCATE) << weft_strerror(rc);
@@ -254,7 +276,7 @@ void fifo_many_tags(weft_comm_t *comm, int rank, int left, int right, int per_ta
             return big + (size_t)tag % 7;
         return (size_t)((i * 37 + tag) % 300);
     };
-    std::vector<std::vector<unsigned char>> outs, ins(ntags * per_tag);
+    std::vector<TestBuf> outs, ins(ntags * per_tag);
     std::vector<weft_request_t *> recvs(ntags * per_tag), sends;
 
     auto post_recvs = [&]() {
@@ -262,7 +284,8 @@ void fifo_many_tags(weft_comm_t *comm, int rank, int left, int right, int per_ta
         for (int i = 0; i < per_tag; i++)
             for (int k = ntags - 1; k >= 0; k--) {
                 const int idx = k * per_tag + i;
-                ins[idx].assign(size_of(i, tags[k]), 0);
+                ins[idx] = TestBuf(size_of(i, tags[k]));
+                ASSERT_TRUE(ins[idx].ok()) << ins[idx].error();
                 ASSERT_EQ(weft_irecv(comm, ins[idx].data(), ins[idx].size(), left, tags[k], &recvs[idx]),
                           WEFT_SUCCESS);
             }
@@ -275,6 +298,7 @@ void fifo_many_tags(weft_comm_t *comm, int rank, int left, int right, int per_ta
     for (int i = 0; i < per_tag; i++)
         for (int k = 0; k < ntags; k++) {
             outs.push_back(patterned(size_of(i, tags[k]), rank, tags[k], (uint64_t)i));
+            ASSERT_TRUE(outs.back().ok()) << outs.back().error();
             weft_request_t *r;
             ASSERT_EQ(weft_isend(comm, outs.back().data(), outs.back().size(), right, tags[k], &r), WEFT_SUCCESS);
             sends.push_back(r);
@@ -294,11 +318,11 @@ void fifo_many_tags(weft_comm_t *comm, int rank, int left, int right, int per_ta
             const int idx = k * per_tag + i;
             const size_t n = size_of(i, tags[k]);
             if (rst[idx].bytes != n || rst[idx].tag != tags[k] || rst[idx].peer != left ||
-                !HasPattern(ins[idx].data(), n, left, tags[k], (uint64_t)i)) {
+                !ins[idx].HasPattern(n, left, tags[k], (uint64_t)i)) {
                 if (reported++ < 5)
                     ADD_FAILURE() << "tag " << tags[k] << " message " << i << ": got " << rst[idx].bytes
                                   << " bytes, tag " << rst[idx].tag << ", peer " << rst[idx].peer << "; "
-                                  << HasPattern(ins[idx].data(), n, left, tags[k], (uint64_t)i).message();
+                                  << ins[idx].HasPattern(n, left, tags[k], (uint64_t)i).message();
             }
         }
     EXPECT_EQ(reported, 0) << "messages out of order or corrupted";
@@ -321,13 +345,14 @@ TEST_F(P2P, SelfSend)
     /* The self path is the same on every rank: with more than 2 ranks only
      * rank 0 goes through the sizes above 64 KiB + 1 (all sizes still run in
      * every configuration, on rank 0). */
-    const std::vector<size_t> sizes = protocol_sizes(size > 2 && rank != 0 ? 65537 : 0);
+    const std::vector<size_t> sizes = test_sizes(size > 2 && rank != 0 ? 65537 : 0);
     for (size_t i = 0; i < sizes.size(); i++) {
         const size_t n = sizes[i];
         for (int send_first = 0; send_first < 2; send_first++) {
             const int tag = 40 + send_first;
-            std::vector<unsigned char> out = patterned(n, rank, tag, i);
-            RecvBuffer in(n);
+            TestBuf out = patterned(n, rank, tag, i);
+            TestBuf in = recv_buffer(n);
+            ASSERT_TRUE(out.ok() && in.ok()) << out.error() << in.error();
             weft_request_t *rs, *rr;
             weft_status_t sst, rst;
             if (send_first) {
@@ -340,35 +365,41 @@ TEST_F(P2P, SelfSend)
             ASSERT_EQ(weft_wait(rr, &rst), WEFT_SUCCESS) << n << ": " << last_error();
             ASSERT_EQ(weft_wait(rs, &sst), WEFT_SUCCESS) << n << ": " << last_error();
             expect_recv_status(rst, n, rank, tag);
-            EXPECT_TRUE(HasPattern(in.data(), n, rank, tag, i)) << "self, size " << n;
-            EXPECT_EQ(in[n], kFreshByte);
+            EXPECT_TRUE(in.HasPattern(n, rank, tag, i)) << "self, size " << n;
+            EXPECT_TRUE(in.sentinel_intact()) << "byte past a " << n << "-byte self message written";
         }
     }
     /* FIFO on the self lane, sizes mixing eager and rendezvous. */
     const int count = 20;
-    std::vector<std::vector<unsigned char>> outs, ins(count);
+    std::vector<TestBuf> outs, ins(count);
     std::vector<weft_request_t *> reqs;
     for (int i = 0; i < count; i++) {
         size_t n = (i % 3 == 0) ? max_eager_limit() + 1 + i : (size_t)i * 11;
         outs.push_back(patterned(n, rank, 45, (uint64_t)i));
+        ASSERT_TRUE(outs.back().ok()) << outs.back().error();
         weft_request_t *r;
         ASSERT_EQ(weft_isend(comm, outs.back().data(), n, rank, 45, &r), WEFT_SUCCESS);
         reqs.push_back(r);
     }
     for (int i = 0; i < count; i++) {
-        ins[i].resize(outs[i].size());
+        ins[i] = TestBuf(outs[i].size());
+        ASSERT_TRUE(ins[i].ok()) << ins[i].error();
         weft_request_t *r;
         ASSERT_EQ(weft_irecv(comm, ins[i].data(), ins[i].size(), rank, 45, &r), WEFT_SUCCESS);
         reqs.push_back(r);
     }
     ASSERT_EQ(weft_waitall(reqs.size(), reqs.data(), nullptr), WEFT_SUCCESS) << last_error();
     for (int i = 0; i < count; i++)
-        EXPECT_TRUE(HasPattern(ins[i].data(), ins[i].size(), rank, 45, (uint64_t)i)) << "self message " << i;
+        EXPECT_TRUE(ins[i].HasPattern(ins[i].size(), rank, 45, (uint64_t)i)) << "self message " << i;
     /* A blocking send to self of an eager size completes before its receive is posted. */
     char msg[13] = "self-blocked", got[13] = {0};
-    ASSERT_EQ(weft_send(comm, msg, sizeof(msg), rank, 46), WEFT_SUCCESS) << last_error();
+    TestBuf msg_buf(sizeof(msg)), got_buf(sizeof(got));
+    ASSERT_TRUE(msg_buf.ok() && got_buf.ok());
+    msg_buf.write(0, msg, sizeof(msg));
+    ASSERT_EQ(weft_send(comm, msg_buf.data(), sizeof(msg), rank, 46), WEFT_SUCCESS) << last_error();
     weft_status_t st;
-    ASSERT_EQ(weft_recv(comm, got, sizeof(got), rank, 46, &st), WEFT_SUCCESS) << last_error();
+    ASSERT_EQ(weft_recv(comm, got_buf.data(), sizeof(got), rank, 46, &st), WEFT_SUCCESS) << last_error();
+    got_buf.read(0, got, sizeof(got));
     EXPECT_STREQ(got, msg);
     expect_recv_status(st, sizeof(msg), rank, 46);
 }
@@ -379,18 +410,28 @@ TEST_F(P2P, TenThousandOutstandingIsends)
     const int count = 10000;
     std::vector<uint64_t> out(count), in(count, ~0ull);
     std::vector<weft_request_t *> sends(count), recvs(count);
+    /* One buffer of `count` 8-byte slots per direction (host: as the vectors
+     * always were; device: one cudaMalloc each, slots at offsets). */
+    TestBuf out_buf(count * sizeof(uint64_t)), in_buf(count * sizeof(uint64_t));
+    ASSERT_TRUE(out_buf.ok() && in_buf.ok()) << out_buf.error() << in_buf.error();
+    for (int i = 0; i < count; i++)
+        out[i] = pattern_word(pattern_seed(rank, i % 3, (uint64_t)i), 0);
+    out_buf.write(0, out.data(), count * sizeof(uint64_t));
+    in_buf.write(0, in.data(), count * sizeof(uint64_t));
     for (int i = 0; i < count; i++) {
         const int tag = i % 3;
-        out[i] = pattern_word(pattern_seed(rank, tag, (uint64_t)i), 0);
-        ASSERT_EQ(weft_isend(comm, &out[i], sizeof(uint64_t), right(), tag, &sends[i]), WEFT_SUCCESS)
+        ASSERT_EQ(weft_isend(comm, out_buf.data() + i * sizeof(uint64_t), sizeof(uint64_t), right(), tag, &sends[i]),
+                  WEFT_SUCCESS)
             << "isend " << i << ": " << last_error();
     }
     MPI_Barrier(MPI_COMM_WORLD);
     for (int i = 0; i < count; i++)
-        ASSERT_EQ(weft_irecv(comm, &in[i], sizeof(uint64_t), left(), i % 3, &recvs[i]), WEFT_SUCCESS)
+        ASSERT_EQ(weft_irecv(comm, in_buf.data() + i * sizeof(uint64_t), sizeof(uint64_t), left(), i % 3, &recvs[i]),
+                  WEFT_SUCCESS)
             << "irecv " << i << ": " << last_error();
     ASSERT_EQ(weft_waitall(count, recvs.data(), nullptr), WEFT_SUCCESS) << last_error();
     ASSERT_EQ(weft_waitall(count, sends.data(), nullptr), WEFT_SUCCESS) << last_error();
+    in_buf.read(0, in.data(), count * sizeof(uint64_t));
     int bad = 0;
     for (int i = 0; i < count; i++)
         if (in[i] != pattern_word(pattern_seed(left(), i % 3, (uint64_t)i), 0) && bad++ < 5)
@@ -405,16 +446,16 @@ TEST_F(P2P, UnalignedBuffers)
     int index = 0;
     for (size_t n : sizes)
         for (size_t mis = 1; mis < 8; mis += 2) {
-            GuardedBuffer out(n, mis), in(n, (mis * 3) % 8);
-            ASSERT_TRUE(out.ok() && in.ok());
-            fill_pattern(out.data(), n, pattern_seed(rank, 9, (uint64_t)index));
+            TestBuf out(n, TestBuf::kGuarded, mis), in(n, TestBuf::kGuarded, (mis * 3) % 8);
+            ASSERT_TRUE(out.ok() && in.ok()) << out.error() << in.error();
+            out.fill_pattern(pattern_seed(rank, 9, (uint64_t)index));
             weft_request_t *reqs[2];
             weft_status_t st[2];
             ASSERT_EQ(weft_irecv(comm, in.data(), n, left(), 9, &reqs[0]), WEFT_SUCCESS) << last_error();
             ASSERT_EQ(weft_isend(comm, out.data(), n, right(), 9, &reqs[1]), WEFT_SUCCESS) << last_error();
             ASSERT_EQ(weft_waitall(2, reqs, st), WEFT_SUCCESS) << last_error();
             expect_recv_status(st[0], n, left(), 9);
-            EXPECT_TRUE(HasPattern(in.data(), n, left(), 9, (uint64_t)index))
+            EXPECT_TRUE(in.HasPattern(n, left(), 9, (uint64_t)index))
                 << "size " << n << ", sender offset " << mis << ", receiver offset " << (mis * 3) % 8;
             EXPECT_TRUE(in.GuardsIntact());
             index++;
@@ -429,7 +470,8 @@ TEST_F(P2P, TestPollingLoop)
     const size_t sizes[] = {0, 64, max_eager_limit() + 1, (1u << 20) + 3};
     for (size_t i = 0; i < 4; i++) {
         const size_t n = sizes[i];
-        std::vector<unsigned char> out = patterned(n, rank, 11, i), in(n);
+        TestBuf out = patterned(n, rank, 11, i), in(n);
+        ASSERT_TRUE(out.ok() && in.ok()) << out.error() << in.error();
         weft_request_t *rr, *rs;
         ASSERT_EQ(weft_irecv(comm, in.data(), n, left(), 11, &rr), WEFT_SUCCESS);
         ASSERT_EQ(weft_isend(comm, out.data(), n, right(), 11, &rs), WEFT_SUCCESS);
@@ -455,7 +497,7 @@ TEST_F(P2P, TestPollingLoop)
         }
         ASSERT_TRUE(rdone && sdone) << "weft_test never reported completion of size " << n;
         expect_recv_status(rst, n, left(), 11);
-        EXPECT_TRUE(HasPattern(in.data(), n, left(), 11, i));
+        EXPECT_TRUE(in.HasPattern(n, left(), 11, i));
     }
 }
 
@@ -463,16 +505,18 @@ TEST_F(P2P, TestPollingLoop)
 TEST_F(P2P, WaitallStatusesInOrder)
 {
     const int n = 6;
-    std::vector<std::vector<unsigned char>> outs, ins(n);
+    std::vector<TestBuf> outs, ins(n);
     std::vector<weft_request_t *> reqs;
     for (int i = 0; i < n; i++) {
-        ins[i].resize(10 * i + 1);
+        ins[i] = TestBuf(10 * i + 1);
+        ASSERT_TRUE(ins[i].ok()) << ins[i].error();
         weft_request_t *r;
         ASSERT_EQ(weft_irecv(comm, ins[i].data(), ins[i].size(), left(), 60 + i, &r), WEFT_SUCCESS);
         reqs.push_back(r);
     }
     for (int i = n - 1; i >= 0; i--) {
         outs.push_back(patterned(10 * i + 1, rank, 60 + i, 0));
+        ASSERT_TRUE(outs.back().ok()) << outs.back().error();
         weft_request_t *r;
         ASSERT_EQ(weft_isend(comm, outs.back().data(), outs.back().size(), right(), 60 + i, &r), WEFT_SUCCESS);
         reqs.push_back(r);
@@ -481,7 +525,7 @@ TEST_F(P2P, WaitallStatusesInOrder)
     ASSERT_EQ(weft_waitall(reqs.size(), reqs.data(), st.data()), WEFT_SUCCESS) << last_error();
     for (int i = 0; i < n; i++) {
         expect_recv_status(st[i], 10 * i + 1, left(), 60 + i);
-        EXPECT_TRUE(HasPattern(ins[i].data(), ins[i].size(), left(), 60 + i, 0));
+        EXPECT_TRUE(ins[i].HasPattern(ins[i].size(), left(), 60 + i, 0));
     }
     EXPECT_EQ(weft_waitall(0, nullptr, nullptr), WEFT_SUCCESS);
 }
@@ -492,7 +536,8 @@ TEST_F(P2P, ZeroBytesNullBuffers)
 {
     weft_request_t *reqs[4];
     weft_status_t st[4];
-    GuardedBuffer in(16);
+    TestBuf in(16, TestBuf::kGuarded);
+    ASSERT_TRUE(in.ok()) << in.error();
     ASSERT_EQ(weft_irecv(comm, nullptr, 0, left(), 12, &reqs[0]), WEFT_SUCCESS) << last_error();
     ASSERT_EQ(weft_irecv(comm, in.data(), 16, left(), 12, &reqs[1]), WEFT_SUCCESS) << last_error();
     ASSERT_EQ(weft_isend(comm, nullptr, 0, right(), 12, &reqs[2]), WEFT_SUCCESS) << last_error();
@@ -508,7 +553,9 @@ TEST_F(P2P, ZeroBytesNullBuffers)
  * error, and the comm keeps working afterwards. */
 TEST_F(P2P, ArgumentChecks)
 {
-    char buf[8] = {0};
+    TestBuf buf_mem(8);
+    ASSERT_TRUE(buf_mem.ok()) << buf_mem.error();
+    unsigned char *const buf = buf_mem.data();
     weft_request_t *req = nullptr;
     struct BadCall { const char *what; int rc; const char *names; };
     std::vector<BadCall> calls;
@@ -546,11 +593,12 @@ TEST_F(P2P, ArgumentChecks)
     weft_request_t *r, *s;
     ASSERT_EQ(weft_irecv(comm, buf, 8, left(), 13, &r), WEFT_SUCCESS);
     EXPECT_EQ(weft_test(r, nullptr, nullptr), WEFT_ERR_INVALID_ARG);
-    std::vector<unsigned char> out = patterned(8, rank, 13, 0);
+    TestBuf out = patterned(8, rank, 13, 0);
+    ASSERT_TRUE(out.ok()) << out.error();
     ASSERT_EQ(weft_isend(comm, out.data(), 8, right(), 13, &s), WEFT_SUCCESS) << last_error();
     EXPECT_EQ(weft_wait(s, nullptr), WEFT_SUCCESS) << last_error();
     EXPECT_EQ(weft_wait(r, nullptr), WEFT_SUCCESS) << "comm unusable after argument errors: " << last_error();
-    EXPECT_TRUE(HasPattern(buf, 8, left(), 13, 0));
+    EXPECT_TRUE(buf_mem.HasPattern(8, left(), 13, 0));
 }
 
 /* ---- more than 4 GiB in one message (ctest: p2p_huge_*, label huge) ---- */
@@ -611,6 +659,7 @@ bool node_can_hold(size_t bytes)
 
 TEST_F(P2P, HugeSelf)
 {
+    WEFT_SKIP_IF_DEVICE_MEM("> 4 GiB messages are tested with host mmap buffers (label huge)");
     if (!node_can_hold(2 * kHugeBytes))
         GTEST_SKIP() << "not enough memory for 2 x " << kHugeBytes << " bytes";
     if (rank == 0) {
@@ -638,6 +687,7 @@ TEST_F(P2P, HugeSelf)
 /* Rank 0 -> rank 1 (one direction only, to need ~8.6 GiB on the node). */
 TEST_F(P2P, HugePeer)
 {
+    WEFT_SKIP_IF_DEVICE_MEM("> 4 GiB messages are tested with host mmap buffers (label huge)");
     if (!node_can_hold(2 * kHugeBytes))
         GTEST_SKIP() << "not enough memory for 2 x " << kHugeBytes << " bytes";
     if (rank > 1)

@@ -11,6 +11,9 @@
  *    or from the wrong peer is caught, and fast enough for 4 GiB messages.
  *  - Guarded buffers: bytes before and after the usable area that must stay
  *    untouched (truncation and unaligned-buffer tests).
+ *  - Buffers in host or CUDA device memory (WEFT_TEST_MEM=device): the
+ *    TestBuf of weft_test_mem.h, which the p2p and collectives tests use for
+ *    every buffer weft reads or writes.
  *
  * Rule for every test: a skip decision must be the same on all ranks
  * (derived from the world size or the environment), otherwise ranks
@@ -96,29 +99,31 @@ inline uint64_t pattern_word(uint64_t seed, size_t k)
     return mix64(seed + (uint64_t)k * 0x9e3779b97f4a7c15ull);
 }
 
-/* Fills buf[0..n) with the message's pattern; buf may be unaligned. */
-inline void fill_pattern(void *buf, size_t n, uint64_t seed)
+/* Fills buf[0..n) with the message's pattern; buf may be unaligned.
+ * first_word > 0: buf is the part of a message from byte 8*first_word on
+ * (a large message filled in pieces, weft_test_mem.h). */
+inline void fill_pattern(void *buf, size_t n, uint64_t seed, size_t first_word = 0)
 {
     unsigned char *p = static_cast<unsigned char *>(buf);
     size_t words = n / 8;
     for (size_t k = 0; k < words; k++) {
-        uint64_t w = pattern_word(seed, k);
+        uint64_t w = pattern_word(seed, first_word + k);
         std::memcpy(p + 8 * k, &w, 8);
     }
     if (n % 8) {
-        uint64_t w = pattern_word(seed, words);
+        uint64_t w = pattern_word(seed, first_word + words);
         std::memcpy(p + 8 * words, &w, n % 8);
     }
 }
 
 /* Offset of the first byte of buf[0..n) that differs from the pattern, or
- * SIZE_MAX when all match. */
-inline size_t pattern_mismatch(const void *buf, size_t n, uint64_t seed)
+ * SIZE_MAX when all match (first_word: as in fill_pattern). */
+inline size_t pattern_mismatch(const void *buf, size_t n, uint64_t seed, size_t first_word = 0)
 {
     const unsigned char *p = static_cast<const unsigned char *>(buf);
     size_t words = n / 8;
     for (size_t k = 0; k < words; k++) {
-        uint64_t want = pattern_word(seed, k), got;
+        uint64_t want = pattern_word(seed, first_word + k), got;
         std::memcpy(&got, p + 8 * k, 8);
         if (got != want) {
             for (size_t b = 0; b < 8; b++)
@@ -127,7 +132,7 @@ inline size_t pattern_mismatch(const void *buf, size_t n, uint64_t seed)
         }
     }
     if (n % 8) {
-        uint64_t want = pattern_word(seed, words);
+        uint64_t want = pattern_word(seed, first_word + words);
         const unsigned char *w = reinterpret_cast<const unsigned char *>(&want);
         for (size_t b = 0; b < n % 8; b++)
             if (p[8 * words + b] != w[b])
