@@ -34,32 +34,6 @@ namespace {
 
 unsigned long long counter(const char *name) { return weft_emu_cuda_counter(name); }
 
-/* Runs fn with fd 2 going to a temporary file; returns what was written. */
-template <typename Fn>
-std::string capture_stderr(Fn fn)
-{
-    char path[] = "/tmp/weft-cuda-ipc-stderr-XXXXXX";
-    int fd = mkstemp(path);
-    if (fd < 0) {
-        ADD_FAILURE() << "mkstemp failed";
-        fn();
-        return "";
-    }
-    std::fflush(stderr);
-    int saved = dup(2);
-    dup2(fd, 2);
-    fn();
-    std::fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    close(fd);
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    unlink(path);
-    return ss.str();
-}
-
 int device_count()
 {
     int n = 0;

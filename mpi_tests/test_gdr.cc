@@ -38,31 +38,6 @@ using namespace weft_mpitest;
 
 namespace {
 
-template <typename Fn>
-std::string capture_stderr(Fn fn)
-{
-    char path[] = "/tmp/weft-gdr-stderr-XXXXXX";
-    int fd = mkstemp(path);
-    if (fd < 0) {
-        ADD_FAILURE() << "mkstemp failed";
-        fn();
-        return "";
-    }
-    std::fflush(stderr);
-    int saved = dup(2);
-    dup2(fd, 2);
-    fn();
-    std::fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    close(fd);
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    unlink(path);
-    return ss.str();
-}
-
 /* The rank on the other virtual node at the same position (2 nodes). */
 int partner(int rank, int size)
 {

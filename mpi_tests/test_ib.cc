@@ -31,34 +31,6 @@ using namespace weft_mpitest;
 
 namespace {
 
-/* Runs fn with this process's stderr (fd 2) going to a temporary file and
- * returns what was written. A file rather than a pipe: nothing can block
- * however much the library logs. */
-template <typename Fn>
-std::string capture_stderr(Fn fn)
-{
-    char path[] = "/tmp/weft-ib-stderr-XXXXXX";
-    int fd = mkstemp(path);
-    if (fd < 0) {
-        ADD_FAILURE() << "mkstemp failed";
-        fn();
-        return "";
-    }
-    std::fflush(stderr);
-    int saved = dup(2);
-    dup2(fd, 2);
-    fn();
-    std::fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    close(fd);
-    std::ifstream in(path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    unlink(path);
-    return ss.str();
-}
-
 /* The effective node of rank r under WEFT_VIRTUAL_NODES=k (all ranks on one
  * host): the same contiguous blocks weft uses. */
 int vnode_of(int r, int size)

@@ -25,7 +25,12 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -35,6 +40,34 @@
 
 /* Not "weft_test": that name is taken by the C function weft_test(). */
 namespace weft_mpitest {
+
+/* Runs fn with this process's stderr (fd 2) going to a temporary file and
+ * returns what was written (weft's WEFT_DEBUG lines). A file rather than a
+ * pipe: nothing can block however much the library logs. */
+template <typename Fn>
+std::string capture_stderr(Fn fn)
+{
+    char path[] = "/tmp/weft-test-stderr-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) {
+        ADD_FAILURE() << "mkstemp failed";
+        fn();
+        return "";
+    }
+    std::fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    fn();
+    std::fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(fd);
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    unlink(path);
+    return ss.str();
+}
 
 inline int world_rank()
 {
