@@ -9,12 +9,12 @@ file(READ ${SOURCE_DIR}/docs/configuration.md doc)
 
 # Names the code reads: quoted in src/config.c (the lookup table), or passed
 # to getenv() anywhere in the library.
-file(GLOB srcs ${SOURCE_DIR}/src/*.c ${SOURCE_DIR}/p2p/*.c ${SOURCE_DIR}/collectives/*.c)
+file(GLOB_RECURSE srcs ${SOURCE_DIR}/src/*.c ${SOURCE_DIR}/p2p/*.c ${SOURCE_DIR}/collectives/*.c)
 set(names "")
 foreach(f IN LISTS srcs)
   file(READ ${f} text)
   string(REGEX MATCHALL "getenv\\(\"WEFT_[A-Z0-9_]+\"\\)" hits "${text}")
-  if(f MATCHES "/src/config\\.c$")
+  if(f MATCHES "/src/core/config\\.c$")
     string(REGEX MATCHALL "\"WEFT_[A-Z0-9_]+\"" more "${text}")
     list(APPEND hits ${more})
   endif()
@@ -41,8 +41,8 @@ endif()
 
 # Defaults: "cfg->FIELD = VALUE;" in src/config.c against the table row
 # "| `VAR` | `DEFAULT` ...". Fields map to variables through config.h's comments.
-file(READ ${SOURCE_DIR}/src/config.h hdr)
-file(READ ${SOURCE_DIR}/src/config.c cfgc)
+file(READ ${SOURCE_DIR}/src/core/config.h hdr)
+file(READ ${SOURCE_DIR}/src/core/config.c cfgc)
 # ";" separates CMake list items: take it out of the text first.
 string(REPLACE ";" "@" hdr "${hdr}")
 string(REPLACE ";" "@" cfgc "${cfgc}")

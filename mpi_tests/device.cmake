@@ -56,8 +56,8 @@ else()
   message(FATAL_ERROR "WEFT_TEST_CUDA_RUNTIME=${WEFT_TEST_CUDA_RUNTIME}: expected emu or real")
 endif()
 
-weft_add_mpi_test_binary(weft_mpi_p2p_dev test_p2p.cc test_threads.cc ${PROJECT_SOURCE_DIR}/src/config.c)
-target_include_directories(weft_mpi_p2p_dev PRIVATE ${PROJECT_SOURCE_DIR}/src)
+weft_add_mpi_test_binary(weft_mpi_p2p_dev test_p2p.cc test_threads.cc ${PROJECT_SOURCE_DIR}/src/core/config.c)
+target_include_directories(weft_mpi_p2p_dev PRIVATE ${WEFT_INC_CORE})
 target_compile_definitions(weft_mpi_p2p_dev PRIVATE _GNU_SOURCE WEFT_TEST_WITH_CUDA)
 target_link_libraries(weft_mpi_p2p_dev PRIVATE ${WEFT_DEV_CUDART})
 

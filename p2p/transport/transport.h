@@ -33,7 +33,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "../src/config.h"
+#include "config.h"
 
 struct weft_comm;
 struct weft_pipe;

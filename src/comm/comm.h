@@ -10,7 +10,7 @@
 #include <sys/types.h>
 #include "weft.h"
 #include "config.h"
-#include "../p2p/pipe.h"
+#include "pipe.h"
 
 /* What every rank tells every other at create: one fixed-size record,
  * exchanged with one MPI_Allgather. Fields a transport does not offer are
