@@ -31,7 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "perf.h"
-#include "comm.h"   /* struct weft_rank_card: the init comparison allgathers its size */
+#include "weft_test_sizes.h"   /* the init comparison allgathers a rank card of this size */
 
 enum { LIB_WEFT = 0, LIB_MPI = 1 };
 enum { TAG_DATA = 1, TAG_ACK = 2 };
@@ -491,7 +491,7 @@ int perf_init(const struct perf_opts *o, weft_comm_t *unused)
 {
     (void)unused;
     const int reps = perf_reps(o, 10);
-    const size_t card = sizeof(struct weft_rank_card);
+    const size_t card = WEFT_TEST_RANK_CARD_BYTES;
     int rc = 1;
     double *wc = calloc((size_t)reps, sizeof(double)), *wd = calloc((size_t)reps, sizeof(double));
     double *mc = calloc((size_t)reps, sizeof(double)), *md = calloc((size_t)reps, sizeof(double));
@@ -504,7 +504,7 @@ int perf_init(const struct perf_opts *o, weft_comm_t *unused)
     char title[512];
     snprintf(title, sizeof title,
              "# init: weft_comm_create / weft_comm_destroy vs MPI_Comm_dup + MPI_Allgather of one\n"
-             "# rank card (%zu bytes, sizeof(struct weft_rank_card)) / MPI_Comm_free;\n"
+             "# rank card (%zu bytes, WEFT_TEST_RANK_CARD_BYTES) / MPI_Comm_free;\n"
              "# time of the slowest rank, median of %d repetitions, alternating weft and MPI first\n"
              "#\n"
              "#   np  card(B)   weft create(us)  weft destroy(us)   MPI dup+allgather(us)  MPI free(us)  create/MPI",

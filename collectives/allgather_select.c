@@ -1,6 +1,7 @@
 /*
- * weft_allgather: argument checks, the algorithm selector, WEFT_ALLGATHER_ALGO
- * forcing, and the once-per-shape info log.
+ * weft_coll_allgather and its start forms: the algorithm selector,
+ * WEFT_ALLGATHER_ALGO forcing (read at weft_comm_create, cc->ag_algo), and
+ * the once-per-shape info log. Argument checks are src/api/'s (check.c).
  *
  * The thresholds below come from the measurements in docs/benchmarks.md
  * ("## Allgather"): keep the two in step when retuning.
@@ -8,11 +9,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "coll.h"
-#include "coll_state.h"
-#include "comm.h"
+#include "coll_impl.h"
+#include "config.h"
+#include "core.h"
 #include "devcopy.h"
 #include "log.h"
+#include "tags.h"
+#include "weft.h"
 
 /* Up to this many bytes in total (bytes_per_rank * size) latency dominates:
  * log-step algorithms (rd, Bruck) need log2(n) messages instead of n-1. */
@@ -24,25 +27,22 @@
  * here up messages are rendezvous (receiver pulls, one copy) and direct lets
  * every receiver copy at once with no chain of dependencies. */
 #define WEFT_AG_EAGER_BLOCK   (64u * 1024u)
-/* Default ring chunk; WEFT_ALLGATHER_CHUNK_KB overrides it (tuning only). */
-#define WEFT_AG_RING_CHUNK    (1024u * 1024u)
+/* The ring chunk is WEFT_ALLGATHER_CHUNK_KB (default 1 MiB, set in
+ * src/core/config.c; tuning only). */
 
-static const char *const algo_names[WEFT_AG_COUNT] = {
-    [WEFT_AG_AUTO] = "auto", [WEFT_AG_RING] = "ring", [WEFT_AG_RD] = "rd",
-    [WEFT_AG_BRUCK] = "bruck", [WEFT_AG_DIRECT] = "direct", [WEFT_AG_HIER] = "hier",
-};
-
+/* The names are WEFT_ALLGATHER_ALGO's list (src/core/config.c), in the
+ * order of enum weft_allgather_algo. */
 const char *weft_allgather_algo_name(int algo)
 {
-    return (algo >= 0 && algo < WEFT_AG_COUNT) ? algo_names[algo] : "?";
+    return (algo >= 0 && algo < WEFT_AG_COUNT) ? weft_allgather_algo_names[algo] : "?";
 }
 
 int weft_allgather_algo_parse(const char *s)
 {
     if (!s || !*s)
         return WEFT_AG_AUTO;
-    for (int a = 0; a < WEFT_AG_COUNT; a++)
-        if (strcmp(s, algo_names[a]) == 0)
+    for (int a = 0; a < WEFT_AG_COUNT && weft_allgather_algo_names[a]; a++)
+        if (strcmp(s, weft_allgather_algo_names[a]) == 0)
             return a;
     return -1;
 }
@@ -70,108 +70,95 @@ int weft_allgather_select(int size, int nnodes, size_t bytes)
     return WEFT_AG_DIRECT;
 }
 
-size_t coll_ring_chunk(void)
+size_t coll_ring_chunk(const struct weft_coll *cc)
 {
-    /* Read once; a racing first read computes the same value. */
-    static size_t chunk;
-    size_t v = __atomic_load_n(&chunk, __ATOMIC_RELAXED);
-    if (v == 0) {
-        const char *e = getenv("WEFT_ALLGATHER_CHUNK_KB");
-        long kb = e ? strtol(e, NULL, 10) : 0;
-        v = kb > 0 ? (size_t)kb * 1024u : WEFT_AG_RING_CHUNK;
-        __atomic_store_n(&chunk, v, __ATOMIC_RELAXED);
-    }
-    return v;
+    size_t v = cc->core->cfg.allgather_chunk;
+    return v > 0 ? v : 1024u * 1024u;
 }
 
 /* Logs the choice for a new bytes-per-rank value once (WEFT_DEBUG=info). */
-static void log_shape_once(struct weft_comm *c, size_t bytes, int algo, int forced)
+static void log_shape_once(struct weft_coll *cc, size_t bytes, int algo, int forced)
 {
+    int fresh = 0;
     if (weft_log_level() < WEFT_LOG_INFO)
         return;
-    struct coll_state *s = coll_state_get(c);
-    if (!s)
-        return;
-    for (size_t i = 0; i < s->nshapes; i++)
-        if (s->shapes[i].bytes == bytes && s->shapes[i].algo == algo)
-            return;
-    if (s->nshapes == s->cap_shapes) {
-        size_t cap = s->cap_shapes ? 2 * s->cap_shapes : 16;
-        struct coll_shape *p = realloc(s->shapes, cap * sizeof *p);
-        if (!p)
-            return;   /* only the log line is lost */
-        s->shapes = p;
-        s->cap_shapes = cap;
+    pthread_mutex_lock(&cc->shapes_lock);
+    size_t i;
+    for (i = 0; i < cc->nshapes; i++)
+        if (cc->shapes[i].bytes == bytes && cc->shapes[i].algo == algo)
+            break;
+    if (i == cc->nshapes) {
+        if (cc->nshapes == cc->cap_shapes) {
+            size_t cap = cc->cap_shapes ? 2 * cc->cap_shapes : 16;
+            struct weft_coll_shape *p = realloc(cc->shapes, cap * sizeof *p);
+            if (p) {   /* else only the log line is lost */
+                cc->shapes = p;
+                cc->cap_shapes = cap;
+            }
+        }
+        if (cc->nshapes < cc->cap_shapes) {
+            cc->shapes[cc->nshapes].bytes = bytes;
+            cc->shapes[cc->nshapes].algo = algo;
+            cc->nshapes++;
+            fresh = 1;
+        }
     }
-    s->shapes[s->nshapes].bytes = bytes;
-    s->shapes[s->nshapes].algo = algo;
-    s->nshapes++;
-    WEFT_INFO(c->rank, "allgather %zu B per rank x %d ranks (%d nodes): %s (%s)",
-              bytes, c->size, coll_topo_get(c) ? coll_topo_get(c)->nnodes : c->num_nodes,
-              weft_allgather_algo_name(algo), forced ? "forced by WEFT_ALLGATHER_ALGO" : "selector");
+    pthread_mutex_unlock(&cc->shapes_lock);
+    if (fresh)
+        WEFT_INFO(cc->core->rank, "allgather %zu B per rank x %d ranks (%d nodes): %s (%s)",
+                  bytes, cc->core->size, cc->nnodes, weft_allgather_algo_name(algo),
+                  forced ? "forced by WEFT_ALLGATHER_ALGO" : "selector");
 }
 
-int weft_allgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank)
+/* seq NULL: the call takes the next value of cc->seq once it knows it
+ * sends anything. */
+static int allgather_start(struct weft_coll *cc, weft_coll_tag_fn tag, const uint32_t *seq, const void *sendbuf,
+                           void *recvbuf, size_t bytes_per_rank, struct weft_coll_op **op)
 {
-    if (!c)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_allgather: comm is NULL");
-    int n = c->size, me = c->rank;
-    if (bytes_per_rank > 0 && !sendbuf)
-        return weft_set_error(c, WEFT_ERR_INVALID_ARG,
-                              "weft_allgather: sendbuf is NULL with bytes_per_rank %zu", bytes_per_rank);
-    if (bytes_per_rank > 0 && !recvbuf)
-        return weft_set_error(c, WEFT_ERR_INVALID_ARG,
-                              "weft_allgather: recvbuf is NULL with bytes_per_rank %zu", bytes_per_rank);
-    if (bytes_per_rank > SIZE_MAX / (size_t)n)
-        return weft_set_error(c, WEFT_ERR_INVALID_ARG,
-                              "weft_allgather: bytes_per_rank %zu x %d ranks overflows size_t",
-                              bytes_per_rank, n);
+    int n = cc->core->size, me = cc->core->rank;
+    *op = NULL;
     if (bytes_per_rank == 0)
         return WEFT_SUCCESS;   /* nothing moves; every rank passes the same 0 */
 
-    size_t total = bytes_per_rank * (size_t)n;
-    const char *sb = sendbuf, *rb = recvbuf, *mine = rb + (size_t)me * bytes_per_rank;
-    /* Compared as integers: the buffers may be unrelated objects. */
-    uintptr_t s0 = (uintptr_t)sb, r0 = (uintptr_t)rb;
-    if (sb != mine && s0 < r0 + total && r0 < s0 + bytes_per_rank)
-        return weft_set_error(c, WEFT_ERR_INVALID_ARG,
-                              "weft_allgather: sendbuf overlaps recvbuf but is not recvbuf + rank*bytes_per_rank "
-                              "(the in-place form)");
-
-    const char *env = getenv("WEFT_ALLGATHER_ALGO");
-    int algo = weft_allgather_algo_parse(env);
-    if (algo < 0)
-        return weft_set_error(c, WEFT_ERR_INVALID_ARG,
-                              "weft_allgather: WEFT_ALLGATHER_ALGO=%s is not one of ring|rd|bruck|direct|hier", env);
+    const char *sb = sendbuf, *mine = (const char *)recvbuf + (size_t)me * bytes_per_rank;
+    int algo = cc->ag_algo;
     int forced = algo != WEFT_AG_AUTO;
 
     if (n == 1) {
         if (sb != mine)
-            return weft_devcopy(c, recvbuf, sendbuf, bytes_per_rank, "weft_allgather");
+            return weft_devcopy(cc->core, recvbuf, sendbuf, bytes_per_rank, "weft_allgather");
         return WEFT_SUCCESS;
     }
 
     if (forced) {
         const char *why = NULL;
         if (!weft_allgather_algo_applies(algo, n, &why))
-            return weft_set_error(c, WEFT_ERR_INVALID_ARG,
+            return weft_set_error(cc->core, WEFT_ERR_INVALID_ARG,
                                   "weft_allgather: WEFT_ALLGATHER_ALGO=%s cannot run on %d ranks: %s",
-                                  env, n, why);
+                                  cc->core->cfg.allgather_algo, n, why);
     } else {
-        const struct coll_topo *t = coll_topo_get(c);
-        if (!t)
-            return WEFT_ERR_NO_MEMORY;
-        algo = weft_allgather_select(n, t->nnodes, bytes_per_rank);
+        algo = weft_allgather_select(n, cc->nnodes, bytes_per_rank);
     }
-    log_shape_once(c, bytes_per_rank, algo, forced);
+    log_shape_once(cc, bytes_per_rank, algo, forced);
+    return coll_allgather_op(cc, algo, tag, seq ? *seq : coll_seq_next(cc), sendbuf, recvbuf, bytes_per_rank, op);
+}
 
-    switch (algo) {
-    case WEFT_AG_RING:   return weft_allgather_ring(c, sendbuf, recvbuf, bytes_per_rank);
-    case WEFT_AG_RD:     return weft_allgather_rd(c, sendbuf, recvbuf, bytes_per_rank);
-    case WEFT_AG_BRUCK:  return weft_allgather_bruck(c, sendbuf, recvbuf, bytes_per_rank);
-    case WEFT_AG_DIRECT: return weft_allgather_direct(c, sendbuf, recvbuf, bytes_per_rank);
-    case WEFT_AG_HIER:   return weft_allgather_hier(c, sendbuf, recvbuf, bytes_per_rank);
-    default:
-        return weft_set_error(c, WEFT_ERR_INTERNAL, "weft_allgather: selector returned algorithm %d", algo);
-    }
+int weft_coll_allgather_start(struct weft_coll *cc, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                              struct weft_coll_op **op)
+{
+    return allgather_start(cc, weft_tag_coll, NULL, sendbuf, recvbuf, bytes_per_rank, op);
+}
+
+int weft_coll_allgather_start_tagged(struct weft_coll *cc, weft_coll_tag_fn tag, uint32_t seq,
+                                     const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                                     struct weft_coll_op **op)
+{
+    return allgather_start(cc, tag, &seq, sendbuf, recvbuf, bytes_per_rank, op);
+}
+
+int weft_coll_allgather(struct weft_coll *cc, const void *sendbuf, void *recvbuf, size_t bytes_per_rank)
+{
+    struct weft_coll_op *op;
+    int rc = weft_coll_allgather_start(cc, sendbuf, recvbuf, bytes_per_rank, &op);
+    return rc != WEFT_SUCCESS ? rc : weft_coll_op_wait(op);
 }

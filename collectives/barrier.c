@@ -1,5 +1,5 @@
 /*
- * weft_barrier: dissemination barrier.
+ * weft_coll_barrier: dissemination barrier.
  *
  * ceil(log2 n) rounds; in round k with d = 2^k rank r signals r+d and waits
  * for the signal of r-d (zero-byte messages). After round k a rank has heard,
@@ -10,43 +10,41 @@
  *     d=1:     0->1  1->2  2->3  3->4  4->0
  *     d=2:     0->2  1->3  2->4  3->0  4->1
  *     d=4:     0->4  1->0  2->1  3->2  4->3
+ *
+ * Schedule: per round a zero-byte RECV and SEND, each round behind a fence.
  */
-#include "coll.h"
-#include "comm.h"
-#include "log.h"
+#include "coll_impl.h"
+#include "core.h"
+#include "tags.h"
+#include "weft.h"
 
-int weft_barrier(weft_comm_t *c)
+static void build_barrier(struct weft_sched_build *b, const void *args)
 {
-    if (!c)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_barrier: comm is NULL");
-    int n = c->size, me = c->rank, rc = WEFT_SUCCESS;
-    if (n == 1)
-        return WEFT_SUCCESS;
-
-    struct coll_op op;
-    coll_op_begin(&op, c, "barrier dissemination");
-    struct coll_reqs q;
-    if ((rc = coll_reqs_init(&op, &q, 2)) != WEFT_SUCCESS)
-        return rc;
-    int round = 0;
+    const struct weft_coll *cc = args;
+    int n = cc->core->size, me = cc->core->rank, round = 0;
     for (int d = 1; d < n; d <<= 1, round++) {
         int to = (me + d) % n, from = (me - d + n) % n;
-        weft_request_t *r;
         /* One lane per round: a fast rank's signal for round k+1 never
          * satisfies round k's receive of a slower one. */
-        if ((rc = coll_irecv(&op, round, NULL, 0, from, round % WEFT_COLL_PHASES, &r)) != WEFT_SUCCESS)
-            goto fail;
-        coll_reqs_add(&q, r, from);
-        if ((rc = coll_isend(&op, round, NULL, 0, to, round % WEFT_COLL_PHASES, &r)) != WEFT_SUCCESS)
-            goto fail;
-        coll_reqs_add(&q, r, to);
-        if ((rc = coll_reqs_waitall(&op, round, &q)) != WEFT_SUCCESS)
-            goto out;
+        if (round > 0)
+            weft_sched_fence(b);
+        weft_sched_recv(b, round, NULL, 0, from, round % WEFT_TAG_COLL_PHASES, WEFT_SCHED_NODEP, 0);
+        weft_sched_send(b, round, NULL, 0, to, round % WEFT_TAG_COLL_PHASES, WEFT_SCHED_NODEP);
     }
-    goto out;
-fail:
-    coll_reqs_drain(&q);
-out:
-    coll_reqs_fini(&q);
-    return rc;
+}
+
+int weft_coll_barrier_start(struct weft_coll *cc, struct weft_coll_op **op)
+{
+    *op = NULL;
+    if (cc->core->size == 1)
+        return WEFT_SUCCESS;
+    return weft_sched_start(cc->p2p, cc->core, "barrier dissemination", weft_tag_coll, coll_seq_next(cc), 0,
+                            build_barrier, cc, op);
+}
+
+int weft_coll_barrier(struct weft_coll *cc)
+{
+    struct weft_coll_op *op;
+    int rc = weft_coll_barrier_start(cc, &op);
+    return rc != WEFT_SUCCESS ? rc : weft_coll_op_wait(op);
 }

@@ -1,128 +1,106 @@
 /*
- * Collectives: shared internals of the files in collectives/.
+ * Collectives: the interface of collectives/ to the layers above (comm,
+ * api, stream). Included by src/comm/comm.h, so it stays light: no
+ * transport or pipe header, only the context struct and the calls.
  *
- * Every collective is built on the pipe layer only (weft_isend_internal /
- * weft_irecv_internal + weft_wait / weft_waitall), never on a transport, so
- * it runs unchanged over self, shm, tcp and any later transport.
+ * Every collective is built on the pipe layer only (weft_p2p_isend /
+ * weft_p2p_irecv and completion through p2p/p2p.h), never on a transport,
+ * so it runs unchanged over self, shm, tcp and any later transport. A call
+ * is a schedule of steps (collectives/coll_sched.h) run by a small engine:
+ * the blocking calls are start + wait, and the stream engine (src/stream/)
+ * starts the same schedules and tests them from its progress thread.
  *
  * Tags. Collective traffic uses negative tags (internal lanes, never matched
- * by a user receive). A call takes the next value of c->coll_seq; its tags are
- *     -(WEFT_COLL_TAG_BASE + (seq % WEFT_COLL_TAG_SLOTS) * WEFT_COLL_PHASES + phase)
- * so two consecutive collectives never share a lane (a stray message of one
- * cannot be taken by the next), while the number of lanes a pipe ever creates
- * stays bounded. Correctness does not depend on the slot: collectives run in
- * the same order on every rank and each (peer, tag) lane is FIFO.
+ * by a user receive, p2p/tags.h). A call takes the next value of cc->seq;
+ * its tags are weft_tag_coll(seq, phase), so two consecutive collectives
+ * never share a lane (a stray message of one cannot be taken by the next),
+ * while the number of lanes a pipe ever creates stays bounded. Correctness
+ * does not depend on the slot: collectives run in the same order on every
+ * rank and each (peer, tag) lane is FIFO.
  */
 #ifndef WEFT_COLL_H
 #define WEFT_COLL_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "weft.h"
 
-struct weft_comm;
+struct weft_p2p;
+struct weft_core;
+struct weft_coll_op;
+struct weft_coll_shape;
 
-#define WEFT_COLL_TAG_BASE  0x10000
-#define WEFT_COLL_TAG_SLOTS 16
-#define WEFT_COLL_PHASES    16
+/* The collectives' context of one comm (embedded in struct weft_comm). */
+struct weft_coll {
+    struct weft_p2p        *p2p;
+    struct weft_core       *core;      /* rank, size, cfg, errors */
+    uint32_t                seq;       /* collectives started (tags of internal lanes) */
+    int                     ag_algo;   /* WEFT_ALLGATHER_ALGO mapped to the algorithm (0: selector) */
 
-enum weft_allgather_algo {
-    WEFT_AG_AUTO = 0,  /* selector decides */
-    WEFT_AG_RING,
-    WEFT_AG_RD,        /* recursive doubling */
-    WEFT_AG_BRUCK,
-    WEFT_AG_DIRECT,
-    WEFT_AG_HIER,
-    WEFT_AG_COUNT
+    /* Node layout of the comm, computed once at init (ranks grouped by the
+     * effective node of each rank). */
+    int                     nnodes;    /* distinct node values */
+    int                    *node_of;   /* [size] node index 0..nnodes-1 (ordered by lowest rank) */
+    int                    *node_first;/* [nnodes+1] offsets into node_ranks */
+    int                    *node_ranks;/* [size] ranks of each node, ascending */
+
+    /* Allgather shapes (bytes per rank -> algorithm) already logged at
+     * WEFT_DEBUG=info, so each is logged once. Kept only at info level.
+     * The lock: blocking calls and the stream engine's thread both log. */
+    pthread_mutex_t         shapes_lock;
+    struct weft_coll_shape *shapes;
+    size_t                  nshapes, cap_shapes;
 };
 
-/* One collective call in progress: who we are, what we run, our tags. */
-struct coll_op {
-    struct weft_comm *c;
-    const char       *what;    /* "allgather ring", "bcast binomial", ... */
-    uint32_t          seq;     /* value of c->coll_seq taken by this call */
-};
+/* node[size]: the effective node of each rank (the rank card header's
+ * `node`, WEFT_VIRTUAL_NODES included). Computes the node layout and maps
+ * the configured algorithm. WEFT_SUCCESS or WEFT_ERR_NO_MEMORY /
+ * WEFT_ERR_INVALID_ARG with the last error set. fini is idempotent (also
+ * after a failed init, on a zeroed struct). */
+int  weft_coll_init(struct weft_coll *cc, struct weft_p2p *p2p, struct weft_core *core, const int *node);
+void weft_coll_fini(struct weft_coll *cc);
 
-/* Starts a call: takes the next sequence number. */
-void coll_op_begin(struct coll_op *op, struct weft_comm *c, const char *what);
+/* Blocking collectives (start + wait). Arguments are validated by src/api/
+ * (check.c): buffers non-NULL where bytes > 0, root in range, the allgather
+ * total fits size_t and sendbuf is in place or does not overlap recvbuf.
+ * A forced algorithm that cannot run on this rank count is still refused
+ * here with WEFT_ERR_INVALID_ARG. */
+int  weft_coll_allgather(struct weft_coll *cc, const void *sendbuf, void *recvbuf, size_t bytes_per_rank);
+int  weft_coll_bcast(struct weft_coll *cc, void *buf, size_t bytes, int root);
+int  weft_coll_barrier(struct weft_coll *cc);
 
-/* Tag of `phase` (0 .. WEFT_COLL_PHASES-1) within this call. */
-int  coll_tag(const struct coll_op *op, int phase);
+/* Non-blocking forms: on WEFT_SUCCESS *op is the call in progress, or NULL
+ * when it completed at the start (one rank, zero bytes: nothing to wait
+ * for). On an error nothing was started and *op is NULL. The buffers must
+ * stay valid until the op completed. */
+int  weft_coll_allgather_start(struct weft_coll *cc, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                               struct weft_coll_op **op);
+int  weft_coll_bcast_start(struct weft_coll *cc, void *buf, size_t bytes, int root, struct weft_coll_op **op);
+int  weft_coll_barrier_start(struct weft_coll *cc, struct weft_coll_op **op);
 
-/* p2p steps. On failure each records "<what> step <step>: <verb> <bytes> B
- * peer <peer> failed: <p2p error>" as the comm's last error and returns the
- * p2p code. */
-int  coll_isend(const struct coll_op *op, int step, const void *buf, size_t bytes,
-                int peer, int phase, weft_request_t **req);
-int  coll_irecv(const struct coll_op *op, int step, void *buf, size_t bytes,
-                int peer, int phase, weft_request_t **req);
-/* Waits for one request (freed); peer/step only for the message. */
-int  coll_wait(const struct coll_op *op, int step, weft_request_t *req, int peer, const char *verb);
+/* The tags of a call: tag(seq, phase), phase in [0, WEFT_TAG_COLL_PHASES).
+ * The calls above take cc->seq and weft_tag_coll (p2p/tags.h). The stream
+ * engine runs its allgathers on lanes of its own (weft_tag_scoll) numbered
+ * by its own counter, in the order they were called: they start later, on
+ * its thread, and must never take a sequence number between two blocking
+ * collectives of the caller. A caller of this form must not start call
+ * seq + WEFT_TAG_COLL_SLOTS before call seq completed (the slot's lanes are
+ * then reused; ops of one slot would interleave on them). */
+typedef int (*weft_coll_tag_fn)(unsigned seq, int phase);
+int  weft_coll_allgather_start_tagged(struct weft_coll *cc, weft_coll_tag_fn tag, uint32_t seq,
+                                      const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                                      struct weft_coll_op **op);
 
-/* A growing list of requests waited for together. */
-#define COLL_REQS_INLINE 8
-struct coll_reqs {
-    weft_request_t **r;
-    int             *peer;     /* per request, for error messages */
-    size_t           n, cap;
-    /* Small lists (barrier, rd, Bruck, bcast tree) need no malloc. */
-    weft_request_t  *inl_r[COLL_REQS_INLINE];
-    int              inl_peer[COLL_REQS_INLINE];
-};
-int  coll_reqs_init(const struct coll_op *op, struct coll_reqs *q, size_t cap);
-/* Adds a request (capacity must suffice: callers size it exactly). */
-void coll_reqs_add(struct coll_reqs *q, weft_request_t *r, int peer);
-/* Waits for every request in q and empties it; the first failure becomes the
- * last error ("<what> step <step>: ... peer P ...") and is returned. */
-int  coll_reqs_waitall(const struct coll_op *op, int step, struct coll_reqs *q);
-/* Error path: waits for whatever is still in q, ignoring results, so no
- * request outlives the call. */
-void coll_reqs_drain(struct coll_reqs *q);
-void coll_reqs_fini(struct coll_reqs *q);
-
-/* Per-comm memory of the collectives (c->coll_state). */
-struct coll_state;
-struct coll_state *coll_state_get(struct weft_comm *c);
-
-/* Node layout of the comm, computed once (ranks grouped by cards[r].node). */
-struct coll_topo {
-    int  nnodes;        /* distinct node values */
-    int *node_of;       /* [size] node index 0..nnodes-1 (ordered by lowest rank) */
-    int *node_first;    /* [nnodes+1] offsets into node_ranks */
-    int *node_ranks;    /* [size] ranks of each node, ascending */
-};
-const struct coll_topo *coll_topo_get(struct weft_comm *c);
-
-/* ---- allgather algorithms (allgather.c). Arguments are already validated:
- * bytes > 0, size > 1, sendbuf either in place (== recvbuf + rank*bytes) or
- * not overlapping recvbuf. */
-int weft_allgather_ring(struct weft_comm *c, const void *sendbuf, void *recvbuf, size_t bytes);
-int weft_allgather_rd(struct weft_comm *c, const void *sendbuf, void *recvbuf, size_t bytes);
-int weft_allgather_bruck(struct weft_comm *c, const void *sendbuf, void *recvbuf, size_t bytes);
-int weft_allgather_direct(struct weft_comm *c, const void *sendbuf, void *recvbuf, size_t bytes);
-int weft_allgather_hier(struct weft_comm *c, const void *sendbuf, void *recvbuf, size_t bytes);
-
-/* Generic pipelined ring over m members (ranks members[0..m)) where member p
- * contributes the byte ranges segs[seg_first[p] .. seg_first[p+1]) of buf.
- * own_src, when non-NULL, holds this member's data (it has exactly one
- * segment), which is sent from there and copied into buf meanwhile.
- * full_pos (-1: none) is a member that already holds everything (bcast's
- * root): it receives nothing and its left neighbour sends it nothing.
- * Used by the flat ring, by the leaders' ring of hier and by large bcast. */
-struct coll_seg { size_t off, len; };
-int coll_ring(const struct coll_op *op, int phase, const int *members, int m, int my_pos,
-              const struct coll_seg *segs, const int *seg_first, char *buf,
-              const void *own_src, int full_pos, size_t chunk);
-
-/* ---- selector (allgather_select.c) ---- */
-const char *weft_allgather_algo_name(int algo);
-/* Parses "ring|rd|bruck|direct|hier" (or "auto"/""); -1 when unknown. */
-int  weft_allgather_algo_parse(const char *s);
-/* The selector's choice for this shape, with no forcing. */
-int  weft_allgather_select(int size, int nnodes, size_t bytes);
-/* Whether algo can run at this shape; if not, *why says so. */
-int  weft_allgather_algo_applies(int algo, int size, const char **why);
-/* Ring chunk (bytes per pipelined message). */
-size_t coll_ring_chunk(void);
+/* Advances op without blocking. *done = 1 once it completed: op is freed
+ * and its code returned. op NULL: done, WEFT_SUCCESS. */
+int  weft_coll_op_test(struct weft_coll_op *op, int *done);
+/* Blocks until op completed (each wait bounded by WEFT_TIMEOUT without
+ * progress), frees it, returns its code. op NULL: WEFT_SUCCESS. */
+int  weft_coll_op_wait(struct weft_coll_op *op);
+/* Gives op up without waiting (the stream engine's destroy after a
+ * timeout): freed at once when nothing it issued is in flight; otherwise
+ * left to its pipes (their destroy reports the requests), so no transfer
+ * can write into freed scratch memory. */
+void weft_coll_op_abandon(struct weft_coll_op *op);
 
 #endif

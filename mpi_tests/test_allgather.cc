@@ -1,7 +1,8 @@
 /*
  * weft_allgather over whatever transports the ctest entry selects (shm, tcp,
  * virtual nodes): every algorithm that applies to the rank count, forced with
- * WEFT_ALLGATHER_ALGO, and the selector; in place and out of place; block
+ * WEFT_ALLGATHER_ALGO on a comm of its own, and the selector; in place and
+ * out of place; block
  * sizes from 0 to 16 MiB. Each rank's block carries a pattern of (rank,
  * size, call), so a block from the wrong rank, a stale block from an earlier
  * call or a shifted byte all show, and guard bytes around recvbuf catch a
@@ -31,8 +32,11 @@ namespace {
 
 constexpr size_t KiB = 1024, MiB = 1024 * 1024;
 
-/* Sets WEFT_ALLGATHER_ALGO for the scope (the library reads it per call);
- * "auto" clears it so the selector decides. Same value on every rank. */
+/* A comm of its own for the scope, created with WEFT_ALLGATHER_ALGO set
+ * (the library reads it at weft_comm_create); "auto" leaves it unset so the
+ * selector decides. Collective: the same value on every rank. The comm is
+ * destroyed at the end of the scope, unless the test failed (then it is
+ * leaked, as WeftMpiTest does, since the ranks may no longer agree). */
 class ForceAlgo {
 public:
     explicit ForceAlgo(const std::string &algo)
@@ -41,8 +45,28 @@ public:
             unsetenv("WEFT_ALLGATHER_ALGO");
         else
             setenv("WEFT_ALLGATHER_ALGO", algo.c_str(), 1);
+        rc_ = weft_comm_create(MPI_COMM_WORLD, &comm_);
+        unsetenv("WEFT_ALLGATHER_ALGO");
+        if (rc_ != WEFT_SUCCESS)
+            comm_ = nullptr;
     }
-    ~ForceAlgo() { unsetenv("WEFT_ALLGATHER_ALGO"); }
+    ~ForceAlgo()
+    {
+        if (comm_ && !::testing::Test::HasFailure()) {
+            EXPECT_EQ(weft_comm_destroy(comm_), WEFT_SUCCESS);
+        }
+    }
+    ForceAlgo(const ForceAlgo &) = delete;
+    ForceAlgo &operator=(const ForceAlgo &) = delete;
+
+    weft_comm_t *comm() const { return comm_; }
+    /* weft_comm_create's code (fails the same way on every rank). */
+    int rc() const { return rc_; }
+    std::string last_error() const { return weft_comm_last_error(comm_); }
+
+private:
+    weft_comm_t *comm_ = nullptr;
+    int rc_ = WEFT_ERR_INTERNAL;
 };
 
 bool is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
@@ -77,9 +101,9 @@ class Allgather : public WeftMpiTest {
 protected:
     uint64_t calls = 0;
 
-    /* One allgather of `bytes` per rank with the current algorithm setting;
-     * checks the return code, every block and the guards. */
-    void run_and_check(size_t bytes, bool in_place, const std::string &algo)
+    /* One allgather of `bytes` per rank on c (created for algo); checks
+     * the return code, every block and the guards. */
+    void run_and_check(weft_comm_t *c, size_t bytes, bool in_place, const std::string &algo)
     {
         const uint64_t call = calls++;
         const size_t total = bytes * (size_t)size;
@@ -97,10 +121,10 @@ protected:
             send.fill_pattern_at(1, bytes, block_seed(rank, bytes, call));
             sendbuf = send.data() + 1;
         }
-        int rc = weft_allgather(comm, bytes ? sendbuf : nullptr, bytes ? recv.data() : nullptr, bytes);
+        int rc = weft_allgather(c, bytes ? sendbuf : nullptr, bytes ? recv.data() : nullptr, bytes);
         ASSERT_EQ(rc, WEFT_SUCCESS) << "algo " << algo << " bytes " << bytes
                                     << (in_place ? " in place" : " out of place") << ": "
-                                    << weft_strerror(rc) << ": " << last_error();
+                                    << weft_strerror(rc) << ": " << weft_comm_last_error(c);
         for (int r = 0; r < size; r++) {
             size_t bad = recv.pattern_mismatch_at((size_t)r * bytes, bytes, block_seed(r, bytes, call));
             ASSERT_EQ(bad, SIZE_MAX) << "algo " << algo << " bytes " << bytes
@@ -122,6 +146,7 @@ TEST_F(Allgather, EveryAlgorithmEverySize)
     for (size_t a = 0; a < algos.size(); a++) {
         const std::string &algo = algos[a];
         ForceAlgo force(algo);
+        ASSERT_EQ(force.rc(), WEFT_SUCCESS) << "weft_comm_create with WEFT_ALLGATHER_ALGO=" << algo;
         for (size_t bytes : block_sizes(size)) {
             for (bool in_place : {false, true}) {
                 /* 16 MiB blocks cost most of the suite's time: each
@@ -129,7 +154,7 @@ TEST_F(Allgather, EveryAlgorithmEverySize)
                  * modes still see them. */
                 if (bytes >= 16 * MiB && in_place != (a % 2 == 1))
                     continue;
-                run_and_check(bytes, in_place, algo);
+                run_and_check(force.comm(), bytes, in_place, algo);
                 if (HasFailure())
                     return;
             }
@@ -139,21 +164,29 @@ TEST_F(Allgather, EveryAlgorithmEverySize)
 
 /* Allgathers of different sizes and algorithms back to back, no barrier
  * between them, all outstanding data checked only at the end: a fast rank's
- * next call must never feed a slow rank's current one. */
+ * next call must never feed a slow rank's current one. The comms (one per
+ * algorithm, the algorithm is fixed at create) all exist before the first
+ * call, so nothing synchronises the calls; on the selector's comm the
+ * algorithm changes with the size from call to call. */
 TEST_F(Allgather, BackToBackDifferentSizes)
 {
     const std::vector<size_t> seq = {1, 65537, 3, 300 * KiB + 1, 0, 8, 4096, 1000, 2 * MiB + 5, 1};
     const std::vector<std::string> algos = algos_for(size);
+    std::vector<std::unique_ptr<ForceAlgo>> forced;
+    for (const std::string &algo : algos) {
+        forced.emplace_back(new ForceAlgo(algo));
+        ASSERT_EQ(forced.back()->rc(), WEFT_SUCCESS) << "weft_comm_create with WEFT_ALLGATHER_ALGO=" << algo;
+    }
     std::vector<std::unique_ptr<TestBuf>> bufs;
     for (size_t i = 0; i < seq.size() * 2; i++) {
         size_t bytes = seq[i % seq.size()];
-        ForceAlgo force(algos[i % algos.size()]);
+        const ForceAlgo &force = *forced[i % algos.size()];
         bufs.emplace_back(new TestBuf(bytes * (size_t)size, TestBuf::kGuarded));
         ASSERT_TRUE(bufs.back()->ok()) << bufs.back()->error();
         unsigned char *rb = bufs.back()->data();
         bufs.back()->fill_pattern_at((size_t)rank * bytes, bytes, block_seed(rank, bytes, 1000 + i));
-        int rc = weft_allgather(comm, rb + (size_t)rank * bytes, rb, bytes);
-        ASSERT_EQ(rc, WEFT_SUCCESS) << "call " << i << " bytes " << bytes << ": " << last_error();
+        int rc = weft_allgather(force.comm(), rb + (size_t)rank * bytes, rb, bytes);
+        ASSERT_EQ(rc, WEFT_SUCCESS) << "call " << i << " bytes " << bytes << ": " << force.last_error();
     }
     for (size_t i = 0; i < bufs.size(); i++) {
         size_t bytes = seq[i % seq.size()];
@@ -170,28 +203,59 @@ TEST_F(Allgather, RecursiveDoublingRefusedOnNonPowerOfTwo)
 {
     if (is_pow2(size))
         GTEST_SKIP() << size << " ranks is a power of two";
-    ForceAlgo force("rd");
+    ForceAlgo force("rd");   /* the name is valid: the comm is created */
+    ASSERT_EQ(force.rc(), WEFT_SUCCESS);
     TestBuf recv(8 * (size_t)size, TestBuf::kGuarded), send(8);
     ASSERT_TRUE(recv.ok() && send.ok()) << recv.error() << send.error();
     send.write(0, "\1\1\1\1\1\1\1\1", 8);
-    int rc = weft_allgather(comm, send.data(), recv.data(), 8);
+    int rc = weft_allgather(force.comm(), send.data(), recv.data(), 8);
     EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG);
-    EXPECT_NE(last_error().find("power-of-two"), std::string::npos) << last_error();
-    EXPECT_NE(last_error().find("rd"), std::string::npos) << last_error();
+    EXPECT_NE(force.last_error().find("power-of-two"), std::string::npos) << force.last_error();
+    EXPECT_NE(force.last_error().find("rd"), std::string::npos) << force.last_error();
     ASSERT_TRUE(recv.Untouched()) << "a refused allgather wrote into recvbuf";
     ASSERT_TRUE(recv.GuardsIntact());
     /* The comm is still usable afterwards. */
-    unsetenv("WEFT_ALLGATHER_ALGO");
-    EXPECT_EQ(weft_barrier(comm), WEFT_SUCCESS) << last_error();
+    EXPECT_EQ(weft_barrier(force.comm()), WEFT_SUCCESS) << force.last_error();
 }
 
+/* An unknown name is a configuration error, found at weft_comm_create
+ * like any other WEFT_* variable: the create fails with INVALID_ARG on every
+ * rank, and the message (a warning: there is no comm to hold it) names the
+ * variable and the value. Warnings print from WEFT_DEBUG=warn up; the level
+ * is the one of the last comm created, so a quiet run creates one at warn
+ * first and one at its own level after. */
 TEST_F(Allgather, UnknownAlgorithmRefused)
 {
-    ForceAlgo force("ringg");
-    TestBuf recv(8 * (size_t)size), send(8);
-    ASSERT_TRUE(recv.ok() && send.ok()) << recv.error() << send.error();
-    EXPECT_EQ(weft_allgather(comm, send.data(), recv.data(), 8), WEFT_ERR_INVALID_ARG);
-    EXPECT_NE(last_error().find("WEFT_ALLGATHER_ALGO=ringg"), std::string::npos) << last_error();
+    const char *dbg_env = std::getenv("WEFT_DEBUG");
+    const std::string dbg = dbg_env ? dbg_env : "";
+    const bool quiet = dbg.empty() || dbg == "none" || dbg == "0";
+    auto set_level_from_env = [] {
+        weft_comm_t *tmp = nullptr;
+        ASSERT_EQ(weft_comm_create(MPI_COMM_WORLD, &tmp), WEFT_SUCCESS);
+        ASSERT_EQ(weft_comm_destroy(tmp), WEFT_SUCCESS);
+    };
+    if (quiet) {
+        setenv("WEFT_DEBUG", "warn", 1);
+        set_level_from_env();
+    }
+    setenv("WEFT_ALLGATHER_ALGO", "ringg", 1);
+    weft_comm_t *bad = nullptr;
+    int rc = WEFT_SUCCESS;
+    std::string log = capture_stderr([&] { rc = weft_comm_create(MPI_COMM_WORLD, &bad); });
+    unsetenv("WEFT_ALLGATHER_ALGO");
+    if (quiet) {
+        if (dbg_env)
+            setenv("WEFT_DEBUG", dbg.c_str(), 1);
+        else
+            unsetenv("WEFT_DEBUG");
+        set_level_from_env();
+    }
+    EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG);
+    if (rc == WEFT_SUCCESS)
+        weft_comm_destroy(bad);
+    EXPECT_NE(log.find("WEFT_ALLGATHER_ALGO=ringg"), std::string::npos) << log;
+    /* The fixture's comm is not affected. */
+    EXPECT_EQ(weft_barrier(comm), WEFT_SUCCESS) << last_error();
 }
 
 TEST_F(Allgather, ArgumentChecks)
@@ -230,12 +294,13 @@ TEST_F(Allgather, HugeTotalAbove4GiB)
         GTEST_SKIP() << "run at np 2 only (memory)";
     for (const std::string algo : {"ring"}) { /* the chunked offsets; one pass: CI time */
         ForceAlgo force(algo);
+        ASSERT_EQ(force.rc(), WEFT_SUCCESS);
         const size_t total = bytes * (size_t)size;
         std::unique_ptr<unsigned char[]> rb(new (std::nothrow) unsigned char[total]);
         ASSERT_TRUE(rb) << "no memory for " << total << " bytes";
         fill_pattern(rb.get() + (size_t)rank * bytes, bytes, block_seed(rank, bytes, 77));
-        int rc = weft_allgather(comm, rb.get() + (size_t)rank * bytes, rb.get(), bytes);
-        ASSERT_EQ(rc, WEFT_SUCCESS) << algo << ": " << last_error();
+        int rc = weft_allgather(force.comm(), rb.get() + (size_t)rank * bytes, rb.get(), bytes);
+        ASSERT_EQ(rc, WEFT_SUCCESS) << algo << ": " << force.last_error();
         for (int r = 0; r < size; r++)
             ASSERT_EQ(pattern_mismatch(rb.get() + (size_t)r * bytes, bytes, block_seed(r, bytes, 77)), SIZE_MAX)
                 << algo << ": block of rank " << r;
@@ -245,18 +310,20 @@ TEST_F(Allgather, HugeTotalAbove4GiB)
 /* A p2p step that fails (here: rank 1 never joins, so rank 0's receive times
  * out after WEFT_TIMEOUT=2 s) returns the p2p code, and the last error names
  * the algorithm and the step. Runs on its own comm, created after setting the
- * short timeout (the comm reads WEFT_TIMEOUT at create). Label: StepFailure. */
+ * short timeout and the ring (the comm reads both at create). Label:
+ * StepFailure. */
 TEST_F(Allgather, StepFailureNamesAlgorithmAndStep)
 {
     if (size != 2)
         GTEST_SKIP() << "np 2 only";
     setenv("WEFT_TIMEOUT", "2", 1);
+    setenv("WEFT_ALLGATHER_ALGO", "ring", 1);
     weft_comm_t *c2 = nullptr;
     int rc = weft_comm_create(MPI_COMM_WORLD, &c2);
     unsetenv("WEFT_TIMEOUT");
+    unsetenv("WEFT_ALLGATHER_ALGO");
     ASSERT_EQ(rc, WEFT_SUCCESS);
     if (rank == 0) {
-        ForceAlgo force("ring");
         TestBuf recv(2 * 64), send(64);
         ASSERT_TRUE(recv.ok() && send.ok()) << recv.error() << send.error();
         rc = weft_allgather(c2, send.data(), recv.data(), 64);

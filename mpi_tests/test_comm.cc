@@ -101,6 +101,26 @@ void ring_exchange(weft_comm_t *c, int tag, uint64_t index)
     }
 }
 
+/* WEFT_TRANSPORTS naming a transport this build does not have fails create
+ * on every rank, naming the variable and the unknown name (the registry
+ * resolves names, src/core/config.c only their form). */
+TEST_F(Comm, UnknownTransportNameFailsCreate)
+{
+    const char *old = getenv("WEFT_TRANSPORTS");
+    std::string saved = old ? old : "";
+    setenv("WEFT_TRANSPORTS", "shm,rdma", 1);
+    weft_comm_t *c = nullptr;
+    int rc = weft_comm_create(MPI_COMM_WORLD, &c);
+    if (old)
+        setenv("WEFT_TRANSPORTS", saved.c_str(), 1);
+    else
+        unsetenv("WEFT_TRANSPORTS");
+    EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(c, nullptr);
+    if (rc == WEFT_SUCCESS && c)
+        weft_comm_destroy(c);
+}
+
 TEST_F(Comm, OnCommSelf)
 {
     weft_comm_t *c = nullptr;

@@ -379,7 +379,20 @@ TEST_F(DeviceTest, StagingFailure)
     }
 }
 
-/* Allgather with device buffers under every algorithm that applies. */
+/* A comm created with WEFT_ALLGATHER_ALGO=algo (read at weft_comm_create).
+ * Collective; the same algo on every rank. */
+static weft_comm_t *comm_with_algo(const char *algo)
+{
+    weft_comm_t *c = nullptr;
+    setenv("WEFT_ALLGATHER_ALGO", algo, 1);
+    int rc = weft_comm_create(MPI_COMM_WORLD, &c);
+    unsetenv("WEFT_ALLGATHER_ALGO");
+    EXPECT_EQ(rc, WEFT_SUCCESS) << "weft_comm_create with WEFT_ALLGATHER_ALGO=" << algo;
+    return rc == WEFT_SUCCESS ? c : nullptr;
+}
+
+/* Allgather with device buffers under every algorithm that applies, each on
+ * a comm of its own. */
 TEST_F(DeviceTest, AllgatherEveryAlgorithm)
 {
     const char *algos[] = { "auto", "ring", "rd", "bruck", "direct", "hier" };
@@ -388,7 +401,8 @@ TEST_F(DeviceTest, AllgatherEveryAlgorithm)
     for (const char *algo : algos) {
         if (std::string(algo) == "rd" && (size & (size - 1)) != 0)
             continue;
-        setenv("WEFT_ALLGATHER_ALGO", algo, 1);
+        weft_comm_t *ac = comm_with_algo(algo);
+        ASSERT_NE(ac, nullptr);
         for (size_t b : blocks) {
             for (int mode = 0; mode < 3; mode++) {   /* 0: dev->dev, 1: host->dev, 2: in place (dev) */
                 Buf rb(true, b * (size_t)size);
@@ -404,8 +418,8 @@ TEST_F(DeviceTest, AllgatherEveryAlgorithm)
                 } else {
                     sb.put(mine.data(), b);
                 }
-                ASSERT_EQ(weft_allgather(comm, send, rb.data(), b), WEFT_SUCCESS)
-                    << algo << " block " << b << " mode " << mode << ": " << last_error();
+                ASSERT_EQ(weft_allgather(ac, send, rb.data(), b), WEFT_SUCCESS)
+                    << algo << " block " << b << " mode " << mode << ": " << weft_comm_last_error(ac);
                 std::vector<unsigned char> h = rb.get();
                 for (int p = 0; p < size; p++)
                     ASSERT_EQ(pattern_mismatch(h.data() + (size_t)p * b, b, pattern_seed(p, 11, index)), SIZE_MAX)
@@ -415,8 +429,8 @@ TEST_F(DeviceTest, AllgatherEveryAlgorithm)
             }
             index++;
         }
+        ASSERT_EQ(weft_comm_destroy(ac), WEFT_SUCCESS);
     }
-    unsetenv("WEFT_ALLGATHER_ALGO");
 }
 
 /* Bcast with a device buffer: the tree (small) and scatter + ring (large). */
@@ -472,9 +486,10 @@ TEST_F(DeviceNoCuda, DevicePointerRefusedHostWorks)
     /* A collective with device buffers fails the same way on every rank
      * (ring: its first step is a receive into recvbuf, refused at once). */
     Buf rb(true, 64 * (size_t)size);
-    setenv("WEFT_ALLGATHER_ALGO", "ring", 1);
-    EXPECT_EQ(weft_allgather(comm, d.data(), rb.data(), 64), WEFT_ERR_UNSUPPORTED);
-    unsetenv("WEFT_ALLGATHER_ALGO");
+    weft_comm_t *ring = comm_with_algo("ring");
+    ASSERT_NE(ring, nullptr);
+    EXPECT_EQ(weft_allgather(ring, d.data(), rb.data(), 64), WEFT_ERR_UNSUPPORTED);
+    EXPECT_EQ(weft_comm_destroy(ring), WEFT_SUCCESS);
 }
 
 } // namespace

@@ -1,31 +1,33 @@
 /*
  * The pipe to one peer: ordering, matching, eager vs rendezvous, truncation.
  *
- * Send side. A message up to the transport's eager limit goes out as one
- * EAGER control message (header + data) and the send completes as soon as
- * the transport owns the bytes. A larger one goes out as RTS; the receiver
- * either pulls the data and answers FIN, or answers CTS and the sender's
- * transport pushes it. Sends leave in the order they were posted: when the
- * transport has no room, they wait in the pipe's outbound FIFO, and so does
- * every later control message, so sequence numbers arrive in order.
+ * Send side. A message up to the carrier's eager limit goes out as one
+ * EAGER frame (header + data) and the send completes as soon as the carrier
+ * owns the bytes. A larger one goes out as RTS; the receiver picks a
+ * rendezvous path (p2p/rndv.h) and either pulls the data and answers FIN,
+ * or answers CTS naming the path and its key, and the sender starts the
+ * same path. Sends leave in the order they were posted: when the carrier
+ * has no room, they wait in the pipe's outbound FIFO, and so does every
+ * later frame, so sequence numbers arrive in order.
  *
  * Receive side. Messages are matched per (peer, tag) lane in arrival order:
  * a message finds the oldest posted receive of its lane, or waits in the
- * lane's unexpected list (EAGER data copied out of the transport's buffer)
+ * lane's unexpected list (EAGER data copied out of the carrier's buffer)
  * until a receive is posted. A message larger than the receive buffer fails
  * the receive with WEFT_ERR_TRUNCATE without writing to the buffer; a large
  * one tells the sender with FIN so its send fails the same way, and the pipe
  * goes on with the next message.
  *
  * Device memory (docs/cuda.md). Requests carry the memory kind of their
- * buffer (classified once per call in p2p/api.c). Transports only ever see
- * host memory: an EAGER payload from a device buffer is copied to a host
- * bounce first (and copied to the device at the receiver); a rendezvous
- * message with a device side is decided by the receiver when it matches:
- * self pipe -> one cudaMemcpy between the two buffers; both device over shm
- * with CUDA IPC possible -> CTS with F_IPC (p2p/cuda_ipc.c); otherwise
- * STAGED through pinned host chunks on an internal lane (p2p/stage.c).
- * Host-to-host messages take exactly the paths they took before.
+ * buffer (classified once per call, p2p/p2p.c). Carriers see device memory
+ * only through a rendezvous path that says they can move it: an EAGER
+ * payload from a device buffer is copied to a host bounce first (and copied
+ * to the device at the receiver); a rendezvous message is decided by the
+ * receiver's path table when it matches.
+ *
+ * Ids. A CTS or FIN names a request by its pool id (p2p/request.h); an id
+ * that names no live request of this pipe is a protocol error that breaks
+ * the pipe, never a dereference.
  */
 #include "pipe.h"
 
@@ -33,51 +35,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm.h"
-#include "cuda_ipc.h"
+#include "context.h"
 #include "cudawrap.h"
-#include "ib_gdr.h"
+#include "devcopy.h"
 #include "log.h"
-#include "stage.h"
+#include "rndv.h"
 
 _Static_assert(WEFT_MEM_DEVICE == 2 && WEFT_MEM_MANAGED == 3 && WEFT_MEM_PINNED < 2,
                "weft_mem_is_device (pipe.h) assumes this order of enum weft_mem_kind");
-
-/* ---------------------------------------------------------------- queues */
-
-void weft_req_queue_push(struct weft_req_queue *q, struct weft_request *r)
-{
-    r->next = NULL;
-    r->prev = q->tail;
-    if (q->tail)
-        q->tail->next = r;
-    else
-        q->head = r;
-    q->tail = r;
-    q->count++;
-}
-
-void weft_req_queue_remove(struct weft_req_queue *q, struct weft_request *r)
-{
-    if (r->prev)
-        r->prev->next = r->next;
-    else
-        q->head = r->next;
-    if (r->next)
-        r->next->prev = r->prev;
-    else
-        q->tail = r->prev;
-    r->next = r->prev = NULL;
-    q->count--;
-}
-
-struct weft_request *weft_req_queue_pop(struct weft_req_queue *q)
-{
-    struct weft_request *r = q->head;
-    if (r)
-        weft_req_queue_remove(q, r);
-    return r;
-}
 
 /* ----------------------------------------------------------------- lanes */
 
@@ -88,108 +53,112 @@ static size_t lane_hash(int tag, size_t buckets)
 
 static int lanes_grow(struct weft_pipe *p)
 {
-    size_t nb = p->lane_buckets * 2;
-    struct weft_lane **nl = calloc(nb, sizeof(*nl));
+    size_t nb = p->nbuckets * 2;
+    struct weft_list *nl = malloc(nb * sizeof(*nl));
     if (nl == NULL)
         return -1;
-    for (size_t i = 0; i < p->lane_buckets; i++) {
-        struct weft_lane *l = p->lanes[i], *next;
-        for (; l; l = next) {
-            next = l->hash_next;
-            size_t h = lane_hash(l->tag, nb);
-            l->hash_next = nl[h];
-            nl[h] = l;
+    for (size_t i = 0; i < nb; i++)
+        weft_list_init(&nl[i]);
+    for (size_t i = 0; i < p->nbuckets; i++) {
+        weft_list_for_each(n, &p->buckets[i]) {
+            struct weft_lane *l = weft_container_of(n, struct weft_lane, hash);
+            weft_list_del(n);
+            weft_list_add_head(&nl[lane_hash(l->tag, nb)], n);
         }
     }
-    free(p->lanes);
-    p->lanes = nl;
-    p->lane_buckets = nb;
+    free(p->buckets);
+    p->buckets = nl;
+    p->nbuckets = nb;
     return 0;
 }
 
 /* The lane of tag; created when create is set. NULL: absent or no memory. */
 static struct weft_lane *lane_get(struct weft_pipe *p, int tag, int create)
 {
-    size_t h = lane_hash(tag, p->lane_buckets);
-    struct weft_lane *l;
-
-    for (l = p->lanes[h]; l; l = l->hash_next)
+    struct weft_list *b = &p->buckets[lane_hash(tag, p->nbuckets)];
+    weft_list_for_each(n, b) {
+        struct weft_lane *l = weft_container_of(n, struct weft_lane, hash);
         if (l->tag == tag)
             return l;
+    }
     if (!create)
         return NULL;
-    if (p->lane_count >= 2 * p->lane_buckets && lanes_grow(p) == 0)
-        h = lane_hash(tag, p->lane_buckets);
-    l = calloc(1, sizeof(*l));
+    if (p->nlanes >= 2 * p->nbuckets && lanes_grow(p) == 0)
+        b = &p->buckets[lane_hash(tag, p->nbuckets)];
+    struct weft_lane *l = calloc(1, sizeof(*l));
     if (l == NULL)
         return NULL;
     l->tag = tag;
-    l->hash_next = p->lanes[h];
-    p->lanes[h] = l;
-    p->lane_count++;
+    weft_list_init(&l->posted);
+    weft_queue_init(&l->unexp);
+    weft_list_add_head(b, &l->hash);
+    p->nlanes++;
     return l;
 }
 
 void weft_pipe_lane_release(struct weft_pipe *p, int tag)
 {
-    size_t h = lane_hash(tag, p->lane_buckets);
-    struct weft_lane **pl = &p->lanes[h], *l;
-
-    for (; (l = *pl) != NULL; pl = &l->hash_next) {
-        if (l->tag != tag)
-            continue;
-        if (l->posted.head || l->unexp_head)
-            return;
-        *pl = l->hash_next;
-        p->lane_count--;
-        free(l);
+    struct weft_lane *l = lane_get(p, tag, 0);
+    if (l == NULL || !weft_list_empty(&l->posted) || !weft_queue_empty(&l->unexp))
         return;
-    }
+    weft_list_del(&l->hash);
+    p->nlanes--;
+    free(l);
 }
 
 /* ----------------------------------------------------------- set-up/down */
 
-int weft_pipe_init(struct weft_comm *c, struct weft_pipe *p, int peer)
+int weft_pipe_init(struct weft_p2p *p2p, struct weft_pipe *p, int peer)
 {
     memset(p, 0, sizeof(*p));
-    p->comm = c;
+    p->p2p = p2p;
     p->peer = peer;
-    p->lane_buckets = 16;
-    p->lanes = calloc(p->lane_buckets, sizeof(*p->lanes));
-    return p->lanes ? WEFT_SUCCESS : WEFT_ERR_NO_MEMORY;
+    weft_queue_init(&p->out);
+    weft_list_init(&p->inflight);
+    p->nbuckets = 16;
+    p->buckets = malloc(p->nbuckets * sizeof(*p->buckets));
+    if (p->buckets == NULL)
+        return WEFT_ERR_NO_MEMORY;
+    for (size_t i = 0; i < p->nbuckets; i++)
+        weft_list_init(&p->buckets[i]);
+    return WEFT_SUCCESS;
+}
+
+static void unexpected_free(struct weft_unexpected *u)
+{
+    free(u->payload);
+    free(u);
+}
+
+static void outbound_free(struct weft_outbound *o)
+{
+    free(o->payload);
+    free(o);
 }
 
 void weft_pipe_fini(struct weft_pipe *p)
 {
-    if (p->lanes) {
-        for (size_t i = 0; i < p->lane_buckets; i++) {
-            struct weft_lane *l = p->lanes[i], *ln;
-            for (; l; l = ln) {
-                struct weft_unexpected *u = l->unexp_head, *un;
-                for (; u; u = un) {
-                    un = u->next;
-                    free(u->payload);
-                    free(u);
-                }
-                ln = l->hash_next;
+    if (p->buckets) {
+        for (size_t i = 0; i < p->nbuckets; i++) {
+            weft_list_for_each(n, &p->buckets[i]) {
+                struct weft_lane *l = weft_container_of(n, struct weft_lane, hash);
+                struct weft_qnode *q;
+                while ((q = weft_queue_pop(&l->unexp)) != NULL)
+                    unexpected_free(weft_container_of(q, struct weft_unexpected, qn));
                 free(l);
             }
         }
-        free(p->lanes);
-        p->lanes = NULL;
+        free(p->buckets);
+        p->buckets = NULL;
     }
-    while (p->out_head) {
-        struct weft_outbound *o = p->out_head;
-        p->out_head = o->next;
-        free(o->payload);
-        free(o);
-    }
-    p->out_tail = NULL;
+    struct weft_qnode *q;
+    while ((q = weft_queue_pop(&p->out)) != NULL)
+        outbound_free(weft_container_of(q, struct weft_outbound, qn));
 }
 
 /* ------------------------------------------------------------ completion */
 
-static void req_complete(struct weft_request *r, int err)
+void weft_pipe_complete(struct weft_request *r, int err)
 {
     r->status.error = err;
     if (r->type == WEFT_REQ_RECV)
@@ -197,22 +166,53 @@ static void req_complete(struct weft_request *r, int err)
     r->state = WEFT_REQ_DONE;
 }
 
-static const char *pipe_tp_name(const struct weft_pipe *p)
+void weft_pipe_activate(struct weft_pipe *p, struct weft_request *r)
 {
-    return p->tp ? p->tp->name : "none";
+    r->state = WEFT_REQ_ACTIVE;
+    weft_list_add_tail(&p->inflight, &r->link);
+    p->ninflight++;
+}
+
+static void inflight_remove(struct weft_pipe *p, struct weft_request *r)
+{
+    if (weft_list_linked(&r->link)) {
+        weft_list_del(&r->link);
+        p->ninflight--;
+    }
+}
+
+void weft_pipe_finish_inflight(struct weft_pipe *p, struct weft_request *r, int err)
+{
+    inflight_remove(p, r);
+    weft_pipe_complete(r, err);
+}
+
+/* A protocol error: what the peer sent makes no sense here. */
+static void protocol_error(struct weft_pipe *p, const char *fmt, unsigned long long a, unsigned long long b)
+{
+    char what[200];
+    snprintf(what, sizeof(what), fmt, a, b);
+    weft_set_error(p->p2p->core, WEFT_ERR_INTERNAL, "peer %d over %s: %s (protocol error)", p->peer,
+                   weft_pipe_tp_name(p), what);
+    weft_pipe_break(p, WEFT_ERR_INTERNAL);
 }
 
 /* --------------------------------------------------------------- sending */
 
 static void outbound_append(struct weft_pipe *p, struct weft_outbound *o)
 {
-    o->next = NULL;
-    if (p->out_tail)
-        p->out_tail->next = o;
-    else
-        p->out_head = o;
-    p->out_tail = o;
-    p->comm->out_queued++;
+    weft_queue_push(&p->out, &o->qn);
+    p->p2p->out_queued++;
+}
+
+static int carrier_send(struct weft_pipe *p, const void *hdr, size_t hdr_len, const void *payload, size_t len)
+{
+    return p->carrier.tp->ctrl_send(p->carrier.ctx, p->peer, hdr, hdr_len, payload, len);
+}
+
+static int send_full(struct weft_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len)
+{
+    return carrier_send(p, h, sizeof(*h), payload, len);
 }
 
 /* An EAGER message from a device buffer: the data goes through a host
@@ -220,22 +220,22 @@ static void outbound_append(struct weft_pipe *p, struct weft_outbound *o)
  * (its sequence number is taken) as a 0-byte EAGER whose status tells the
  * receiver, and the send fails with the copy's error. */
 __attribute__((noinline)) static int send_eager_device(struct weft_pipe *p, struct weft_request *r,
-                                                       struct weft_ctrl *h)
+                                                       struct weft_wire_hdr *h)
 {
-    struct weft_comm *c = p->comm;
+    struct weft_core *core = p->p2p->core;
     const void *data = NULL;
     int err = WEFT_SUCCESS, rc;
 
-    h->flags |= WEFT_CTRL_F_DEVICE;
+    h->flags |= WEFT_WIRE_F_DEVICE;
     if (r->bytes) {
-        void *b = weft_stage_bounce(c, r->bytes);
+        void *b = weft_devcopy_bounce(core, r->bytes);
         if (b == NULL)
-            err = weft_set_error(c, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no host memory to stage %zu bytes "
-                                 "of device memory", p->peer, r->tag, r->bytes);
+            err = weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no host memory to stage %zu "
+                                 "bytes of device memory", p->peer, r->tag, r->bytes);
         else {
             char what[96];
             snprintf(what, sizeof(what), "send to peer %d tag %d: eager copy device to host", p->peer, r->tag);
-            err = weft_stage_copy_sync(c, b, r->buf, r->bytes, what);
+            err = weft_devcopy_sync(core, b, r->xfer.buf, r->bytes, what);
         }
         data = b;
     }
@@ -244,58 +244,60 @@ __attribute__((noinline)) static int send_eager_device(struct weft_pipe *p, stru
         h->status = err;
         data = NULL;
     }
-    rc = p->tp->ctrl_send(p, h, data, err == WEFT_SUCCESS ? r->bytes : 0);
+    rc = send_full(p, h, data, err == WEFT_SUCCESS ? r->bytes : 0);
     if (rc == WEFT_SUCCESS)
-        req_complete(r, err);
+        weft_pipe_complete(r, err);
     return rc;
 }
 
-/* Hands a send's first message (EAGER with data, or RTS) to the transport. */
+/* Hands a send's first frame (EAGER with data, or RTS) to the carrier. */
 static int send_req_now(struct weft_pipe *p, struct weft_request *r)
 {
-    struct weft_ctrl h;
+    struct weft_wire_hdr h;
     int rc;
 
+    if (!r->rndv && !weft_mem_is_device(r->xfer.mem_kind)) {
+        /* The common small message: the 16-byte header. */
+        struct weft_wire_small s = { WEFT_WIRE_EAGER_SMALL, 0, 0, r->tag, r->seq };
+        rc = carrier_send(p, &s, sizeof(s), r->xfer.buf, r->bytes);
+        if (rc == WEFT_SUCCESS)
+            weft_pipe_complete(r, WEFT_SUCCESS);
+        return rc;
+    }
     memset(&h, 0, sizeof(h));
     h.tag = r->tag;
     h.seq = r->seq;
     h.bytes = r->bytes;
     if (!r->rndv) {
-        h.type = WEFT_CTRL_EAGER;
-        if (weft_mem_is_device(r->mem_kind))
-            return send_eager_device(p, r, &h);
-        rc = p->tp->ctrl_send(p, &h, r->buf, r->bytes);
-        if (rc == WEFT_SUCCESS)
-            req_complete(r, WEFT_SUCCESS);
-    } else {
-        h.type = WEFT_CTRL_RTS;
-        h.sreq = weft_req_id(r);
-        h.addr = (uint64_t)(uintptr_t)r->buf;
-        if (weft_mem_is_device(r->mem_kind)) {
-            size_t chunk = weft_stage_chunk(p->comm);
-            h.flags |= WEFT_CTRL_F_DEVICE;
-            h.reserved = (uint16_t)(r->mem_device >= 0 ? r->mem_device : 0);   /* p2p/cuda_ipc.h */
-            h.reserved2 = (uint32_t)(chunk > UINT32_MAX ? UINT32_MAX : chunk);
-        }
-        rc = p->tp->ctrl_send(p, &h, NULL, 0);
-        if (rc == WEFT_SUCCESS) {
-            r->state = WEFT_REQ_POSTED;
-            weft_req_queue_push(&p->inflight, r);
-        }
+        h.type = WEFT_WIRE_EAGER;
+        return send_eager_device(p, r, &h);
+    }
+    h.type = WEFT_WIRE_RTS;
+    h.sreq = weft_req_id(r);
+    h.addr = (uint64_t)(uintptr_t)r->xfer.buf;
+    if (weft_mem_is_device(r->xfer.mem_kind)) {
+        h.flags |= WEFT_WIRE_F_DEVICE;
+        h.device = (uint16_t)(r->xfer.device >= 0 ? r->xfer.device : 0);
+    }
+    weft_rndv_rts_fill(p, r, &h);
+    rc = send_full(p, &h, NULL, 0);
+    if (rc == WEFT_SUCCESS) {
+        r->state = WEFT_REQ_POSTED;
+        weft_list_add_tail(&p->inflight, &r->link);
+        p->ninflight++;
     }
     return rc;
 }
 
-/* Sends a control message now, or queues it behind earlier ones. */
-void weft_pipe_send_ctrl(struct weft_pipe *p, const struct weft_ctrl *h, const void *payload, size_t len)
+void weft_pipe_send_ctrl(struct weft_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len)
 {
     struct weft_outbound *o;
     int rc;
 
     if (p->broken)
         return;
-    if (p->out_head == NULL) {
-        rc = p->tp->ctrl_send(p, h, payload, len);
+    if (weft_queue_empty(&p->out)) {
+        rc = send_full(p, h, payload, len);
         if (rc == WEFT_SUCCESS)
             return;
         if (rc != WEFT_EAGAIN) {
@@ -312,7 +314,7 @@ void weft_pipe_send_ctrl(struct weft_pipe *p, const struct weft_ctrl *h, const v
     }
     if (o == NULL || (len && o->payload == NULL)) {
         free(o);
-        weft_set_error(p->comm, WEFT_ERR_NO_MEMORY, "peer %d: no memory to queue a control message", p->peer);
+        weft_set_error(p->p2p->core, WEFT_ERR_NO_MEMORY, "peer %d: no memory to queue a control message", p->peer);
         weft_pipe_break(p, WEFT_ERR_NO_MEMORY);
         return;
     }
@@ -320,98 +322,87 @@ void weft_pipe_send_ctrl(struct weft_pipe *p, const struct weft_ctrl *h, const v
     outbound_append(p, o);
 }
 
-static void pipe_send_ctrl(struct weft_pipe *p, const struct weft_ctrl *h)
-{
-    weft_pipe_send_ctrl(p, h, NULL, 0);
-}
-
 int weft_pipe_flush(struct weft_pipe *p)
 {
     int n = 0;
 
-    while (p->out_head && !p->broken) {
-        struct weft_outbound *o = p->out_head;
-        int rc = o->req ? send_req_now(p, o->req) : p->tp->ctrl_send(p, &o->hdr, o->payload, o->len);
+    while (!weft_queue_empty(&p->out) && !p->broken) {
+        struct weft_outbound *o = weft_container_of(weft_queue_head(&p->out), struct weft_outbound, qn);
+        int rc = o->req ? send_req_now(p, o->req) : send_full(p, &o->hdr, o->payload, o->len);
         if (rc == WEFT_EAGAIN)
             break;
-        p->out_head = o->next;
-        if (p->out_head == NULL)
-            p->out_tail = NULL;
-        p->comm->out_queued--;
+        weft_queue_pop(&p->out);
+        p->p2p->out_queued--;
         if (rc != WEFT_SUCCESS) {
             if (o->req)
-                req_complete(o->req, rc);
-            free(o->payload);
-            free(o);
+                weft_pipe_complete(o->req, rc);
+            outbound_free(o);
             weft_pipe_break(p, rc);
             return n;
         }
-        free(o->payload);
-        free(o);
+        outbound_free(o);
         n++;
     }
     return n;
 }
 
-static struct weft_request *req_new(struct weft_comm *c, struct weft_pipe *p, int type,
-                                    void *buf, size_t bytes, int tag)
+static struct weft_request *req_new(struct weft_pipe *p, int type, void *buf, size_t bytes, int tag, int mem_kind,
+                                    int device)
 {
-    struct weft_request *r = weft_request_alloc(c);
+    struct weft_request *r = weft_req_alloc(p->p2p);
     if (r == NULL)
         return NULL;
-    r->comm = c;
     r->pipe = p;
     r->type = type;
     r->tag = tag;
-    r->buf = buf;
     r->bytes = bytes;
     r->status.peer = p->peer;
     r->status.tag = tag;
     r->status.bytes = bytes;
+    r->xfer.buf = buf;
+    r->xfer.bytes = bytes;
+    r->xfer.mem_kind = mem_kind;
+    r->xfer.device = device;
+    r->xfer.peer = p->peer;
+    r->xfer.tag = tag;
     return r;
 }
 
-int weft_pipe_isend(struct weft_comm *c, const void *buf, size_t bytes, int peer, int tag,
+int weft_pipe_isend(struct weft_pipe *p, const void *buf, size_t bytes, int tag, int mem_kind, int device,
                     struct weft_request **out)
 {
-    return weft_pipe_isend_mem(c, buf, bytes, peer, tag, WEFT_MEM_HOST, -1, out);
-}
-
-int weft_pipe_isend_mem(struct weft_comm *c, const void *buf, size_t bytes, int peer, int tag,
-                        int mem_kind, int device, struct weft_request **out)
-{
-    struct weft_pipe *p = &c->pipes[peer];
+    struct weft_core *core = p->p2p->core;
     struct weft_request *r;
     int rc = WEFT_EAGAIN;
 
     if (p->broken)
-        return weft_set_error(c, p->broken, "send to peer %d tag %d: the pipe over %s failed earlier (%s)",
-                              peer, tag, pipe_tp_name(p), weft_strerror(p->broken));
-    r = req_new(c, p, WEFT_REQ_SEND, (void *)buf, bytes, tag);
+        return weft_set_error(core, p->broken, "send to peer %d tag %d: the pipe over %s failed earlier (%s)",
+                              p->peer, tag, weft_pipe_tp_name(p), weft_err_str(p->broken));
+    r = req_new(p, WEFT_REQ_SEND, (void *)buf, bytes, tag, mem_kind, device);
     if (r == NULL)
-        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory for a request", peer, tag);
-    r->mem_kind = mem_kind;
-    r->mem_device = device;
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory for a request", p->peer,
+                              tag);
     r->seq = p->send_seq++;
     r->rndv = bytes > (tag < 0 ? p->eager_limit_internal : p->eager_limit);
 
-    if (p->out_head == NULL)
+    if (weft_queue_empty(&p->out))
         rc = send_req_now(p, r);
     if (rc == WEFT_EAGAIN) {
         struct weft_outbound *o = calloc(1, sizeof(*o));
         if (o == NULL) {
-            weft_request_free(r);
+            weft_req_free(r);
             p->send_seq--;
-            return weft_set_error(c, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory to queue", peer, tag);
+            return weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory to queue", p->peer,
+                                  tag);
         }
         o->req = r;
         r->state = WEFT_REQ_QUEUED;
         outbound_append(p, o);
     } else if (rc != WEFT_SUCCESS) {
-        weft_request_free(r);
+        weft_req_free(r);
         weft_pipe_break(p, rc);
-        return weft_set_error(c, rc, "send to peer %d tag %d bytes %zu over %s failed", peer, tag, bytes,
-                              pipe_tp_name(p));
+        return weft_set_error(core, rc, "send to peer %d tag %d bytes %zu over %s failed", p->peer, tag, bytes,
+                              weft_pipe_tp_name(p));
     }
     *out = r;
     return WEFT_SUCCESS;
@@ -421,197 +412,117 @@ int weft_pipe_isend_mem(struct weft_comm *c, const void *buf, size_t bytes, int 
 
 /* An EAGER payload into a device buffer: one synchronous copy. */
 __attribute__((noinline)) static void deliver_eager_device(struct weft_pipe *p, struct weft_request *r,
-                                                           const struct weft_ctrl *m, const void *payload)
+                                                           const struct weft_wire_hdr *m, const void *payload)
 {
     char what[96];
     snprintf(what, sizeof(what), "recv from peer %d tag %d: eager copy host to device", p->peer, r->tag);
-    req_complete(r, weft_stage_copy_sync(p->comm, r->buf, payload, m->bytes, what));
+    weft_pipe_complete(r, weft_devcopy_sync(p->p2p->core, r->xfer.buf, payload, m->bytes, what));
 }
 
 /* EAGER message meets its receive: copy, or fail with TRUNCATE. */
-static void deliver_eager(struct weft_pipe *p, struct weft_request *r, const struct weft_ctrl *m,
+static void deliver_eager(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m,
                           const void *payload)
 {
+    struct weft_core *core = p->p2p->core;
     r->msg_bytes = m->bytes;
     if (m->status != WEFT_SUCCESS) {
         /* The sender could not read its device buffer (send_eager_device). */
-        weft_set_error(p->comm, WEFT_ERR_TRANSPORT,
+        weft_set_error(core, WEFT_ERR_TRANSPORT,
                        "recv from peer %d tag %d: the sender failed to copy its device buffer (%s there)", p->peer,
-                       r->tag, weft_strerror(m->status));
-        req_complete(r, WEFT_ERR_TRANSPORT);
+                       r->tag, weft_err_str(m->status));
+        weft_pipe_complete(r, WEFT_ERR_TRANSPORT);
         return;
     }
     if (m->bytes > r->bytes) {
-        weft_set_error(p->comm, WEFT_ERR_TRUNCATE,
+        weft_set_error(core, WEFT_ERR_TRUNCATE,
                        "recv from peer %d tag %d: message of %llu bytes does not fit the %zu-byte buffer",
                        p->peer, r->tag, (unsigned long long)m->bytes, r->bytes);
-        req_complete(r, WEFT_ERR_TRUNCATE);
+        weft_pipe_complete(r, WEFT_ERR_TRUNCATE);
         return;
     }
-    if (m->bytes && weft_mem_is_device(r->mem_kind)) {
+    if (m->bytes && weft_mem_is_device(r->xfer.mem_kind)) {
         deliver_eager_device(p, r, m, payload);
         return;
     }
     if (m->bytes)
-        memcpy(r->buf, payload, m->bytes);
-    req_complete(r, WEFT_SUCCESS);
+        memcpy(r->xfer.buf, payload, m->bytes);
+    weft_pipe_complete(r, WEFT_SUCCESS);
 }
 
-/* A rendezvous message with a device buffer on either side, matched (see
- * the top of this file). h: the answer prepared by match_rts. */
-static void match_rts_device(struct weft_pipe *p, struct weft_request *r, const struct weft_ctrl *m,
-                             struct weft_ctrl *h)
+/* RTS meets its receive: the first rendezvous path that applies moves it,
+ * or the message is refused (truncation, no path, failure to start). */
+static void match_rts(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m)
 {
-    struct weft_comm *c = p->comm;
-    int sdev = (m->flags & WEFT_CTRL_F_DEVICE) != 0, rdev = weft_mem_is_device(r->mem_kind);
-    int rc;
+    int rc = WEFT_ERR_UNSUPPORTED;
 
-    if (p->tp->id == WEFT_TP_SELF) {
-        /* One process: one copy between the two buffers, like the host pull. */
-        char what[64];
-        snprintf(what, sizeof(what), "send to self tag %d", r->tag);
-        rc = weft_stage_copy_sync(c, r->buf, (const void *)(uintptr_t)m->addr, m->bytes, what);
-        h->type = WEFT_CTRL_FIN;
-        h->status = rc;
-        pipe_send_ctrl(p, h);
-        req_complete(r, rc);
-        return;
-    }
-    if (sdev && rdev && c->cuda && p->tp->id == WEFT_TP_SHM && weft_cuda_ipc_eligible(p, m, r)) {
-        unsigned char payload[WEFT_CUDA_IPC_PAYLOAD_MAX];
-        size_t len = sizeof(payload);
-        rc = weft_cuda_ipc_export(p, r, payload, &len);
-        if (rc == WEFT_SUCCESS && len <= sizeof(payload)) {
-            r->dev_path = WEFT_DEV_PATH_IPC;
-            r->state = WEFT_REQ_ACTIVE;
-            r->tp_done = 0;
-            weft_req_queue_push(&p->inflight, r);
-            h->type = WEFT_CTRL_CTS;
-            h->flags = WEFT_CTRL_F_IPC;
-            h->rreq = weft_req_id(r);
-            h->status = WEFT_SUCCESS;
-            weft_pipe_send_ctrl(p, h, payload, len);
-            return;
-        }
-        WEFT_TRACE(c->rank, "recv from peer %d tag %d: CUDA IPC export failed (%s), staging instead", p->peer,
-                   r->tag, weft_strerror(rc));
-    }
-    r->dev_path = WEFT_DEV_PATH_STAGED;
-    r->state = WEFT_REQ_ACTIVE;
-    r->tp_done = 0;
-    weft_req_queue_push(&p->inflight, r);
-    rc = weft_stage_recv_start(p, r, m);
-    if (rc != WEFT_SUCCESS && !p->broken && r->state != WEFT_REQ_DONE) {
-        /* Nothing was announced to the sender: refuse the message. */
-        weft_req_queue_remove(&p->inflight, r);
-        h->type = WEFT_CTRL_FIN;
-        h->status = rc;
-        pipe_send_ctrl(p, h);
-        req_complete(r, rc);
-    }
-}
-
-/* RTS meets its receive: pull it, or ask the sender to push, or refuse it. */
-static void match_rts(struct weft_pipe *p, struct weft_request *r, const struct weft_ctrl *m)
-{
-    struct weft_ctrl h;
-    int rc = WEFT_EAGAIN;
-
-    memset(&h, 0, sizeof(h));
-    h.sreq = m->sreq;
-    h.tag = m->tag;
-    h.seq = m->seq;
-    h.bytes = m->bytes;
     r->msg_bytes = m->bytes;
     r->peer_req = m->sreq;
-
+    r->xfer.bytes = m->bytes;
     if (m->bytes > r->bytes) {
-        weft_set_error(p->comm, WEFT_ERR_TRUNCATE,
+        weft_set_error(p->p2p->core, WEFT_ERR_TRUNCATE,
                        "recv from peer %d tag %d: message of %llu bytes does not fit the %zu-byte buffer",
                        p->peer, r->tag, (unsigned long long)m->bytes, r->bytes);
-        h.type = WEFT_CTRL_FIN;
-        h.status = WEFT_ERR_TRUNCATE;
-        pipe_send_ctrl(p, &h);
-        req_complete(r, WEFT_ERR_TRUNCATE);
+        weft_rndv_send_fin(p, m, WEFT_ERR_TRUNCATE);
+        weft_pipe_complete(r, WEFT_ERR_TRUNCATE);
         return;
     }
-    /* GPUDirect RDMA (p2p/ib_gdr.c): on an ib pipe where both ranks register
-     * device memory, a device message takes the ordinary rendezvous below. */
-    if (((m->flags & WEFT_CTRL_F_DEVICE) || weft_mem_is_device(r->mem_kind)) && !weft_ib_gdr_usable(p)) {
-        match_rts_device(p, r, m, &h);
-        return;
+    for (int i = 0; i < weft_rndv_npaths; i++) {
+        const struct weft_rndv_path *path = weft_rndv_paths[i];
+        if (!path->applies(p, r, m))
+            continue;
+        r->path = i + 1;
+        rc = path->recv_start(p, r, m);
+        if (rc == WEFT_SUCCESS || p->broken)
+            return;
+        r->path = 0;
+        if (rc != WEFT_EAGAIN)
+            break;
+        rc = WEFT_ERR_UNSUPPORTED;
     }
-    if (p->tp->rndv_get)
-        rc = p->tp->rndv_get(p, r, m);
-    if (rc != WEFT_EAGAIN) {
-        h.type = WEFT_CTRL_FIN;
-        h.status = rc;
-        pipe_send_ctrl(p, &h);
-        req_complete(r, rc);
-        return;
-    }
-    r->state = WEFT_REQ_ACTIVE;
-    r->tp_done = 0;
-    weft_req_queue_push(&p->inflight, r);
-    h.type = WEFT_CTRL_CTS;
-    h.rreq = weft_req_id(r);
-    h.status = WEFT_SUCCESS;
-    pipe_send_ctrl(p, &h);
-    if (p->broken)
-        return;
-    rc = p->tp->rndv_expect(p, r);
-    if (rc != WEFT_SUCCESS) {
-        weft_set_error(p->comm, rc, "recv from peer %d tag %d: %s could not expect %llu bytes", p->peer,
-                       r->tag, pipe_tp_name(p), (unsigned long long)m->bytes);
-        weft_pipe_break(p, rc);
-    }
+    if (rc == WEFT_ERR_UNSUPPORTED)
+        weft_set_error(p->p2p->core, rc, "recv from peer %d tag %d: no rendezvous path moves %llu bytes of %s "
+                       "memory into %s memory over %s", p->peer, r->tag, (unsigned long long)m->bytes,
+                       (m->flags & WEFT_WIRE_F_DEVICE) ? "device" : "host",
+                       weft_mem_is_device(r->xfer.mem_kind) ? "device" : "host", weft_pipe_tp_name(p));
+    /* Nothing was announced to the sender: refuse the message. */
+    inflight_remove(p, r);
+    weft_rndv_send_fin(p, m, rc);
+    weft_pipe_complete(r, rc);
 }
 
-int weft_pipe_irecv(struct weft_comm *c, void *buf, size_t bytes, int peer, int tag,
+int weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                     struct weft_request **out)
 {
-    return weft_pipe_irecv_mem(c, buf, bytes, peer, tag, WEFT_MEM_HOST, -1, out);
-}
-
-int weft_pipe_irecv_mem(struct weft_comm *c, void *buf, size_t bytes, int peer, int tag,
-                        int mem_kind, int device, struct weft_request **out)
-{
-    struct weft_pipe *p = &c->pipes[peer];
+    struct weft_core *core = p->p2p->core;
     struct weft_request *r;
     struct weft_lane *l;
 
     if (p->broken)
-        return weft_set_error(c, p->broken, "recv from peer %d tag %d: the pipe over %s failed earlier (%s)",
-                              peer, tag, pipe_tp_name(p), weft_strerror(p->broken));
-    r = req_new(c, p, WEFT_REQ_RECV, buf, bytes, tag);
+        return weft_set_error(core, p->broken, "recv from peer %d tag %d: the pipe over %s failed earlier (%s)",
+                              p->peer, tag, weft_pipe_tp_name(p), weft_err_str(p->broken));
+    r = req_new(p, WEFT_REQ_RECV, buf, bytes, tag, mem_kind, device);
     l = r ? lane_get(p, tag, 1) : NULL;
     if (l == NULL) {
         if (r)
-            weft_request_free(r);
-        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "recv from peer %d tag %d: no memory", peer, tag);
+            weft_req_free(r);
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "recv from peer %d tag %d: no memory", p->peer, tag);
     }
-    r->mem_kind = mem_kind;
-    r->mem_device = device;
     r->state = WEFT_REQ_POSTED;
-    if (l->unexp_head) {
-        struct weft_unexpected *u = l->unexp_head;
-        l->unexp_head = u->next;
-        if (l->unexp_head == NULL)
-            l->unexp_tail = NULL;
-        if (u->hdr.type == WEFT_CTRL_EAGER)
+    *out = r;
+    if (!weft_queue_empty(&l->unexp)) {
+        struct weft_unexpected *u = weft_container_of(weft_queue_pop(&l->unexp), struct weft_unexpected, qn);
+        if (u->hdr.type == WEFT_WIRE_EAGER)
             deliver_eager(p, r, &u->hdr, u->payload);
         else
             match_rts(p, r, &u->hdr);
-        free(u->payload);
-        free(u);
+        unexpected_free(u);
     } else {
-        weft_req_queue_push(&l->posted, r);
+        weft_list_add_tail(&l->posted, &r->link);
     }
-    *out = r;
     return WEFT_SUCCESS;
 }
 
-static void unexpected_add(struct weft_pipe *p, struct weft_lane *l, const struct weft_ctrl *m,
+static void unexpected_add(struct weft_pipe *p, struct weft_lane *l, const struct weft_wire_hdr *m,
                            const void *payload, size_t len)
 {
     struct weft_unexpected *u = calloc(1, sizeof(*u));
@@ -622,152 +533,173 @@ static void unexpected_add(struct weft_pipe *p, struct weft_lane *l, const struc
     }
     if (u == NULL || (len && u->payload == NULL)) {
         free(u);
-        weft_set_error(p->comm, WEFT_ERR_NO_MEMORY,
+        weft_set_error(p->p2p->core, WEFT_ERR_NO_MEMORY,
                        "peer %d tag %d: no memory to hold an unexpected %zu-byte message", p->peer, m->tag, len);
         weft_pipe_break(p, WEFT_ERR_NO_MEMORY);
         return;
     }
     u->hdr = *m;
-    if (l->unexp_tail)
-        l->unexp_tail->next = u;
-    else
-        l->unexp_head = u;
-    l->unexp_tail = u;
+    weft_queue_push(&l->unexp, &u->qn);
 }
 
-void weft_pipe_on_ctrl(struct weft_pipe *p, const struct weft_ctrl *m, const void *payload, size_t len)
+/* EAGER or RTS: in sequence, then matched on its lane. */
+static void on_message(struct weft_pipe *p, const struct weft_wire_hdr *m, const void *payload, size_t len)
 {
-    struct weft_request *r;
+    struct weft_request *r = NULL;
     struct weft_lane *l;
+
+    if (m->seq != p->recv_seq) {
+        protocol_error(p, "message %llu arrived where %llu was due", (unsigned long long)m->seq,
+                       (unsigned long long)p->recv_seq);
+        return;
+    }
+    p->recv_seq++;
+    if (m->type == WEFT_WIRE_EAGER && len != m->bytes) {
+        protocol_error(p, "eager message says %llu bytes, carries %llu", (unsigned long long)m->bytes,
+                       (unsigned long long)len);
+        return;
+    }
+    l = lane_get(p, m->tag, 1);
+    if (l == NULL) {
+        weft_set_error(p->p2p->core, WEFT_ERR_NO_MEMORY, "peer %d tag %d: no memory for a lane", p->peer, m->tag);
+        weft_pipe_break(p, WEFT_ERR_NO_MEMORY);
+        return;
+    }
+    if (weft_queue_empty(&l->unexp)) {
+        struct weft_list *n = weft_list_pop(&l->posted);
+        if (n)
+            r = weft_container_of(n, struct weft_request, link);
+    }
+    if (r == NULL)
+        unexpected_add(p, l, m, payload, m->type == WEFT_WIRE_EAGER ? len : 0);
+    else if (m->type == WEFT_WIRE_EAGER)
+        deliver_eager(p, r, m, payload);
+    else
+        match_rts(p, r, m);
+}
+
+static void on_cts(struct weft_pipe *p, const struct weft_wire_hdr *m, const void *key, size_t keylen)
+{
+    struct weft_request *s = weft_req_lookup(p->p2p, p, m->sreq, WEFT_REQ_SEND);
+    const struct weft_rndv_path *path;
+
+    if (s == NULL || s->state != WEFT_REQ_POSTED) {
+        protocol_error(p, "CTS names send request %#llx, which is not waiting for one (state %llu)",
+                       (unsigned long long)m->sreq, s ? (unsigned long long)s->state : 0ull);
+        return;
+    }
+    if (m->status != WEFT_SUCCESS) {
+        weft_pipe_finish_inflight(p, s, m->status);
+        return;
+    }
+    path = weft_rndv_path_of(m->aux);
+    if (path == NULL) {
+        protocol_error(p, "CTS names rendezvous path %llu of %llu", m->aux, (unsigned long long)weft_rndv_npaths);
+        return;
+    }
+    s->state = WEFT_REQ_ACTIVE;
+    s->peer_req = m->rreq;
+    s->path = (int)m->aux;
+    path->send_start(p, s, m, key, keylen);
+}
+
+static void on_fin(struct weft_pipe *p, const struct weft_wire_hdr *m)
+{
+    /* FIN from the receiver names our send; with TO_RECV the sender's names our receive. */
+    int to_recv = (m->flags & WEFT_WIRE_F_TO_RECV) != 0;
+    struct weft_request *r = weft_req_lookup(p->p2p, p, to_recv ? m->rreq : m->sreq,
+                                             to_recv ? WEFT_REQ_RECV : WEFT_REQ_SEND);
+    if (r == NULL || !weft_list_linked(&r->link)) {
+        protocol_error(p, to_recv ? "FIN names receive request %#llx, which is not in flight (%llu)"
+                                  : "FIN names send request %#llx, which is not in flight (%llu)",
+                       (unsigned long long)(to_recv ? m->rreq : m->sreq), (unsigned long long)m->status);
+        return;
+    }
+    if (m->status == WEFT_ERR_TRUNCATE && !to_recv)
+        weft_set_error(p->p2p->core, WEFT_ERR_TRUNCATE,
+                       "send to peer %d tag %d: the %zu-byte message was larger than the receive buffer",
+                       p->peer, r->tag, r->bytes);
+    weft_pipe_finish_inflight(p, r, m->status);
+}
+
+void weft_pipe_on_frame(struct weft_pipe *p, const void *frame, size_t len)
+{
+    struct weft_wire_hdr m;
+    const unsigned char *b = frame;
 
     if (p->broken)
         return;   /* a broken pipe ignores what still trickles in */
-
-    switch (m->type) {
-    case WEFT_CTRL_EAGER:
-    case WEFT_CTRL_RTS:
-        if (m->seq != p->recv_seq) {
-            weft_set_error(p->comm, WEFT_ERR_INTERNAL,
-                           "peer %d over %s: message %llu arrived where %llu was due (protocol error)", p->peer,
-                           pipe_tp_name(p), (unsigned long long)m->seq, (unsigned long long)p->recv_seq);
-            weft_pipe_break(p, WEFT_ERR_INTERNAL);
-            return;
-        }
-        p->recv_seq++;
-        if (m->type == WEFT_CTRL_EAGER && len != m->bytes) {
-            weft_set_error(p->comm, WEFT_ERR_INTERNAL, "peer %d over %s: eager message says %llu bytes, carries %zu",
-                           p->peer, pipe_tp_name(p), (unsigned long long)m->bytes, len);
-            weft_pipe_break(p, WEFT_ERR_INTERNAL);
-            return;
-        }
-        l = lane_get(p, m->tag, 1);
-        if (l == NULL) {
-            weft_set_error(p->comm, WEFT_ERR_NO_MEMORY, "peer %d tag %d: no memory for a lane", p->peer, m->tag);
-            weft_pipe_break(p, WEFT_ERR_NO_MEMORY);
-            return;
-        }
-        r = l->unexp_head ? NULL : weft_req_queue_pop(&l->posted);
-        if (r == NULL)
-            unexpected_add(p, l, m, payload, m->type == WEFT_CTRL_EAGER ? len : 0);
-        else if (m->type == WEFT_CTRL_EAGER)
-            deliver_eager(p, r, m, payload);
-        else
-            match_rts(p, r, m);
+    if (len >= sizeof(struct weft_wire_small) && b[0] == WEFT_WIRE_EAGER_SMALL) {
+        struct weft_wire_small s;
+        memcpy(&s, b, sizeof(s));
+        memset(&m, 0, sizeof(m));
+        m.type = WEFT_WIRE_EAGER;
+        m.flags = s.flags;
+        m.tag = s.tag;
+        m.seq = s.seq;
+        m.bytes = len - sizeof(s);
+        on_message(p, &m, b + sizeof(s), len - sizeof(s));
+        return;
+    }
+    if (len < sizeof(m)) {
+        protocol_error(p, "frame of %llu bytes (type %llu) is too short", (unsigned long long)len,
+                       len ? (unsigned long long)b[0] : 0ull);
+        return;
+    }
+    memcpy(&m, b, sizeof(m));
+    switch (m.type) {
+    case WEFT_WIRE_EAGER:
+    case WEFT_WIRE_RTS:
+        on_message(p, &m, b + sizeof(m), len - sizeof(m));
         break;
-
-    case WEFT_CTRL_CTS:
-        r = weft_req_from_id(m->sreq);
-        if (m->status != WEFT_SUCCESS) {
-            weft_req_queue_remove(&p->inflight, r);
-            req_complete(r, m->status);
-            break;
-        }
-        r->state = WEFT_REQ_ACTIVE;
-        r->peer_req = m->rreq;
-        r->tp_done = 0;
-        {
-            int rc;
-            if (m->flags & WEFT_CTRL_F_STAGED) {
-                r->dev_path = WEFT_DEV_PATH_STAGED;
-                rc = weft_stage_send_start(p, r, m);
-            } else if (m->flags & WEFT_CTRL_F_IPC) {
-                r->dev_path = WEFT_DEV_PATH_IPC;
-                rc = weft_cuda_ipc_push(p, r, m, payload, len);
-            } else {
-                rc = p->tp->rndv_push(p, r, m);
-            }
-            if (rc != WEFT_SUCCESS) {
-                weft_set_error(p->comm, rc, "send to peer %d tag %d: %s could not push %zu bytes", p->peer,
-                               r->tag, pipe_tp_name(p), r->bytes);
-                weft_pipe_break(p, rc);
-            }
-        }
+    case WEFT_WIRE_CTS:
+        on_cts(p, &m, b + sizeof(m), len - sizeof(m));
         break;
-
-    case WEFT_CTRL_FIN:
-        /* FIN with F_IPC comes from the sender and names our receive. */
-        r = weft_req_from_id((m->flags & WEFT_CTRL_F_IPC) ? m->rreq : m->sreq);
-        weft_req_queue_remove(&p->inflight, r);
-        if (m->status == WEFT_ERR_TRUNCATE)
-            weft_set_error(p->comm, WEFT_ERR_TRUNCATE,
-                           "send to peer %d tag %d: the %zu-byte message was larger than the receive buffer",
-                           p->peer, r->tag, r->bytes);
-        req_complete(r, m->status);
+    case WEFT_WIRE_FIN:
+        on_fin(p, &m);
         break;
-
     default:
-        weft_set_error(p->comm, WEFT_ERR_INTERNAL, "peer %d over %s: unknown control message type %d", p->peer,
-                       pipe_tp_name(p), m->type);
-        weft_pipe_break(p, WEFT_ERR_INTERNAL);
+        protocol_error(p, "unknown control message type %llu (%llu bytes)", (unsigned long long)m.type,
+                       (unsigned long long)len);
         break;
     }
-}
-
-void weft_pipe_recv_done(struct weft_pipe *p, struct weft_request *r, int err)
-{
-    weft_req_queue_remove(&p->inflight, r);
-    req_complete(r, err);
-}
-
-void weft_pipe_send_done(struct weft_pipe *p, struct weft_request *s, int err)
-{
-    weft_req_queue_remove(&p->inflight, s);
-    req_complete(s, err);
 }
 
 /* ---------------------------------------------------------------- breaking */
 
 void weft_pipe_break(struct weft_pipe *p, int err)
 {
-    struct weft_request *r;
+    struct weft_list *n;
+    struct weft_qnode *q;
 
     if (p->broken)
         return;
     p->broken = err ? err : WEFT_ERR_TRANSPORT;
-    WEFT_WARN(p->comm->rank, "pipe to peer %d over %s closed: %s", p->peer, pipe_tp_name(p),
-              weft_strerror(p->broken));
-    if (p->tp && p->tp->abort_pipe)
-        p->tp->abort_pipe(p);
-    /* Device paths let go of this pipe's requests before they fail. */
-    if (p->comm->stage_state)
-        weft_stage_abort_pipe(p);
-    if (p->comm->cuda)
-        weft_cuda_ipc_abort_pipe(p);
+    WEFT_WARN(p->p2p->rank, "pipe to peer %d over %s closed: %s", p->peer, weft_pipe_tp_name(p),
+              weft_err_str(p->broken));
+    if (p->carrier.tp && p->carrier.tp->abort_peer)
+        p->carrier.tp->abort_peer(p->carrier.ctx, p->peer);
+    if (p->mover.tp && p->mover.tp->abort_peer)
+        p->mover.tp->abort_peer(p->mover.ctx, p->peer);
+    /* Paths let go of this pipe's requests before they fail. */
+    for (int i = 0; i < weft_rndv_npaths; i++)
+        if (weft_rndv_paths[i]->abort_pipe)
+            weft_rndv_paths[i]->abort_pipe(p);
 
-    while ((r = weft_req_queue_pop(&p->inflight)) != NULL)
-        req_complete(r, p->broken);
-    while (p->out_head) {
-        struct weft_outbound *o = p->out_head;
-        p->out_head = o->next;
-        p->comm->out_queued--;
+    while ((n = weft_list_pop(&p->inflight)) != NULL)
+        weft_pipe_complete(weft_container_of(n, struct weft_request, link), p->broken);
+    p->ninflight = 0;
+    while ((q = weft_queue_pop(&p->out)) != NULL) {
+        struct weft_outbound *o = weft_container_of(q, struct weft_outbound, qn);
+        p->p2p->out_queued--;
         if (o->req)
-            req_complete(o->req, p->broken);
-        free(o->payload);
-        free(o);
+            weft_pipe_complete(o->req, p->broken);
+        outbound_free(o);
     }
-    p->out_tail = NULL;
-    for (size_t i = 0; i < p->lane_buckets; i++)
-        for (struct weft_lane *l = p->lanes[i]; l; l = l->hash_next)
-            while ((r = weft_req_queue_pop(&l->posted)) != NULL)
-                req_complete(r, p->broken);
+    for (size_t i = 0; i < p->nbuckets; i++)
+        weft_list_for_each(ln, &p->buckets[i]) {
+            struct weft_lane *l = weft_container_of(ln, struct weft_lane, hash);
+            while ((n = weft_list_pop(&l->posted)) != NULL)
+                weft_pipe_complete(weft_container_of(n, struct weft_request, link), p->broken);
+        }
 }

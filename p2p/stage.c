@@ -22,10 +22,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm.h"
+#include "context.h"
 #include "cudawrap.h"
+#include "devcopy.h"
 #include "log.h"
 #include "pipe.h"
+#include "rndv.h"
+#include "tags.h"
 
 #ifdef WEFT_HAVE_CUDA_HEADERS
 typedef cudaStream_t stage_stream_t;
@@ -37,6 +40,12 @@ typedef void *stage_event_t;
 
 enum { CH_FREE = 0, CH_COPY_IN, CH_NET, CH_COPY_OUT };
 
+/* The staged path's CTS key: which lane the chunks travel on, how long. */
+struct stage_key {
+    uint32_t lane;       /* k: chunks on tag weft_tag_stage(k) */
+    uint32_t chunk;      /* bytes per chunk (the last one shorter) */
+};
+
 struct stage_chunk {
     int                  phase;
     int                  slot;     /* pool slot, -1 = none (host buffer, or 0-byte failure message) */
@@ -47,7 +56,7 @@ struct stage_chunk {
 };
 
 struct stage_op {
-    struct stage_op     *next, *prev;
+    struct weft_list     link;     /* stage_state.ops */
     struct weft_pipe    *p;
     struct weft_request *user;     /* NULL once the pipe broke (the pipe failed it) */
     int                  send;     /* 1: sender side */
@@ -58,7 +67,8 @@ struct stage_op {
     size_t               bytes, chunk, nchunks;
     int                  tag;
     int                  cts_pending;  /* receiver: CTS waits for the anchor slot */
-    struct weft_ctrl     cts;
+    struct weft_wire_hdr rts;          /* receiver: what the CTS answers */
+    struct stage_key     key;          /* receiver: what the CTS carries */
     size_t               next_start;   /* next chunk to begin */
     size_t               next_net;     /* sender: next chunk whose isend is due */
     size_t               finished;     /* chunks done */
@@ -78,19 +88,17 @@ struct stage_pool {
 };
 
 struct stage_state {
-    struct weft_comm *c;
-    int               cuda;    /* the stream exists */
+    struct weft_p2p  *p2p;
+    struct weft_core *core;
+    int               cuda;    /* weft's stream exists (core/devcopy.c) */
     stage_stream_t    stream;
     size_t            chunk;
     int               nslots;
     struct stage_pool send, recv;
-    struct stage_op  *head, *tail;
+    struct weft_list  ops;
     size_t            nops;
     int               copies;  /* copies queued, not yet seen complete */
     int               in_progress;
-    void             *bounce;
-    size_t            bounce_size;
-    int               bounce_pinned;
 };
 
 /* ------------------------------------------------------------ CUDA calls */
@@ -149,42 +157,27 @@ static int cu_sync(struct stage_state *st) { (void)st; return -1; }
 
 /* --------------------------------------------------------------- state */
 
-static struct stage_state *state_new(struct weft_comm *c)
+/* The state, created on first use (also in a comm without CUDA: a host
+ * buffer talking to a peer's device buffer needs no CUDA here). */
+static struct stage_state *state_get(struct weft_p2p *p2p)
 {
-    struct stage_state *st = calloc(1, sizeof(*st));
+    struct stage_state *st = p2p->stage;
+    if (st != NULL)
+        return st;
+    st = calloc(1, sizeof(*st));
     if (st == NULL)
         return NULL;
-    st->c = c;
-    st->chunk = c->cfg.cuda_stage_chunk;
-    st->nslots = c->cfg.cuda_stage_slots;
-    c->stage_state = st;
-    return st;
-}
-
-/* The state, created on first use in a comm without CUDA (a host buffer
- * talking to a peer's device buffer needs no CUDA here). */
-static struct stage_state *state_get(struct weft_comm *c)
-{
-    return c->stage_state ? c->stage_state : state_new(c);
-}
-
-int weft_stage_init(struct weft_comm *c)
-{
-    struct stage_state *st = state_get(c);
-    if (st == NULL)
-        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "cuda: no memory for the staging state");
+    st->p2p = p2p;
+    st->core = p2p->core;
+    st->chunk = p2p->core->cfg.cuda_stage_chunk;
+    st->nslots = p2p->core->cfg.cuda_stage_slots;
+    weft_list_init(&st->ops);
 #ifdef WEFT_HAVE_CUDA_HEADERS
-    if (c->cuda && !st->cuda) {
-        cudaError_t e = cu()->StreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
-        if (e != cudaSuccess) {
-            cu_clear();
-            return weft_set_error(c, WEFT_ERR_UNSUPPORTED, "cuda: cudaStreamCreateWithFlags failed: %s",
-                                  cu_str(e));
-        }
-        st->cuda = 1;
-    }
+    st->stream = (stage_stream_t)weft_devcopy_stream(p2p->core);
+    st->cuda = st->stream != NULL;
 #endif
-    return WEFT_SUCCESS;
+    p2p->stage = st;
+    return st;
 }
 
 __attribute__((unused)) static void pool_free(struct stage_state *st, struct stage_pool *pl)
@@ -208,123 +201,42 @@ static void op_free_requests(struct stage_op *op)
 {
     for (int i = 0; i < op->cap; i++)
         if (op->ch[i].phase != CH_FREE && op->ch[i].req) {
-            weft_request_free(op->ch[i].req);
+            weft_req_free(op->ch[i].req);
             op->ch[i].req = NULL;
         }
 }
 
-void weft_stage_fini(struct weft_comm *c)
+void weft_stage_fini(struct weft_p2p *p2p)
 {
-    struct stage_state *st = c->stage_state;
+    struct stage_state *st = p2p->stage;
     if (st == NULL)
         return;
     if (st->cuda)
         cu_sync(st);   /* nothing may still write into the pools */
-    while (st->head) {
-        struct stage_op *op = st->head;
-        st->head = op->next;
+    struct weft_list *n;
+    while ((n = weft_list_pop(&st->ops)) != NULL) {
+        struct stage_op *op = weft_container_of(n, struct stage_op, link);
         op_free_requests(op);
         free(op);
     }
-#ifdef WEFT_HAVE_CUDA_HEADERS
-    if (st->cuda) {
-        pool_free(st, &st->send);
-        pool_free(st, &st->recv);
-        if (st->bounce) {
-            if (st->bounce_pinned)
-                cu()->FreeHost(st->bounce);
-            else
-                free(st->bounce);
-        }
-        cu()->StreamDestroy(st->stream);
-        cu_clear();
-    } else
-#endif
-    {
-        free(st->send.freelist);
-        free(st->recv.freelist);
-        free(st->bounce);
-    }
+    pool_free(st, &st->send);
+    pool_free(st, &st->recv);
+    cu_clear();
     free(st);
-    c->stage_state = NULL;
+    p2p->stage = NULL;
 }
 
-size_t weft_stage_chunk(const struct weft_comm *c)
+static int stage_busy(struct weft_p2p *p2p)
 {
-    return c->cfg.cuda_stage_chunk;
+    const struct stage_state *st = p2p->stage;
+    return st && !weft_list_empty(&st->ops);
 }
 
-int weft_stage_busy(const struct weft_comm *c)
+/* A copy on weft's stream ends without a knock: waiters must poll. */
+static int stage_wakeless(struct weft_p2p *p2p)
 {
-    const struct stage_state *st = c->stage_state;
-    return st && st->head != NULL;
-}
-
-int weft_stage_copies_pending(const struct weft_comm *c)
-{
-    const struct stage_state *st = c->stage_state;
+    const struct stage_state *st = p2p->stage;
     return st && st->copies > 0;
-}
-
-/* ------------------------------------------------------- sync helpers */
-
-int weft_stage_copy_sync(struct weft_comm *c, void *dst, const void *src, size_t n, const char *what)
-{
-    struct stage_state *st = c->stage_state;
-    int e;
-
-    if (n == 0)
-        return WEFT_SUCCESS;
-    if (st == NULL || !st->cuda)
-        return weft_set_error(c, WEFT_ERR_UNSUPPORTED, "%s: %zu bytes of device memory but CUDA is not available "
-                              "in this comm", what, n);
-    e = cu_copy(st, dst, src, n);
-    if (e == 0)
-        e = cu_sync(st);
-    if (e != 0) {
-        cu_clear();
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "%s: copy of %zu bytes %p -> %p failed: %s", what, n, src,
-                              dst, cu_str(e));
-    }
-    return WEFT_SUCCESS;
-}
-
-void *weft_stage_bounce(struct weft_comm *c, size_t n)
-{
-    struct stage_state *st = state_get(c);
-    if (st == NULL)
-        return NULL;
-    if (st->bounce_size >= n)
-        return st->bounce;
-    size_t want = n < (64u << 10) ? (64u << 10) : n;
-#ifdef WEFT_HAVE_CUDA_HEADERS
-    if (st->bounce) {
-        if (st->bounce_pinned)
-            cu()->FreeHost(st->bounce);
-        else
-            free(st->bounce);
-        st->bounce = NULL;
-        st->bounce_size = 0;
-    }
-    if (st->cuda) {
-        void *b = NULL;
-        if (cu()->MallocHost(&b, want) == cudaSuccess) {
-            st->bounce = b;
-            st->bounce_size = want;
-            st->bounce_pinned = 1;
-            return b;
-        }
-        cu_clear();
-    }
-#else
-    free(st->bounce);
-    st->bounce = NULL;
-    st->bounce_size = 0;
-#endif
-    st->bounce = malloc(want);
-    st->bounce_pinned = 0;
-    st->bounce_size = st->bounce ? want : 0;
-    return st->bounce;
 }
 
 /* ----------------------------------------------------------- slot pools */
@@ -342,7 +254,7 @@ static int pool_ensure(struct stage_state *st, struct stage_pool *pl, const char
     if (e != cudaSuccess) {
         cu_clear();
         pl->failed = 1;
-        return weft_set_error(st->c, WEFT_ERR_NO_MEMORY, "cuda: cudaMallocHost of %zu bytes for the %s staging "
+        return weft_set_error(st->core, WEFT_ERR_NO_MEMORY, "cuda: cudaMallocHost of %zu bytes for the %s staging "
                               "slots (WEFT_CUDA_STAGE_SLOTS x WEFT_CUDA_STAGE_CHUNK) failed: %s", bytes, side,
                               cu_str(e));
     }
@@ -354,7 +266,7 @@ static int pool_ensure(struct stage_state *st, struct stage_pool *pl, const char
         free(pl->ev);
         pl->freelist = NULL;
         pl->ev = NULL;
-        return weft_set_error(st->c, WEFT_ERR_NO_MEMORY, "cuda: no memory for the %s staging slots", side);
+        return weft_set_error(st->core, WEFT_ERR_NO_MEMORY, "cuda: no memory for the %s staging slots", side);
     }
     pl->n = st->nslots;
     for (int i = 0; i < pl->n; i++) {
@@ -364,7 +276,7 @@ static int pool_ensure(struct stage_state *st, struct stage_pool *pl, const char
             pl->mem = mem;
             pool_free(st, pl);
             pl->failed = 1;
-            return weft_set_error(st->c, WEFT_ERR_UNSUPPORTED, "cuda: cudaEventCreateWithFlags failed: %s",
+            return weft_set_error(st->core, WEFT_ERR_UNSUPPORTED, "cuda: cudaEventCreateWithFlags failed: %s",
                                   cu_str(e));
         }
     }
@@ -453,7 +365,7 @@ static void op_fail(struct stage_op *op, int err, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    weft_set_error(op->p->comm, err, "%s peer %d tag %d: staged transfer of %zu bytes: %s", side_name(op),
+    weft_set_error(op->p->p2p->core, err, "%s peer %d tag %d: staged transfer of %zu bytes: %s", side_name(op),
                    op->p->peer, op->user ? op->user->tag : 0, op->bytes, msg);
 }
 
@@ -467,21 +379,16 @@ static struct stage_op *op_new(struct stage_state *st, struct weft_pipe *p, stru
     op->p = p;
     op->user = user;
     op->send = send;
-    op->dev = weft_mem_is_device(user->mem_kind);
-    op->buf = user->buf;
+    op->dev = weft_mem_is_device(user->xfer.mem_kind);
+    op->buf = user->xfer.buf;
     op->bytes = send ? user->bytes : user->msg_bytes;
     op->chunk = chunk;
     op->nchunks = (op->bytes + chunk - 1) / chunk;
     op->tag = tag;
     op->spare = -1;
     op->cap = cap;
-    user->dev_state = op;
-    op->prev = st->tail;
-    if (st->tail)
-        st->tail->next = op;
-    else
-        st->head = op;
-    st->tail = op;
+    user->path_state = op;
+    weft_list_add_tail(&st->ops, &op->link);
     st->nops++;
     return op;
 }
@@ -494,17 +401,10 @@ static void op_unlink_free(struct stage_state *st, struct stage_op *op)
         op->held--;
         op->spare = -1;
     }
-    if (op->prev)
-        op->prev->next = op->next;
-    else
-        st->head = op->next;
-    if (op->next)
-        op->next->prev = op->prev;
-    else
-        st->tail = op->prev;
+    weft_list_del(&op->link);
     st->nops--;
     if (op->user)
-        op->user->dev_state = NULL;
+        op->user->path_state = NULL;
     free(op);
 }
 
@@ -538,9 +438,8 @@ static void chunk_retire(struct stage_state *st, struct stage_op *op, struct sta
 static int chunk_net(struct stage_op *op, struct stage_chunk *e, void *buf, size_t len)
 {
     struct weft_pipe *p = op->p;
-    struct weft_comm *c = p->comm;
-    int rc = op->send ? weft_pipe_isend(c, buf, len, p->peer, op->tag, &e->req)
-                      : weft_pipe_irecv(c, buf, len, p->peer, op->tag, &e->req);
+    int rc = op->send ? weft_pipe_isend(p, buf, len, op->tag, WEFT_MEM_HOST, -1, &e->req)
+                      : weft_pipe_irecv(p, buf, len, op->tag, WEFT_MEM_HOST, -1, &e->req);
     if (rc != WEFT_SUCCESS) {
         e->req = NULL;
         weft_pipe_break(p, rc);
@@ -572,7 +471,7 @@ static int op_reap(struct stage_state *st, struct stage_op *op)
                 busy = 1;
                 continue;
             }
-            weft_request_free(e->req);
+            weft_req_free(e->req);
             e->req = NULL;
         }
         chunk_retire(st, op, e);
@@ -594,11 +493,8 @@ static int op_finish(struct stage_state *st, struct stage_op *op)
     if (!send && !p->broken)
         weft_pipe_lane_release(p, tag);
     if (u) {
-        u->dev_state = NULL;
-        if (send)
-            weft_pipe_send_done(p, u, err);
-        else
-            weft_pipe_recv_done(p, u, err);
+        u->path_state = NULL;
+        weft_pipe_finish_inflight(p, u, err);
     }
     return 1;
 }
@@ -614,7 +510,7 @@ static int send_step(struct stage_state *st, struct stage_op *op)
         if (e->phase != CH_NET || e->req->state != WEFT_REQ_DONE)
             continue;
         int err = e->req->status.error;
-        weft_request_free(e->req);
+        weft_req_free(e->req);
         e->req = NULL;
         if (err != WEFT_SUCCESS)
             op_fail(op, err, "chunk %zu of %zu did not go out: %s", e->idx, e->len, weft_strerror(err));
@@ -704,7 +600,7 @@ static int recv_step(struct stage_state *st, struct stage_op *op)
             if (e->req->state != WEFT_REQ_DONE)
                 continue;
             weft_status_t s = e->req->status;
-            weft_request_free(e->req);
+            weft_req_free(e->req);
             e->req = NULL;
             n++;
             if (s.error != WEFT_SUCCESS) {
@@ -782,7 +678,7 @@ static int op_step(struct stage_state *st, struct stage_op *op)
             op->spare = slot;   /* the anchor */
         }
         op->cts_pending = 0;
-        weft_pipe_send_ctrl(op->p, &op->cts, NULL, 0);
+        weft_rndv_send_cts(op->p, op->user, &op->rts, &weft_rndv_staged, &op->key, sizeof(op->key));
         n++;
         if (op->aborted)
             return n;
@@ -799,112 +695,135 @@ static int op_step(struct stage_state *st, struct stage_op *op)
 static void count_waiting(struct stage_state *st)
 {
     st->send.waiting = st->recv.waiting = 0;
-    for (struct stage_op *op = st->head; op; op = op->next)
+    weft_list_for_each(ln, &st->ops) {
+        struct stage_op *op = weft_container_of(ln, struct stage_op, link);
         if (op->held == 0 && op_needs_slots(op))
             pool_of(st, op)->waiting++;
+    }
 }
 
-int weft_stage_progress(struct weft_comm *c)
+static int stage_progress(struct weft_p2p *p2p)
 {
-    struct stage_state *st = c->stage_state;
+    struct stage_state *st = p2p->stage;
     int n = 0;
 
-    if (st == NULL || st->head == NULL || st->in_progress)
+    if (st == NULL || weft_list_empty(&st->ops) || st->in_progress)
         return 0;
     st->in_progress = 1;
     count_waiting(st);
-    for (struct stage_op *op = st->head, *next; op; op = next) {
-        next = op->next;
-        n += op_step(st, op);
-    }
+    weft_list_for_each(ln, &st->ops)
+        n += op_step(st, weft_container_of(ln, struct stage_op, link));
     st->in_progress = 0;
     return n;
 }
 
 /* ----------------------------------------------------------- start/abort */
 
-int weft_stage_recv_start(struct weft_pipe *p, struct weft_request *r, const struct weft_ctrl *rts)
+/* A device sender tells the receiver its slot size (the receiver stages in
+ * chunks no larger than what the sender's slots hold). */
+static void staged_rts_fill(const struct weft_pipe *p, const struct weft_request *s, struct weft_wire_hdr *rts)
 {
-    struct weft_comm *c = p->comm;
-    struct stage_state *st = state_get(c);
+    size_t chunk = p->p2p->core->cfg.cuda_stage_chunk;
+    if (weft_mem_is_device(s->xfer.mem_kind))
+        rts->aux = (uint32_t)(chunk > UINT32_MAX ? UINT32_MAX : chunk);
+}
+
+static int staged_applies(const struct weft_pipe *p, const struct weft_request *r, const struct weft_wire_hdr *rts)
+{
+    (void)p;
+    return (rts->flags & WEFT_WIRE_F_DEVICE) || weft_mem_is_device(r->xfer.mem_kind);
+}
+
+/* Receiver: the message goes staged. The CTS goes now or once the op has
+ * its anchor slot. */
+static int staged_recv_start(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *rts)
+{
+    struct weft_core *core = p->p2p->core;
+    struct stage_state *st = state_get(p->p2p);
     struct stage_op *op;
-    size_t chunk = c->cfg.cuda_stage_chunk;
+    size_t chunk = core->cfg.cuda_stage_chunk;
     uint32_t k;
-    int dev = weft_mem_is_device(r->mem_kind);
+    int dev = weft_mem_is_device(r->xfer.mem_kind);
 
     if (st == NULL)
-        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "recv from peer %d tag %d: no memory for the staging state",
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "recv from peer %d tag %d: no memory for the staging state",
                               p->peer, r->tag);
-    if (rts->reserved2 != 0 && rts->reserved2 < chunk)
-        chunk = rts->reserved2;   /* the sender's slots are smaller */
+    if (rts->aux != 0 && rts->aux < chunk)
+        chunk = rts->aux;   /* the sender's slots are smaller */
     if (dev) {
         int rc = pool_ensure(st, &st->recv, "receive");
         if (rc != WEFT_SUCCESS)
             return rc;
     }
     k = p->stage_lane_next++;
-    op = op_new(st, p, r, 0, chunk, weft_stage_tag(k));
+    op = op_new(st, p, r, 0, chunk, weft_tag_stage(k));
     if (op == NULL)
-        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "recv from peer %d tag %d: no memory for a staged transfer",
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "recv from peer %d tag %d: no memory for a staged transfer",
                               p->peer, r->tag);
-    memset(&op->cts, 0, sizeof(op->cts));
-    op->cts.type = WEFT_CTRL_CTS;
-    op->cts.flags = WEFT_CTRL_F_STAGED;
-    op->cts.tag = rts->tag;
-    op->cts.seq = rts->seq;
-    op->cts.bytes = rts->bytes;
-    op->cts.sreq = rts->sreq;
-    op->cts.rreq = weft_req_id(r);
-    op->cts.addr = k % WEFT_STAGE_LANES;
-    op->cts.reserved2 = (uint32_t)chunk;
+    weft_pipe_activate(p, r);
+    op->rts = *rts;
+    op->key.lane = k % WEFT_TAG_STAGE_COUNT;
+    op->key.chunk = (uint32_t)chunk;
     op->cts_pending = 1;
-    WEFT_TRACE(c->rank, "recv from peer %d tag %d: %llu bytes staged (%s buffer, sender %s) on lane %d, %zu chunks "
+    WEFT_TRACE(core->rank, "recv from peer %d tag %d: %llu bytes staged (%s buffer, sender %s) on lane %d, %zu chunks "
                "of %zu", p->peer, r->tag, (unsigned long long)rts->bytes, dev ? "device" : "host",
-               (rts->flags & WEFT_CTRL_F_DEVICE) ? "device" : "host", op->tag, op->nchunks, chunk);
+               (rts->flags & WEFT_WIRE_F_DEVICE) ? "device" : "host", op->tag, op->nchunks, chunk);
     if (!st->in_progress)
         op_step(st, op);
     return WEFT_SUCCESS;
 }
 
-int weft_stage_send_start(struct weft_pipe *p, struct weft_request *s, const struct weft_ctrl *cts)
+/* Sender: the receiver's CTS naming the staged path arrived for s. */
+static void staged_send_start(struct weft_pipe *p, struct weft_request *s, const struct weft_wire_hdr *cts,
+                              const void *key, size_t keylen)
 {
-    struct weft_comm *c = p->comm;
-    struct stage_state *st = state_get(c);
+    struct weft_core *core = p->p2p->core;
+    struct stage_state *st = state_get(p->p2p);
     struct stage_op *op;
-    size_t chunk = cts->reserved2;
-    int dev = weft_mem_is_device(s->mem_kind);
+    struct stage_key k = { 0, 0 };
+    int dev = weft_mem_is_device(s->xfer.mem_kind), rc = WEFT_SUCCESS;
 
+    if (keylen == sizeof(k))
+        memcpy(&k, key, sizeof(k));
     if (st == NULL)
-        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory for the staging state",
-                              p->peer, s->tag);
-    if (chunk == 0 || cts->bytes != s->bytes || (dev && chunk > st->chunk))
-        return weft_set_error(c, WEFT_ERR_INTERNAL, "send to peer %d tag %d: staged CTS for %llu bytes in chunks of "
-                              "%zu does not fit this %zu-byte send (protocol error)", p->peer, s->tag,
-                              (unsigned long long)cts->bytes, chunk, s->bytes);
-    op = op_new(st, p, s, 1, chunk, weft_stage_tag((uint32_t)cts->addr));
-    if (op == NULL)
-        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory for a staged transfer",
-                              p->peer, s->tag);
-    if (dev && pool_ensure(st, &st->send, "send") != WEFT_SUCCESS)
-        op_fail(op, WEFT_ERR_NO_MEMORY, "no pinned staging memory");   /* the receiver gets empty chunks */
-    if (!st->in_progress)
-        op_step(st, op);
-    return WEFT_SUCCESS;
+        rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory for the staging state",
+                            p->peer, s->tag);
+    else if (keylen != sizeof(k) || k.chunk == 0 || cts->bytes != s->bytes || (dev && k.chunk > st->chunk))
+        rc = weft_set_error(core, WEFT_ERR_INTERNAL, "send to peer %d tag %d: staged CTS for %llu bytes in chunks "
+                            "of %u does not fit this %zu-byte send (protocol error)", p->peer, s->tag,
+                            (unsigned long long)cts->bytes, k.chunk, s->bytes);
+    if (rc == WEFT_SUCCESS) {
+        op = op_new(st, p, s, 1, k.chunk, weft_tag_stage(k.lane));
+        if (op == NULL) {
+            rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory for a staged transfer",
+                                p->peer, s->tag);
+        } else {
+            if (dev && pool_ensure(st, &st->send, "send") != WEFT_SUCCESS)
+                op_fail(op, WEFT_ERR_NO_MEMORY, "no pinned staging memory");   /* the receiver gets empty chunks */
+            if (!st->in_progress)
+                op_step(st, op);
+        }
+    }
+    if (rc != WEFT_SUCCESS)
+        weft_pipe_break(p, rc);
 }
 
-void weft_stage_abort_pipe(struct weft_pipe *p)
+/* The pipe broke: every op of the pipe lets go of its request (the pipe
+ * fails them); copies in flight are waited for. */
+static void staged_abort_pipe(struct weft_pipe *p)
 {
-    struct stage_state *st = p->comm->stage_state;
+    struct stage_state *st = p->p2p->stage;
     int copying = 0;
 
     if (st == NULL)
         return;
-    for (struct stage_op *op = st->head; op; op = op->next) {
+    weft_list_for_each(ln, &st->ops) {
+        struct stage_op *op = weft_container_of(ln, struct stage_op, link);
         if (op->p != p || op->aborted)
             continue;
         op->aborted = 1;
         if (op->user) {
-            op->user->dev_state = NULL;
+            op->user->path_state = NULL;
             op->user = NULL;
         }
         for (int i = 0; i < op->cap; i++)
@@ -914,3 +833,23 @@ void weft_stage_abort_pipe(struct weft_pipe *p)
     if (copying && st->cuda && cu_sync(st) != 0)
         cu_clear();
 }
+
+/* Chunks move as ordinary messages of the pipe: no transport completes
+ * this path's transfers. */
+static void staged_xfer_done(struct weft_pipe *p, struct weft_request *r, int err)
+{
+    weft_pipe_finish_inflight(p, r, err);
+}
+
+const struct weft_rndv_path weft_rndv_staged = {
+    .name = "staged",
+    .rts_fill = staged_rts_fill,
+    .applies = staged_applies,
+    .recv_start = staged_recv_start,
+    .send_start = staged_send_start,
+    .xfer_done = staged_xfer_done,
+    .progress = stage_progress,
+    .busy = stage_busy,
+    .wakeless = stage_wakeless,
+    .abort_pipe = staged_abort_pipe,
+};

@@ -24,10 +24,15 @@
 
 #include "weft.h"   // mpi.h must not sit inside extern "C"
 
+// The internal headers are C11; C++ spells its static assertion differently.
+#define _Static_assert static_assert
 extern "C" {
 #include "comm.h"
+#include "context.h"
+#include "p2p.h"
 #include "regcache.h"
 }
+#undef _Static_assert
 
 namespace {
 
@@ -733,32 +738,55 @@ TEST_F(Regcache, ManyEntriesAllHit)
 
 // ---- weft_mem_register / weft_mem_deregister --------------------------------
 
-// A comm as far as these calls look: lock, rank, last error, regcache.
+// A comm as far as these calls look: its core (rank, last error) and a p2p
+// context whose only transport that pins memory is a fake one over a
+// registration cache (as ib's is, p2p/transport/ib/).
+int fake_pin(void *ctx, const void *buf, size_t bytes, char *why, size_t whylen)
+{
+    return weft_regcache_pin(static_cast<weft_regcache *>(ctx), buf, bytes, why, whylen);
+}
+void fake_unpin(void *ctx, const void *buf, size_t bytes)
+{
+    (void)weft_regcache_invalidate(static_cast<weft_regcache *>(ctx), buf, bytes);
+}
+void fake_destroy(void *ctx)
+{
+    weft_regcache_destroy(static_cast<weft_regcache *>(ctx));
+}
+
 class MemRegister : public ::testing::Test {
 protected:
     weft_comm *c = nullptr;
+    weft_regcache *cache = nullptr;
+    weft_transport fake_tp;
     FakeNic nic;
     char buf[64];
 
     void SetUp() override
     {
         c = static_cast<weft_comm *>(calloc(1, sizeof(weft_comm)));
-        c->rank = 3;
-        c->size = 4;
-        pthread_mutex_init(&c->lock, nullptr);
-        pthread_mutex_init(&c->err_lock, nullptr);
+        weft_core_init(&c->core, 3, 4);
+        ASSERT_EQ(weft_p2p_create(&c->core, &c->p2p), WEFT_SUCCESS);
+        memset(&fake_tp, 0, sizeof(fake_tp));
+        fake_tp.name = "fake_rdma";
+        fake_tp.destroy = fake_destroy;
+        fake_tp.mem_pin = fake_pin;
+        fake_tp.mem_unpin = fake_unpin;
     }
     void TearDown() override
     {
-        weft_regcache_destroy(c->regcache);
-        pthread_mutex_destroy(&c->lock);
-        pthread_mutex_destroy(&c->err_lock);
+        weft_p2p_destroy(c->p2p);   // destroys the cache through fake_destroy
+        weft_core_fini(&c->core);
         free(c);
     }
     void with_cache(size_t cap)
     {
         weft_reg_ops ops = {&nic, fake_reg, fake_dereg};
-        ASSERT_EQ(weft_regcache_create(&ops, cap, &c->regcache), WEFT_SUCCESS);
+        ASSERT_EQ(weft_regcache_create(&ops, cap, &cache), WEFT_SUCCESS);
+        // The last entry of the registry takes the fake's place.
+        weft_p2p_tp *t = &c->p2p->tps[c->p2p->ntps - 1];
+        t->tp = &fake_tp;
+        t->ctx = cache;
     }
     std::string last() { return weft_comm_last_error(c); }
 };
@@ -806,10 +834,10 @@ TEST_F(MemRegister, PinsAndDropsThroughTheCache)
 
     weft_reg *r = nullptr;
     char why[128];
-    ASSERT_EQ(weft_regcache_acquire(c->regcache, buf, sizeof(buf), &r, why, sizeof(why)), WEFT_SUCCESS);
+    ASSERT_EQ(weft_regcache_acquire(cache, buf, sizeof(buf), &r, why, sizeof(why)), WEFT_SUCCESS);
     EXPECT_EQ(nic.regs, 1) << "a transfer from a registered buffer registered again";
     EXPECT_EQ(r->user_pinned, 1);
-    weft_regcache_release(c->regcache, r);
+    weft_regcache_release(cache, r);
 
     EXPECT_EQ(weft_mem_deregister(c, buf, sizeof(buf)), WEFT_SUCCESS);
     EXPECT_EQ(nic.deregs, 1);
@@ -833,7 +861,7 @@ TEST_F(MemRegister, RegistrationFailureNamesRangeAndReason)
     EXPECT_NE(e.find("64 bytes"), std::string::npos) << e;
     EXPECT_NE(e.find("Operation not permitted (RLIMIT_MEMLOCK?)"), std::string::npos) << e;
     weft_regcache_stats st;
-    weft_regcache_get_stats(c->regcache, &st);
+    weft_regcache_get_stats(cache, &st);
     EXPECT_EQ(st.entries, 0u);
     EXPECT_EQ(weft_mem_register(c, buf, sizeof(buf)), WEFT_SUCCESS);
 }

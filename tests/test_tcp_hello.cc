@@ -1,4 +1,4 @@
-// The TCP transport's connection hello (p2p/tcp_hello.h): a connection that
+// The TCP transport's connection hello (p2p/transport/tcp/tcp_hello.h): a connection that
 // presents a wrong job token is rejected before anything past the token is
 // read; a good one is accepted.
 #include <gtest/gtest.h>

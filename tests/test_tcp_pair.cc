@@ -1,8 +1,9 @@
-// The TCP transport end to end inside one process: two hand-built comms
-// (rank 0 and rank 1 of a 2-rank job, no MPI) connect over 127.0.0.1 and
-// move messages through the real pipe layer. Covers the accept path's
-// token check with a stranger connecting, striping across data sockets,
-// and a peer that goes away.
+// The TCP transport end to end inside one process, driven through its
+// vtable alone: fake ranks of a small job (no MPI, no pipe layer), each with
+// its own core, rank cards and upcalls that record what the transport
+// reports, connect over 127.0.0.1. Covers the accept path's token check
+// with a stranger connecting, control frames in order, rendezvous striped
+// across data sockets, and a peer that goes away.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -15,7 +16,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,14 +26,16 @@
 #include "weft.h"   // mpi.h must not sit inside extern "C"
 
 extern "C" {
-#include "comm.h"
 #include "config.h"
-#include "pipe.h"
+#include "core.h"
 #include "tcp_hello.h"
 #include "transport.h"
+extern const struct weft_transport weft_transport_tcp;
 }
 
 namespace {
+
+const weft_transport &tcp = weft_transport_tcp;
 
 using Env = std::map<std::string, std::string>;
 
@@ -44,115 +49,189 @@ const char *env_lookup(const char *name, void *ctx)
 const uint64_t kTokens[4] = {0x0123456789abcdefull, 0xfedcba9876543210ull, 0x1111222233334444ull,
                              0x5555666677778888ull};
 
-// A comm of `size` ranks as weft_comm_create would leave it just before
-// connect, for rank `rank`, with every other pipe on tcp.
-weft_comm *fake_comm(int rank, int size, const Env &env)
+// The tcp blob in a rank card, as the transport writes it: the card's
+// bytes are the protocol between ranks.
+struct TcpCard {
+    uint16_t family;
+    uint16_t port;     // network byte order
+    uint8_t addr[16];  // IPv4 in the first 4 bytes
+};
+
+struct Frame {
+    int peer;
+    std::string bytes;   // the pipe's header, then its payload
+};
+
+struct Done {
+    weft_tp_xfer *x;
+    int err;
+};
+
+struct Failed {
+    int peer;
+    int err;
+};
+
+// One rank as the pipe layer and the comm would set it up for tcp.
+struct Rank {
+    weft_core core;
+    std::vector<unsigned char> cards;   // every rank's card: header, then the tcp blob
+    std::vector<unsigned char> uses;
+    weft_tp_upcalls up{};
+    weft_tp_env env{};
+    void *ctx = nullptr;
+    bool destroyed = false;
+
+    std::vector<Frame> frames;
+    std::vector<Done> done;
+    std::vector<Failed> failed;
+
+    std::string last_error() const { return core.last_error; }
+};
+
+size_t blob_off() { return (sizeof(weft_card_hdr) + 7) & ~(size_t)7; }
+size_t card_stride() { return (blob_off() + tcp.card_bytes + 7) & ~(size_t)7; }
+
+void on_ctrl(void *arg, int peer, const void *frame, size_t len)
 {
-    weft_comm *c = static_cast<weft_comm *>(calloc(1, sizeof(weft_comm)));
-    c->rank = rank;
-    c->size = size;
+    static_cast<Rank *>(arg)->frames.push_back({peer, std::string(static_cast<const char *>(frame), len)});
+}
+
+void rndv_done(void *arg, weft_tp_xfer *x, int err) { static_cast<Rank *>(arg)->done.push_back({x, err}); }
+
+// The pipe breaks and forgets the peer's transfers, as the contract says.
+void peer_failed(void *arg, int peer, int err)
+{
+    Rank *r = static_cast<Rank *>(arg);
+    r->failed.push_back({peer, err});
+    tcp.abort_peer(r->ctx, peer);
+}
+
+// Rank `rank` of `size`, every other rank on tcp, before create.
+std::unique_ptr<Rank> fake_rank(int rank, int size, const Env &env)
+{
+    std::unique_ptr<Rank> r(new Rank());
+    weft_core_init(&r->core, rank, size);
     char err[256];
-    EXPECT_EQ(weft_config_load(&c->cfg, env_lookup, const_cast<Env *>(&env), err, sizeof(err)), WEFT_SUCCESS)
+    EXPECT_EQ(weft_config_load(&r->core.cfg, env_lookup, const_cast<Env *>(&env), err, sizeof(err)), WEFT_SUCCESS)
         << err;
-    strcpy(c->cfg.tcp_if, "127.0.0.1");
-    pthread_mutex_init(&c->lock, nullptr);
-    pthread_mutex_init(&c->err_lock, nullptr);
-    c->cards = static_cast<weft_rank_card *>(calloc((size_t)size, sizeof(weft_rank_card)));
-    c->pipes = static_cast<weft_pipe *>(calloc((size_t)size, sizeof(weft_pipe)));
-    for (int r = 0; r < size; r++) {
-        EXPECT_EQ(weft_pipe_init(c, &c->pipes[r], r), WEFT_SUCCESS);
-        if (r != rank) {
-            c->pipes[r].tp = &weft_transport_tcp;
-            c->pipes[r].eager_limit = weft_transport_tcp.eager_limit(c);
-        }
-    }
-    c->tp_used = 1u << WEFT_TP_TCP;
+    strcpy(r->core.cfg.tcp_if, "127.0.0.1");
+    r->cards.assign((size_t)size * card_stride(), 0);
+    r->uses.assign((size_t)size, 1);
+    r->uses[(size_t)rank] = 0;
+    r->up.arg = r.get();
+    r->up.on_ctrl = on_ctrl;
+    r->up.rndv_done = rndv_done;
+    r->up.peer_failed = peer_failed;
+    r->env.core = &r->core;
+    r->env.index = 0;
+    r->env.cards.base = r->cards.data();
+    r->env.cards.stride = card_stride();
+    r->env.cards.blob_off = blob_off();
+    r->env.up = &r->up;
+    r->env.coll = nullptr;   // tcp exchanges nothing collectively
+    r->env.uses = r->uses.data();
+    r->env.used_anywhere = 1;
+    return r;
+}
+
+weft_card_hdr *card_hdr(Rank &r, int rank) { return reinterpret_cast<weft_card_hdr *>(&r.cards[(size_t)rank * card_stride()]); }
+unsigned char *blob(Rank &r, int rank) { return &r.cards[(size_t)rank * card_stride() + blob_off()]; }
+TcpCard tcp_card(Rank &r, int rank)
+{
+    TcpCard c;
+    memcpy(&c, blob(r, rank), sizeof(c));
     return c;
 }
 
-void free_comm(weft_comm *c)
+void destroy(Rank &r)
 {
-    weft_transport_tcp.disconnect(c);
-    for (int r = 0; r < c->size; r++)
-        weft_pipe_fini(&c->pipes[r]);
-    free(c->pipes);
-    free(c->cards);
-    pthread_mutex_destroy(&c->lock);
-    pthread_mutex_destroy(&c->err_lock);
-    free(c);
+    if (!r.destroyed)
+        tcp.destroy(r.ctx);
+    r.destroyed = true;
+    r.ctx = nullptr;
 }
 
-// Fills every card (listeners open) and hands each comm all the cards, as
-// the MPI_Allgather would.
-void exchange_cards(const std::vector<weft_comm *> &comms)
+void free_rank(std::unique_ptr<Rank> &r)
 {
-    for (size_t r = 0; r < comms.size(); r++) {
-        ASSERT_EQ(weft_transport_tcp.card_fill(comms[r], &comms[r]->cards[r]), WEFT_SUCCESS)
-            << comms[r]->last_error;
-        comms[r]->cards[r].token = kTokens[r];
+    destroy(*r);
+    weft_core_fini(&r->core);
+    r.reset();
+}
+
+using Ranks = std::vector<Rank *>;
+
+// Creates tcp on every rank (listeners open, own card written) and hands
+// each rank every card, as the bootstrap's exchange would.
+void exchange_cards(const Ranks &ranks)
+{
+    for (size_t r = 0; r < ranks.size(); r++) {
+        Rank &me = *ranks[r];
+        weft_card_hdr *h = card_hdr(me, (int)r);
+        h->token = kTokens[r];
+        h->pid = (int32_t)getpid();
+        snprintf(h->hostname, sizeof(h->hostname), "host%zu", r);
+        ASSERT_EQ(tcp.create(&me.env, blob(me, (int)r), &me.ctx), WEFT_SUCCESS) << me.last_error();
+        ASSERT_NE(me.ctx, nullptr);
     }
-    for (weft_comm *c : comms)
-        for (size_t r = 0; r < comms.size(); r++)
-            c->cards[r] = comms[r]->cards[r];
+    for (Rank *dst : ranks)
+        for (size_t r = 0; r < ranks.size(); r++)
+            memcpy(card_hdr(*dst, (int)r), card_hdr(*ranks[r], (int)r), card_stride());
 }
-
-void exchange_cards(weft_comm *a, weft_comm *b) { exchange_cards(std::vector<weft_comm *>{a, b}); }
 
 // Every rank connects at once, each on its own thread, as separate processes would.
-std::vector<int> connect_all(const std::vector<weft_comm *> &comms)
+std::vector<int> connect_all(const Ranks &ranks)
 {
-    std::vector<int> rcs(comms.size(), -1);
+    std::vector<int> rcs(ranks.size(), -1);
     std::vector<std::thread> threads;
-    for (size_t r = 0; r < comms.size(); r++)
-        threads.emplace_back([&, r] { rcs[r] = weft_transport_tcp.connect(comms[r]); });
+    for (size_t r = 0; r < ranks.size(); r++)
+        threads.emplace_back([&, r] { rcs[r] = tcp.connect(&ranks[r]->env, ranks[r]->ctx); });
     for (std::thread &t : threads)
         t.join();
     return rcs;
 }
 
-void connect_both(weft_comm *a, weft_comm *b, int *rca, int *rcb)
+// One progress pass on every rank, as weft_progress does.
+void pump(const Ranks &ranks)
 {
-    std::vector<int> rcs = connect_all({a, b});
-    *rca = rcs[0];
-    *rcb = rcs[1];
+    for (Rank *r : ranks)
+        if (!r->destroyed)
+            tcp.progress(r->ctx);
 }
 
-// One progress pass on every comm, as weft_progress does.
-void pump(const std::vector<weft_comm *> &comms)
-{
-    for (weft_comm *c : comms) {
-        weft_transport_tcp.progress(c);
-        for (int r = 0; r < c->size; r++)
-            if (c->pipes[r].out_head)
-                weft_pipe_flush(&c->pipes[r]);
-    }
-}
-
-bool pump_until(const std::vector<weft_comm *> &comms, const std::vector<weft_request *> &reqs,
-                double seconds = 20)
+bool pump_until(const Ranks &ranks, const std::function<bool()> &done, double seconds = 20)
 {
     auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
     for (;;) {
-        bool all = true;
-        for (weft_request *r : reqs)
-            all = all && r->state == WEFT_REQ_DONE;
-        if (all)
+        if (done())
             return true;
         if (std::chrono::steady_clock::now() > end)
             return false;
-        pump(comms);
+        pump(ranks);
     }
 }
 
-// A client socket connected to a's listener (card of `rank`), blocking,
-// with a receive timeout so a test cannot hang.
-int stranger_connect(const weft_rank_card &card)
+// Sends one control frame, pumping while the transport says "no room now".
+int send_frame(const Ranks &ranks, Rank &from, int to, const std::string &hdr, const std::string &payload)
+{
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (;;) {
+        int rc = tcp.ctrl_send(from.ctx, to, hdr.data(), hdr.size(), payload.data(), payload.size());
+        if (rc != WEFT_EAGAIN || std::chrono::steady_clock::now() > end)
+            return rc;
+        pump(ranks);
+    }
+}
+
+// A client socket connected to the listener a card offers, blocking, with
+// a receive timeout so a test cannot hang.
+int stranger_connect(const TcpCard &card)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in sa{};
     sa.sin_family = AF_INET;
-    sa.sin_port = card.tcp_port;
-    memcpy(&sa.sin_addr, card.tcp_addr, 4);
+    sa.sin_port = card.port;
+    memcpy(&sa.sin_addr, card.addr, 4);
     EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr *>(&sa), sizeof(sa)), 0);
     timeval tv{5, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -162,41 +241,113 @@ int stranger_connect(const weft_rank_card &card)
 Env small_env() { return {{"WEFT_TCP_STREAMS", "3"}, {"WEFT_TCP_CHUNK_KB", "4"}, {"WEFT_TCP_EAGER", "1024"},
                           {"WEFT_TIMEOUT", "10"}}; }
 
+// A transfer as the pipe would hand it over: its buffer and byte count.
+std::unique_ptr<weft_tp_xfer> make_xfer(void *buf, size_t bytes, int peer, int tag = 0)
+{
+    std::unique_ptr<weft_tp_xfer> x(new weft_tp_xfer());
+    x->buf = buf;
+    x->bytes = bytes;
+    x->mem_kind = 0;
+    x->device = -1;
+    x->peer = peer;
+    x->tag = tag;
+    return x;
+}
+
+size_t done_count(const Rank &r, int err)
+{
+    return (size_t)std::count_if(r.done.begin(), r.done.end(), [err](const Done &d) { return d.err == err; });
+}
+
+// Connects two fresh ranks; the test owns them.
+struct Pair {
+    std::unique_ptr<Rank> a, b;
+    explicit Pair(const Env &env = small_env()) : a(fake_rank(0, 2, env)), b(fake_rank(1, 2, env)) {}
+    Ranks ranks() const { return {a.get(), b.get()}; }
+    ~Pair()
+    {
+        if (a)
+            free_rank(a);
+        if (b)
+            free_rank(b);
+    }
+};
+
 }  // namespace
+
+TEST(TcpPair, DescribesItselfAsACarrierForAnyPeer)
+{
+    EXPECT_STREQ(tcp.name, "tcp");
+    EXPECT_EQ(tcp.ctrl, 1);
+    EXPECT_EQ(tcp.scope, WEFT_TP_SCOPE_ANY);
+    EXPECT_EQ(tcp.sure, 0);
+    EXPECT_GE(tcp.card_bytes, sizeof(TcpCard));
+    EXPECT_EQ(tcp.card_bytes % 8, 0u);
+    EXPECT_EQ(tcp.rndv_get, nullptr);
+    EXPECT_NE(tcp.rndv_expect, nullptr);
+    EXPECT_NE(tcp.rndv_push, nullptr);
+    EXPECT_EQ(tcp.rndv_mem(nullptr, 1), WEFT_TP_MEM_HOST);
+}
 
 TEST(TcpPair, CardOffersAListenerOnTheChosenAddress)
 {
-    weft_comm *c = fake_comm(0, 2, small_env());
-    weft_rank_card card{};
-    ASSERT_EQ(weft_transport_tcp.card_fill(c, &card), WEFT_SUCCESS) << c->last_error;
-    EXPECT_EQ(card.tcp_family, AF_INET);
-    EXPECT_NE(card.tcp_port, 0);
+    std::unique_ptr<Rank> r = fake_rank(0, 2, small_env());
+    ASSERT_EQ(tcp.create(&r->env, blob(*r, 0), &r->ctx), WEFT_SUCCESS) << r->last_error();
+    TcpCard card = tcp_card(*r, 0);
+    EXPECT_EQ(card.family, AF_INET);
+    EXPECT_NE(card.port, 0);
     in_addr lo;
     inet_pton(AF_INET, "127.0.0.1", &lo);
-    EXPECT_EQ(memcmp(card.tcp_addr, &lo, 4), 0);
-    free_comm(c);
+    EXPECT_EQ(memcmp(card.addr, &lo, 4), 0);
+    EXPECT_EQ(tcp.eager_limit(r->ctx, 1, 0), 1024u);
+    EXPECT_EQ(tcp.eager_limit(r->ctx, 1, 1), 1024u);
+
+    // reach: both ranks need a listener; rank 1's blob is still zero.
+    char why[128] = "";
+    EXPECT_EQ(tcp.reach(&r->env.cards, 0, 1, why, sizeof(why)), 0);
+    EXPECT_NE(std::string(why).find("by the peer"), std::string::npos) << why;
+    why[0] = '\0';
+    EXPECT_EQ(tcp.reach(&r->env.cards, 1, 0, why, sizeof(why)), 0);
+    EXPECT_NE(std::string(why).find("not offered here"), std::string::npos) << why;
+    memcpy(blob(*r, 1), blob(*r, 0), sizeof(TcpCard));
+    EXPECT_EQ(tcp.reach(&r->env.cards, 0, 1, why, sizeof(why)), 1);
+    EXPECT_EQ(tcp.reach(&r->env.cards, 1, 0, why, sizeof(why)), 1);
+    free_rank(r);
 }
 
 TEST(TcpPair, UnknownInterfaceIsAnError)
 {
-    weft_comm *c = fake_comm(0, 2, small_env());
-    strcpy(c->cfg.tcp_if, "no-such-if0");
-    weft_rank_card card{};
-    EXPECT_EQ(weft_transport_tcp.card_fill(c, &card), WEFT_ERR_INVALID_ARG);
-    EXPECT_NE(std::string(c->last_error).find("no-such-if0"), std::string::npos) << c->last_error;
-    free_comm(c);
+    std::unique_ptr<Rank> r = fake_rank(0, 2, small_env());
+    strcpy(r->core.cfg.tcp_if, "no-such-if0");
+    EXPECT_EQ(tcp.create(&r->env, blob(*r, 0), &r->ctx), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(r->ctx, nullptr);
+    EXPECT_NE(r->last_error().find("no-such-if0"), std::string::npos) << r->last_error();
+    free_rank(r);
+}
+
+TEST(TcpPair, ConnectWithoutStateOrPeersIsANoOp)
+{
+    std::unique_ptr<Rank> r = fake_rank(0, 2, small_env());
+    // Not offered here: no ctx, nothing to exchange.
+    EXPECT_EQ(tcp.connect(&r->env, nullptr), WEFT_SUCCESS);
+    // Offered, but no pipe uses it: the listener just closes.
+    ASSERT_EQ(tcp.create(&r->env, blob(*r, 0), &r->ctx), WEFT_SUCCESS) << r->last_error();
+    r->uses.assign(2, 0);
+    EXPECT_EQ(tcp.connect(&r->env, r->ctx), WEFT_SUCCESS) << r->last_error();
+    EXPECT_EQ(tcp.progress(r->ctx), 0);
+    EXPECT_EQ(tcp.busy(r->ctx), 0);
+    free_rank(r);
 }
 
 TEST(TcpPair, StrangersWithAWrongTokenOrRankAreRejectedAndRanksStillConnect)
 {
-    weft_comm *a = fake_comm(0, 2, small_env());
-    weft_comm *b = fake_comm(1, 2, small_env());
-    exchange_cards(a, b);
+    Pair p;
+    exchange_cards(p.ranks());
 
     // Rank 1 accepts (rank 0 is the lower rank and connects). Two strangers
     // reach its listener first: one with a wrong token, one with the right
     // token but claiming a rank that does not connect to rank 1.
-    int bad_token = stranger_connect(b->cards[1]);
+    int bad_token = stranger_connect(tcp_card(*p.b, 1));
     weft_tcp_hello h{};
     h.token = kTokens[1] ^ 0xff;
     h.rank = 0;
@@ -205,113 +356,278 @@ TEST(TcpPair, StrangersWithAWrongTokenOrRankAreRejectedAndRanksStillConnect)
     h.chunk = 4096;
     h.eager_limit = 1024;
     ASSERT_EQ(send(bad_token, &h, sizeof(h), 0), (ssize_t)sizeof(h));
-    int bad_rank = stranger_connect(b->cards[1]);
+    int bad_rank = stranger_connect(tcp_card(*p.b, 1));
     h.token = kTokens[1];
     h.rank = 1;   // rank 1 itself
     ASSERT_EQ(send(bad_rank, &h, sizeof(h), 0), (ssize_t)sizeof(h));
 
-    int rca = -1, rcb = -1;
-    connect_both(a, b, &rca, &rcb);
-    EXPECT_EQ(rca, WEFT_SUCCESS) << a->last_error;
-    EXPECT_EQ(rcb, WEFT_SUCCESS) << b->last_error;
-    EXPECT_NE(a->pipes[1].tp_peer, nullptr);
-    EXPECT_NE(b->pipes[0].tp_peer, nullptr);
+    std::vector<int> rcs = connect_all(p.ranks());
+    EXPECT_EQ(rcs[0], WEFT_SUCCESS) << p.a->last_error();
+    EXPECT_EQ(rcs[1], WEFT_SUCCESS) << p.b->last_error();
+
+    // The ranks themselves are connected: a frame goes each way.
+    ASSERT_EQ(send_frame(p.ranks(), *p.a, 1, "h0", "from 0"), WEFT_SUCCESS) << p.a->last_error();
+    ASSERT_EQ(send_frame(p.ranks(), *p.b, 0, "h1", "from 1"), WEFT_SUCCESS) << p.b->last_error();
+    ASSERT_TRUE(pump_until(p.ranks(), [&] { return p.a->frames.size() == 1 && p.b->frames.size() == 1; }));
+    EXPECT_EQ(p.b->frames[0].peer, 0);
+    EXPECT_EQ(p.b->frames[0].bytes, "h0from 0");
+    EXPECT_EQ(p.a->frames[0].peer, 1);
+    EXPECT_EQ(p.a->frames[0].bytes, "h1from 1");
 
     // The strangers got no acknowledgement: their connections were closed.
     for (int fd : {bad_token, bad_rank}) {
         char buf[16];
         ssize_t n = recv(fd, buf, sizeof(buf), 0);
         EXPECT_LE(n, 0) << "a stranger was answered";
-        if (n < 0)
+        if (n < 0) {
             EXPECT_NE(errno, EAGAIN) << "stranger's connection left open";
+        }
         close(fd);
     }
-    free_comm(a);
-    free_comm(b);
+    EXPECT_TRUE(p.a->failed.empty());
+    EXPECT_TRUE(p.b->failed.empty());
 }
 
-TEST(TcpPair, MessagesOfEverySizeArriveIntactBothWays)
+TEST(TcpPair, ControlFramesArriveWholeAndInOrderBothWays)
 {
-    weft_comm *a = fake_comm(0, 2, small_env());
-    weft_comm *b = fake_comm(1, 2, small_env());
-    exchange_cards(a, b);
-    int rca = -1, rcb = -1;
-    connect_both(a, b, &rca, &rcb);
-    ASSERT_EQ(rca, WEFT_SUCCESS) << a->last_error;
-    ASSERT_EQ(rcb, WEFT_SUCCESS) << b->last_error;
+    Pair p;
+    exchange_cards(p.ranks());
+    std::vector<int> rcs = connect_all(p.ranks());
+    ASSERT_EQ(rcs[0], WEFT_SUCCESS) << p.a->last_error();
+    ASSERT_EQ(rcs[1], WEFT_SUCCESS) << p.b->last_error();
 
-    // eager limit 1024, chunk 4096, 3 streams: eager, threshold, one chunk,
-    // fewer chunks than streams, many chunks with a short tail.
-    const std::vector<size_t> sizes = {0, 1, 1023, 1024, 1025, 4096, 4097, 8193, 3 * 4096 * 5 + 7,
-                                       (3u << 20) + 3};
+    // Headers up to WEFT_TP_CTRL_HDR_MAX, payloads up to the eager limit
+    // (1024 here), empty payloads, and enough of them to fill the socket.
+    Rank *rk[2] = {p.a.get(), p.b.get()};
+    std::vector<std::string> sent[2];
+    const size_t hdr_sizes[] = {1, 16, 40, WEFT_TP_CTRL_HDR_MAX};
+    const size_t pay_sizes[] = {0, 1, 255, 1000, 1024};
+    for (int i = 0; i < 3000; i++) {
+        for (int from = 0; from < 2; from++) {
+            std::string hdr(hdr_sizes[i % 4], '\0'), pay(pay_sizes[(i / 4) % 5], '\0');
+            for (size_t k = 0; k < hdr.size(); k++)
+                hdr[k] = (char)(k == 0 ? (i % WEFT_TP_FRAME_TYPE_LIMIT) : (k * 7 + (size_t)i + (size_t)from));
+            for (size_t k = 0; k < pay.size(); k++)
+                pay[k] = (char)(k * 131 + (size_t)i * 3 + (size_t)from);
+            ASSERT_EQ(send_frame(p.ranks(), *rk[from], 1 - from, hdr, pay), WEFT_SUCCESS)
+                << rk[from]->last_error();
+            sent[from].push_back(hdr + pay);
+        }
+    }
+    ASSERT_TRUE(pump_until(p.ranks(), [&] {
+        return p.a->frames.size() == sent[1].size() && p.b->frames.size() == sent[0].size();
+    })) << p.a->frames.size() << " / " << p.b->frames.size();
+    for (int to = 0; to < 2; to++) {
+        for (size_t i = 0; i < sent[1 - to].size(); i++) {
+            ASSERT_EQ(rk[to]->frames[i].peer, 1 - to);
+            ASSERT_EQ(rk[to]->frames[i].bytes, sent[1 - to][i]) << "frame " << i << " to " << to;
+        }
+    }
+    // Everything accepted has left: destroy would not wait.
+    ASSERT_TRUE(pump_until(p.ranks(), [&] { return !tcp.busy(p.a->ctx) && !tcp.busy(p.b->ctx); }));
+}
+
+TEST(TcpPair, ControlFrameLimitsFollowTheContract)
+{
+    // WEFT_TCP_EAGER=0: payloads of WEFT_TP_CTRL_PAYLOAD_MIN still fit
+    // (rendezvous keys travel as CTS payloads).
+    Env env = small_env();
+    env["WEFT_TCP_EAGER"] = "0";
+    Pair p(env);
+    exchange_cards(p.ranks());
+    std::vector<int> rcs = connect_all(p.ranks());
+    ASSERT_EQ(rcs[0], WEFT_SUCCESS) << p.a->last_error();
+    ASSERT_EQ(rcs[1], WEFT_SUCCESS) << p.b->last_error();
+    EXPECT_EQ(tcp.eager_limit(p.a->ctx, 1, 0), 0u);
+
+    std::string hdr(WEFT_TP_CTRL_HDR_MAX, '\3'), pay(WEFT_TP_CTRL_PAYLOAD_MIN, 'k');
+    ASSERT_EQ(send_frame(p.ranks(), *p.a, 1, hdr, pay), WEFT_SUCCESS) << p.a->last_error();
+    ASSERT_TRUE(pump_until(p.ranks(), [&] { return p.b->frames.size() == 1; }));
+    EXPECT_EQ(p.b->frames[0].bytes, hdr + pay);
+
+    EXPECT_EQ(tcp.ctrl_send(p.a->ctx, 1, hdr.data(), hdr.size(), pay.data(), pay.size() + 1), WEFT_ERR_INTERNAL);
+    std::string big_hdr(WEFT_TP_CTRL_HDR_MAX + 1, '\3');
+    EXPECT_EQ(tcp.ctrl_send(p.a->ctx, 1, big_hdr.data(), big_hdr.size(), nullptr, 0), WEFT_ERR_INTERNAL);
+    // Refused frames leave the connection usable.
+    ASSERT_EQ(send_frame(p.ranks(), *p.a, 1, "\1", ""), WEFT_SUCCESS);
+    ASSERT_TRUE(pump_until(p.ranks(), [&] { return p.b->frames.size() == 2; }));
+    EXPECT_EQ(p.b->frames[1].bytes, "\1");
+    EXPECT_TRUE(p.b->failed.empty());
+}
+
+TEST(TcpPair, RendezvousOfEverySizeArrivesIntactBothWays)
+{
+    Pair p;
+    exchange_cards(p.ranks());
+    std::vector<int> rcs = connect_all(p.ranks());
+    ASSERT_EQ(rcs[0], WEFT_SUCCESS) << p.a->last_error();
+    ASSERT_EQ(rcs[1], WEFT_SUCCESS) << p.b->last_error();
+
+    // chunk 4096, 3 streams: less than one chunk, one chunk, fewer chunks
+    // than streams, many chunks with a short tail, megabytes.
+    const std::vector<size_t> sizes = {1, 1025, 4096, 4097, 8193, 3 * 4096 * 5 + 7, (3u << 20) + 3};
+    Rank *rk[2] = {p.a.get(), p.b.get()};
     std::vector<std::vector<unsigned char>> sbuf[2], rbuf[2];
-    std::vector<weft_request *> reqs;
-    weft_comm *comms[2] = {a, b};
+    std::vector<std::unique_ptr<weft_tp_xfer>> sx[2], rx[2];
     for (int from = 0; from < 2; from++) {
         int to = 1 - from;
         for (size_t i = 0; i < sizes.size(); i++) {
             std::vector<unsigned char> s(sizes[i]);
             for (size_t k = 0; k < s.size(); k++)
-                s[k] = (unsigned char)(k * 131 + i * 7 + from);
+                s[k] = (unsigned char)(k * 131 + i * 7 + (size_t)from);
             sbuf[from].push_back(std::move(s));
             rbuf[to].emplace_back(sizes[i] + 16, 0xEE);
         }
         for (size_t i = 0; i < sizes.size(); i++) {
-            weft_request *r = nullptr;
-            int tag = (int)(i % 3);   // several lanes at once
-            ASSERT_EQ(weft_pipe_irecv(comms[to], rbuf[to][i].data(), rbuf[to][i].size(), from, tag, &r),
-                      WEFT_SUCCESS);
-            reqs.push_back(r);
-            ASSERT_EQ(weft_pipe_isend(comms[from], sbuf[from][i].data(), sizes[i], to, tag, &r), WEFT_SUCCESS);
-            reqs.push_back(r);
+            // As the pipe does: the receiver expects (and sends the CTS with
+            // the key), then the sender pushes, both in CTS order.
+            rx[to].push_back(make_xfer(rbuf[to][i].data(), sizes[i], from, (int)i));
+            unsigned char key[WEFT_TP_KEY_MAX];
+            size_t keylen = 99;
+            ASSERT_EQ(tcp.rndv_expect(rk[to]->ctx, from, rx[to][i].get(), nullptr, key, &keylen), WEFT_SUCCESS)
+                << rk[to]->last_error();
+            EXPECT_EQ(keylen, 0u);
+            sx[from].push_back(make_xfer(sbuf[from][i].data(), sizes[i], to, (int)i));
+            ASSERT_EQ(tcp.rndv_push(rk[from]->ctx, to, sx[from][i].get(), key, keylen), WEFT_SUCCESS)
+                << rk[from]->last_error();
+            // A control frame between pushes travels independently.
+            ASSERT_EQ(send_frame(p.ranks(), *rk[from], to, "\2", std::to_string(i)), WEFT_SUCCESS);
         }
     }
-    ASSERT_TRUE(pump_until({a, b}, reqs)) << a->last_error << " / " << b->last_error;
-    for (weft_request *r : reqs) {
-        EXPECT_EQ(r->status.error, WEFT_SUCCESS);
-        free(r);
+    const size_t want = 2 * sizes.size();   // per rank: its pushes and its receives
+    ASSERT_TRUE(pump_until(p.ranks(), [&] { return p.a->done.size() == want && p.b->done.size() == want; }))
+        << p.a->last_error() << " / " << p.b->last_error();
+
+    for (int r = 0; r < 2; r++) {
+        EXPECT_EQ(done_count(*rk[r], WEFT_SUCCESS), want);
+        EXPECT_TRUE(rk[r]->failed.empty());
+        // Completions of each kind come in FIFO order.
+        std::vector<weft_tp_xfer *> pushes, recvs;
+        for (const Done &d : rk[r]->done) {
+            bool is_push = std::any_of(sx[r].begin(), sx[r].end(), [&](const auto &x) { return x.get() == d.x; });
+            (is_push ? pushes : recvs).push_back(d.x);
+        }
+        ASSERT_EQ(pushes.size(), sizes.size());
+        ASSERT_EQ(recvs.size(), sizes.size());
+        for (size_t i = 0; i < sizes.size(); i++) {
+            EXPECT_EQ(pushes[i], sx[r][i].get()) << "push " << i << " of rank " << r;
+            EXPECT_EQ(recvs[i], rx[r][i].get()) << "receive " << i << " of rank " << r;
+        }
+        ASSERT_EQ(rk[r]->frames.size(), sizes.size());
+        for (size_t i = 0; i < sizes.size(); i++)
+            EXPECT_EQ(rk[r]->frames[i].bytes, "\2" + std::to_string(i));
     }
     for (int to = 0; to < 2; to++) {
         for (size_t i = 0; i < sizes.size(); i++) {
             const auto &got = rbuf[to][i];
-            const auto &want = sbuf[1 - to][i];
-            ASSERT_TRUE(std::equal(want.begin(), want.end(), got.begin())) << "size " << sizes[i] << " to " << to;
-            for (size_t k = want.size(); k < got.size(); k++)
+            const auto &sent = sbuf[1 - to][i];
+            ASSERT_TRUE(std::equal(sent.begin(), sent.end(), got.begin())) << "size " << sizes[i] << " to " << to;
+            for (size_t k = sent.size(); k < got.size(); k++)
                 ASSERT_EQ(got[k], 0xEE) << "byte written past the message, size " << sizes[i];
         }
     }
-    free_comm(a);
-    free_comm(b);
 }
 
-TEST(TcpPair, PeerThatGoesAwayBreaksThePipeNamingThePeer)
+TEST(TcpPair, CompletionUpcallsMayReenterTheTransport)
 {
-    weft_comm *a = fake_comm(0, 2, small_env());
-    weft_comm *b = fake_comm(1, 2, small_env());
-    exchange_cards(a, b);
-    int rca = -1, rcb = -1;
-    connect_both(a, b, &rca, &rcb);
-    ASSERT_EQ(rca, WEFT_SUCCESS) << a->last_error;
-    ASSERT_EQ(rcb, WEFT_SUCCESS) << b->last_error;
+    Pair p;
+    exchange_cards(p.ranks());
+    std::vector<int> rcs = connect_all(p.ranks());
+    ASSERT_EQ(rcs[0], WEFT_SUCCESS) << p.a->last_error();
+    ASSERT_EQ(rcs[1], WEFT_SUCCESS) << p.b->last_error();
 
-    // A large send waiting for its CTS when rank 1 disappears.
-    std::vector<unsigned char> big(1 << 20, 1);
-    weft_request *s = nullptr;
-    ASSERT_EQ(weft_pipe_isend(a, big.data(), big.size(), 1, 0, &s), WEFT_SUCCESS);
-    weft_transport_tcp.disconnect(b);
+    // A chain of transfers where each receive's completion posts the next
+    // receive and sends a frame from inside rndv_done (as the pipe answers
+    // with a CTS), and the sender pushes the next once that frame is in.
+    const int n = 8;
+    const size_t bytes = 20000;
+    std::vector<std::vector<unsigned char>> sbuf(n, std::vector<unsigned char>(bytes)), rbuf(n, std::vector<unsigned char>(bytes));
+    std::vector<std::unique_ptr<weft_tp_xfer>> sx, rx;
+    for (int i = 0; i < n; i++) {
+        for (size_t k = 0; k < bytes; k++)
+            sbuf[(size_t)i][k] = (unsigned char)(k + (size_t)i * 17);
+        sx.push_back(make_xfer(sbuf[(size_t)i].data(), bytes, 1, i));
+        rx.push_back(make_xfer(rbuf[(size_t)i].data(), bytes, 0, i));
+    }
+    struct Chain {
+        Rank *b;
+        std::vector<std::unique_ptr<weft_tp_xfer>> *rx;
+        int next = 1;
+    } chain{p.b.get(), &rx};
+    weft_tp_upcalls up = p.b->up;
+    static Chain *active;
+    active = &chain;
+    up.rndv_done = [](void *arg, weft_tp_xfer *x, int err) {
+        Rank *b = static_cast<Rank *>(arg);
+        b->done.push_back({x, err});
+        if (active->next < (int)active->rx->size()) {
+            size_t keylen = 0;
+            unsigned char key[WEFT_TP_KEY_MAX];
+            tcp.rndv_expect(b->ctx, 0, (*active->rx)[(size_t)active->next].get(), nullptr, key, &keylen);
+            tcp.ctrl_send(b->ctx, 0, "\4", 1, nullptr, 0);
+            active->next++;
+        }
+    };
+    p.b->up = up;
 
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (s->state != WEFT_REQ_DONE && std::chrono::steady_clock::now() < end)
-        weft_transport_tcp.progress(a);
-    ASSERT_EQ(s->state, WEFT_REQ_DONE);
-    EXPECT_EQ(s->status.error, WEFT_ERR_TRANSPORT);
-    EXPECT_EQ(a->pipes[1].broken, WEFT_ERR_TRANSPORT);
-    EXPECT_NE(std::string(a->last_error).find("peer 1"), std::string::npos) << a->last_error;
-    free(s);
-    // Sends on the broken pipe fail at once instead of hanging.
-    EXPECT_NE(weft_pipe_isend(a, big.data(), 10, 1, 0, &s), WEFT_SUCCESS);
-    free_comm(a);
-    free_comm(b);
+    size_t keylen = 0;
+    unsigned char key[WEFT_TP_KEY_MAX];
+    ASSERT_EQ(tcp.rndv_expect(p.b->ctx, 0, rx[0].get(), nullptr, key, &keylen), WEFT_SUCCESS);
+    ASSERT_EQ(tcp.rndv_push(p.a->ctx, 1, sx[0].get(), key, keylen), WEFT_SUCCESS);
+    size_t pushed = 1;
+    ASSERT_TRUE(pump_until(p.ranks(), [&] {
+        while (pushed < (size_t)n && p.a->frames.size() >= pushed) {
+            EXPECT_EQ(tcp.rndv_push(p.a->ctx, 1, sx[pushed].get(), nullptr, 0), WEFT_SUCCESS);
+            pushed++;
+        }
+        return p.b->done.size() == (size_t)n && p.a->done.size() == (size_t)n;
+    })) << p.a->last_error() << " / " << p.b->last_error();
+    for (int i = 0; i < n; i++)
+        EXPECT_EQ(rbuf[(size_t)i], sbuf[(size_t)i]) << "transfer " << i;
+    EXPECT_TRUE(p.a->failed.empty());
+    EXPECT_TRUE(p.b->failed.empty());
+}
+
+TEST(TcpPair, PeerThatGoesAwayIsReportedByNameAndItsTransfersDropped)
+{
+    Pair p;
+    exchange_cards(p.ranks());
+    std::vector<int> rcs = connect_all(p.ranks());
+    ASSERT_EQ(rcs[0], WEFT_SUCCESS) << p.a->last_error();
+    ASSERT_EQ(rcs[1], WEFT_SUCCESS) << p.b->last_error();
+
+    // Rank 0 waits for a large message from rank 1 and is pushing one to it
+    // (rank 1 expected it) when rank 1 disappears.
+    std::vector<unsigned char> in(1 << 20), out(8 << 20, 1), b_in(8 << 20);
+    auto rx = make_xfer(in.data(), in.size(), 1);
+    auto sx = make_xfer(out.data(), out.size(), 1);
+    auto brx = make_xfer(b_in.data(), b_in.size(), 0);
+    size_t keylen = 0;
+    unsigned char key[WEFT_TP_KEY_MAX];
+    ASSERT_EQ(tcp.rndv_expect(p.a->ctx, 1, rx.get(), nullptr, key, &keylen), WEFT_SUCCESS);
+    ASSERT_EQ(tcp.rndv_expect(p.b->ctx, 0, brx.get(), nullptr, key, &keylen), WEFT_SUCCESS);
+    ASSERT_EQ(tcp.rndv_push(p.a->ctx, 1, sx.get(), key, keylen), WEFT_SUCCESS);
+    tcp.progress(p.a->ctx);
+    destroy(*p.b);
+
+    ASSERT_TRUE(pump_until({p.a.get()}, [&] { return !p.a->failed.empty(); }, 10));
+    pump({p.a.get()});
+    ASSERT_EQ(p.a->failed.size(), 1u);   // reported once
+    EXPECT_EQ(p.a->failed[0].peer, 1);
+    EXPECT_EQ(p.a->failed[0].err, WEFT_ERR_TRANSPORT);
+    EXPECT_NE(p.a->last_error().find("peer 1"), std::string::npos) << p.a->last_error();
+    // Transfers of a failed peer are the pipe's to fail: no completion for
+    // the receive (the push may have left for the kernel before the peer
+    // went away, which completes it legitimately).
+    for (const Done &d : p.a->done) {
+        EXPECT_EQ(d.x, sx.get());
+        EXPECT_EQ(d.err, WEFT_SUCCESS);
+    }
+    // The broken connection refuses new work at once instead of hanging.
+    EXPECT_NE(tcp.ctrl_send(p.a->ctx, 1, "\1", 1, nullptr, 0), WEFT_SUCCESS);
+    EXPECT_NE(tcp.rndv_push(p.a->ctx, 1, sx.get(), nullptr, 0), WEFT_SUCCESS);
+    EXPECT_NE(tcp.rndv_expect(p.a->ctx, 1, rx.get(), nullptr, key, &keylen), WEFT_SUCCESS);
+    EXPECT_EQ(tcp.busy(p.a->ctx), 0);
 }
 
 TEST(TcpPair, DifferentStripingSettingsFailConnectWithAClearError)
@@ -319,51 +635,61 @@ TEST(TcpPair, DifferentStripingSettingsFailConnectWithAClearError)
     Env e0 = small_env(), e1 = small_env();
     e0["WEFT_TIMEOUT"] = e1["WEFT_TIMEOUT"] = "2";
     e1["WEFT_TCP_STREAMS"] = "2";
-    weft_comm *a = fake_comm(0, 2, e0);
-    weft_comm *b = fake_comm(1, 2, e1);
-    exchange_cards(a, b);
-    int rca = -1, rcb = -1;
-    connect_both(a, b, &rca, &rcb);
-    EXPECT_EQ(rca, WEFT_ERR_TRANSPORT) << a->last_error;
-    EXPECT_NE(std::string(a->last_error).find("peer 1"), std::string::npos) << a->last_error;
-    EXPECT_EQ(rcb, WEFT_ERR_TIMEOUT) << b->last_error;
-    EXPECT_NE(std::string(b->last_error).find("peer 0"), std::string::npos) << b->last_error;
-    free_comm(a);
-    free_comm(b);
+    std::unique_ptr<Rank> a = fake_rank(0, 2, e0);
+    std::unique_ptr<Rank> b = fake_rank(1, 2, e1);
+    exchange_cards({a.get(), b.get()});
+    std::vector<int> rcs = connect_all({a.get(), b.get()});
+    EXPECT_EQ(rcs[0], WEFT_ERR_TRANSPORT) << a->last_error();
+    EXPECT_NE(a->last_error().find("peer 1"), std::string::npos) << a->last_error();
+    EXPECT_EQ(rcs[1], WEFT_ERR_TIMEOUT) << b->last_error();
+    EXPECT_NE(b->last_error().find("peer 0"), std::string::npos) << b->last_error();
+    // A failed connect leaves the state for destroy, and nothing usable.
+    EXPECT_EQ(tcp.progress(a->ctx), 0);
+    EXPECT_NE(tcp.ctrl_send(a->ctx, 1, "\1", 1, nullptr, 0), WEFT_SUCCESS);
+    free_rank(a);
+    free_rank(b);
 }
 
 TEST(TcpPair, OtherPeersKeepWorkingWhenOnePeerGoesAway)
 {
-    std::vector<weft_comm *> comms;
-    for (int r = 0; r < 3; r++)
-        comms.push_back(fake_comm(r, 3, small_env()));
-    exchange_cards(comms);
-    for (int rc : connect_all(comms))
-        ASSERT_EQ(rc, WEFT_SUCCESS);
-    weft_transport_tcp.disconnect(comms[2]);   // rank 2 vanishes
-
-    // Rank 0 notices on its next progress passes...
-    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while ((!comms[0]->pipes[2].broken || !comms[1]->pipes[2].broken) && std::chrono::steady_clock::now() < end)
-        pump({comms[0], comms[1]});
-    EXPECT_EQ(comms[0]->pipes[2].broken, WEFT_ERR_TRANSPORT);
-    EXPECT_EQ(comms[1]->pipes[2].broken, WEFT_ERR_TRANSPORT);
-    EXPECT_NE(std::string(comms[0]->last_error).find("peer 2"), std::string::npos) << comms[0]->last_error;
-
-    // ...while 0 <-> 1 still carry eager and striped messages.
-    std::vector<unsigned char> s1(100, 7), s2(50000, 9), r1(100), r2(50000);
-    std::vector<weft_request *> reqs(4);
-    ASSERT_EQ(weft_pipe_irecv(comms[1], r1.data(), r1.size(), 0, 5, &reqs[0]), WEFT_SUCCESS);
-    ASSERT_EQ(weft_pipe_irecv(comms[0], r2.data(), r2.size(), 1, 5, &reqs[1]), WEFT_SUCCESS);
-    ASSERT_EQ(weft_pipe_isend(comms[0], s1.data(), s1.size(), 1, 5, &reqs[2]), WEFT_SUCCESS);
-    ASSERT_EQ(weft_pipe_isend(comms[1], s2.data(), s2.size(), 0, 5, &reqs[3]), WEFT_SUCCESS);
-    ASSERT_TRUE(pump_until({comms[0], comms[1]}, reqs)) << comms[0]->last_error;
-    for (weft_request *r : reqs) {
-        EXPECT_EQ(r->status.error, WEFT_SUCCESS);
-        free(r);
+    std::vector<std::unique_ptr<Rank>> own;
+    Ranks ranks;
+    for (int r = 0; r < 3; r++) {
+        own.push_back(fake_rank(r, 3, small_env()));
+        ranks.push_back(own.back().get());
     }
-    EXPECT_EQ(r1, s1);
-    EXPECT_EQ(r2, s2);
-    for (weft_comm *c : comms)
-        free_comm(c);
+    exchange_cards(ranks);
+    for (int rc : connect_all(ranks))
+        ASSERT_EQ(rc, WEFT_SUCCESS);
+    destroy(*ranks[2]);   // rank 2 vanishes
+
+    // Ranks 0 and 1 notice on their next progress passes...
+    Ranks live = {ranks[0], ranks[1]};
+    ASSERT_TRUE(pump_until(live, [&] { return !ranks[0]->failed.empty() && !ranks[1]->failed.empty(); }, 10));
+    for (int r = 0; r < 2; r++) {
+        ASSERT_EQ(ranks[(size_t)r]->failed.size(), 1u);
+        EXPECT_EQ(ranks[(size_t)r]->failed[0].peer, 2);
+        EXPECT_EQ(ranks[(size_t)r]->failed[0].err, WEFT_ERR_TRANSPORT);
+        EXPECT_NE(ranks[(size_t)r]->last_error().find("peer 2"), std::string::npos) << ranks[(size_t)r]->last_error();
+    }
+
+    // ...while 0 <-> 1 still carry control frames and striped messages.
+    std::vector<unsigned char> s(50000, 9), d(50000);
+    auto rx = make_xfer(d.data(), d.size(), 1, 5);
+    auto sx = make_xfer(s.data(), s.size(), 0, 5);
+    size_t keylen = 0;
+    unsigned char key[WEFT_TP_KEY_MAX];
+    ASSERT_EQ(tcp.rndv_expect(ranks[0]->ctx, 1, rx.get(), nullptr, key, &keylen), WEFT_SUCCESS);
+    ASSERT_EQ(tcp.rndv_push(ranks[1]->ctx, 0, sx.get(), key, keylen), WEFT_SUCCESS);
+    ASSERT_EQ(send_frame(live, *ranks[0], 1, "\1", std::string(100, 7)), WEFT_SUCCESS);
+    ASSERT_TRUE(pump_until(live, [&] {
+        return ranks[0]->done.size() == 1 && ranks[1]->done.size() == 1 && ranks[1]->frames.size() == 1;
+    })) << ranks[0]->last_error();
+    EXPECT_EQ(ranks[0]->done[0].x, rx.get());
+    EXPECT_EQ(ranks[0]->done[0].err, WEFT_SUCCESS);
+    EXPECT_EQ(ranks[1]->done[0].x, sx.get());
+    EXPECT_EQ(ranks[1]->frames[0].bytes, "\1" + std::string(100, 7));
+    EXPECT_EQ(d, s);
+    for (auto &r : own)
+        free_rank(r);
 }

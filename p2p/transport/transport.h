@@ -1,140 +1,293 @@
 /*
  * The transport contract.
  *
- * A transport moves bytes between this process and the peers the comm
- * assigned to it; the pipe (p2p/pipe.c) owns everything else: matching,
- * ordering, eager vs rendezvous, truncation, completion. One file per
- * transport implements this table: self.c, shm.c, tcp.c, ib.c.
+ * A transport moves bytes between this process and peers; the pipe layer
+ * above it (p2p/) owns everything else: matching, ordering, eager vs
+ * rendezvous, truncation, completion. A transport is one folder under
+ * p2p/transport/ that exports one `const struct weft_transport` and is
+ * listed once in registry.c. It includes this header and src/core/ only:
+ * it never names the pipe layer. What it needs from above comes in its
+ * weft_tp_env (core context, rank cards, collective set-up services), and
+ * it reports back only through the upcall table in that env (on_ctrl,
+ * rndv_done, peer_failed), the way UCX's uct reports to ucp.
  *
- * Threading: every function below but sleep is called with the comm lock
+ * Kinds of transports (capabilities as fields, below):
+ *  - carriers (ctrl = 1: self, shm, tcp, ib) carry a pipe's control frames
+ *    and usually its rendezvous data; each pipe has exactly one, the first
+ *    of the registry whose reach() accepts the pair;
+ *  - movers (ctrl = 0: cuda_ipc) only move rendezvous data for the pipe's
+ *    rendezvous paths (p2p/rndv.h); the pipe's carrier signals for them.
+ *
+ * Threading: every function but sleep is called with the pipe layer's lock
  * held, so a transport needs no locking of its own for its per-comm state.
- * None of them may block: anything that cannot be done now returns
- * WEFT_EAGAIN and the caller retries on a later progress call.
+ * None may block (connect excepted, bounded by WEFT_TIMEOUT): what cannot be
+ * done now returns WEFT_EAGAIN and is retried on a later progress call.
  *
- * Re-entrancy: weft_pipe_on_ctrl (called from progress) may call back into
- * the same transport (ctrl_send to answer CTS/FIN, rndv_get, rndv_expect,
- * rndv_push), so progress must be in a consistent state around each call
- * (e.g. release the ring record first, or copy what it still needs).
+ * Re-entrancy: an upcall (on_ctrl, rndv_done, peer_failed) may call back
+ * into the same transport (ctrl_send, rndv_get, rndv_expect, rndv_push,
+ * abort_peer), so the transport must be consistent around each upcall
+ * (release a ring record first, unlink a finished transfer first).
  *
- * The pipe protocol a transport must carry (struct weft_ctrl, p2p/pipe.h):
- *   EAGER  header + payload            sender -> receiver
- *   RTS    header (+ sender address)   sender -> receiver   large message announced
- *   CTS    header                      receiver -> sender   "push the data now"
- *   FIN    header                      receiver -> sender   receiver pulled it (or refused)
- * Control messages to one peer arrive in the order they were sent.
- * For a large message the receiver either pulls the data itself
- * (rndv_get: self memcpy, shm CMA) and answers FIN, or answers CTS and the
- * sender pushes it (rndv_push: shm bounce buffers, tcp data sockets) into
- * the buffer the receiver registered with rndv_expect. Pushes to one peer
- * are carried in the order the CTS messages were sent.
+ * Errors: a transport records what failed with weft_set_error(env->core,
+ * ...) where it decides the failure (naming peer, host and why), once.
  */
 #ifndef WEFT_TRANSPORT_H
 #define WEFT_TRANSPORT_H
 
 #include <stddef.h>
 #include <stdint.h>
-#include "config.h"
-
-struct weft_comm;
-struct weft_pipe;
-struct weft_request;
-struct weft_ctrl;
-struct weft_rank_card;
+#include "core.h"
 
 /* Internal return code: "no room now, retry later". Never returned to users. */
 #define WEFT_EAGAIN (-11)
 
-struct weft_transport {
-    const char *name;
-    int id;                           /* enum weft_transport_id */
+/* Control frames are opaque bytes to a transport: the pipe's header, then
+ * a payload. A transport delivers each one whole, in order, to on_ctrl of
+ * the peer's pipe. Two facts a transport may rely on:
+ *  - the first byte of every frame is below WEFT_TP_FRAME_TYPE_LIMIT, so a
+ *    transport may multiplex records of its own on the same channel by
+ *    giving them first bytes >= the limit (shm's DATA records);
+ *  - the header part is at most WEFT_TP_CTRL_HDR_MAX bytes.
+ * ctrl_send accepts payloads of up to max(eager_limit, WEFT_TP_CTRL_PAYLOAD_MIN)
+ * bytes (rendezvous keys travel as CTS payloads). */
+#define WEFT_TP_FRAME_TYPE_LIMIT 16
+#define WEFT_TP_CTRL_HDR_MAX     64
+#define WEFT_TP_CTRL_PAYLOAD_MIN 256
+/* A rendezvous key (rndv_expect -> the CTS -> rndv_push) is at most this long. */
+#define WEFT_TP_KEY_MAX          192
 
-    /* ---- set-up (the only place a transport may call MPI) ---- */
+/* Memory a transport's rendezvous can read and write (rndv_mem). */
+#define WEFT_TP_MEM_HOST   0x1u
+#define WEFT_TP_MEM_DEVICE 0x2u
 
-    /* Before the rank cards are exchanged: write what peers need to reach
-     * this rank (segment name, listening address) into *mine. May allocate
-     * per-comm state in c->tp_state[id]. Called on every rank whose
-     * transports_mask allows this transport, even if no peer will use it;
-     * the card's fields must be valid ("not offered") in that case. */
-    int  (*card_fill)(struct weft_comm *c, struct weft_rank_card *mine);
-
-    /* After the exchange, with pipe->tp set for every peer that uses this
-     * transport: connect to those peers and set pipe->tp_peer. Called on
-     * EVERY rank for EVERY transport of the build (shm, then tcp), also
-     * where card_fill was not called (c->tp_state[id] == NULL: the rank
-     * offers nothing and just takes part), so MPI_Barrier may be used --
-     * but the number of barriers must not depend on success or failure, or
-     * a failing rank would hang the others. The comm allreduces the result
-     * afterwards. Errors name the peer. */
-    int  (*connect)(struct weft_comm *c);
-
-    /* weft_comm_destroy, after a barrier: release everything. Idempotent;
-     * also called to unwind a failed connect. */
-    void (*disconnect)(struct weft_comm *c);
-
-    /* ---- data path ---- */
-
-    /* Largest message the pipe sends as EAGER through ctrl_send. */
-    size_t (*eager_limit)(const struct weft_comm *c);
-
-    /* Sends one control message (header + optional payload of len bytes) to
-     * the pipe's peer. All or nothing: returns WEFT_SUCCESS once the message
-     * is owned by the transport (payload copied or sent, caller may reuse
-     * it), WEFT_EAGAIN if there is no room now, another code if the peer is
-     * unreachable (the pipe then breaks). */
-    int  (*ctrl_send)(struct weft_pipe *p, const struct weft_ctrl *m,
-                      const void *payload, size_t len);
-
-    /* Moves what can be moved without blocking: receives control messages
-     * and hands each to weft_pipe_on_ctrl(), advances pushes and expected
-     * data. Returns the number of events (>= 0); 0 means nothing happened. */
-    int  (*progress)(struct weft_comm *c);
-
-    /* Receiver side, optional (NULL = always push). Pulls a matched large
-     * message described by rts (m->addr, m->bytes) into r->buf. Returns
-     * WEFT_SUCCESS when all bytes are in place (synchronous), WEFT_EAGAIN
-     * to decline (the pipe answers CTS and the sender pushes), or an error
-     * (the request fails and FIN carries the code). */
-    int  (*rndv_get)(struct weft_pipe *p, struct weft_request *r, const struct weft_ctrl *rts);
-
-    /* Receiver side: r (matched, r->msg_bytes set) will be filled by a push;
-     * called when its CTS is queued, in CTS order. When the last byte is in
-     * place the transport calls weft_pipe_recv_done(). */
-    int  (*rndv_expect)(struct weft_pipe *p, struct weft_request *r);
-
-    /* Sender side: the receiver answered CTS for s (cts->rreq names its
-     * request); push s->sbuf[0..s->bytes). When the last byte has left the
-     * user buffer the transport calls weft_pipe_send_done(). */
-    int  (*rndv_push)(struct weft_pipe *p, struct weft_request *s, const struct weft_ctrl *cts);
-
-    /* The pipe broke (timeout, peer error): forget every request of this
-     * pipe the transport still references; the pipe fails them. */
-    void (*abort_pipe)(struct weft_pipe *p);
-
-    /* Optional. Nonzero while the transport holds outbound bytes it has
-     * accepted (ctrl_send returned SUCCESS) but not yet handed to the peer
-     * or the kernel. weft_comm_destroy progresses until no transport is busy
-     * before its final barrier, so nothing a peer waits for is dropped. */
-    int  (*busy)(const struct weft_comm *c);
-
-    /* ---- waiting ---- */
-
-    /* Optional. Sleeps until this transport may have work or timeout_ms
-     * passes, without losing a wake-up that races with going to sleep
-     * (shm: futex on a doorbell in the segment; tcp: poll on sockets).
-     * Returns at once if work is already pending. Called WITHOUT the comm
-     * lock (another thread may progress meanwhile): touch only what is
-     * stable after connect (fds, the mapped segment) and atomics. */
-    void (*sleep)(struct weft_comm *c, int timeout_ms);
+/* Where a transport may reach peers (scope), before any card is read. */
+enum weft_tp_scope {
+    WEFT_TP_SCOPE_SELF = 1,  /* only the rank itself */
+    WEFT_TP_SCOPE_NODE,      /* ranks of the same (effective) node */
+    WEFT_TP_SCOPE_ANY        /* any rank but itself */
 };
 
-extern const struct weft_transport weft_transport_self;
-extern const struct weft_transport weft_transport_shm;
-extern const struct weft_transport weft_transport_tcp;
-#ifdef WEFT_HAVE_VERBS_HEADERS
-extern const struct weft_transport weft_transport_ib;   /* p2p/ib.c: only with the verbs headers */
-#endif
+/* ------------------------------------------------------------ rank cards */
 
-/* By id; NULL for an id with no transport in this build. */
-const struct weft_transport *weft_transport_get(int id);
+/* The common part of every rank card, written by the comm: any transport
+ * may read it (reach decisions, messages naming the peer's host). */
+struct weft_card_hdr {
+    uint64_t node_key;        /* host identity: equal for ranks on one real node (host name + boot id) */
+    uint64_t token;           /* random per rank: a peer proves it read this card (tcp hello, shm segment) */
+    int32_t  node;            /* effective node: real node x WEFT_VIRTUAL_NODES block (set after exchange) */
+    int32_t  pid;
+    int32_t  vblock;          /* WEFT_VIRTUAL_NODES block of the rank (0 when off) */
+    uint32_t transports_mask; /* bit i: registry entry i is allowed by this rank (WEFT_TRANSPORTS) */
+    char     hostname[64];
+};
+
+/* The cards of every rank: each is the header, then every transport's
+ * blob at that transport's offset. A blob is opaque to everyone but its
+ * transport (card_bytes of it, zeroed before create writes it). */
+struct weft_tp_cards {
+    const unsigned char *base;     /* rank r's card at base + r * stride */
+    size_t               stride;
+    size_t               blob_off; /* this transport's blob inside a card */
+};
+
+static inline const struct weft_card_hdr *weft_tp_card(const struct weft_tp_cards *k, int rank)
+{
+    return (const struct weft_card_hdr *)(const void *)(k->base + (size_t)rank * k->stride);
+}
+
+static inline const void *weft_tp_blob(const struct weft_tp_cards *k, int rank)
+{
+    return k->base + (size_t)rank * k->stride + k->blob_off;
+}
+
+/* ------------------------------------------------------------- transfers */
+
+/* One rendezvous transfer as a transport sees it. It lives inside the pipe's
+ * request; the transport owns priv[] while the transfer is in its hands
+ * (from rndv_get/rndv_expect/rndv_push until it calls rndv_done, or until
+ * abort_peer). Each transport declares its per-transfer struct and checks
+ * it fits with WEFT_TP_PRIV_FITS. */
+#define WEFT_TP_PRIV_BYTES 64
+#ifdef __cplusplus
+#define WEFT_TP_ALIGN16 alignas(16)   /* tests in C++ include this header */
+#else
+#define WEFT_TP_ALIGN16 _Alignas(16)
+#endif
+struct weft_tp_xfer {
+    void   *buf;        /* send: source; receive: destination */
+    size_t  bytes;      /* bytes to move (a receive: the message size, never above its buffer) */
+    int     mem_kind;   /* enum weft_mem_kind of buf (core/cudawrap.h) */
+    int     device;     /* CUDA device of buf, -1 for host memory */
+    int     peer;
+    int     tag;        /* the message's tag: for error messages only */
+    WEFT_TP_ALIGN16 unsigned char priv[WEFT_TP_PRIV_BYTES];
+};
+#define WEFT_TP_PRIV(x, type) ((type *)(void *)(x)->priv)
+#define WEFT_TP_PRIV_FITS(type) \
+    _Static_assert(sizeof(type) <= WEFT_TP_PRIV_BYTES && _Alignof(type) <= 16, #type " must fit weft_tp_xfer.priv")
+
+/* The sender's buffer, as the RTS describes it: what a pull reads. */
+struct weft_tp_src {
+    uint64_t addr;      /* in the sender's address space */
+    int      mem_kind;  /* enum weft_mem_kind */
+    int      device;    /* sender's device ordinal, -1 for host memory */
+};
+
+/* ---------------------------------------------------------- environment */
+
+/* How a transport reports to the layer above (the pipe registers these). */
+struct weft_tp_upcalls {
+    void *arg;
+    /* A control frame arrived from peer; frame is valid during the call only. */
+    void (*on_ctrl)(void *arg, int peer, const void *frame, size_t len);
+    /* A transfer handed over by rndv_get (never: get completes synchronously),
+     * rndv_expect or rndv_push finished: err = WEFT_SUCCESS or why not. The
+     * transport has let go of x before the call. */
+    void (*rndv_done)(void *arg, struct weft_tp_xfer *x, int err);
+    /* The connection to peer failed (the transport recorded why): the pipe
+     * breaks, which calls abort_peer. */
+    void (*peer_failed)(void *arg, int peer, int err);
+};
+
+/* Collective services for connect only, forwarded to the comm's bootstrap
+ * (src/comm/bootstrap.h). Each is a collective over every rank of the comm:
+ * call them the same number of times on every rank whatever happened
+ * locally, or a rank that failed would hang the others. */
+struct weft_tp_collective {
+    void *arg;
+    /* Record i of send goes to rank i; recv gets rank i's record for me. */
+    int (*alltoall)(void *arg, const void *send, void *recv, size_t bytes_per_rank);
+    /* Every rank gets the worst (largest) code of all; a rank whose own rc
+     * is fine learns which rank failed in its last error. */
+    int (*agree)(void *arg, int rc, const char *stage);
+};
+
+/* Given to every transport of a comm at create; valid until destroy. The
+ * comm fills cards after the exchange and uses/used_anywhere/coll before
+ * connect. */
+struct weft_tp_env {
+    struct weft_core                *core;    /* rank, size, cfg, cuda, errors */
+    int                              index;   /* position in the registry = bit in transports_mask */
+    struct weft_tp_cards             cards;
+    const struct weft_tp_upcalls    *up;
+    const struct weft_tp_collective *coll;    /* connect only */
+    const unsigned char             *uses;    /* [size]: 1 = the pipe to that rank uses this transport */
+    int                              used_anywhere; /* some pair of the comm uses it (same on every rank) */
+};
+
+/* --------------------------------------------------------------- vtable */
+
+struct weft_transport {
+    const char *name;            /* as in WEFT_TRANSPORTS and in log lines */
+    int         ctrl;            /* 1: carrier (carries control frames); 0: mover (rendezvous data only) */
+    int         scope;           /* enum weft_tp_scope */
+    int         sure;            /* 1: reach() accepts every pair its scope and both masks allow,
+                                    so lower-priority transports need not be offered for them */
+    size_t      card_bytes;      /* its blob in the rank card (0: none) */
+
+    /* ---- set-up ---- */
+
+    /* Before the cards are exchanged, on a rank that offers the transport
+     * (allowed, and some peer may need it): allocate per-comm state (*ctx)
+     * and write what peers need into blob (card_bytes, zeroed). A transport
+     * that cannot work here (no library, no device) returns WEFT_SUCCESS
+     * with a blob that makes reach() refuse, after one info line saying
+     * why; an error fails create on every rank. */
+    int  (*create)(const struct weft_tp_env *env, void *blob, void **ctx);
+
+    /* From the two cards alone: can rank me and rank peer connect with it?
+     * Deterministic (every rank computes the same answer for every pair).
+     * No: 0, and why says so for the log ("no usable RDMA port on the
+     * peer"). Called only for pairs its scope and both masks allow. */
+    int  (*reach)(const struct weft_tp_cards *k, int me, int peer, char *why, size_t whylen);
+
+    /* After the exchange, with env->uses set: connect to the peers that use
+     * it. Called on EVERY rank for EVERY transport, also where create was
+     * not called (ctx NULL: the rank offers nothing and only takes part in
+     * env->coll exchanges). The comm agrees on the result afterwards.
+     * Errors name the peer. */
+    int  (*connect)(const struct weft_tp_env *env, void *ctx);
+
+    /* weft_comm_destroy (after the final barrier), or unwinding a failed
+     * create: release everything. ctx may be NULL. */
+    void (*destroy)(void *ctx);
+
+    /* ---- data path (ctrl = 1) ---- */
+
+    /* Largest message the pipe sends to peer as an eager frame; internal:
+     * for the library's own lanes (collectives may be eager for longer). */
+    size_t (*eager_limit)(void *ctx, int peer, int internal);
+
+    /* Sends one control frame (hdr then payload) to peer. All or nothing:
+     * WEFT_SUCCESS once the transport owns the bytes (copied or sent: the
+     * caller may reuse both), WEFT_EAGAIN if there is no room now, another
+     * code if the peer is unreachable (the pipe then breaks). */
+    int  (*ctrl_send)(void *ctx, int peer, const void *hdr, size_t hdr_len, const void *payload, size_t len);
+
+    /* Moves what can be moved without blocking: frames in (on_ctrl), pushes
+     * out, expected data in, completions (rndv_done). Returns the number of
+     * events (>= 0); 0 means nothing happened. */
+    int  (*progress)(void *ctx);
+
+    /* ---- rendezvous ---- */
+
+    /* Memory kinds its rendezvous moves with peer (WEFT_TP_MEM_*): host for
+     * every carrier, device where it reads and writes GPU memory itself
+     * (ib with GPUDirect RDMA on both sides, self with CUDA, cuda_ipc). */
+    unsigned (*rndv_mem)(void *ctx, int peer);
+
+    /* Receiver, optional (NULL = never pulls). Pulls the message src
+     * describes into x (x->bytes bytes). WEFT_SUCCESS: all in place, now;
+     * WEFT_EAGAIN: declined (the sender will push); else the transfer fails
+     * with that code. Never calls rndv_done. */
+    int  (*rndv_get)(void *ctx, int peer, struct weft_tp_xfer *x, const struct weft_tp_src *src);
+
+    /* Receiver: x will be filled by the peer's push of the message src
+     * describes. Writes the key the sender's rndv_push needs (at most
+     * WEFT_TP_KEY_MAX bytes, *keylen; 0 is fine) and takes x; rndv_done(x)
+     * when the last byte is in place. Called in the order the pipe sends the
+     * CTS frames that carry the keys. WEFT_EAGAIN: declined for this
+     * transfer (nothing taken; the pipe tries its next rendezvous path).
+     * A mover (ctrl = 0) only makes the key and does not take x: the
+     * sender's pipe tells the receiver's when the data is in place (FIN). */
+    int  (*rndv_expect)(void *ctx, int peer, struct weft_tp_xfer *x, const struct weft_tp_src *src,
+                        void *key, size_t *keylen);
+
+    /* Sender: push x to the receive the key names. WEFT_SUCCESS: taken,
+     * rndv_done(x) once the last byte has left x->buf; else nothing was
+     * taken and the caller decides. Pushes to one peer are started in the
+     * order of the CTS frames that carried their keys. */
+    int  (*rndv_push)(void *ctx, int peer, struct weft_tp_xfer *x, const void *key, size_t keylen);
+
+    /* The pipe to peer broke: forget every transfer of that peer the
+     * transport still holds (no rndv_done for them; the pipe fails them).
+     * Memory a device may still write is released only when it is done. */
+    void (*abort_peer)(void *ctx, int peer);
+
+    /* ---- draining and waiting ---- */
+
+    /* Optional. Nonzero while it holds accepted bytes not yet handed to the
+     * peer or the kernel: weft_comm_destroy progresses until no transport
+     * is busy before its final barrier. */
+    int  (*busy)(void *ctx);
+
+    /* Optional. Nonzero while work is in flight that completes with no
+     * wake-up anyone can sleep on (completion queues, copies on a CUDA
+     * stream): waiters then nap briefly and poll instead of sleeping. */
+    int  (*wakeless)(void *ctx);
+
+    /* Optional. Sleeps until this transport may have work or timeout_ms
+     * passes, without losing a wake-up that races with going to sleep.
+     * Returns at once if work is pending. Called WITHOUT the lock: touch
+     * only what is stable after connect and atomics. */
+    void (*sleep)(void *ctx, int timeout_ms);
+
+    /* ---- memory registration (weft_mem_register), optional ---- */
+
+    /* Pins [buf, buf+bytes) until unpin (RDMA registration cache). */
+    int  (*mem_pin)(void *ctx, const void *buf, size_t bytes, char *why, size_t whylen);
+    /* Drops registrations covering the range (released when in flight). */
+    void (*mem_unpin)(void *ctx, const void *buf, size_t bytes);
+};
 
 #endif

@@ -1,15 +1,19 @@
 /*
- * weft_comm_create / weft_comm_destroy: the MPI bootstrap.
+ * weft_comm_create / weft_comm_destroy: assembling a comm from its layers.
  *
- * create:  MPI_Comm_dup -> config (agreed by allreduce) -> node identity
- *          (MPI_Comm_split_type SHARED, then WEFT_VIRTUAL_NODES blocks) ->
- *          each transport writes its part of this rank's card -> one
- *          MPI_Allgather of the fixed-size cards -> a transport per peer ->
- *          each transport connects (collective) -> allreduce of the result.
- * destroy: progress until nothing queued is left for any peer -> barrier ->
- *          transports disconnect -> MPI_Comm_free.
- * MPI is called only here; everything between create and destroy travels on
- * weft's own pipes.
+ * create:  bootstrap (MPI: MPI_Comm_dup) -> config (agreed) -> this rank's
+ *          card header (host identity = host name + boot id, token, pid,
+ *          WEFT_VIRTUAL_NODES block, allowed transports) -> allgather of the
+ *          headers -> node numbering -> CUDA -> the pipe layer offers its
+ *          transports (blobs in this rank's card) -> allgather of the whole
+ *          cards -> transports chosen and connected (p2p/setup.c) -> CUDA
+ *          copy helpers, collectives, stream engine.
+ * destroy: stream engine quiesced -> pipes drained -> barrier -> transports
+ *          and everything else released -> bootstrap freed.
+ * Every step that can fail on one rank is agreed by all, so a failure on one
+ * rank fails create on every rank and never hangs one. The bootstrap is
+ * used only here; everything between create and destroy travels on weft's
+ * own pipes.
  */
 #include "comm.h"
 
@@ -20,24 +24,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cuda_comm.h"
-#include "cuda_ipc.h"
-#include "stage.h"
-#include "stream.h"
-#include "ib_card.h"
+#include "bootstrap.h"
+#include "bootstrap_mpi.h"
+#include "cudawrap.h"
+#include "devcopy.h"
 #include "log.h"
+#include "p2p.h"
+#include "registry.h"
+#include "stream.h"
 #include "transport.h"
-
-/* MPI failure -> weft error naming the call. */
-static int mpi_check(struct weft_comm *c, int mrc, const char *call)
-{
-    char s[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    if (mrc == MPI_SUCCESS)
-        return WEFT_SUCCESS;
-    MPI_Error_string(mrc, s, &len);
-    return weft_set_error(c, WEFT_ERR_MPI, "%s failed: %s", call, s);
-}
 
 static uint64_t random_token(void)
 {
@@ -54,326 +49,252 @@ static uint64_t random_token(void)
  * message, the others say who failed. */
 static int agree(struct weft_comm *c, int rc, const char *stage)
 {
-    /* One MAX-allreduce: the code in the high bits, so the worst code wins,
+    /* One max-agreement: the code in the high bits, so the worst code wins,
      * and among ranks with that code the lowest rank (inverted low bits). */
     const long long span = 1ll << 32;
-    long long in = rc == WEFT_SUCCESS ? 0 : (long long)rc * span + (span - 1 - c->rank), out;
+    long long v = rc == WEFT_SUCCESS ? 0 : (long long)rc * span + (span - 1 - c->core.rank);
 
-    if (MPI_Allreduce(&in, &out, 1, MPI_LONG_LONG, MPI_MAX, c->mpi) != MPI_SUCCESS)
-        return weft_set_error(c, WEFT_ERR_MPI, "weft_comm_create: MPI_Allreduce failed during %s", stage);
-    if (out != 0 && rc == WEFT_SUCCESS)
-        weft_set_error(c, (int)(out / span), "weft_comm_create: %s failed on rank %lld", stage,
-                       span - 1 - out % span);
-    return (int)(out / span);
+    if (c->boot->ops->max(c->boot, &v) != WEFT_SUCCESS)
+        return weft_set_error(&c->core, WEFT_ERR_MPI, "weft_comm_create: MPI_Allreduce failed during %s", stage);
+    if (v != 0 && rc == WEFT_SUCCESS)
+        weft_set_error(&c->core, (int)(v / span), "weft_comm_create: %s failed on rank %lld", stage,
+                       span - 1 - v % span);
+    return (int)(v / span);
 }
 
-/* Node identity: the comm rank of the lowest rank sharing this node. */
-static int find_node_key(struct weft_comm *c, uint64_t *key, int *node_size)
+/* The collective services transports use in connect (transport.h). */
+static int coll_alltoall(void *arg, const void *send, void *recv, size_t bytes)
 {
-    MPI_Comm node;
-    int leader = c->rank, rc;
-
-    rc = mpi_check(c, MPI_Comm_split_type(c->mpi, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
-                   "MPI_Comm_split_type(SHARED)");
-    if (rc != WEFT_SUCCESS)
-        return rc;
-    rc = mpi_check(c, MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node), "MPI_Allreduce(node)");
-    MPI_Comm_size(node, node_size);
-    MPI_Comm_free(&node);
-    if (rc == WEFT_SUCCESS)
-        *key = (uint64_t)leader;
-    return rc;
+    struct weft_comm *c = arg;
+    return c->boot->ops->alltoall(c->boot, send, recv, bytes);
 }
 
-/* Effective node of every rank: one per distinct (real node, virtual block),
+static int coll_agree(void *arg, int rc, const char *stage)
+{
+    return agree(arg, rc, stage);
+}
+
+/* Host identity: host name and boot id (two containers of one kernel that
+ * report the same host name share /dev/shm and can reach each other by CMA). */
+static uint64_t host_key(const char *hostname)
+{
+    char boot[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (fgets(boot, sizeof(boot), f) == NULL)
+            boot[0] = '\0';
+        fclose(f);
+    }
+    uint64_t h = 1469598103934665603ull;   /* FNV-1a */
+    for (const char *s = hostname; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    h = (h ^ '/') * 1099511628211ull;
+    for (const char *s = boot; *s && *s != '\n'; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static struct weft_card_hdr *card_hdr(struct weft_comm *c, int rank)
+{
+    return (struct weft_card_hdr *)(void *)(c->cards + (size_t)rank * c->card_bytes);
+}
+
+/* Effective node of every rank: one per distinct (host, virtual block),
  * numbered in order of first appearance. */
 static void number_nodes(struct weft_comm *c)
 {
-    int nodes = 0;
-    for (int r = 0; r < c->size; r++) {
+    int nodes = 0, size = c->core.size, me = c->core.rank;
+    for (int r = 0; r < size; r++) {
+        struct weft_card_hdr *h = card_hdr(c, r);
         int found = -1;
         for (int q = 0; q < r && found < 0; q++)
-            if (c->cards[q].node_key == c->cards[r].node_key && c->cards[q].vblock == c->cards[r].vblock)
-                found = c->cards[q].node;
-        c->cards[r].node = found >= 0 ? found : nodes++;
+            if (card_hdr(c, q)->node_key == h->node_key && card_hdr(c, q)->vblock == h->vblock)
+                found = card_hdr(c, q)->node;
+        h->node = found >= 0 ? found : nodes++;
     }
-    c->num_nodes = nodes;
+    c->core.num_nodes = nodes;
 
     int local = 0, same_host = 0;
-    for (int r = 0; r < c->size; r++) {
-        local += c->cards[r].node == c->cards[c->rank].node;
-        same_host += c->cards[r].node_key == c->cards[c->rank].node_key;
+    for (int r = 0; r < size; r++) {
+        local += card_hdr(c, r)->node == card_hdr(c, me)->node;
+        same_host += card_hdr(c, r)->node_key == card_hdr(c, me)->node_key;
     }
-    c->local_ranks = local;
+    c->core.local_ranks = local;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    c->oversubscribed = cpus > 0 && same_host > cpus;
+    c->core.oversubscribed = cpus > 0 && same_host > cpus;
 }
 
-/* Picks the transport of every pipe. Returns an error naming a peer no
- * transport reaches. */
-static int choose_transports(struct weft_comm *c)
+/* CUDA, once per process (WEFT_CUDA_LIB); not having it is not an error:
+ * device buffers are then refused, one info line says why. */
+static void load_cuda(struct weft_comm *c)
 {
-    const struct weft_rank_card *me = &c->cards[c->rank];
-
-    for (int peer = 0; peer < c->size; peer++) {
-        struct weft_pipe *p = &c->pipes[peer];
-        const struct weft_rank_card *pc = &c->cards[peer];
-        unsigned both = me->transports_mask & pc->transports_mask;
-        int id;
-
-        if (peer == c->rank)
-            id = WEFT_TP_SELF;
-        else if (pc->node == me->node && (both & (1u << WEFT_TP_SHM)))
-            id = WEFT_TP_SHM;
-        else if (weft_transport_get(WEFT_TP_IB) && weft_ib_pair_chosen(me, pc))
-            id = WEFT_TP_IB;   /* RDMA whenever both ends have a port on the same link layer */
-        else if (both & (1u << WEFT_TP_TCP))
-            id = WEFT_TP_TCP;
-        else
-            return weft_set_error(c, WEFT_ERR_UNSUPPORTED,
-                                  "no transport reaches peer %d (host %s, %s node): WEFT_TRANSPORTS allows "
-                                  "0x%x here and 0x%x there",
-                                  peer, pc->hostname, pc->node == me->node ? "same" : "other",
-                                  me->transports_mask, pc->transports_mask);
-        p->tp = weft_transport_get(id);
-        p->eager_limit = p->tp->eager_limit(c);
-        p->eager_limit_internal = p->eager_limit;
-        if (id == WEFT_TP_SHM && c->cfg.shm_coll_eager > p->eager_limit)
-            p->eager_limit_internal = c->cfg.shm_coll_eager;
-        c->tp_used |= 1u << id;
-    }
-    return WEFT_SUCCESS;
-}
-
-static void log_choices(const struct weft_comm *c)
-{
-    if (weft_log_level() < WEFT_LOG_INFO)
+    char why[512] = "";
+    c->core.cuda = weft_cuda_load(c->core.cfg.cuda_lib, why, sizeof(why)) == WEFT_SUCCESS;
+    if (!c->core.cuda) {
+        if (c->core.rank == 0)
+            WEFT_INFO(c->core.rank, "cuda: not available, device buffers will be refused: %s", why);
         return;
-    WEFT_INFO(c->rank, "comm of %d ranks on %d node(s)%s; this rank on host %s, node %d", c->size, c->num_nodes,
-              c->cfg.virtual_nodes ? " (WEFT_VIRTUAL_NODES)" : "", c->cards[c->rank].hostname,
-              c->cards[c->rank].node);
-    for (int peer = 0; peer < c->size; peer++) {
-        const struct weft_pipe *p = &c->pipes[peer];
-        const int same = c->cards[peer].node == c->cards[c->rank].node;
-        const char *why = peer == c->rank ? "this rank"
-                          : p->tp->id == WEFT_TP_SHM ? "same node"
-                          : same ? "same node, shm not allowed"
-                                 : "other node";
-        /* Why a pair that could have used RDMA did not. */
-        const char *not_ib = "";
-        if (peer != c->rank && p->tp->id == WEFT_TP_TCP)
-            not_ib = weft_transport_get(WEFT_TP_IB) == NULL
-                         ? "built without verbs headers"
-                         : weft_ib_pair_why_not(&c->cards[c->rank], &c->cards[peer]);
-        WEFT_INFO(c->rank, "peer %d: transport %s (%s%s%s%s, host %s), eager limit %zu", peer, p->tp->name, why,
-                  p->tp->id == WEFT_TP_IB ? ", ib" : "", not_ib && not_ib[0] ? ", not ib: " : "",
-                  not_ib ? not_ib : "", c->cards[peer].hostname, p->eager_limit);
     }
-}
-
-static void disconnect_all(struct weft_comm *c)
-{
-    for (int id = WEFT_TP_COUNT - 1; id >= 0; id--) {
-        const struct weft_transport *tp = weft_transport_get(id);
-        if (tp && tp->disconnect)
-            tp->disconnect(c);
-    }
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    const struct weft_cuda *cu = weft_cuda_get();
+    WEFT_INFO(c->core.rank, "cuda: %s loaded, %d device(s)", cu->path, cu->device_count);
+#endif
 }
 
 static void comm_free(struct weft_comm *c)
 {
-    if (c->pipes) {
-        for (int i = 0; i < c->size; i++)
-            weft_pipe_fini(&c->pipes[i]);
-        free(c->pipes);
-    }
-    weft_cuda_comm_fini(c);
-    weft_request_pool_fini(c);
-    if (c->coll_state && c->coll_state_free)
-        c->coll_state_free(c->coll_state);
+    if (c->stream)
+        weft_stream_destroy(c->stream);
+    weft_coll_fini(&c->coll);
+    weft_p2p_destroy(c->p2p);
+    weft_devcopy_fini(&c->core);
+    if (c->boot)
+        c->boot->ops->destroy(c->boot);
     free(c->cards);
-    pthread_mutex_destroy(&c->err_lock);
-    pthread_mutex_destroy(&c->lock);
+    weft_core_fini(&c->core);
     free(c);
 }
 
-/* The card is exchanged as raw bytes between builds of one version: its
- * size is part of the bootstrap protocol. */
-_Static_assert(sizeof(struct weft_rank_card) == 568, "rank card size changed");
-
-int weft_comm_create(MPI_Comm mpi_comm, weft_comm_t **out)
+int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
 {
     struct weft_comm *c;
-    struct weft_rank_card mine;
+    struct weft_card_hdr mine;
+    struct weft_tp_collective coll;
     char cfg_err[256] = "";
-    int initialized = 0, finalized = 0, node_size = 0, rc, id;
-    unsigned offer;
+    unsigned mask = 0;
+    int rc, *node = NULL;
 
-    if (out == NULL)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_create: comm output pointer is NULL");
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
-    if (!initialized || finalized)
-        return weft_set_error(NULL, WEFT_ERR_MPI, "weft_comm_create: MPI is %s",
-                              finalized ? "already finalized" : "not initialized");
-    if (mpi_comm == MPI_COMM_NULL)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_create: mpi_comm is MPI_COMM_NULL");
-
+    rc = weft_bootstrap_mpi_check(mpi_comm);
+    if (rc != WEFT_SUCCESS)
+        return rc;
     c = calloc(1, sizeof(*c));
     if (c == NULL)
         return weft_set_error(NULL, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory for the comm");
-    pthread_mutex_init(&c->lock, NULL);
-    pthread_mutex_init(&c->err_lock, NULL);
-    c->mpi = MPI_COMM_NULL;
-
-    rc = mpi_check(c, MPI_Comm_dup(mpi_comm, &c->mpi), "MPI_Comm_dup");
+    weft_core_init(&c->core, -1, 0);
+    rc = weft_bootstrap_mpi_create(mpi_comm, &c->core, &c->boot);
     if (rc != WEFT_SUCCESS)
-        goto fail_free;
-    MPI_Comm_rank(c->mpi, &c->rank);
-    MPI_Comm_size(c->mpi, &c->size);
+        goto fail;
+    c->core.rank = c->boot->rank;
+    c->core.size = c->boot->size;
 
-    rc = weft_config_load(&c->cfg, NULL, NULL, cfg_err, sizeof(cfg_err));
+    rc = weft_config_load(&c->core.cfg, NULL, NULL, cfg_err, sizeof(cfg_err));
+    if (rc == WEFT_SUCCESS && c->core.cfg.transports[0] != '\0' &&
+        weft_registry_mask(c->core.cfg.transports, &mask, cfg_err, sizeof(cfg_err)) != 0) {
+        char why[256];
+        snprintf(why, sizeof(why), "WEFT_TRANSPORTS=%s: %s", c->core.cfg.transports, cfg_err);
+        snprintf(cfg_err, sizeof(cfg_err), "%s", why);
+        rc = WEFT_ERR_INVALID_ARG;
+    }
     if (rc != WEFT_SUCCESS)
-        weft_set_error(c, rc, "weft_comm_create: bad configuration: %s", cfg_err);
+        weft_set_error(&c->core, rc, "weft_comm_create: bad configuration: %s", cfg_err);
     else
-        weft_log_set_level(c->cfg.log_level);
+        weft_log_set_level(c->core.cfg.log_level);
+    if (c->core.cfg.transports[0] == '\0')
+        mask = weft_registry_mask_all();
     rc = agree(c, rc, "reading the WEFT_* configuration");
     if (rc != WEFT_SUCCESS)
-        goto fail_dup;
+        goto fail;
 
-    /* This rank's card. */
+    /* This rank's card header, then everyone's. */
+    c->card_bytes = weft_p2p_card_bytes();
+    c->cards = calloc((size_t)c->core.size, c->card_bytes);
     memset(&mine, 0, sizeof(mine));
-    rc = find_node_key(c, &mine.node_key, &node_size);
-    if (rc != WEFT_SUCCESS)
-        goto fail_dup;
-    c->my_token = random_token();
-    mine.token = c->my_token;
-    mine.cma_probe_addr = (uint64_t)(uintptr_t)&c->my_token;
-    mine.pid = (int32_t)getpid();
-    mine.transports_mask = c->cfg.transports_mask;
-    if (c->cfg.virtual_nodes > 0) {
-        int k = c->cfg.virtual_nodes < c->size ? c->cfg.virtual_nodes : c->size;
-        mine.vblock = (int32_t)(((long long)c->rank * k) / c->size);
-    }
     gethostname(mine.hostname, sizeof(mine.hostname) - 1);
-
-    /* Whole comm on one node, shm allowed and no virtual nodes: no peer can
-     * need TCP or ib (WEFT_TRANSPORTS is the same on every rank), so no
-     * listener, and no RDMA device opened. */
-    offer = c->cfg.transports_mask;
-    if (node_size == c->size && c->cfg.virtual_nodes <= 1 && (offer & (1u << WEFT_TP_SHM)))
-        offer &= ~((1u << WEFT_TP_TCP) | (1u << WEFT_TP_IB));
-    mine.transports_mask = offer;
-
-    rc = weft_cuda_comm_card(c, &mine);
-    for (id = 0; id < WEFT_TP_COUNT && rc == WEFT_SUCCESS; id++) {
-        const struct weft_transport *tp = weft_transport_get(id);
-        if (tp && (offer & (1u << id)))
-            rc = tp->card_fill(c, &mine);
+    mine.node_key = host_key(mine.hostname);
+    mine.token = random_token();
+    mine.pid = (int32_t)getpid();
+    mine.transports_mask = mask;
+    if (c->core.cfg.virtual_nodes > 0) {
+        int k = c->core.cfg.virtual_nodes < c->core.size ? c->core.cfg.virtual_nodes : c->core.size;
+        mine.vblock = (int32_t)(((long long)c->core.rank * k) / c->core.size);
     }
+    {
+        struct weft_card_hdr *all = calloc((size_t)c->core.size, sizeof(*all));
+        rc = (c->cards && all) ? WEFT_SUCCESS
+                               : weft_set_error(&c->core, WEFT_ERR_NO_MEMORY,
+                                                "weft_comm_create: no memory for %d peers", c->core.size);
+        rc = agree(c, rc, "allocating peers");
+        if (rc == WEFT_SUCCESS)
+            rc = c->boot->ops->allgather(c->boot, &mine, all, sizeof(mine));
+        for (int r = 0; rc == WEFT_SUCCESS && r < c->core.size; r++)
+            memcpy(card_hdr(c, r), &all[r], sizeof(all[r]));
+        free(all);
+        if (rc != WEFT_SUCCESS)
+            goto fail;
+    }
+    number_nodes(c);
+    load_cuda(c);
+
+    /* The pipe layer offers its transports: their blobs in this rank's card. */
+    rc = weft_p2p_create(&c->core, &c->p2p);
+    if (rc == WEFT_SUCCESS)
+        rc = weft_p2p_offer(c->p2p, c->cards);
     rc = agree(c, rc, "preparing transports");
     if (rc != WEFT_SUCCESS)
-        goto fail_transports;
-
-    c->cards = calloc((size_t)c->size, sizeof(*c->cards));
-    c->pipes = calloc((size_t)c->size, sizeof(*c->pipes));
-    rc = (c->cards && c->pipes) ? WEFT_SUCCESS
-                                : weft_set_error(c, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory for %d peers",
-                                                 c->size);
-    for (int i = 0; i < c->size && rc == WEFT_SUCCESS; i++)
-        rc = weft_pipe_init(c, &c->pipes[i], i);
-    rc = agree(c, rc, "allocating peers");
-    if (rc != WEFT_SUCCESS)
-        goto fail_transports;
-
-    rc = mpi_check(c, MPI_Allgather(&mine, (int)sizeof(mine), MPI_BYTE, c->cards, (int)sizeof(mine), MPI_BYTE,
-                                    c->mpi), "MPI_Allgather(rank cards)");
-    if (rc != WEFT_SUCCESS)
-        goto fail_transports;
+        goto fail;
+    memcpy(&mine, card_hdr(c, c->core.rank), sizeof(mine));
+    {
+        unsigned char *my_card = malloc(c->card_bytes);
+        rc = my_card ? WEFT_SUCCESS : weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory");
+        rc = agree(c, rc, "allocating peers");
+        if (rc == WEFT_SUCCESS) {
+            memcpy(my_card, c->cards + (size_t)c->core.rank * c->card_bytes, c->card_bytes);
+            rc = c->boot->ops->allgather(c->boot, my_card, c->cards, c->card_bytes);
+        }
+        free(my_card);
+        if (rc != WEFT_SUCCESS)
+            goto fail;
+    }
     number_nodes(c);
 
-    rc = agree(c, choose_transports(c), "choosing transports");
+    coll.arg = c;
+    coll.alltoall = coll_alltoall;
+    coll.agree = coll_agree;
+    rc = weft_p2p_connect(c->p2p, c->cards, &coll);
     if (rc != WEFT_SUCCESS)
-        goto fail_transports;
+        goto fail;
 
-    /* Every rank connects every transport, in one order (collective). */
-    for (id = 0; id < WEFT_TP_COUNT; id++) {
-        const struct weft_transport *tp = weft_transport_get(id);
-        int trc = tp ? tp->connect(c) : WEFT_SUCCESS;
-        rc = agree(c, trc, tp ? tp->name : "connect");
-        if (rc != WEFT_SUCCESS)
-            goto fail_transports;
-    }
-    rc = agree(c, weft_cuda_comm_connect(c), "cuda");
+    /* The layers above the pipes. */
+    rc = weft_devcopy_init(&c->core);
+    node = rc == WEFT_SUCCESS ? calloc((size_t)c->core.size, sizeof(*node)) : NULL;
+    if (rc == WEFT_SUCCESS && node == NULL)
+        rc = weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory for %d peers", c->core.size);
+    for (int r = 0; node && r < c->core.size; r++)
+        node[r] = card_hdr(c, r)->node;
+    if (rc == WEFT_SUCCESS)
+        rc = weft_coll_init(&c->coll, c->p2p, &c->core, node);
+    if (rc == WEFT_SUCCESS)
+        rc = weft_stream_create(&c->core, c->p2p, &c->coll, &c->stream);
+    free(node);
+    rc = agree(c, rc, "setting up collectives");
     if (rc != WEFT_SUCCESS)
-        goto fail_transports;
-    log_choices(c);
+        goto fail;
     *out = c;
     return WEFT_SUCCESS;
 
-fail_transports:
-    disconnect_all(c);
-fail_dup:
-    MPI_Comm_free(&c->mpi);
-fail_free:
+fail:
     /* Keep the message visible: the comm is gone, so log it once more. */
-    WEFT_WARN(c->rank, "weft_comm_create failed: %s", c->last_error);
-    comm_free(c);
-    return rc;
-}
-
-/* Progress until no transport or pipe holds anything a peer may wait for. */
-static int drain(struct weft_comm *c)
-{
-    double start = weft_now();
-    for (;;) {
-        /* Device paths (staged chunks, IPC copies) hold work no transport sees. */
-        int busy = c->out_queued != 0 || weft_stage_busy(c) || (c->cuda && weft_cuda_ipc_busy(c));
-        for (int id = 0; id < WEFT_TP_COUNT && !busy; id++) {
-            const struct weft_transport *tp = weft_transport_get(id);
-            busy = (c->tp_used & (1u << id)) && tp->busy && tp->busy(c);
-        }
-        if (!busy)
-            return WEFT_SUCCESS;
-        if (weft_progress(c) == 0) {
-            if (c->cfg.timeout_s > 0 && weft_now() - start > c->cfg.timeout_s)
-                return weft_set_error(c, WEFT_ERR_TIMEOUT,
-                                      "weft_comm_destroy: outbound messages still queued after %.0f s",
-                                      c->cfg.timeout_s);
-            struct timespec ts = { 0, 50 * 1000 };
-            pthread_mutex_unlock(&c->lock);
-            nanosleep(&ts, NULL);
-            pthread_mutex_lock(&c->lock);
-        }
+    WEFT_WARN(c->core.rank, "weft_comm_create failed: %s", c->core.last_error);
+    {
+        int rc2 = rc;
+        comm_free(c);
+        return rc2;
     }
 }
 
-int weft_comm_destroy(weft_comm_t *c)
+int weft_comm_destroy_all(struct weft_comm *c)
 {
-    int rc, mrc;
+    int rc, qrc, brc;
 
-    if (c == NULL)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_destroy: comm is NULL");
     /* Stream-ordered operations still queued finish (or time out) first:
      * the progress thread must be gone before pipes are torn down. */
-    int qrc = weft_stream_comm_quiesce(c);
-    pthread_mutex_lock(&c->lock);
-    rc = drain(c);
+    qrc = c->stream ? weft_stream_quiesce(c->stream) : WEFT_SUCCESS;
+    rc = weft_p2p_drain(c->p2p);
     if (rc == WEFT_SUCCESS)
         rc = qrc;
-    for (int i = 0; i < c->size; i++) {
-        const struct weft_pipe *p = &c->pipes[i];
-        if (p->inflight.count)
-            WEFT_WARN(c->rank, "weft_comm_destroy: %zu request(s) with peer %d still in flight", p->inflight.count,
-                      i);
-    }
-    pthread_mutex_unlock(&c->lock);
-
-    mrc = mpi_check(c, MPI_Barrier(c->mpi), "MPI_Barrier(destroy)");
+    brc = c->boot->ops->barrier(c->boot);
     if (rc == WEFT_SUCCESS)
-        rc = mrc;
-    disconnect_all(c);
-    MPI_Comm_free(&c->mpi);
+        rc = brc;
     comm_free(c);
     return rc;
 }

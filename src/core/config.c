@@ -17,12 +17,9 @@
 
 #include "weft.h"
 
-static const char *const transport_names[WEFT_TP_COUNT] = { "self", "shm", "tcp", "ib" };
+/* collectives/coll_impl.h enum weft_allgather_algo is in this order. */
+const char *const weft_allgather_algo_names[] = { "auto", "ring", "rd", "bruck", "direct", "hier", NULL };
 
-const char *weft_transport_name(int id)
-{
-    return (id >= 0 && id < WEFT_TP_COUNT) ? transport_names[id] : "none";
-}
 
 int weft_parse_size(const char *s, size_t *out)
 {
@@ -52,30 +49,36 @@ int weft_parse_size(const char *s, size_t *out)
     return 0;
 }
 
-int weft_parse_transports(const char *s, unsigned *mask)
+int weft_parse_transports(const char *s)
 {
-    unsigned m = 1u << WEFT_TP_SELF;
+    /* Names only: which exist is the transport registry's to say
+     * (p2p/transport/registry.c), when the comm is created. */
     const char *p = s;
-
     if (s == NULL || *s == '\0')
         return -1;
     while (*p) {
         size_t n = strcspn(p, ",");
-        int found = 0;
-        for (int id = 0; id < WEFT_TP_COUNT; id++) {
-            if (strlen(transport_names[id]) == n && strncasecmp(p, transport_names[id], n) == 0) {
-                m |= 1u << id;
-                found = 1;
-            }
-        }
-        if (!found)
+        if (n == 0)
             return -1;
+        for (size_t i = 0; i < n; i++)
+            if (!isalnum((unsigned char)p[i]) && p[i] != '_')
+                return -1;
         p += n;
-        if (*p == ',')
-            p++;
+        if (*p == ',' && *++p == '\0')
+            return -1;
     }
-    *mask = m;
     return 0;
+}
+
+int weft_config_log_level_env(void)
+{
+    const char *v = getenv("WEFT_DEBUG");
+    if (v == NULL)
+        return WEFT_LOG_NONE;
+    if (strcasecmp(v, "warn") == 0) return WEFT_LOG_WARN;
+    if (strcasecmp(v, "info") == 0) return WEFT_LOG_INFO;
+    if (strcasecmp(v, "trace") == 0) return WEFT_LOG_TRACE;
+    return WEFT_LOG_NONE;
 }
 
 static const char *lookup_getenv(const char *name, void *ctx)
@@ -116,7 +119,6 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     memset(cfg, 0, sizeof(*cfg));
     cfg->timeout_s        = 300.0;
     cfg->log_level        = WEFT_LOG_NONE;
-    cfg->transports_mask  = (1u << WEFT_TP_COUNT) - 1;
     cfg->virtual_nodes    = 0;
     cfg->shm_cma          = 1;
     /* 4 KiB: above it a lone message is faster by single-copy CMA than by
@@ -154,6 +156,9 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     cfg->cuda_stage_chunk = 1 << 20;
     cfg->cuda_stage_slots = 4;
     cfg->cuda_ipc_cache   = 128;
+    strcpy(cfg->allgather_algo, "auto");
+    /* 1 MiB ring chunks: docs/benchmarks.md ("## Allgather"). */
+    cfg->allgather_chunk  = 1 << 20;
 
     if ((v = lookup("WEFT_TIMEOUT", ctx)) != NULL) {
         char *end;
@@ -177,9 +182,10 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
             return config_error(err, errlen, "WEFT_DEBUG", v, "expected none, warn, info or trace");
     }
     if ((v = lookup("WEFT_TRANSPORTS", ctx)) != NULL) {
-        if (weft_parse_transports(v, &cfg->transports_mask) != 0)
+        if (weft_parse_transports(v) != 0 || strlen(v) >= sizeof(cfg->transports))
             return config_error(err, errlen, "WEFT_TRANSPORTS", v,
                                 "expected a comma-separated list of self, shm, tcp, ib");
+        strcpy(cfg->transports, v);
     }
     if ((v = lookup("WEFT_VIRTUAL_NODES", ctx)) != NULL) {
         if (parse_int(v, 0, 1 << 20, &n) != 0)
@@ -206,6 +212,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
         { "WEFT_IB_EAGER",       &cfg->ib_eager_limit,   64,         1u << 20,      1 },
         { "WEFT_IB_REG_CACHE_MB",&cfg->ib_reg_cache,     0,         SIZE_MAX,      1u << 20 },
         { "WEFT_CUDA_STAGE_CHUNK",&cfg->cuda_stage_chunk, 4 << 10,  (size_t)1 << 30, 1 },
+        { "WEFT_ALLGATHER_CHUNK_KB",&cfg->allgather_chunk, 1 << 10, SIZE_MAX,     1024 },
     };
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         size_t s;
@@ -289,6 +296,15 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
         if (parse_int(v, ints[i].lo, ints[i].hi, &n) != 0)
             return config_error(err, errlen, ints[i].name, v, ints[i].why);
         *ints[i].field = (int)n;
+    }
+    if ((v = lookup("WEFT_ALLGATHER_ALGO", ctx)) != NULL) {
+        /* Exact names, as the collectives compare them; "" means auto. */
+        size_t i;
+        for (i = 0; weft_allgather_algo_names[i] && strcmp(v, weft_allgather_algo_names[i]) != 0; i++) {}
+        if (*v != '\0' && weft_allgather_algo_names[i] == NULL)
+            return config_error(err, errlen, "WEFT_ALLGATHER_ALGO", v,
+                                "expected auto, ring, rd, bruck, direct or hier");
+        strcpy(cfg->allgather_algo, *v ? v : "auto");
     }
     if ((v = lookup("WEFT_SPIN_US", ctx)) != NULL) {
         if (parse_int(v, 0, 10000000, &n) != 0)

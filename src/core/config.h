@@ -7,21 +7,14 @@
 
 #include <stddef.h>
 
-/* Transport ids; also bit positions in weft_config.transports_mask. */
-enum weft_transport_id {
-    WEFT_TP_SELF = 0,
-    WEFT_TP_SHM,
-    WEFT_TP_TCP,
-    WEFT_TP_IB,
-    WEFT_TP_COUNT
-};
 
 enum weft_log_level { WEFT_LOG_NONE = 0, WEFT_LOG_WARN, WEFT_LOG_INFO, WEFT_LOG_TRACE };
 
 struct weft_config {
     double   timeout_s;        /* WEFT_TIMEOUT: seconds without progress before a wait fails; 0 = never */
     int      log_level;        /* WEFT_DEBUG: none|warn|info|trace */
-    unsigned transports_mask;  /* WEFT_TRANSPORTS: bit (1u << WEFT_TP_x) per allowed transport */
+    char     transports[128];  /* WEFT_TRANSPORTS: carriers allowed, "shm,tcp"; "" = every one (names are
+                                  resolved by the transport registry at create) */
     int      virtual_nodes;    /* WEFT_VIRTUAL_NODES: 0 = off, k = split ranks into k fake nodes */
     int      shm_cma;          /* WEFT_SHM_CMA: 1 = single-copy CMA allowed, 0 = bounce buffers only */
     size_t   shm_eager_limit;  /* WEFT_SHM_EAGER: largest message sent eagerly through the ring */
@@ -56,13 +49,21 @@ struct weft_config {
     size_t   cuda_stage_chunk; /* WEFT_CUDA_STAGE_CHUNK: bytes per chunk of a staged device transfer (p2p/stage.c) */
     int      cuda_stage_slots; /* WEFT_CUDA_STAGE_SLOTS: pinned chunks in flight per side (sends, receives) */
     int      cuda_ipc_cache;   /* WEFT_CUDA_IPC_CACHE: CUDA IPC mappings kept open per comm (p2p/cuda_ipc.c) */
+
+    /* Collectives (collectives/) */
+    char     allgather_algo[16]; /* WEFT_ALLGATHER_ALGO: auto|ring|rd|bruck|direct|hier ("auto": the selector) */
+    size_t   allgather_chunk;  /* WEFT_ALLGATHER_CHUNK_KB: bytes per pipelined message of the ring allgather */
 };
 
-/* Looks up a variable; returns NULL when unset. getenv is the default. */
+/* The names WEFT_ALLGATHER_ALGO accepts, in the collectives' order (their
+ * enum maps the same list); NULL-terminated. */
+extern const char *const weft_allgather_algo_names[];
+
+/* Looks up a variable; returns NULL when unset. The process environment is the default. */
 typedef const char *(*weft_env_lookup_fn)(const char *name, void *ctx);
 
 /* Fills cfg with defaults, then applies the environment seen through lookup
- * (NULL = getenv). On a malformed value returns WEFT_ERR_INVALID_ARG and
+ * (NULL = the process environment). On a malformed value returns WEFT_ERR_INVALID_ARG and
  * writes "WEFT_X=value: why" into err; cfg is then unspecified. */
 int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *ctx,
                      char *err, size_t errlen);
@@ -70,9 +71,11 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
 /* Parses a size with an optional k/m/g suffix (powers of 1024). 0 on success. */
 int weft_parse_size(const char *s, size_t *out);
 
-/* Parses "shm,tcp" into a transport mask ("self" is always added). 0 on success. */
-int weft_parse_transports(const char *s, unsigned *mask);
+/* Checks the form of a WEFT_TRANSPORTS value: comma-separated names. 0 if well formed. */
+int weft_parse_transports(const char *s);
 
-const char *weft_transport_name(int id);
+/* WEFT_DEBUG read straight from the environment, for log lines before any
+ * comm exists (an unknown value reads as none; weft_config_load rejects it). */
+int weft_config_log_level_env(void);
 
 #endif

@@ -1,19 +1,49 @@
 /*
- * Copies of user blocks inside the library (collectives: the own block into
- * recvbuf, scratch rotations) that work for host and CUDA device memory.
+ * CUDA copy helpers of a comm: weft's own CUDA stream, synchronous copies
+ * between any two buffers (host, pinned, device), a host bounce buffer for
+ * eager device messages, and the memory kind of a user buffer. Every layer
+ * may use them (the pipe's eager device path, the staged path's copies,
+ * collectives' own-block copies, self's device rendezvous).
  */
 #ifndef WEFT_DEVCOPY_H
 #define WEFT_DEVCOPY_H
 
 #include <stddef.h>
 
-struct weft_comm;
+struct weft_core;
+
+/* At comm create, after CUDA was loaded (core->cuda): weft's non-blocking
+ * stream. Allocates the helper state in any case (core->devcopy). A CUDA
+ * failure clears core->cuda (device buffers refused, one warning) instead
+ * of failing create. fini waits for the stream, frees everything;
+ * idempotent. */
+int  weft_devcopy_init(struct weft_core *core);
+void weft_devcopy_fini(struct weft_core *core);
 
 /* Copies n bytes from src to dst (not overlapping). memcpy when neither side
  * is device memory; WEFT_ERR_UNSUPPORTED when one is but the comm has no
- * CUDA (never a host access to a device pointer); otherwise a cudaMemcpyAsync (cudaMemcpyDefault) on weft's stream, waited
- * for, so the data is in place on return. WEFT_SUCCESS, or the failure with
- * the comm's last error naming `what` and the CUDA error. */
-int weft_devcopy(struct weft_comm *c, void *dst, const void *src, size_t n, const char *what);
+ * CUDA (never a host access to a device pointer); otherwise weft_devcopy_sync.
+ * WEFT_SUCCESS, or the failure with the last error naming `what`. */
+int  weft_devcopy(struct weft_core *core, void *dst, const void *src, size_t n, const char *what);
+
+/* cudaMemcpyAsync (cudaMemcpyDefault) on weft's stream, waited for: the data
+ * is in place on return. WEFT_ERR_TRANSPORT with the last error naming
+ * `what` and the CUDA error; WEFT_ERR_UNSUPPORTED without CUDA. */
+int  weft_devcopy_sync(struct weft_core *core, void *dst, const void *src, size_t n, const char *what);
+
+/* A host bounce buffer of at least n bytes for eager device messages
+ * (pinned when possible); valid until the next call. NULL: no memory. */
+void *weft_devcopy_bounce(struct weft_core *core, size_t n);
+
+/* weft's CUDA stream (a cudaStream_t), NULL without CUDA. */
+void *weft_devcopy_stream(struct weft_core *core);
+
+/* The memory kind (enum weft_mem_kind) and device of a user buffer, looked
+ * up once per call. A zero-byte message moves no data: not looked at. In a
+ * process without CUDA this returns at once. Device (or managed) memory on
+ * a comm without CUDA is refused with WEFT_ERR_UNSUPPORTED naming fn, the
+ * buffer, peer and tag, never read as host memory. */
+int  weft_mem_classify(struct weft_core *core, const void *buf, size_t bytes, int peer, int tag, const char *fn,
+                       int *kind, int *device);
 
 #endif

@@ -10,27 +10,19 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
-#include "comm.h"
+#include "core.h"
+#include "weft.h"
 
 static atomic_int log_level = -1;
 
-static int level_from_env(void)
-{
-    const char *v = getenv("WEFT_DEBUG");
-    if (v == NULL)
-        return WEFT_LOG_NONE;
-    if (strcasecmp(v, "warn") == 0) return WEFT_LOG_WARN;
-    if (strcasecmp(v, "info") == 0) return WEFT_LOG_INFO;
-    if (strcasecmp(v, "trace") == 0) return WEFT_LOG_TRACE;
-    return WEFT_LOG_NONE;
-}
 
 int weft_log_level(void)
 {
     int l = atomic_load_explicit(&log_level, memory_order_relaxed);
     if (l < 0) {
-        l = level_from_env();
+        l = weft_config_log_level_env();
         atomic_store(&log_level, l);
     }
     return l;
@@ -70,7 +62,43 @@ void weft_log(int level, int rank, const char *fmt, ...)
     va_end(ap);
 }
 
-int weft_set_error(struct weft_comm *c, int err, const char *fmt, ...)
+const char *weft_err_str(int err)
+{
+    switch (err) {
+    case WEFT_SUCCESS:          return "success";
+    case WEFT_ERR_INVALID_ARG:  return "invalid argument";
+    case WEFT_ERR_TRUNCATE:     return "message truncated: larger than the receive buffer";
+    case WEFT_ERR_NO_MEMORY:    return "out of memory";
+    case WEFT_ERR_UNSUPPORTED:  return "unsupported";
+    case WEFT_ERR_TRANSPORT:    return "transport failure";
+    case WEFT_ERR_TIMEOUT:      return "timed out (no progress within WEFT_TIMEOUT)";
+    case WEFT_ERR_MPI:          return "MPI call failed";
+    case WEFT_ERR_INTERNAL:     return "internal error";
+    default:                    return "unknown weft error code";
+    }
+}
+
+void weft_core_init(struct weft_core *core, int rank, int size)
+{
+    core->rank = rank;
+    core->size = size;
+    core->last_error[0] = '\0';
+    pthread_mutex_init(&core->err_lock, NULL);
+}
+
+void weft_core_fini(struct weft_core *core)
+{
+    pthread_mutex_destroy(&core->err_lock);
+}
+
+double weft_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int weft_set_error(struct weft_core *c, int err, const char *fmt, ...)
 {
     char msg[900];
     va_list ap;
@@ -81,9 +109,9 @@ int weft_set_error(struct weft_comm *c, int err, const char *fmt, ...)
     va_end(ap);
     if (c) {
         pthread_mutex_lock(&c->err_lock);
-        snprintf(c->last_error, sizeof(c->last_error), "rank %d: %s (%s)", rank, msg, weft_strerror(err));
+        snprintf(c->last_error, sizeof(c->last_error), "rank %d: %s (%s)", rank, msg, weft_err_str(err));
         pthread_mutex_unlock(&c->err_lock);
     }
-    WEFT_WARN(rank, "%s (%s)", msg, weft_strerror(err));
+    WEFT_WARN(rank, "%s (%s)", msg, weft_err_str(err));
     return err;
 }

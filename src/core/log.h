@@ -10,7 +10,7 @@
 
 #include "config.h"
 
-struct weft_comm;
+struct weft_core;
 
 /* Process-wide level, taken from WEFT_DEBUG the first time it is needed. */
 int  weft_log_level(void);
@@ -23,8 +23,13 @@ void weft_log(int level, int rank, const char *fmt, ...) __attribute__((format(p
 #define WEFT_INFO(rank, ...)  WEFT_LOG(WEFT_LOG_INFO, rank, __VA_ARGS__)
 #define WEFT_TRACE(rank, ...) WEFT_LOG(WEFT_LOG_TRACE, rank, __VA_ARGS__)
 
-/* Records "rank R: <message>" as c's last error (c may be NULL: logged only),
- * logs it at warn level, and returns err so callers can `return weft_set_error(...)`. */
-int weft_set_error(struct weft_comm *c, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Records "rank R: <message> (<why of err>)" as the comm's last error
+ * (core may be NULL: logged only), logs it at warn level, and returns err so
+ * callers can `return weft_set_error(...)`. Call it once, where a failure
+ * is decided. */
+int weft_set_error(struct weft_core *core, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* The text of a WEFT_* code (weft_strerror forwards here). */
+const char *weft_err_str(int err);
 
 #endif

@@ -1,6 +1,7 @@
 /*
- * Stream-ordered operations: weft_send_on_stream, weft_recv_on_stream,
- * weft_allgather_on_stream, weft_group_start/weft_group_end.
+ * The stream-ordered engine behind weft_send_on_stream, weft_recv_on_stream,
+ * weft_allgather_on_stream, weft_group_start/weft_group_end (src/api/stream.c
+ * checks the arguments and calls weft_stream_*).
  *
  * How an operation is ordered on a CUDA stream without blocking the host:
  *
@@ -9,10 +10,12 @@
  *     cuStreamWaitValue32(stream, counter, seq, GEQ)
  *                                          later work waits for this op
  *   on the comm's progress thread:
- *     cudaEventQuery(ev) == done  ->  weft_isend / weft_irecv (allgather:
- *     all the sends and receives of a direct exchange on an internal lane)
- *     -> weft_test until complete -> counter = highest seq such that every
- *     op up to it on that stream is done (release store)
+ *     cudaEventQuery(ev) == done  ->  weft_p2p_isend / weft_p2p_irecv
+ *     (allgather: the collectives' schedule, weft_coll_allgather_start_tagged,
+ *     on the stream engine's own internal lanes)
+ *     -> weft_p2p_test / weft_coll_op_test until complete -> counter =
+ *     highest seq such that every op up to it on that stream is done
+ *     (release store)
  *
  * Counters: one 32-bit word per (comm, stream) in mapped pinned host memory
  * (cudaHostAlloc Mapped|Portable + cudaHostGetDevicePointer), written only
@@ -27,15 +30,26 @@
  * Order. Operations of one comm are started in the order they were called
  * (batches in a FIFO; a group is one batch), so lanes match as they do for
  * weft_isend and stream allgathers of every rank meet in the same order on
- * their lane. A batch waits for all of its events; since an event can only
+ * their lanes. A batch waits for all of its events; since an event can only
  * follow work that was queued before it, the head of the FIFO never waits
  * for a later call, and issuing in call order cannot deadlock.
  *
+ * Stream allgathers. Each takes the next number of the engine's own
+ * counter at the call (call order, the same on every rank) and runs on the
+ * lanes weft_tag_scoll(number, phase), never on the blocking collectives'
+ * lanes: it starts whenever its events complete, so it must not take a
+ * number between two blocking collectives of the caller. Its steps are
+ * issued over time (a ring forwards chunk k once it is in), so two of them
+ * on one slot's lanes could interleave differently on two ranks: the one
+ * numbered k + WEFT_TAG_COLL_SLOTS starts only after the one numbered k
+ * completed on this rank (later batches wait behind it, keeping call order).
+ *
  * Locks. S->mu guards the stream state (FIFO, stream table, counters,
  * event pool, pending error). The progress thread never holds it while it
- * calls into weft: weft_isend/irecv/test take c->lock as for any caller.
- * Callers hold S->mu across seq assignment and the two CUDA enqueues, so a
- * stream's waits appear in seq order.
+ * calls into weft: weft_p2p_isend/irecv/test and the collectives' ops take
+ * the pipe layer's lock as for any caller. Callers hold S->mu across seq
+ * assignment and the two CUDA enqueues, so a stream's waits appear in seq
+ * order.
  */
 #include "stream.h"
 
@@ -48,58 +62,20 @@
 #include <string.h>
 #include <time.h>
 
-#include "api_internal.h"
-#include "comm.h"
+#include "coll.h"
+#include "core.h"
 #include "cudawrap.h"
+#include "list.h"
 #include "log.h"
-
-/* ---- argument checks (as p2p/api.c and weft_allgather) ---- */
-
-static int check_p2p(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag, const char *fn)
-{
-    if (c == NULL)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: comm is NULL", fn);
-    if (buf == NULL && bytes != 0)
-        return weft_set_error(c, WEFT_ERR_INVALID_ARG, "%s: buf is NULL but bytes is %zu (peer %d, tag %d)", fn,
-                              bytes, peer, tag);
-    if (peer < 0 || peer >= c->size)
-        return weft_set_error(c, WEFT_ERR_INVALID_ARG, "%s: peer %d out of range [0, %d) (tag %d)", fn, peer,
-                              c->size, tag);
-    if (tag < 0)
-        return weft_set_error(c, WEFT_ERR_INVALID_ARG, "%s: tag %d is negative (peer %d); tags are >= 0", fn, tag,
-                              peer);
-    return WEFT_SUCCESS;
-}
-
-static int check_allgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes)
-{
-    static const char fn[] = "weft_allgather_on_stream";
-    if (c == NULL)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: comm is NULL", fn);
-    if (bytes > 0 && sendbuf == NULL)
-        return weft_set_error(c, WEFT_ERR_INVALID_ARG, "%s: sendbuf is NULL with bytes_per_rank %zu", fn, bytes);
-    if (bytes > 0 && recvbuf == NULL)
-        return weft_set_error(c, WEFT_ERR_INVALID_ARG, "%s: recvbuf is NULL with bytes_per_rank %zu", fn, bytes);
-    if (bytes > SIZE_MAX / (size_t)c->size)
-        return weft_set_error(c, WEFT_ERR_INVALID_ARG, "%s: bytes_per_rank %zu x %d ranks overflows size_t", fn,
-                              bytes, c->size);
-    if (bytes > 0) {
-        size_t total = bytes * (size_t)c->size;
-        uintptr_t s0 = (uintptr_t)sendbuf, r0 = (uintptr_t)recvbuf;
-        uintptr_t mine = r0 + (uintptr_t)c->rank * bytes;
-        if (s0 != mine && s0 < r0 + total && r0 < s0 + bytes)
-            return weft_set_error(c, WEFT_ERR_INVALID_ARG,
-                                  "%s: sendbuf overlaps recvbuf but is not recvbuf + rank*bytes_per_rank "
-                                  "(the in-place form)", fn);
-    }
-    return WEFT_SUCCESS;
-}
+#include "p2p.h"
+#include "tags.h"
+#include "weft.h"
 
 /* ---- groups: nesting depth per host thread ---- */
 
 static _Thread_local int g_depth;
 
-int weft_group_start(void)
+int weft_stream_group_start(void)
 {
     g_depth++;
     return WEFT_SUCCESS;
@@ -113,14 +89,14 @@ enum sop_kind { SOP_SEND = 1, SOP_RECV, SOP_ALLGATHER };
 
 /* A call recorded in a group, or the one call of an ungrouped submit. */
 struct gop {
-    struct weft_comm  *c;
-    int                kind;
-    const void        *sbuf;
-    void              *rbuf;
-    size_t             bytes;
-    int                peer, tag;
+    struct weft_stream *s;
+    int                 kind;
+    const void         *sbuf;
+    void               *rbuf;
+    size_t              bytes;
+    int                 peer, tag;
     struct CUstream_st *stream;
-    int                device;   /* current device at the call */
+    int                 device;   /* current device at the call */
 };
 
 static _Thread_local struct gop *g_ops;
@@ -132,10 +108,6 @@ static const char *kind_name(int kind)
                                                                         : "weft_allgather_on_stream";
 }
 
-
-/* Internal lane of stream allgathers: below the collectives' lanes
- * (-(0x10000 .. 0x100ff), collectives/coll.h), never matched by user tags. */
-#define STREAM_AG_TAG       (-0x5A000)
 #define COUNTERS_PER_CHUNK  1024        /* 4 KiB of counters per pinned chunk */
 #define IDLE_YIELDS         8           /* idle passes that only yield */
 #define IDLE_SLEEP_MIN_US   20
@@ -146,24 +118,24 @@ struct sstream;
 /* One stream-ordered operation. Lives from submit until its stream's
  * counter passed it (then freed by the progress thread). */
 struct sop {
-    int              kind;
-    const void      *sbuf;
-    void            *rbuf;
-    size_t           bytes;
-    int              peer, tag;
-    int              device;
-    struct sstream  *ss;
-    uint32_t         seq;
+    int                  kind;
+    const void          *sbuf;
+    void                *rbuf;
+    size_t               bytes;
+    int                  peer, tag;
+    int                  device;
+    struct sstream      *ss;
+    uint32_t             seq;
+    uint32_t             ag_seq;      /* allgather: its number among the comm's stream allgathers */
     /* issued (progress thread only) */
-    weft_request_t **reqs;
-    weft_request_t  *inl[2];
-    size_t           nreq, next_req;  /* reqs before next_req are complete */
-    double           t_issue;
-    int              done;
-    int              err;
-    int              reported;        /* err already recorded as the async error */
-    struct sop      *fifo_next;       /* the stream's FIFO (S->mu) */
-    struct sop      *act_next;        /* the thread's active list */
+    struct weft_request *req;         /* send, receive: in flight */
+    struct weft_coll_op *cop;         /* allgather: in flight (NULL: nothing to wait for) */
+    double               t_issue;
+    int                  done;
+    int                  err;
+    int                  reported;    /* err already recorded as the async error */
+    struct weft_qnode    fifo;        /* the stream's FIFO (S->mu) */
+    struct weft_list     act;         /* the thread's active / finished list */
 };
 
 struct sevent {
@@ -173,54 +145,58 @@ struct sevent {
 
 /* Operations started together: one call, or one group (for one comm). */
 struct sbatch {
-    struct sbatch  *next;
-    struct sop    **ops;
-    size_t          nops;
-    struct sevent  *evs;      /* one per distinct stream */
-    size_t          nevs;
+    struct weft_qnode qn;       /* S->queue, then the thread's ready queue */
+    struct sop      **ops;
+    size_t            nops;
+    size_t            nstarted; /* ops[0..nstarted) issued (the thread) */
+    struct sevent    *evs;      /* one per distinct stream */
+    size_t            nevs;
 };
 
 struct sstream {
-    struct sstream     *next;
+    struct weft_qnode   qn;         /* S->streams */
     struct CUstream_st *stream;
     uint32_t           *host;       /* counter, mapped pinned memory */
     CUdeviceptr         dev;        /* its device address */
     uint32_t            next_seq;   /* last seq handed out */
-    struct sop         *fifo_head, *fifo_tail;  /* not yet published, seq order */
+    struct weft_queue   fifo;       /* ops not yet published, seq order */
 };
 
 struct schunk {
-    struct schunk *next;
-    uint32_t      *host;
-    CUdeviceptr    dev;
-    unsigned       used;
+    struct weft_list node;      /* S->chunks (current first), or the pool */
+    uint32_t        *host;
+    CUdeviceptr      dev;
+    unsigned         used;
 };
 
 /* Chunks of destroyed comms, reused by later ones instead of being freed:
  * cudaFreeHost would synchronise the device inside weft_comm_destroy, and a
  * counter word keeps its value, so a reused slot continues from it (never
  * goes back, whatever stream wait may still look at it). */
-static pthread_mutex_t chunk_pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct schunk  *chunk_pool;
+static pthread_mutex_t  chunk_pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct weft_list chunk_pool = { &chunk_pool, &chunk_pool };
 
-struct stream_state {
-    struct weft_comm *c;
-    pthread_mutex_t   mu;
-    pthread_cond_t    cv;          /* progress thread: new work, stop */
-    pthread_cond_t    idle_cv;     /* quiesce: an op completed */
-    pthread_t         thread;
-    int               thread_started;
-    int               stop;        /* quiesce: exit once nothing is left */
-    int               abandon;     /* quiesce timed out: drop everything */
-    struct sbatch    *q_head, *q_tail;   /* not yet started, call order */
-    size_t            outstanding; /* submitted, counter not yet past them */
-    uint64_t          completed;   /* published so far */
-    struct sstream   *streams;
-    struct schunk    *chunks;
-    struct sevent    *evpool;
-    size_t            nevpool, evpool_cap;
-    int               async_err;   /* first unreported asynchronous failure */
-    char              async_msg[700];
+struct weft_stream {
+    struct weft_core   *core;
+    struct weft_p2p    *p2p;
+    struct weft_coll   *cc;
+    pthread_mutex_t     mu;
+    pthread_cond_t      cv;          /* progress thread: new work, stop */
+    pthread_cond_t      idle_cv;     /* quiesce: an op completed */
+    pthread_t           thread;
+    int                 thread_started;
+    int                 stop;        /* quiesce: exit once nothing is left */
+    int                 abandon;     /* quiesce timed out: drop everything */
+    struct weft_queue   queue;       /* batches not yet started, call order */
+    size_t              outstanding; /* submitted, counter not yet past them */
+    uint64_t            completed;   /* published so far */
+    uint32_t            ag_seq;      /* stream allgathers submitted (their lanes) */
+    struct weft_queue   streams;
+    struct weft_list    chunks;
+    struct sevent      *evpool;
+    size_t              nevpool, evpool_cap;
+    int                 async_err;   /* first unreported asynchronous failure */
+    char                async_msg[700];
 };
 
 static int cuda_to_weft(cudaError_t e)
@@ -237,35 +213,29 @@ static int cuda_to_weft(cudaError_t e)
     }
 }
 
-static struct stream_state *state_of(struct weft_comm *c)
+int weft_stream_create(struct weft_core *core, struct weft_p2p *p2p, struct weft_coll *cc,
+                       struct weft_stream **out)
 {
-    return __atomic_load_n((struct stream_state **)&c->stream_state, __ATOMIC_ACQUIRE);
-}
+    struct weft_stream *S = calloc(1, sizeof(*S));
+    pthread_condattr_t ca;
 
-/* The comm's state, created at the first stream-ordered call. */
-static struct stream_state *state_get(struct weft_comm *c)
-{
-    struct stream_state *S = state_of(c);
-    if (S)
-        return S;
-    pthread_mutex_lock(&c->lock);
-    S = c->stream_state;
-    if (S == NULL) {
-        S = calloc(1, sizeof(*S));
-        if (S) {
-            pthread_condattr_t ca;
-            S->c = c;
-            pthread_mutex_init(&S->mu, NULL);
-            pthread_condattr_init(&ca);
-            pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-            pthread_cond_init(&S->cv, &ca);
-            pthread_cond_init(&S->idle_cv, &ca);
-            pthread_condattr_destroy(&ca);
-            __atomic_store_n((struct stream_state **)&c->stream_state, S, __ATOMIC_RELEASE);
-        }
-    }
-    pthread_mutex_unlock(&c->lock);
-    return S;
+    *out = NULL;
+    if (S == NULL)
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory for the stream state");
+    S->core = core;
+    S->p2p = p2p;
+    S->cc = cc;
+    pthread_mutex_init(&S->mu, NULL);
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&S->cv, &ca);
+    pthread_cond_init(&S->idle_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    weft_queue_init(&S->queue);
+    weft_queue_init(&S->streams);
+    weft_list_init(&S->chunks);
+    *out = S;
+    return WEFT_SUCCESS;
 }
 
 static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, long usec)
@@ -278,10 +248,17 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, long usec)
     pthread_cond_timedwait(cv, mu, &ts);
 }
 
-/* Records the first unreported asynchronous failure (S->mu held). */
-static void record_async_error(struct stream_state *S, const struct sop *op, int err, const char *why)
+/* The comm's last error (what a failed p2p call or collective recorded). */
+static void last_error_copy(struct weft_core *core, char *buf, size_t len)
 {
-    struct weft_comm *c = S->c;
+    pthread_mutex_lock(&core->err_lock);
+    snprintf(buf, len, "%s", core->last_error);
+    pthread_mutex_unlock(&core->err_lock);
+}
+
+/* Records the first unreported asynchronous failure (S->mu held). */
+static void record_async_error(struct weft_stream *S, const struct sop *op, int err, const char *why)
+{
     char msg[sizeof(S->async_msg)];
     const char *w = why;
     /* The pipe's text already names the rank: drop its "rank R: " prefix. */
@@ -294,7 +271,7 @@ static void record_async_error(struct stream_state *S, const struct sop *op, int
         snprintf(msg, sizeof(msg), "%s (%s peer %d, tag %d, %zu bytes, stream %p, op #%u) failed asynchronously: %s",
                  kind_name(op->kind), op->kind == SOP_SEND ? "to" : "from", op->peer, op->tag, op->bytes,
                  (void *)op->ss->stream, op->seq, w);
-    weft_set_error(c, err, "%s", msg);
+    weft_set_error(S->core, err, "%s", msg);
     if (S->async_err == WEFT_SUCCESS) {
         S->async_err = err;
         snprintf(S->async_msg, sizeof(S->async_msg), "%s", msg);
@@ -302,19 +279,18 @@ static void record_async_error(struct stream_state *S, const struct sop *op, int
 }
 
 /* Takes the pending asynchronous error (S->mu held). */
-static int take_error_locked(struct stream_state *S, const char *fn)
+static int take_error_locked(struct weft_stream *S, const char *fn)
 {
     int err = S->async_err;
     if (err == WEFT_SUCCESS)
         return WEFT_SUCCESS;
     S->async_err = WEFT_SUCCESS;
-    return weft_set_error(S->c, err, "%s: an earlier stream-ordered operation failed, nothing started: %s", fn,
+    return weft_set_error(S->core, err, "%s: an earlier stream-ordered operation failed, nothing started: %s", fn,
                           S->async_msg);
 }
 
-int weft_stream_take_error(struct weft_comm *c)
+int weft_stream_take_error(struct weft_stream *S)
 {
-    struct stream_state *S = c ? state_of(c) : NULL;
     int err;
     if (S == NULL)
         return WEFT_SUCCESS;
@@ -326,20 +302,20 @@ int weft_stream_take_error(struct weft_comm *c)
 
 /* ---- counters, streams, events (S->mu held) ---- */
 
-static int counter_alloc(struct stream_state *S, uint32_t **host, CUdeviceptr *dev, uint32_t *value)
+static int counter_alloc(struct weft_stream *S, uint32_t **host, CUdeviceptr *dev, uint32_t *value)
 {
     const struct weft_cuda *cu = weft_cuda_get();
-    struct schunk *ch = S->chunks;
+    struct weft_list *first = weft_list_first(&S->chunks);
+    struct schunk *ch = first ? weft_container_of(first, struct schunk, node) : NULL;
     if (ch == NULL || ch->used == COUNTERS_PER_CHUNK) {
+        struct weft_list *n;
         pthread_mutex_lock(&chunk_pool_lock);
-        ch = chunk_pool;
-        if (ch)
-            chunk_pool = ch->next;
+        n = weft_list_pop(&chunk_pool);
         pthread_mutex_unlock(&chunk_pool_lock);
-        if (ch) {
+        if (n) {
+            ch = weft_container_of(n, struct schunk, node);
             ch->used = 0;
-            ch->next = S->chunks;
-            S->chunks = ch;
+            weft_list_add_head(&S->chunks, &ch->node);
         }
     }
     if (ch == NULL || ch->used == COUNTERS_PER_CHUNK) {
@@ -347,7 +323,7 @@ static int counter_alloc(struct stream_state *S, uint32_t **host, CUdeviceptr *d
         cudaError_t e;
         ch = calloc(1, sizeof(*ch));
         if (ch == NULL)
-            return weft_set_error(S->c, WEFT_ERR_NO_MEMORY, "stream-ordered call: no memory for counters");
+            return weft_set_error(S->core, WEFT_ERR_NO_MEMORY, "stream-ordered call: no memory for counters");
         e = cu->HostAlloc(&h, COUNTERS_PER_CHUNK * sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable);
         if (e == cudaSuccess) {
             memset(h, 0, COUNTERS_PER_CHUNK * sizeof(uint32_t));
@@ -357,14 +333,13 @@ static int counter_alloc(struct stream_state *S, uint32_t **host, CUdeviceptr *d
         }
         if (e != cudaSuccess) {
             free(ch);
-            return weft_set_error(S->c, cuda_to_weft(e),
+            return weft_set_error(S->core, cuda_to_weft(e),
                                   "stream-ordered call: mapped pinned memory for stream counters: %s",
                                   cu->GetErrorString(e));
         }
         ch->host = h;
         ch->dev = (CUdeviceptr)(uintptr_t)d;
-        ch->next = S->chunks;
-        S->chunks = ch;
+        weft_list_add_head(&S->chunks, &ch->node);
     }
     *host = ch->host + ch->used;
     *dev = ch->dev + ch->used * sizeof(uint32_t);
@@ -373,31 +348,33 @@ static int counter_alloc(struct stream_state *S, uint32_t **host, CUdeviceptr *d
     return WEFT_SUCCESS;
 }
 
-static int stream_get(struct stream_state *S, struct CUstream_st *stream, struct sstream **out)
+static int stream_get(struct weft_stream *S, struct CUstream_st *stream, struct sstream **out)
 {
     struct sstream *ss;
     int rc;
-    for (ss = S->streams; ss; ss = ss->next)
+    weft_queue_for_each(n, &S->streams) {
+        ss = weft_container_of(n, struct sstream, qn);
         if (ss->stream == stream) {
             *out = ss;
             return WEFT_SUCCESS;
         }
+    }
     ss = calloc(1, sizeof(*ss));
     if (ss == NULL)
-        return weft_set_error(S->c, WEFT_ERR_NO_MEMORY, "stream-ordered call: no memory for a stream entry");
+        return weft_set_error(S->core, WEFT_ERR_NO_MEMORY, "stream-ordered call: no memory for a stream entry");
     rc = counter_alloc(S, &ss->host, &ss->dev, &ss->next_seq);
     if (rc != WEFT_SUCCESS) {
         free(ss);
         return rc;
     }
     ss->stream = stream;
-    ss->next = S->streams;
-    S->streams = ss;
+    weft_queue_init(&ss->fifo);
+    weft_queue_push(&S->streams, &ss->qn);
     *out = ss;
     return WEFT_SUCCESS;
 }
 
-static int event_get(struct stream_state *S, int device, struct sevent *out)
+static int event_get(struct weft_stream *S, int device, struct sevent *out)
 {
     const struct weft_cuda *cu = weft_cuda_get();
     int cur = -1;
@@ -416,13 +393,13 @@ static int event_get(struct stream_state *S, int device, struct sevent *out)
     if (cur != device && cur >= 0)
         cu->SetDevice(cur);
     if (e != cudaSuccess)
-        return weft_set_error(S->c, cuda_to_weft(e), "stream-ordered call: cudaEventCreateWithFlags: %s",
+        return weft_set_error(S->core, cuda_to_weft(e), "stream-ordered call: cudaEventCreateWithFlags: %s",
                               cu->GetErrorString(e));
     out->device = device;
     return WEFT_SUCCESS;
 }
 
-static void event_put(struct stream_state *S, const struct sevent *ev)
+static void event_put(struct weft_stream *S, const struct sevent *ev)
 {
     if (S->nevpool == S->evpool_cap) {
         size_t cap = S->evpool_cap ? 2 * S->evpool_cap : 16;
@@ -439,90 +416,76 @@ static void event_put(struct stream_state *S, const struct sevent *ev)
 
 /* ---- the progress thread ---- */
 
-static void op_free(struct sop *op)
+/* abandon: quiesce gave up and the pipes still exist, so an allgather
+ * still in flight is handed to weft_coll_op_abandon (it keeps what a
+ * transfer may still write into); otherwise the pipes may be gone and it
+ * is left alone. A send or receive in flight stays with its pipe either
+ * way (destroy reports it). */
+static void op_free(struct sop *op, int abandon)
 {
-    if (op->reqs && op->reqs != op->inl)
-        free(op->reqs);
+    if (op->cop && abandon)
+        weft_coll_op_abandon(op->cop);
     free(op);
 }
 
-/* Starts op through the p2p layer (no lock held). */
-static void op_issue(struct weft_comm *c, struct sop *op)
+/* Starts op through the p2p layer or the collectives (no lock held). */
+static void op_issue(struct weft_stream *S, struct sop *op)
 {
-    int rc = WEFT_SUCCESS;
+    int rc;
 
-    op->reqs = op->inl;
     op->t_issue = weft_now();
     switch (op->kind) {
     case SOP_SEND:
-        rc = weft_isend(c, op->sbuf, op->bytes, op->peer, op->tag, &op->inl[0]);
-        op->nreq = rc == WEFT_SUCCESS;
+        rc = weft_p2p_isend(S->p2p, op->sbuf, op->bytes, op->peer, op->tag, &op->req, "weft_isend");
         break;
     case SOP_RECV:
-        rc = weft_irecv(c, op->rbuf, op->bytes, op->peer, op->tag, &op->inl[0]);
-        op->nreq = rc == WEFT_SUCCESS;
+        rc = weft_p2p_irecv(S->p2p, op->rbuf, op->bytes, op->peer, op->tag, &op->req, "weft_irecv");
         break;
-    default: {
-        /* Direct exchange: every receive posted, then every send, all on one
-         * internal lane (allgathers start in call order on every rank, and
-         * the lane is FIFO per peer, so consecutive ones cannot mix). */
-        int n = c->size, me = c->rank;
-        char *rb = op->rbuf;
-        int in_place = (const char *)op->sbuf == rb + (size_t)me * op->bytes;
-        op->reqs = calloc(2 * (size_t)n, sizeof(*op->reqs));
-        if (op->reqs == NULL) {
-            op->reqs = op->inl;
-            rc = weft_set_error(c, WEFT_ERR_NO_MEMORY, "weft_allgather_on_stream: no memory for %d requests", 2 * n);
-            break;
-        }
-        for (int i = 0; i < n && rc == WEFT_SUCCESS; i++) {
-            int p = (me - i + n) % n;
-            if (p == me && in_place)
-                continue;
-            rc = weft_irecv_internal(c, rb + (size_t)p * op->bytes, op->bytes, p, STREAM_AG_TAG,
-                                     &op->reqs[op->nreq]);
-            if (rc == WEFT_SUCCESS)
-                op->nreq++;
-        }
-        for (int i = 0; i < n && rc == WEFT_SUCCESS; i++) {
-            int p = (me + i) % n;
-            if (p == me && in_place)
-                continue;
-            rc = weft_isend_internal(c, op->sbuf, op->bytes, p, STREAM_AG_TAG, &op->reqs[op->nreq]);
-            if (rc == WEFT_SUCCESS)
-                op->nreq++;
-        }
+    default:
+        /* The collectives' allgather (selector, WEFT_ALLGATHER_ALGO) on the
+         * engine's own lanes, numbered in call order (see the top). */
+        rc = weft_coll_allgather_start_tagged(S->cc, weft_tag_scoll, op->ag_seq, op->sbuf, op->rbuf, op->bytes,
+                                              &op->cop);
         break;
     }
+    if (rc != WEFT_SUCCESS) {
+        op->req = NULL;
+        op->cop = NULL;
     }
     op->err = rc;
 }
 
-/* Tests op's requests in order; 1 when all are complete. No lock held. */
-static int op_progress(struct stream_state *S, struct sop *op, int block)
+/* Advances op; 1 when it is complete. block: it has been stuck past
+ * WEFT_TIMEOUT, wait for it (the pipe layer breaks the pipes of what still
+ * does not move and completes it with an error). No lock held. */
+static int op_progress(struct weft_stream *S, struct sop *op, int block)
 {
-    struct weft_comm *c = S->c;
-    while (op->next_req < op->nreq) {
-        weft_status_t st;
-        int done = 0, rc;
+    int rc = WEFT_SUCCESS, done = 1;
+
+    if (op->req) {
         if (block) {
-            /* Stuck past WEFT_TIMEOUT: weft_waitall breaks the pipes of
-             * what still does not move and completes them with an error. */
-            rc = weft_waitall(op->nreq - op->next_req, op->reqs + op->next_req, NULL);
-            op->next_req = op->nreq;
-            if (rc != WEFT_SUCCESS && op->err == WEFT_SUCCESS)
-                op->err = rc;
-            break;
+            rc = weft_p2p_waitall(1, &op->req, NULL);
+        } else {
+            weft_status_t st;
+            rc = weft_p2p_test(op->req, &done, &st);
+            if (done)
+                op->req = NULL;
         }
-        rc = weft_test(op->reqs[op->next_req], &done, &st);
-        if (!done)
-            return 0;
-        op->reqs[op->next_req++] = NULL;
-        if (rc != WEFT_SUCCESS && op->err == WEFT_SUCCESS)
-            op->err = rc;
+    } else if (op->cop) {
+        if (block)
+            rc = weft_coll_op_wait(op->cop);
+        else
+            rc = weft_coll_op_test(op->cop, &done);
+        if (done)
+            op->cop = NULL;
     }
+    if (!done)
+        return 0;
+    if (rc != WEFT_SUCCESS && op->err == WEFT_SUCCESS)
+        op->err = rc;
     if (op->err != WEFT_SUCCESS && !op->reported) {
-        const char *why = weft_comm_last_error(c);
+        char why[1024];
+        last_error_copy(S->core, why, sizeof(why));
         op->reported = 1;
         pthread_mutex_lock(&S->mu);
         record_async_error(S, op, op->err, why);
@@ -532,19 +495,20 @@ static int op_progress(struct stream_state *S, struct sop *op, int block)
 }
 
 /* Advances ss's counter past its leading completed ops (S->mu held). */
-static int publish(struct stream_state *S, struct sstream *ss)
+static int publish(struct weft_stream *S, struct sstream *ss)
 {
     uint32_t seq = 0;
     int n = 0;
-    while (ss->fifo_head && ss->fifo_head->done) {
-        struct sop *op = ss->fifo_head;
-        ss->fifo_head = op->fifo_next;
+    for (;;) {
+        struct weft_qnode *h = weft_queue_head(&ss->fifo);
+        struct sop *op = h ? weft_container_of(h, struct sop, fifo) : NULL;
+        if (op == NULL || !op->done)
+            break;
+        weft_queue_pop(&ss->fifo);
         seq = op->seq;
-        op_free(op);
+        op_free(op, 0);
         n++;
     }
-    if (ss->fifo_head == NULL)
-        ss->fifo_tail = NULL;
     if (n) {
         __atomic_store_n(ss->host, seq, __ATOMIC_RELEASE);
         S->outstanding -= (size_t)n;
@@ -569,7 +533,7 @@ static int batch_ready(const struct sbatch *b, cudaError_t *err)
     return 1;
 }
 
-static void batch_free(struct stream_state *S, struct sbatch *b, int return_events)
+static void batch_free(struct weft_stream *S, struct sbatch *b, int return_events)
 {
     if (return_events)
         for (size_t i = 0; i < b->nevs; i++)
@@ -579,23 +543,18 @@ static void batch_free(struct stream_state *S, struct sbatch *b, int return_even
     free(b);
 }
 
-/* quiesce gave up: release every stream, drop every op (S->mu held). The
- * requests already started stay with their pipes (destroy reports them). */
-static void abandon_all(struct stream_state *S)
+/* quiesce gave up (abandon: the pipes still work), or destroy frees what
+ * is left: release every stream, drop every op (S->mu held). The requests
+ * already started stay with their pipes (destroy reports them). */
+static void abandon_all(struct weft_stream *S, int abandon)
 {
-    while (S->q_head) {
-        struct sbatch *b = S->q_head;
-        S->q_head = b->next;
-        batch_free(S, b, 1);
-    }
-    S->q_tail = NULL;
-    for (struct sstream *ss = S->streams; ss; ss = ss->next) {
-        while (ss->fifo_head) {
-            struct sop *op = ss->fifo_head;
-            ss->fifo_head = op->fifo_next;
-            op_free(op);
-        }
-        ss->fifo_tail = NULL;
+    struct weft_qnode *n;
+    while ((n = weft_queue_pop(&S->queue)) != NULL)
+        batch_free(S, weft_container_of(n, struct sbatch, qn), 1);
+    weft_queue_for_each(sn, &S->streams) {
+        struct sstream *ss = weft_container_of(sn, struct sstream, qn);
+        while ((n = weft_queue_pop(&ss->fifo)) != NULL)
+            op_free(weft_container_of(n, struct sop, fifo), abandon);
         __atomic_store_n(ss->host, ss->next_seq, __ATOMIC_RELEASE);
     }
     S->outstanding = 0;
@@ -603,19 +562,22 @@ static void abandon_all(struct stream_state *S)
 
 static void *progress_main(void *arg)
 {
-    struct stream_state *S = arg;
-    struct weft_comm *c = S->c;
+    struct weft_stream *S = arg;
     const struct weft_cuda *cu = weft_cuda_get();
-    struct sop *active = NULL;
+    struct weft_list active;        /* ops started, not complete (sop.act) */
+    struct weft_queue ready;        /* batches whose events completed, not all started */
+    struct sop *ag_slot[WEFT_TAG_COLL_SLOTS] = { 0 };   /* stream allgather in flight per lane slot */
     int cur_dev = -1;
     unsigned idle = 0;
     double last_event = weft_now();
 
+    weft_list_init(&active);
+    weft_queue_init(&ready);
     pthread_mutex_lock(&S->mu);
     for (;;) {
         if (S->abandon)
             break;
-        if (S->q_head == NULL && active == NULL) {
+        if (weft_queue_empty(&S->queue) && weft_list_empty(&active) && weft_queue_empty(&ready)) {
             if (S->stop)
                 break;
             pthread_cond_wait(&S->cv, &S->mu);
@@ -625,18 +587,15 @@ static void *progress_main(void *arg)
         }
 
         /* Batches whose events completed, in call order. */
-        struct sbatch *ready = NULL, **rtail = &ready;
         int events = 0;
         for (;;) {
             cudaError_t qerr = cudaSuccess;
-            struct sbatch *b = S->q_head;
+            struct weft_qnode *h = weft_queue_head(&S->queue);
+            struct sbatch *b = h ? weft_container_of(h, struct sbatch, qn) : NULL;
             int r = b ? batch_ready(b, &qerr) : 0;
             if (r == 0)
                 break;
-            S->q_head = b->next;
-            if (S->q_head == NULL)
-                S->q_tail = NULL;
-            b->next = NULL;
+            weft_queue_pop(&S->queue);
             if (r < 0) {
                 /* The stream failed before the op: release it anyway. */
                 char why[256];
@@ -651,25 +610,31 @@ static void *progress_main(void *arg)
             for (size_t i = 0; i < b->nevs; i++)
                 event_put(S, &b->evs[i]);
             b->nevs = 0;
-            *rtail = b;
-            rtail = &b->next;
+            weft_queue_push(&ready, &b->qn);
         }
         pthread_mutex_unlock(&S->mu);
 
-        /* Start them. */
-        while (ready) {
-            struct sbatch *b = ready;
-            ready = b->next;
-            for (size_t i = 0; i < b->nops; i++) {
-                struct sop *op = b->ops[i];
+        /* Start them, in call order; a stream allgather whose lane slot is
+         * still busy holds up everything after it. */
+        for (struct weft_qnode *h; (h = weft_queue_head(&ready)) != NULL;) {
+            struct sbatch *b = weft_container_of(h, struct sbatch, qn);
+            for (; b->nstarted < b->nops; b->nstarted++) {
+                struct sop *op = b->ops[b->nstarted];
+                unsigned slot = op->ag_seq % WEFT_TAG_COLL_SLOTS;
                 if (op->err == WEFT_SUCCESS) {
+                    if (op->kind == SOP_ALLGATHER && ag_slot[slot] != NULL)
+                        break;
                     if (op->device != cur_dev && op->device >= 0 && cu->SetDevice(op->device) == cudaSuccess)
                         cur_dev = op->device;
-                    op_issue(c, op);
+                    op_issue(S, op);
+                    if (op->cop)
+                        ag_slot[slot] = op;
                 }
-                op->act_next = active;   /* failed ops too: reported below */
-                active = op;
+                weft_list_add_tail(&active, &op->act);   /* failed ops too: reported below */
             }
+            if (b->nstarted < b->nops)
+                break;
+            weft_queue_pop(&ready);
             free(b->evs);
             free(b->ops);
             free(b);
@@ -677,36 +642,35 @@ static void *progress_main(void *arg)
         }
 
         /* Progress on every pipe, then look at the ops started. */
-        pthread_mutex_lock(&c->lock);
-        events += weft_progress(c) > 0;
-        pthread_mutex_unlock(&c->lock);
+        events += weft_p2p_poll(S->p2p) > 0;
 
         double now = weft_now();
-        int stuck = c->cfg.timeout_s > 0 && now - last_event > c->cfg.timeout_s;
-        struct sop *finished = NULL, **pp = &active;
-        while (*pp) {
-            struct sop *op = *pp;
-            int block = stuck && now - op->t_issue > c->cfg.timeout_s;
+        double timeout = S->core->cfg.timeout_s;
+        int stuck = timeout > 0 && now - last_event > timeout;
+        struct weft_list finished;
+        weft_list_init(&finished);
+        weft_list_for_each(n, &active) {
+            struct sop *op = weft_container_of(n, struct sop, act);
+            int block = stuck && now - op->t_issue > timeout;
             if (op_progress(S, op, block)) {
-                *pp = op->act_next;
-                op->act_next = finished;
-                finished = op;
+                weft_list_del(&op->act);
+                weft_list_add_tail(&finished, &op->act);
+                if (op->kind == SOP_ALLGATHER && ag_slot[op->ag_seq % WEFT_TAG_COLL_SLOTS] == op)
+                    ag_slot[op->ag_seq % WEFT_TAG_COLL_SLOTS] = NULL;
                 events++;
                 stuck = 0;   /* one blocking wait per pass */
-            } else
-                pp = &op->act_next;
+            }
         }
 
         pthread_mutex_lock(&S->mu);
-        for (struct sop *op = finished; op;) {
-            struct sop *next = op->act_next;
-            op->done = 1;
-            op = next;
-        }
+        int any = !weft_list_empty(&finished);
+        struct weft_list *f;
+        while ((f = weft_list_pop(&finished)) != NULL)
+            weft_container_of(f, struct sop, act)->done = 1;
         /* publish() frees ops (finished ones included): walk the streams. */
-        if (finished)
-            for (struct sstream *ss = S->streams; ss; ss = ss->next)
-                publish(S, ss);
+        if (any)
+            weft_queue_for_each(sn, &S->streams)
+                publish(S, weft_container_of(sn, struct sstream, qn));
         if (events) {
             idle = 0;
             last_event = weft_now();
@@ -724,8 +688,12 @@ static void *progress_main(void *arg)
             timed_wait(&S->cv, &S->mu, us < IDLE_SLEEP_MAX_US ? us : IDLE_SLEEP_MAX_US);
         }
     }
-    if (S->abandon)
-        abandon_all(S);
+    if (S->abandon) {
+        struct weft_qnode *n;
+        abandon_all(S, 1);   /* frees the ops of the ready batches too (they are on the FIFOs) */
+        while ((n = weft_queue_pop(&ready)) != NULL)
+            batch_free(S, weft_container_of(n, struct sbatch, qn), 0);
+    }
     pthread_cond_broadcast(&S->idle_cv);
     pthread_mutex_unlock(&S->mu);
     return NULL;
@@ -744,16 +712,15 @@ struct subst {
 
 /* Per comm of a submission. */
 struct subcomm {
-    struct weft_comm    *c;
-    struct stream_state *S;
-    struct subst        *st;
-    size_t               nst;
-    struct sbatch       *b;
+    struct weft_stream *S;
+    struct subst       *st;
+    size_t              nst;
+    struct sbatch      *b;
 };
 
 static int cmp_subcomm(const void *a, const void *b)
 {
-    uintptr_t x = (uintptr_t)((const struct subcomm *)a)->c, y = (uintptr_t)((const struct subcomm *)b)->c;
+    uintptr_t x = (uintptr_t)((const struct subcomm *)a)->S, y = (uintptr_t)((const struct subcomm *)b)->S;
     return x < y ? -1 : x > y;
 }
 
@@ -770,20 +737,12 @@ static int submit(struct gop *ops, size_t n, const char *fn)
         return WEFT_SUCCESS;
     sc = calloc(n, sizeof(*sc));
     if (sc == NULL)
-        return weft_set_error(ops[0].c, WEFT_ERR_NO_MEMORY, "%s: no memory", fn);
+        return weft_set_error(ops[0].s->core, WEFT_ERR_NO_MEMORY, "%s: no memory", fn);
     for (size_t i = 0; i < n; i++) {
         size_t k;
-        for (k = 0; k < nsc && sc[k].c != ops[i].c; k++) {}
-        if (k == nsc) {
-            sc[nsc].c = ops[i].c;
-            sc[nsc].S = state_get(ops[i].c);
-            if (sc[nsc].S == NULL) {
-                rc = weft_set_error(ops[i].c, WEFT_ERR_NO_MEMORY, "%s: no memory for the stream state", fn);
-                free(sc);
-                return rc;
-            }
-            nsc++;
-        }
+        for (k = 0; k < nsc && sc[k].S != ops[i].s; k++) {}
+        if (k == nsc)
+            sc[nsc++].S = ops[i].s;
     }
     qsort(sc, nsc, sizeof(*sc), cmp_subcomm);
     for (size_t k = 0; k < nsc; k++)
@@ -792,10 +751,10 @@ static int submit(struct gop *ops, size_t n, const char *fn)
     /* Per comm: its batch, its streams, an event per stream, the thread. */
     for (size_t k = 0; k < nsc && rc == WEFT_SUCCESS; k++) {
         struct subcomm *s = &sc[k];
-        struct stream_state *S = s->S;
+        struct weft_stream *S = s->S;
         size_t nops = 0;
         for (size_t i = 0; i < n; i++)
-            nops += ops[i].c == s->c;
+            nops += ops[i].s == S;
         s->st = calloc(nops, sizeof(*s->st));
         s->b = calloc(1, sizeof(*s->b));
         if (s->b) {
@@ -803,7 +762,7 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             s->b->evs = calloc(nops, sizeof(*s->b->evs));
         }
         if (s->st == NULL || s->b == NULL || s->b->ops == NULL || s->b->evs == NULL) {
-            rc = weft_set_error(s->c, WEFT_ERR_NO_MEMORY, "%s: no memory", fn);
+            rc = weft_set_error(S->core, WEFT_ERR_NO_MEMORY, "%s: no memory", fn);
             break;
         }
         for (size_t i = 0; i < n && rc == WEFT_SUCCESS; i++) {
@@ -811,7 +770,7 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             struct sstream *ss = NULL;
             struct sop *op;
             size_t j;
-            if (g->c != s->c)
+            if (g->s != S)
                 continue;
             rc = stream_get(S, g->stream, &ss);
             if (rc != WEFT_SUCCESS)
@@ -828,7 +787,7 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             }
             op = calloc(1, sizeof(*op));
             if (op == NULL) {
-                rc = weft_set_error(s->c, WEFT_ERR_NO_MEMORY, "%s: no memory", fn);
+                rc = weft_set_error(S->core, WEFT_ERR_NO_MEMORY, "%s: no memory", fn);
                 break;
             }
             op->kind = g->kind;
@@ -839,11 +798,12 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             op->tag = g->tag;
             op->device = g->device;
             op->ss = ss;
+            weft_list_init(&op->act);
             s->b->ops[s->b->nops++] = op;
         }
         if (rc == WEFT_SUCCESS && !S->thread_started) {
             if (pthread_create(&S->thread, NULL, progress_main, S) != 0)
-                rc = weft_set_error(s->c, WEFT_ERR_NO_MEMORY, "%s: cannot start the progress thread", fn);
+                rc = weft_set_error(S->core, WEFT_ERR_NO_MEMORY, "%s: cannot start the progress thread", fn);
             else
                 S->thread_started = 1;
         }
@@ -854,7 +814,7 @@ static int submit(struct gop *ops, size_t n, const char *fn)
         for (size_t j = 0; j < sc[k].nst && rc == WEFT_SUCCESS; j++) {
             cudaError_t e = cu->EventRecord(sc[k].st[j].ev.ev, sc[k].st[j].ss->stream);
             if (e != cudaSuccess)
-                rc = weft_set_error(sc[k].c, cuda_to_weft(e), "%s: cudaEventRecord on stream %p failed: %s", fn,
+                rc = weft_set_error(sc[k].S->core, cuda_to_weft(e), "%s: cudaEventRecord on stream %p failed: %s", fn,
                                     (void *)sc[k].st[j].ss->stream, cu->GetErrorString(e));
         }
 
@@ -882,17 +842,15 @@ static int submit(struct gop *ops, size_t n, const char *fn)
     /* Phase 2: seqs in call order, one wait per stream, the batches. */
     for (size_t k = 0; k < nsc; k++) {
         struct subcomm *s = &sc[k];
-        struct stream_state *S = s->S;
+        struct weft_stream *S = s->S;
         struct sbatch *b = s->b;
         for (size_t i = 0; i < b->nops; i++) {
             struct sop *op = b->ops[i];
             struct sstream *ss = op->ss;
             op->seq = ++ss->next_seq;
-            if (ss->fifo_tail)
-                ss->fifo_tail->fifo_next = op;
-            else
-                ss->fifo_head = op;
-            ss->fifo_tail = op;
+            if (op->kind == SOP_ALLGATHER)
+                op->ag_seq = S->ag_seq++;
+            weft_queue_push(&ss->fifo, &op->fifo);
             for (size_t j = 0; j < s->nst; j++)
                 if (s->st[j].ss == ss)
                     s->st[j].last_seq = op->seq;
@@ -903,7 +861,7 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             if (r != CUDA_SUCCESS && rc == WEFT_SUCCESS) {
                 const char *es = NULL;
                 cu->cuGetErrorString(r, &es);
-                rc = weft_set_error(s->c, WEFT_ERR_TRANSPORT,
+                rc = weft_set_error(S->core, WEFT_ERR_TRANSPORT,
                                     "%s: cuStreamWaitValue32 on stream %p failed (%s): the operation runs, "
                                     "but later work on the stream does not wait for it", fn,
                                     (void *)s->st[j].ss->stream, es ? es : "unknown error");
@@ -911,11 +869,7 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             b->evs[j] = s->st[j].ev;
         }
         b->nevs = s->nst;
-        if (S->q_tail)
-            S->q_tail->next = b;
-        else
-            S->q_head = b;
-        S->q_tail = b;
+        weft_queue_push(&S->queue, &b->qn);
         S->outstanding += b->nops;
         pthread_cond_signal(&S->cv);
         free(s->st);
@@ -931,21 +885,18 @@ static int submit(struct gop *ops, size_t n, const char *fn)
 static int enqueue(struct gop *g)
 {
     const char *fn = kind_name(g->kind);
-    struct stream_state *S;
+    struct weft_stream *S = g->s;
     const struct weft_cuda *cu;
+    int err;
 
-    if (!g->c->cuda || (cu = weft_cuda_get()) == NULL)
-        return weft_set_error(g->c, WEFT_ERR_UNSUPPORTED, "%s: CUDA is not available in this comm (%s)", fn,
+    if (!S->core->cuda || (cu = weft_cuda_get()) == NULL)
+        return weft_set_error(S->core, WEFT_ERR_UNSUPPORTED, "%s: CUDA is not available in this comm (%s)", fn,
                               weft_cuda_why()[0] ? weft_cuda_why() : "no device");
-    S = state_of(g->c);
-    if (S) {
-        int err;
-        pthread_mutex_lock(&S->mu);
-        err = take_error_locked(S, fn);
-        pthread_mutex_unlock(&S->mu);
-        if (err != WEFT_SUCCESS)
-            return err;
-    }
+    pthread_mutex_lock(&S->mu);
+    err = take_error_locked(S, fn);
+    pthread_mutex_unlock(&S->mu);
+    if (err != WEFT_SUCCESS)
+        return err;
     g->device = 0;
     cu->GetDevice(&g->device);
     if (g_depth > 0) {
@@ -953,7 +904,7 @@ static int enqueue(struct gop *g)
             size_t cap = g_cap ? 2 * g_cap : 16;
             struct gop *p = realloc(g_ops, cap * sizeof(*p));
             if (p == NULL)
-                return weft_set_error(g->c, WEFT_ERR_NO_MEMORY, "%s: no memory for the group", fn);
+                return weft_set_error(S->core, WEFT_ERR_NO_MEMORY, "%s: no memory for the group", fn);
             g_ops = p;
             g_cap = cap;
         }
@@ -963,38 +914,34 @@ static int enqueue(struct gop *g)
     return submit(g, 1, fn);
 }
 
-int weft_send_on_stream(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream)
+int weft_stream_send(struct weft_stream *s, const void *buf, size_t bytes, int peer, int tag,
+                     struct CUstream_st *stream)
 {
-    struct gop g = { c, SOP_SEND, buf, NULL, bytes, peer, tag, stream, 0 };
-    int rc = check_p2p(c, buf, bytes, peer, tag, "weft_send_on_stream");
-    return rc != WEFT_SUCCESS ? rc : enqueue(&g);
+    struct gop g = { s, SOP_SEND, buf, NULL, bytes, peer, tag, stream, 0 };
+    return enqueue(&g);
 }
 
-int weft_recv_on_stream(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream)
+int weft_stream_recv(struct weft_stream *s, void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream)
 {
-    struct gop g = { c, SOP_RECV, NULL, buf, bytes, peer, tag, stream, 0 };
-    int rc = check_p2p(c, buf, bytes, peer, tag, "weft_recv_on_stream");
-    return rc != WEFT_SUCCESS ? rc : enqueue(&g);
+    struct gop g = { s, SOP_RECV, NULL, buf, bytes, peer, tag, stream, 0 };
+    return enqueue(&g);
 }
 
-int weft_allgather_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
-                             struct CUstream_st *stream)
+int weft_stream_allgather(struct weft_stream *s, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                          struct CUstream_st *stream)
 {
-    struct gop g = { c, SOP_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, stream, 0 };
-    int rc = check_allgather(c, sendbuf, recvbuf, bytes_per_rank);
-    if (rc != WEFT_SUCCESS)
-        return rc;
+    struct gop g = { s, SOP_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, stream, 0 };
     if (bytes_per_rank == 0) {
         /* Nothing moves on any rank (all pass 0): only the CUDA check. */
-        if (!c->cuda)
-            return weft_set_error(c, WEFT_ERR_UNSUPPORTED,
+        if (!s->core->cuda)
+            return weft_set_error(s->core, WEFT_ERR_UNSUPPORTED,
                                   "weft_allgather_on_stream: CUDA is not available in this comm");
         return WEFT_SUCCESS;
     }
     return enqueue(&g);
 }
 
-int weft_group_end(void)
+int weft_stream_group_end(void)
 {
     int rc;
     if (g_depth <= 0)
@@ -1010,9 +957,8 @@ int weft_group_end(void)
 
 /* ---- destroy ---- */
 
-int weft_stream_comm_quiesce(struct weft_comm *c)
+int weft_stream_quiesce(struct weft_stream *S)
 {
-    struct stream_state *S = c ? state_of(c) : NULL;
     int rc = WEFT_SUCCESS;
     pthread_t thread;
 
@@ -1023,6 +969,7 @@ int weft_stream_comm_quiesce(struct weft_comm *c)
         pthread_mutex_unlock(&S->mu);
         return WEFT_SUCCESS;
     }
+    double timeout = S->core->cfg.timeout_s;
     double t0 = weft_now();
     uint64_t seen = S->completed;
     while (S->outstanding > 0) {
@@ -1031,11 +978,11 @@ int weft_stream_comm_quiesce(struct weft_comm *c)
             seen = S->completed;
             t0 = now;
         }
-        if (c->cfg.timeout_s > 0 && now - t0 > c->cfg.timeout_s) {
-            rc = weft_set_error(c, WEFT_ERR_TIMEOUT,
+        if (timeout > 0 && now - t0 > timeout) {
+            rc = weft_set_error(S->core, WEFT_ERR_TIMEOUT,
                                 "weft_comm_destroy: %zu stream-ordered operation(s) still not complete after %.0f s "
                                 "without progress; dropped, their streams released",
-                                S->outstanding, c->cfg.timeout_s);
+                                S->outstanding, timeout);
             S->abandon = 1;
             break;
         }
@@ -1052,10 +999,11 @@ int weft_stream_comm_quiesce(struct weft_comm *c)
     return rc;
 }
 
-void weft_stream_comm_fini(struct weft_comm *c)
+void weft_stream_destroy(struct weft_stream *S)
 {
-    struct stream_state *S = c ? state_of(c) : NULL;
     const struct weft_cuda *cu = weft_cuda_get();
+    struct weft_qnode *n;
+    struct weft_list *l;
     int running;
 
     if (S == NULL)
@@ -1064,63 +1012,71 @@ void weft_stream_comm_fini(struct weft_comm *c)
     running = S->thread_started;
     pthread_mutex_unlock(&S->mu);
     if (running)
-        weft_stream_comm_quiesce(c);
+        weft_stream_quiesce(S);
     pthread_mutex_lock(&S->mu);
-    abandon_all(S);   /* nothing left normally; frees stragglers otherwise */
+    abandon_all(S, 0);   /* nothing left normally; frees stragglers otherwise */
     pthread_mutex_unlock(&S->mu);
     for (size_t i = 0; i < S->nevpool; i++)
         cu->EventDestroy(S->evpool[i].ev);
     free(S->evpool);
-    while (S->streams) {
-        struct sstream *ss = S->streams;
-        S->streams = ss->next;
-        free(ss);
-    }
-    while (S->chunks) {
-        struct schunk *ch = S->chunks;
-        S->chunks = ch->next;
+    while ((n = weft_queue_pop(&S->streams)) != NULL)
+        free(weft_container_of(n, struct sstream, qn));
+    while ((l = weft_list_pop(&S->chunks)) != NULL) {
         pthread_mutex_lock(&chunk_pool_lock);
-        ch->next = chunk_pool;
-        chunk_pool = ch;
+        weft_list_add_head(&chunk_pool, l);
         pthread_mutex_unlock(&chunk_pool_lock);
     }
     pthread_cond_destroy(&S->cv);
     pthread_cond_destroy(&S->idle_cv);
     pthread_mutex_destroy(&S->mu);
     free(S);
-    __atomic_store_n((struct stream_state **)&c->stream_state, NULL, __ATOMIC_RELEASE);
 }
 
 #else /* !WEFT_HAVE_CUDA_HEADERS: no CUDA at all, every call is unsupported */
 
-static int no_cuda(weft_comm_t *c, const char *fn)
+struct weft_stream {
+    struct weft_core *core;
+};
+
+int weft_stream_create(struct weft_core *core, struct weft_p2p *p2p, struct weft_coll *cc,
+                       struct weft_stream **out)
 {
-    return weft_set_error(c, WEFT_ERR_UNSUPPORTED, "%s: weft was built without CUDA", fn);
+    struct weft_stream *S = calloc(1, sizeof(*S));
+    (void)p2p;
+    (void)cc;
+    *out = S;
+    if (S == NULL)
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory for the stream state");
+    S->core = core;
+    return WEFT_SUCCESS;
 }
 
-int weft_send_on_stream(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream)
+static int no_cuda(struct weft_stream *s, const char *fn)
 {
-    int rc = check_p2p(c, buf, bytes, peer, tag, "weft_send_on_stream");
-    (void)stream;
-    return rc != WEFT_SUCCESS ? rc : no_cuda(c, "weft_send_on_stream");
+    return weft_set_error(s->core, WEFT_ERR_UNSUPPORTED, "%s: weft was built without CUDA", fn);
 }
 
-int weft_recv_on_stream(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream)
+int weft_stream_send(struct weft_stream *s, const void *buf, size_t bytes, int peer, int tag,
+                     struct CUstream_st *stream)
 {
-    int rc = check_p2p(c, buf, bytes, peer, tag, "weft_recv_on_stream");
-    (void)stream;
-    return rc != WEFT_SUCCESS ? rc : no_cuda(c, "weft_recv_on_stream");
+    (void)buf, (void)bytes, (void)peer, (void)tag, (void)stream;
+    return no_cuda(s, "weft_send_on_stream");
 }
 
-int weft_allgather_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
-                             struct CUstream_st *stream)
+int weft_stream_recv(struct weft_stream *s, void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream)
 {
-    int rc = check_allgather(c, sendbuf, recvbuf, bytes_per_rank);
-    (void)stream;
-    return rc != WEFT_SUCCESS ? rc : no_cuda(c, "weft_allgather_on_stream");
+    (void)buf, (void)bytes, (void)peer, (void)tag, (void)stream;
+    return no_cuda(s, "weft_recv_on_stream");
 }
 
-int weft_group_end(void)
+int weft_stream_allgather(struct weft_stream *s, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                          struct CUstream_st *stream)
+{
+    (void)sendbuf, (void)recvbuf, (void)bytes_per_rank, (void)stream;
+    return no_cuda(s, "weft_allgather_on_stream");
+}
+
+int weft_stream_group_end(void)
 {
     if (g_depth <= 0)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_group_end: no matching weft_group_start");
@@ -1128,8 +1084,8 @@ int weft_group_end(void)
     return WEFT_SUCCESS;
 }
 
-int  weft_stream_comm_quiesce(struct weft_comm *c) { (void)c; return WEFT_SUCCESS; }
-void weft_stream_comm_fini(struct weft_comm *c) { (void)c; }
-int  weft_stream_take_error(struct weft_comm *c) { (void)c; return WEFT_SUCCESS; }
+int  weft_stream_quiesce(struct weft_stream *s) { (void)s; return WEFT_SUCCESS; }
+void weft_stream_destroy(struct weft_stream *s) { free(s); }
+int  weft_stream_take_error(struct weft_stream *s) { (void)s; return WEFT_SUCCESS; }
 
 #endif /* WEFT_HAVE_CUDA_HEADERS */

@@ -1,22 +1,22 @@
 /*
- * CUDA IPC path between ranks of one node (protocol and conventions in
- * cuda_ipc.h; the mapping cache in cuda_ipc_cache.c).
+ * The cuda_ipc transport: a mover between ranks of one node (protocol and
+ * conventions in cuda_ipc.h; the mapping cache in cuda_ipc_cache.c).
  *
- * Receiver: eligible() decides, export() fills the CTS payload with the IPC
- * handle of the receive buffer's allocation (handles cached per (base,
- * buffer id), so a buffer used again costs no cudaIpcGetMemHandle) and the
- * semaphore value n of this message.
+ * Receiver: rndv_expect decides, then fills the key with the IPC handle of
+ * the receive buffer's allocation (handles cached per (base, buffer id), so
+ * a buffer used again costs no cudaIpcGetMemHandle) and the semaphore value
+ * n of this message.
  *
- * Sender: push() maps the receiver's allocation through the import cache,
- * queues on weft's internal stream of the source buffer's device
+ * Sender: rndv_push maps the receiver's allocation through the import
+ * cache, queues on weft's internal stream of the source buffer's device
  *   cudaMemcpyAsync(peer_base + offset, sbuf, bytes, DeviceToDevice)
  *   cuStreamWriteValue32(peer semaphore word, n)
  *   cudaEventRecord(ev)
  * and progress() polls the events: a finished copy releases its mapping
- * reference, sends FIN (straight to the transport; when it has no room the
- * FIN waits here and is retried on the next progress) and completes the
- * send. A failure (open, copy) fails the send with WEFT_ERR_TRANSPORT and
- * the FIN carries the same code to the receiver.
+ * reference and hands the send back (rndv_done with the copy's status); the
+ * pipe then sends FIN and completes the send. A failure (open, copy) fails
+ * the send with WEFT_ERR_TRANSPORT and the FIN carries the same code to the
+ * receiver.
  */
 #include "cuda_ipc.h"
 
@@ -24,17 +24,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm.h"
 #include "cuda_ipc_cache.h"
 #include "cudawrap.h"
+#include "list.h"
 #include "log.h"
-#include "pipe.h"
 #include "transport.h"
+#include "weft.h"   /* WEFT_SUCCESS, WEFT_ERR_* */
 
-_Static_assert(sizeof(struct weft_cuda_ipc_payload) == 120, "CTS payload layout");
-_Static_assert(sizeof(struct weft_cuda_ipc_payload) <= WEFT_CUDA_IPC_PAYLOAD_MAX, "CTS payload too large");
+_Static_assert(sizeof(struct weft_cuda_ipc_payload) == 120, "key layout");
+_Static_assert(sizeof(struct weft_cuda_ipc_payload) <= WEFT_TP_KEY_MAX, "key too large");
 
-/* One record of the semaphore exchange (MPI_Alltoall, fixed size). */
+/* The blob, rounded up to 8 bytes in the card. */
+#define CUDA_IPC_CARD_BYTES ((sizeof(struct cuda_ipc_card) + 7) / 8 * 8)
+_Static_assert(sizeof(struct cuda_ipc_card) == 136, "card blob layout");
+_Static_assert(sizeof(struct cuda_ipc_card) <= CUDA_IPC_CARD_BYTES, "card blob fits card_bytes");
+
+/* One record of the semaphore exchange (alltoall, fixed size). */
 struct sem_rec {
     uint32_t valid;       /* 1: the sender of the record exported its semaphore array to me */
     int32_t  device;      /* device of the array */
@@ -49,24 +54,22 @@ _Static_assert(sizeof(struct sem_rec) == 96, "semaphore record layout");
 
 #define IPC_MAX_DEVICES 8
 
-enum op_state { OP_COPYING = 0, OP_FIN };
-
-/* A push in flight. */
+/* A push in flight. Not in x->priv: abort_peer lets go of x while its copy
+ * may still run on the stream, so the op (event, mapping reference) must
+ * outlive x; it lives on the transport's own lists instead. */
 struct ipc_op {
-    struct weft_pipe             *p;       /* NULL once the pipe broke */
-    struct weft_request          *s;
+    struct weft_list              node;    /* on ops (copying) or done (to report) */
+    struct weft_tp_xfer          *x;       /* NULL once the pipe broke (abort_peer) */
     int                           peer;
-    uint64_t                      rreq;    /* receiver's request id (FIN) */
     int                           tag;
     size_t                        bytes;
     uint64_t                      buf_base;/* receiver's allocation base (messages) */
     struct weft_ipc_cache_entry  *entry;   /* mapping reference while copying */
     cudaEvent_t                   ev;
     int                           dev;
-    int                           state;   /* enum op_state */
     int                           status;  /* WEFT_* of the copy */
-    struct ipc_op                *next;
 };
+#define OP_OF(n) weft_container_of(n, struct ipc_op, node)
 
 struct ipc_peer {
     int       exported;     /* my word for this peer exists (it may push to me) */
@@ -79,29 +82,50 @@ struct ipc_peer {
     struct ipc_op *last_op; /* my last push to it still copying */
 };
 
+#endif /* WEFT_HAVE_CUDA_HEADERS */
+
+/* Per-comm state (ctx), from create to destroy. */
 struct ipc_state {
-    struct weft_comm       *c;
-    const struct weft_cuda *cu;
-    int                     size;
-    void                   *sem_array;     /* my semaphores: size words, device memory */
-    int                     sem_device;
-    struct ipc_peer        *peers;         /* [size] */
-    struct weft_ipc_cache  *imports;       /* peers' allocations mapped here */
-    struct weft_ipc_cache  *exports;       /* my allocations' handles (peer -1) */
-    cudaStream_t            streams[IPC_MAX_DEVICES];
-    cudaEvent_t            *ev_free;       /* recycled events */
-    size_t                  ev_free_n, ev_free_cap;
-    struct ipc_op          *ops_head, *ops_tail;
-    size_t                  ops_count;
+    const struct weft_tp_env *env;
+    struct weft_core         *core;
+    int                       rank, size;
+    int                       on;            /* connect set up the semaphores: IPC usable */
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    const struct weft_cuda   *cu;            /* set at connect when this rank has CUDA */
+    void                     *sem_array;     /* my semaphores: size words, device memory */
+    int                       sem_device;
+    struct ipc_peer          *peers;         /* [size] */
+    struct weft_ipc_cache    *imports;       /* peers' allocations mapped here */
+    struct weft_ipc_cache    *exports;       /* my allocations' handles (peer -1) */
+    cudaStream_t              streams[IPC_MAX_DEVICES];
+    cudaEvent_t              *ev_free;       /* recycled events */
+    size_t                    ev_free_n, ev_free_cap;
+    struct weft_list          ops;           /* pushes copying (struct ipc_op), in push order */
+    struct weft_list          done;          /* pushes finished, rndv_done not yet called */
+#endif
 };
 
-/* Context handed to the import cache's open. */
-struct import_arg {
-    struct ipc_state                   *st;
-    const struct weft_cuda_ipc_payload *pl;
-    int                                 dev;      /* importing device */
-    cudaError_t                         err;
-};
+static const struct cuda_ipc_card *card_of(const struct weft_tp_env *env, int rank)
+{
+    return weft_tp_blob(&env->cards, rank);
+}
+
+#ifdef WEFT_HAVE_CUDA_HEADERS
+
+/* DEVICE or MANAGED (what the RTS announced as device memory). */
+static int is_device_kind(int mem_kind)
+{
+    return mem_kind == WEFT_MEM_DEVICE || mem_kind == WEFT_MEM_MANAGED;
+}
+
+/* A peer the semaphores are exchanged with: another rank of this
+ * (effective) node whose card shows a GPU. */
+static int node_gpu_peer(const struct ipc_state *st, int j)
+{
+    const struct weft_tp_cards *k = &st->env->cards;
+    return j != st->rank && weft_tp_card(k, j)->node == weft_tp_card(k, st->rank)->node &&
+           card_of(st->env, j)->gpu_count > 0;
+}
 
 static const char *cu_err(const struct weft_cuda *cu, cudaError_t e)
 {
@@ -150,9 +174,9 @@ static int busid_parse(const char *s, uint64_t *out)
 }
 
 /* My ordinal of the peer's device ordinal pord, or -1. */
-static int local_ordinal(const struct weft_comm *c, int peer, int pord)
+static int local_ordinal(const struct ipc_state *st, int peer, int pord)
 {
-    const struct weft_rank_card *pc = &c->cards[peer], *me = &c->cards[c->rank];
+    const struct cuda_ipc_card *pc = card_of(st->env, peer), *me = card_of(st->env, st->rank);
     uint64_t want, have;
     if (pord < 0 || pord >= pc->gpu_count || pord >= 8 || busid_parse(pc->gpu_busid[pord], &want) != 0)
         return -1;
@@ -176,6 +200,14 @@ static int can_access(const struct weft_cuda *cu, int from, int to)
 
 /* ---------------------------------------------------------------- caches */
 
+/* Context handed to the import cache's open. */
+struct import_arg {
+    struct ipc_state                   *st;
+    const struct weft_cuda_ipc_payload *pl;
+    int                                 dev;      /* importing device */
+    cudaError_t                         err;
+};
+
 static int import_open(void *ctx, struct weft_ipc_cache_entry *e, const void *arg)
 {
     struct import_arg *a = (struct import_arg *)arg;
@@ -193,7 +225,7 @@ static int import_open(void *ctx, struct weft_ipc_cache_entry *e, const void *ar
         return 1;
     }
     e->mapped = ptr;
-    WEFT_TRACE(a->st->c->rank, "cuda_ipc: peer %d: opened IPC mapping of buffer %#llx id %llu (%llu bytes) at %p",
+    WEFT_TRACE(a->st->rank, "cuda_ipc: peer %d: opened IPC mapping of buffer %#llx id %llu (%llu bytes) at %p",
                e->peer, (unsigned long long)e->base, (unsigned long long)e->buffer_id,
                (unsigned long long)a->pl->alloc_size, ptr);
     return 0;
@@ -207,10 +239,10 @@ static void import_close(void *ctx, struct weft_ipc_cache_entry *e)
     cudaError_t err = st->cu->IpcCloseMemHandle(e->mapped);
     if (err != cudaSuccess) {
         st->cu->GetLastError();
-        WEFT_WARN(st->c->rank, "cuda_ipc: peer %d: closing the mapping of buffer %#llx id %llu failed: %s",
+        WEFT_WARN(st->rank, "cuda_ipc: peer %d: closing the mapping of buffer %#llx id %llu failed: %s",
                   e->peer, (unsigned long long)e->base, (unsigned long long)e->buffer_id, cu_err(st->cu, err));
     } else {
-        WEFT_TRACE(st->c->rank, "cuda_ipc: peer %d: closed IPC mapping of buffer %#llx id %llu", e->peer,
+        WEFT_TRACE(st->rank, "cuda_ipc: peer %d: closed IPC mapping of buffer %#llx id %llu", e->peer,
                    (unsigned long long)e->base, (unsigned long long)e->buffer_id);
     }
     e->mapped = NULL;
@@ -242,17 +274,22 @@ static const struct weft_ipc_cache_ops export_ops = { export_open, NULL };
 
 /* ---------------------------------------------------------------- set-up */
 
-static void state_free(struct ipc_state *st)
+static void state_free_cuda(struct ipc_state *st)
 {
     const struct weft_cuda *cu = st->cu;
+    struct weft_list *n;
 
+    if (cu == NULL) {
+        /* Never connected with CUDA: no stream, op, mapping or semaphore. */
+        free(st->peers);
+        return;
+    }
     /* Nothing of ours may still run on the streams. */
     for (int d = 0; d < IPC_MAX_DEVICES; d++)
         if (st->streams[d] && cu->StreamSynchronize(st->streams[d]) != cudaSuccess)
             cu->GetLastError();
-    while (st->ops_head) {
-        struct ipc_op *op = st->ops_head;
-        st->ops_head = op->next;
+    while ((n = weft_list_pop(&st->ops)) != NULL || (n = weft_list_pop(&st->done)) != NULL) {
+        struct ipc_op *op = OP_OF(n);
         if (op->ev && cu->EventDestroy(op->ev) != cudaSuccess)
             cu->GetLastError();
         weft_ipc_cache_put(st->imports, op->entry);
@@ -275,24 +312,22 @@ static void state_free(struct ipc_state *st)
     for (int d = 0; d < IPC_MAX_DEVICES; d++)
         if (st->streams[d] && cu->StreamDestroy(st->streams[d]) != cudaSuccess)
             cu->GetLastError();
-    free(st);
 }
 
 /* Allocates and exports my semaphore array; fills the records I send. */
 static void sem_setup(struct ipc_state *st, struct sem_rec *out, char *why, size_t whylen)
 {
     const struct weft_cuda *cu = st->cu;
-    struct weft_comm *c = st->c;
     size_t bytes = (size_t)st->size * sizeof(uint32_t);
     cudaIpcMemHandle_t h;
     cudaError_t e;
     int any = 0;
 
     for (int j = 0; j < st->size; j++)
-        if (j != c->rank && c->pipes[j].tp && c->pipes[j].tp->id == WEFT_TP_SHM && c->cards[j].gpu_count > 0)
+        if (node_gpu_peer(st, j))
             any = 1;
     if (!any) {
-        snprintf(why, whylen, "no peer on this node with CUDA over shm");
+        snprintf(why, whylen, "no peer on this node with CUDA");
         return;
     }
     if ((e = cu->GetDevice(&st->sem_device)) != cudaSuccess ||
@@ -320,8 +355,7 @@ static void sem_setup(struct ipc_state *st, struct sem_rec *out, char *why, size
     struct weft_mem_attr attr;
     weft_cuda_mem_attr(st->sem_array, &attr);
     for (int j = 0; j < st->size; j++) {
-        if (j == c->rank || c->pipes[j].tp == NULL || c->pipes[j].tp->id != WEFT_TP_SHM ||
-            c->cards[j].gpu_count == 0)
+        if (!node_gpu_peer(st, j))
             continue;
         out[j].valid = 1;
         out[j].device = st->sem_device;
@@ -333,203 +367,115 @@ static void sem_setup(struct ipc_state *st, struct sem_rec *out, char *why, size
     }
 }
 
-int weft_cuda_ipc_init(struct weft_comm *c)
+/* After the exchange: takes the peers' records and turns IPC on. */
+static int sem_accept(struct ipc_state *st, const struct sem_rec *recvr)
 {
-    struct sem_rec *sendr, *recvr;
-    struct ipc_state *st = NULL;
-    char why[256] = "";
-    int rc = WEFT_SUCCESS, mrc;
-    size_t n = (size_t)c->size;
-
-    sendr = calloc(2 * n, sizeof(*sendr));
-    if (sendr == NULL)
-        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "cuda_ipc: no memory for the semaphore exchange");
-    recvr = sendr + n;
-
-    const struct weft_cuda *cu = c->cuda ? weft_cuda_get() : NULL;
-    if (cu && c->cfg.transports_mask & (1u << WEFT_TP_SHM)) {
-        st = calloc(1, sizeof(*st));
-        if (st)
-            st->peers = calloc(n, sizeof(*st->peers));
-        if (st && st->peers) {
-            st->c = c;
-            st->cu = cu;
-            st->size = c->size;
-            sem_setup(st, sendr, why, sizeof(why));
-        } else {
-            if (st)
-                free(st);
-            st = NULL;
-            snprintf(why, sizeof(why), "no memory");
-        }
-    } else {
-        snprintf(why, sizeof(why), "%s", cu ? "shm not allowed" : "no CUDA in this rank");
-    }
-
-    /* One batch, every rank, whatever happened above. */
-    mrc = MPI_Alltoall(sendr, (int)sizeof(*sendr), MPI_BYTE, recvr, (int)sizeof(*recvr), MPI_BYTE, c->mpi);
-    if (mrc != MPI_SUCCESS) {
-        rc = weft_set_error(c, WEFT_ERR_MPI, "cuda_ipc: MPI_Alltoall of the semaphore handles failed (%d)", mrc);
-        goto out;
-    }
-    if (st == NULL || st->sem_array == NULL) {
-        if (why[0])
-            WEFT_TRACE(c->rank, "cuda_ipc: off in this rank: %s", why);
-        goto out;
-    }
+    size_t n = (size_t)st->size;
     for (size_t j = 0; j < n; j++)
         if (recvr[j].valid) {
             st->peers[j].sem_valid = 1;
             st->peers[j].sem = recvr[j];
         }
-    size_t cap = c->cfg.cuda_ipc_cache > 0 ? (size_t)c->cfg.cuda_ipc_cache : 128;
+    size_t cap = st->core->cfg.cuda_ipc_cache > 0 ? (size_t)st->core->cfg.cuda_ipc_cache : 128;
     st->imports = weft_ipc_cache_create(cap, &import_ops, st);
     st->exports = weft_ipc_cache_create(cap, &export_ops, st);
-    if (st->imports == NULL || st->exports == NULL) {
-        rc = weft_set_error(c, WEFT_ERR_NO_MEMORY, "cuda_ipc: no memory for the mapping caches");
-        goto out;
-    }
+    if (st->imports == NULL || st->exports == NULL)
+        return weft_set_error(st->core, WEFT_ERR_NO_MEMORY, "cuda_ipc: no memory for the mapping caches");
     {
         int npeers = 0;
         for (size_t j = 0; j < n; j++)
             npeers += st->peers[j].exported;
-        WEFT_INFO(c->rank, "cuda_ipc: on for %d peer(s) of this node (semaphores on device %d, mapping cache of %zu)",
+        WEFT_INFO(st->rank, "cuda_ipc: on for %d peer(s) of this node (semaphores on device %d, mapping cache of %zu)",
                   npeers, st->sem_device, cap);
     }
-    c->cuda_ipc_state = st;
-    st = NULL;
-out:
-    if (st)
-        state_free(st);
-    free(sendr);
-    return rc;
-}
-
-void weft_cuda_ipc_fini(struct weft_comm *c)
-{
-    struct ipc_state *st = c->cuda_ipc_state;
-    if (st == NULL)
-        return;
-    c->cuda_ipc_state = NULL;
-    state_free(st);
+    st->on = 1;
+    return WEFT_SUCCESS;
 }
 
 /* ---------------------------------------------------------------- receiver */
 
-int weft_cuda_ipc_eligible(struct weft_pipe *p, const struct weft_ctrl *rts, const struct weft_request *r)
+/* Fills the key for the receive x (eligible). */
+static int export_key(struct ipc_state *st, int peer, const struct weft_tp_xfer *x, const struct weft_mem_attr *attr,
+                      void *key, size_t *keylen)
 {
-    struct weft_comm *c = p->comm;
-    struct ipc_state *st = c->cuda_ipc_state;
+    struct weft_cuda_ipc_payload pl;
+    struct weft_ipc_cache_entry *e = NULL;
+    struct export_arg ea = { st->cu, cudaSuccess };
+    int rc;
+
+    rc = weft_ipc_cache_get(st->exports, -1, attr->base, attr->buffer_id, &ea, &e, NULL);
+    if (rc != 0)
+        return weft_set_error(st->core, WEFT_ERR_TRANSPORT,
+                              "cuda_ipc: recv from peer %d tag %d: cannot export buffer %p (allocation %#llx id %llu): %s",
+                              peer, x->tag, x->buf, (unsigned long long)attr->base,
+                              (unsigned long long)attr->buffer_id,
+                              rc < 0 ? "no memory" : cu_err(st->cu, ea.err));
+    memset(&pl, 0, sizeof(pl));
+    pl.magic = WEFT_CUDA_IPC_MAGIC;
+    pl.sem_value = ++st->peers[peer].recv_seq;
+    pl.base = attr->base;
+    pl.buffer_id = attr->buffer_id;
+    pl.alloc_size = attr->size;
+    pl.offset = (uintptr_t)x->buf - attr->base;
+    pl.bytes = x->bytes;
+    pl.device = attr->device;
+    memcpy(pl.handle, e->data, sizeof(pl.handle));
+    weft_ipc_cache_put(st->exports, e);
+    memcpy(key, &pl, sizeof(pl));
+    *keylen = sizeof(pl);
+    WEFT_TRACE(st->rank, "cuda_ipc: recv from peer %d tag %d: exported buffer %#llx+%llu id %llu, %llu bytes, sem %u",
+               peer, x->tag, (unsigned long long)pl.base, (unsigned long long)pl.offset,
+               (unsigned long long)pl.buffer_id, (unsigned long long)pl.bytes, pl.sem_value);
+    return WEFT_SUCCESS;
+}
+
+/* Receiver: can the message src announces go by IPC into x (both device,
+ * same node, peer access)? Then export x and write the key. Takes nothing:
+ * the sender's pipe completes the receive with its FIN. */
+static int ipc_rndv_expect(void *ctx, int peer, struct weft_tp_xfer *x, const struct weft_tp_src *src,
+                           void *key, size_t *keylen)
+{
+    struct ipc_state *st = ctx;
+    const struct weft_tp_cards *k;
     struct weft_mem_attr attr;
     const char *no = NULL;
-    int sdev = -1;
+    int sdev = -1, rc;
 
-    if (st == NULL)
-        return 0;   /* no CUDA, no semaphores: nothing to log per message */
-    if (!(rts->flags & WEFT_CTRL_F_DEVICE))
-        return 0;
-    if (p->tp == NULL || p->tp->id != WEFT_TP_SHM)
+    if (st == NULL || !st->on)
+        return WEFT_EAGAIN;   /* no CUDA, no semaphores: nothing to log per message */
+    if (!is_device_kind(src->mem_kind) || !is_device_kind(x->mem_kind))
+        return WEFT_EAGAIN;
+    k = &st->env->cards;
+    if (peer < 0 || peer >= st->size || weft_tp_card(k, peer)->node != weft_tp_card(k, st->rank)->node)
         no = "not over shm (other node)";
-    else if (!st->peers[p->peer].exported)
+    else if (!st->peers[peer].exported)
         no = "no semaphore for this peer";
-    else if (weft_cuda_mem_attr(r->buf, &attr) != WEFT_SUCCESS || attr.kind != WEFT_MEM_DEVICE || attr.base == 0)
+    else if (weft_cuda_mem_attr(x->buf, &attr) != WEFT_SUCCESS || attr.kind != WEFT_MEM_DEVICE || attr.base == 0)
         no = "receive buffer is not device memory";
-    else if ((uintptr_t)r->buf < attr.base || (uintptr_t)r->buf - attr.base > attr.size ||
-             rts->bytes > attr.size - ((uintptr_t)r->buf - attr.base))
+    else if ((uintptr_t)x->buf < attr.base || (uintptr_t)x->buf - attr.base > attr.size ||
+             x->bytes > attr.size - ((uintptr_t)x->buf - attr.base))
         no = "message runs past the receive buffer's allocation";
-    else if ((sdev = local_ordinal(c, p->peer, (int)rts->reserved)) < 0)
+    else if ((sdev = local_ordinal(st, peer, src->device)) < 0)
         no = "the sender's device is not visible here";
     else if (!can_access(st->cu, sdev, attr.device))
         no = "the sender's device cannot access the receive buffer's device";
     else if (!can_access(st->cu, sdev, st->sem_device))
         no = "the sender's device cannot access the semaphores' device";
     if (no) {
-        WEFT_TRACE(c->rank, "cuda_ipc: recv from peer %d tag %d: not by IPC (sender device %u): %s", p->peer,
-                   r->tag, (unsigned)rts->reserved, no);
-        return 0;
+        WEFT_TRACE(st->rank, "cuda_ipc: recv from peer %d tag %d: not by IPC (sender device %d): %s", peer,
+                   x->tag, src->device, no);
+        return WEFT_EAGAIN;
     }
-    return 1;
-}
-
-int weft_cuda_ipc_export(struct weft_pipe *p, struct weft_request *r, void *payload, size_t *len)
-{
-    struct weft_comm *c = p->comm;
-    struct ipc_state *st = c->cuda_ipc_state;
-    struct weft_cuda_ipc_payload pl;
-    struct weft_ipc_cache_entry *e = NULL;
-    struct weft_mem_attr attr;
-    int rc;
-
-    if (st == NULL)
-        return weft_set_error(c, WEFT_ERR_UNSUPPORTED, "cuda_ipc: recv from peer %d: IPC is not set up", p->peer);
-    weft_cuda_mem_attr(r->buf, &attr);
-    if (attr.kind != WEFT_MEM_DEVICE || attr.base == 0)
-        return weft_set_error(c, WEFT_ERR_INVALID_ARG,
-                              "cuda_ipc: recv from peer %d tag %d: buffer %p is not device memory", p->peer,
-                              r->tag, r->buf);
-    struct export_arg ea = { st->cu, cudaSuccess };
-    rc = weft_ipc_cache_get(st->exports, -1, attr.base, attr.buffer_id, &ea, &e, NULL);
-    if (rc != 0)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT,
-                              "cuda_ipc: recv from peer %d tag %d: cannot export buffer %p (allocation %#llx id %llu): %s",
-                              p->peer, r->tag, r->buf, (unsigned long long)attr.base,
-                              (unsigned long long)attr.buffer_id,
-                              rc < 0 ? "no memory" : cu_err(st->cu, ea.err));
-    memset(&pl, 0, sizeof(pl));
-    pl.magic = WEFT_CUDA_IPC_MAGIC;
-    pl.sem_value = ++st->peers[p->peer].recv_seq;
-    pl.base = attr.base;
-    pl.buffer_id = attr.buffer_id;
-    pl.alloc_size = attr.size;
-    pl.offset = (uintptr_t)r->buf - attr.base;
-    pl.bytes = r->msg_bytes;
-    pl.device = attr.device;
-    memcpy(pl.handle, e->data, sizeof(pl.handle));
-    weft_ipc_cache_put(st->exports, e);
-    memcpy(payload, &pl, sizeof(pl));
-    *len = sizeof(pl);
-    WEFT_TRACE(c->rank, "cuda_ipc: recv from peer %d tag %d: exported buffer %#llx+%llu id %llu, %llu bytes, sem %u",
-               p->peer, r->tag, (unsigned long long)pl.base, (unsigned long long)pl.offset,
-               (unsigned long long)pl.buffer_id, (unsigned long long)pl.bytes, pl.sem_value);
+    rc = export_key(st, peer, x, &attr, key, keylen);
+    if (rc != WEFT_SUCCESS) {
+        WEFT_TRACE(st->rank, "recv from peer %d tag %d: CUDA IPC export failed (%s), staging instead", peer,
+                   x->tag, weft_err_str(rc));
+        return WEFT_EAGAIN;
+    }
     return WEFT_SUCCESS;
 }
 
-void *weft_cuda_ipc_inbound_sem(struct weft_comm *c, int peer)
-{
-    struct ipc_state *st = c->cuda_ipc_state;
-    if (st == NULL || peer < 0 || peer >= st->size || !st->peers[peer].exported)
-        return NULL;
-    return (char *)st->sem_array + (size_t)peer * sizeof(uint32_t);
-}
-
 /* ---------------------------------------------------------------- sender */
-
-/* FIN to the receiver: WEFT_SUCCESS, WEFT_EAGAIN (retry later) or a
- * transport failure. */
-static int fin_send(struct weft_pipe *p, uint64_t rreq, int tag, size_t bytes, int status)
-{
-    struct weft_ctrl h;
-    memset(&h, 0, sizeof(h));
-    h.type = WEFT_CTRL_FIN;
-    h.flags = WEFT_CTRL_F_IPC;
-    h.status = status;
-    h.tag = tag;
-    h.bytes = bytes;
-    h.sreq = rreq;
-    h.rreq = rreq;
-    return p->tp->ctrl_send(p, &h, NULL, 0);
-}
-
-static void op_append(struct ipc_state *st, struct ipc_op *op)
-{
-    op->next = NULL;
-    if (st->ops_tail)
-        st->ops_tail->next = op;
-    else
-        st->ops_head = op;
-    st->ops_tail = op;
-    st->ops_count++;
-}
 
 static cudaEvent_t event_get(struct ipc_state *st, cudaError_t *err)
 {
@@ -580,78 +526,46 @@ static cudaStream_t stream_get(struct ipc_state *st, int dev, cudaError_t *err)
     return st->streams[dev];
 }
 
-/* The send cannot go: fail it, tell the receiver (FIN with the code). */
-static int push_fail(struct weft_pipe *p, struct weft_request *s, uint64_t rreq, int err)
+/* Sender: the receiver's key for x arrived: map, copy, signal. A refusal
+ * (nothing queued) records why and returns WEFT_ERR_TRANSPORT; the pipe
+ * then tells the receiver (FIN with that code) and fails the send. */
+static int ipc_rndv_push(void *ctx, int peer, struct weft_tp_xfer *x, const void *key, size_t keylen)
 {
-    int rc = fin_send(p, rreq, s->tag, s->bytes, err);
-    if (rc == WEFT_EAGAIN) {
-        /* Retry the FIN from progress like a finished copy's. */
-        struct ipc_state *st = p->comm->cuda_ipc_state;
-        struct ipc_op *op = st ? calloc(1, sizeof(*op)) : NULL;
-        if (op) {
-            op->p = p;
-            op->s = s;
-            op->peer = p->peer;
-            op->rreq = rreq;
-            op->tag = s->tag;
-            op->bytes = s->bytes;
-            op->state = OP_FIN;
-            op->status = err;
-            op->dev = -1;
-            op_append(st, op);
-            return WEFT_SUCCESS;
-        }
-        rc = WEFT_ERR_NO_MEMORY;
-    }
-    weft_pipe_send_done(p, s, err);
-    if (rc != WEFT_SUCCESS)
-        weft_pipe_break(p, rc);
-    return WEFT_SUCCESS;
-}
-
-int weft_cuda_ipc_push(struct weft_pipe *p, struct weft_request *s, const struct weft_ctrl *cts,
-                       const void *payload, size_t len)
-{
-    struct weft_comm *c = p->comm;
-    struct ipc_state *st = c->cuda_ipc_state;
+    struct ipc_state *st = ctx;
     struct weft_cuda_ipc_payload pl;
     struct weft_mem_attr attr;
     struct ipc_peer *pp;
     struct weft_ipc_cache_entry *e = NULL;
     const struct weft_cuda *cu;
-    uint64_t rreq = cts->rreq;
+    struct weft_core *core;
     cudaError_t err = cudaSuccess;
     CUresult cr;
     int hit = 0, rc;
 
-    if (st == NULL) {
-        weft_set_error(c, WEFT_ERR_TRANSPORT, "cuda_ipc: send to peer %d tag %d: CTS asks for IPC, which is not set up here",
-                       p->peer, s->tag);
-        return push_fail(p, s, rreq, WEFT_ERR_TRANSPORT);
-    }
+    if (st == NULL || !st->on)
+        return weft_set_error(st ? st->core : NULL, WEFT_ERR_TRANSPORT,
+                              "cuda_ipc: send to peer %d tag %d: CTS asks for IPC, which is not set up here", peer,
+                              x->tag);
+    core = st->core;
     cu = st->cu;
-    pp = &st->peers[p->peer];
-    if (len != sizeof(pl) || payload == NULL) {
-        weft_set_error(c, WEFT_ERR_TRANSPORT, "cuda_ipc: send to peer %d tag %d: IPC payload of %zu bytes, expected %zu",
-                       p->peer, s->tag, len, sizeof(pl));
-        return push_fail(p, s, rreq, WEFT_ERR_TRANSPORT);
-    }
-    memcpy(&pl, payload, sizeof(pl));
-    if (pl.magic != WEFT_CUDA_IPC_MAGIC || pl.bytes != s->bytes || pl.offset > pl.alloc_size ||
-        pl.bytes > pl.alloc_size - pl.offset) {
-        weft_set_error(c, WEFT_ERR_TRANSPORT,
-                       "cuda_ipc: send to peer %d tag %d: bad IPC payload (magic %#x, %llu bytes at offset %llu of "
-                       "a %llu-byte allocation, message %zu bytes)", p->peer, s->tag, pl.magic,
-                       (unsigned long long)pl.bytes, (unsigned long long)pl.offset,
-                       (unsigned long long)pl.alloc_size, s->bytes);
-        return push_fail(p, s, rreq, WEFT_ERR_TRANSPORT);
-    }
-    weft_cuda_mem_attr(s->buf, &attr);
-    if (attr.kind != WEFT_MEM_DEVICE || attr.device < 0) {
-        weft_set_error(c, WEFT_ERR_TRANSPORT, "cuda_ipc: send to peer %d tag %d: send buffer %p is not device memory",
-                       p->peer, s->tag, s->buf);
-        return push_fail(p, s, rreq, WEFT_ERR_TRANSPORT);
-    }
+    pp = &st->peers[peer];
+    if (keylen != sizeof(pl) || key == NULL)
+        return weft_set_error(core, WEFT_ERR_TRANSPORT,
+                              "cuda_ipc: send to peer %d tag %d: IPC payload of %zu bytes, expected %zu", peer, x->tag,
+                              keylen, sizeof(pl));
+    memcpy(&pl, key, sizeof(pl));
+    if (pl.magic != WEFT_CUDA_IPC_MAGIC || pl.bytes != x->bytes || pl.offset > pl.alloc_size ||
+        pl.bytes > pl.alloc_size - pl.offset)
+        return weft_set_error(core, WEFT_ERR_TRANSPORT,
+                              "cuda_ipc: send to peer %d tag %d: bad IPC payload (magic %#x, %llu bytes at offset %llu "
+                              "of a %llu-byte allocation, message %zu bytes)", peer, x->tag, pl.magic,
+                              (unsigned long long)pl.bytes, (unsigned long long)pl.offset,
+                              (unsigned long long)pl.alloc_size, x->bytes);
+    weft_cuda_mem_attr(x->buf, &attr);
+    if (attr.kind != WEFT_MEM_DEVICE || attr.device < 0)
+        return weft_set_error(core, WEFT_ERR_TRANSPORT,
+                              "cuda_ipc: send to peer %d tag %d: send buffer %p is not device memory", peer, x->tag,
+                              x->buf);
 
     /* The peer's semaphores, opened once. */
     if (pp->sem_mapped == NULL && !pp->sem_failed) {
@@ -670,27 +584,23 @@ int weft_cuda_ipc_push(struct weft_pipe *p, struct weft_request *s, const struct
                 pp->sem_failed = 1;
                 snprintf(pp->sem_why, sizeof(pp->sem_why), "opening its semaphores failed: %s", cu_err(cu, err));
             } else {
-                WEFT_TRACE(c->rank, "cuda_ipc: peer %d: opened its semaphores (device %d) at %p", p->peer,
+                WEFT_TRACE(st->rank, "cuda_ipc: peer %d: opened its semaphores (device %d) at %p", peer,
                            pp->sem.device, pp->sem_mapped);
             }
         }
     }
-    if (pp->sem_failed) {
-        weft_set_error(c, WEFT_ERR_TRANSPORT, "cuda_ipc: send to peer %d tag %d into buffer %#llx: %s", p->peer,
-                       s->tag, (unsigned long long)pl.base, pp->sem_why);
-        return push_fail(p, s, rreq, WEFT_ERR_TRANSPORT);
-    }
+    if (pp->sem_failed)
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "cuda_ipc: send to peer %d tag %d into buffer %#llx: %s", peer,
+                              x->tag, (unsigned long long)pl.base, pp->sem_why);
 
     /* The receive buffer's allocation, through the cache. */
     struct import_arg ia = { st, &pl, attr.device, cudaSuccess };
-    rc = weft_ipc_cache_get(st->imports, p->peer, pl.base, pl.buffer_id, &ia, &e, &hit);
-    if (rc != 0) {
-        weft_set_error(c, WEFT_ERR_TRANSPORT,
-                       "cuda_ipc: send to peer %d tag %d: cannot open the IPC handle of its buffer %#llx id %llu: %s",
-                       p->peer, s->tag, (unsigned long long)pl.base, (unsigned long long)pl.buffer_id,
-                       rc < 0 ? "no memory" : cu_err(cu, ia.err));
-        return push_fail(p, s, rreq, WEFT_ERR_TRANSPORT);
-    }
+    rc = weft_ipc_cache_get(st->imports, peer, pl.base, pl.buffer_id, &ia, &e, &hit);
+    if (rc != 0)
+        return weft_set_error(core, WEFT_ERR_TRANSPORT,
+                              "cuda_ipc: send to peer %d tag %d: cannot open the IPC handle of its buffer %#llx id %llu: %s",
+                              peer, x->tag, (unsigned long long)pl.base, (unsigned long long)pl.buffer_id,
+                              rc < 0 ? "no memory" : cu_err(cu, ia.err));
 
     struct ipc_op *op = calloc(1, sizeof(*op));
     cudaStream_t stream = stream_get(st, attr.device, &err);
@@ -699,22 +609,18 @@ int weft_cuda_ipc_push(struct weft_pipe *p, struct weft_request *s, const struct
         weft_ipc_cache_put(st->imports, e);
         event_put(st, ev);
         free(op);
-        weft_set_error(c, WEFT_ERR_TRANSPORT, "cuda_ipc: send to peer %d tag %d: no %s for the copy: %s", p->peer,
-                       s->tag, op == NULL ? "memory" : stream == NULL ? "stream" : "event",
-                       op == NULL ? "out of memory" : cu_err(cu, err));
-        return push_fail(p, s, rreq, WEFT_ERR_TRANSPORT);
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "cuda_ipc: send to peer %d tag %d: no %s for the copy: %s",
+                              peer, x->tag, op == NULL ? "memory" : stream == NULL ? "stream" : "event",
+                              op == NULL ? "out of memory" : cu_err(cu, err));
     }
-    op->p = p;
-    op->s = s;
-    op->peer = p->peer;
-    op->rreq = rreq;
-    op->tag = s->tag;
-    op->bytes = s->bytes;
+    op->x = x;
+    op->peer = peer;
+    op->tag = x->tag;
+    op->bytes = x->bytes;
     op->buf_base = pl.base;
     op->entry = e;
     op->ev = ev;
     op->dev = attr.device;
-    op->state = OP_COPYING;
     op->status = WEFT_SUCCESS;
 
     int saved = dev_enter(cu, attr.device);
@@ -722,30 +628,31 @@ int weft_cuda_ipc_push(struct weft_pipe *p, struct weft_request *s, const struct
     if (pp->last_op && pp->last_op->dev != attr.device && pp->last_op->ev)
         err = cu->StreamWaitEvent(stream, pp->last_op->ev, 0);
     const char *what = "cudaStreamWaitEvent";
-    if (err == cudaSuccess && s->bytes) {
+    if (err == cudaSuccess && x->bytes) {
         what = "cudaMemcpyAsync";
-        err = cu->MemcpyAsync((char *)e->mapped + pl.offset, s->buf, s->bytes, cudaMemcpyDeviceToDevice, stream);
+        err = cu->MemcpyAsync((char *)e->mapped + pl.offset, x->buf, x->bytes, cudaMemcpyDeviceToDevice, stream);
     }
     if (err == cudaSuccess) {
         CUdeviceptr sem = (CUdeviceptr)((uintptr_t)pp->sem_mapped + pp->sem.offset);
         cr = cu->cuStreamWriteValue32((CUstream)stream, sem, pl.sem_value, 0);
         if (cr != CUDA_SUCCESS) {
-            op->status = weft_set_error(c, WEFT_ERR_TRANSPORT,
+            op->status = weft_set_error(core, WEFT_ERR_TRANSPORT,
                                         "cuda_ipc: send to peer %d tag %d into buffer %#llx id %llu: "
-                                        "cuStreamWriteValue32 of semaphore %u failed: %s", p->peer, s->tag,
+                                        "cuStreamWriteValue32 of semaphore %u failed: %s", peer, x->tag,
                                         (unsigned long long)pl.base, (unsigned long long)pl.buffer_id,
                                         pl.sem_value, drv_err(cu, cr));
         }
     } else {
         cu->GetLastError();
-        op->status = weft_set_error(c, WEFT_ERR_TRANSPORT,
+        op->status = weft_set_error(core, WEFT_ERR_TRANSPORT,
                                     "cuda_ipc: send to peer %d tag %d: %s of %zu bytes into its buffer %#llx id %llu "
-                                    "failed: %s", p->peer, s->tag, what, s->bytes, (unsigned long long)pl.base,
+                                    "failed: %s", peer, x->tag, what, x->bytes, (unsigned long long)pl.base,
                                     (unsigned long long)pl.buffer_id, cu_err(cu, err));
     }
     err = cu->EventRecord(ev, stream);
     if (err != cudaSuccess) {
-        /* Cannot watch the copy: wait for it here. */
+        /* Cannot watch the copy: wait for it here (reported at the next
+         * progress, like a finished copy). */
         cu->GetLastError();
         if (cu->StreamSynchronize(stream) != cudaSuccess) {
             cu->GetLastError();
@@ -755,138 +662,264 @@ int weft_cuda_ipc_push(struct weft_pipe *p, struct weft_request *s, const struct
         op->ev = NULL;
         weft_ipc_cache_put(st->imports, e);
         op->entry = NULL;
-        op->state = OP_FIN;
+        weft_list_add_tail(&st->done, &op->node);
     } else {
         pp->last_op = op;
+        weft_list_add_tail(&st->ops, &op->node);
     }
     dev_leave(cu, saved, attr.device);
-    op_append(st, op);
-    WEFT_TRACE(c->rank, "cuda_ipc: send to peer %d tag %d: %zu bytes from device %d into its buffer %#llx+%llu "
-               "id %llu by CUDA IPC (mapping %s, sem %u)", p->peer, s->tag, s->bytes, attr.device,
+    WEFT_TRACE(st->rank, "cuda_ipc: send to peer %d tag %d: %zu bytes from device %d into its buffer %#llx+%llu "
+               "id %llu by CUDA IPC (mapping %s, sem %u)", peer, x->tag, x->bytes, attr.device,
                (unsigned long long)pl.base, (unsigned long long)pl.offset, (unsigned long long)pl.buffer_id,
                hit ? "cached" : "opened", pl.sem_value);
     return WEFT_SUCCESS;
 }
 
-int weft_cuda_ipc_progress(struct weft_comm *c)
+/* Polls copies in flight (events); returns the number reported done. */
+static int ipc_progress(void *ctx)
 {
-    struct ipc_state *st = c->cuda_ipc_state;
-    struct ipc_op *op, *prev = NULL, *next;
+    struct ipc_state *st = ctx;
+    struct weft_list *node;
     int n = 0;
 
-    if (st == NULL || st->ops_head == NULL)
+    if (st == NULL || st->cu == NULL || (weft_list_empty(&st->ops) && weft_list_empty(&st->done)))
         return 0;
-    for (op = st->ops_head; op; op = next) {
-        next = op->next;
-        if (op->state == OP_COPYING) {
-            cudaError_t e = st->cu->EventQuery(op->ev);
-            if (e == cudaErrorNotReady) {
-                prev = op;
-                continue;
-            }
-            if (e != cudaSuccess) {
-                st->cu->GetLastError();
-                if (op->status == WEFT_SUCCESS)
-                    op->status = weft_set_error(c, WEFT_ERR_TRANSPORT,
-                                                "cuda_ipc: send to peer %d tag %d: the copy of %zu bytes into its "
-                                                "buffer %#llx failed: %s", op->peer, op->tag, op->bytes,
-                                                (unsigned long long)op->buf_base, cu_err(st->cu, e));
-            }
-            if (st->peers[op->peer].last_op == op)
-                st->peers[op->peer].last_op = NULL;
-            event_put(st, op->ev);
-            op->ev = NULL;
-            weft_ipc_cache_put(st->imports, op->entry);
-            op->entry = NULL;
-            op->state = OP_FIN;
-        }
-        if (op->p != NULL) {
-            struct weft_pipe *p = op->p;
-            int rc = fin_send(p, op->rreq, op->tag, op->bytes, op->status);
-            if (rc == WEFT_EAGAIN) {
-                prev = op;
-                continue;
-            }
-            /* Unlink before anything that may re-enter (abort_pipe). */
-            if (prev)
-                prev->next = next;
-            else
-                st->ops_head = next;
-            if (st->ops_tail == op)
-                st->ops_tail = prev;
-            st->ops_count--;
-            weft_pipe_send_done(p, op->s, op->status);
-            if (rc != WEFT_SUCCESS)
-                weft_pipe_break(p, rc);
-            free(op);
-            n++;
+    /* Finished copies let go of their event and mapping and move to done... */
+    weft_list_for_each(it, &st->ops) {
+        struct ipc_op *op = OP_OF(it);
+        cudaError_t e = st->cu->EventQuery(op->ev);
+        if (e == cudaErrorNotReady)
             continue;
+        if (e != cudaSuccess) {
+            st->cu->GetLastError();
+            if (op->status == WEFT_SUCCESS)
+                op->status = weft_set_error(st->core, WEFT_ERR_TRANSPORT,
+                                            "cuda_ipc: send to peer %d tag %d: the copy of %zu bytes into its "
+                                            "buffer %#llx failed: %s", op->peer, op->tag, op->bytes,
+                                            (unsigned long long)op->buf_base, cu_err(st->cu, e));
         }
-        /* The pipe broke meanwhile: nothing to tell anyone. */
-        if (prev)
-            prev->next = next;
-        else
-            st->ops_head = next;
-        if (st->ops_tail == op)
-            st->ops_tail = prev;
-        st->ops_count--;
+        if (st->peers[op->peer].last_op == op)
+            st->peers[op->peer].last_op = NULL;
+        event_put(st, op->ev);
+        op->ev = NULL;
+        weft_ipc_cache_put(st->imports, op->entry);
+        op->entry = NULL;
+        weft_list_del(it);
+        weft_list_add_tail(&st->done, it);
+    }
+    /* ... and are reported one by one, each unlinked before the upcall,
+     * which may re-enter (rndv_push, abort_peer, progress). */
+    while ((node = weft_list_pop(&st->done)) != NULL) {
+        struct ipc_op *op = OP_OF(node);
+        struct weft_tp_xfer *x = op->x;
+        int status = op->status;
         free(op);
+        if (x == NULL)
+            continue;   /* the pipe broke meanwhile: nothing to tell anyone */
+        st->env->up->rndv_done(st->env->up->arg, x, status);
+        n++;
     }
     return n;
 }
 
-void weft_cuda_ipc_abort_pipe(struct weft_pipe *p)
+/* The pipe broke: forget x of that peer's pushes (a copy already queued
+ * still runs; its mapping is released when it is done). */
+static void ipc_abort_peer(void *ctx, int peer)
 {
-    struct ipc_state *st = p->comm->cuda_ipc_state;
-    if (st == NULL)
+    struct ipc_state *st = ctx;
+    if (st == NULL || st->cu == NULL)
         return;
-    for (struct ipc_op *op = st->ops_head; op; op = op->next)
-        if (op->p == p) {
-            op->p = NULL;
-            op->s = NULL;
-        }
+    weft_list_for_each(it, &st->ops)
+        if (OP_OF(it)->peer == peer)
+            OP_OF(it)->x = NULL;
+    weft_list_for_each(it, &st->done)
+        if (OP_OF(it)->peer == peer)
+            OP_OF(it)->x = NULL;
 }
 
-int weft_cuda_ipc_busy(const struct weft_comm *c)
+/* Nonzero while copies are in flight (or wait to be reported): a waiter
+ * should poll (no doorbell rings when a copy completes) instead of
+ * sleeping long. */
+static int ipc_wakeless(void *ctx)
 {
-    const struct ipc_state *st = c->cuda_ipc_state;
-    return st != NULL && st->ops_head != NULL;
+    const struct ipc_state *st = ctx;
+    return st != NULL && st->cu != NULL && (!weft_list_empty(&st->ops) || !weft_list_empty(&st->done));
+}
+
+static unsigned ipc_rndv_mem(void *ctx, int peer)
+{
+    const struct ipc_state *st = ctx;
+    if (st == NULL || !st->on || peer < 0 || peer >= st->size)
+        return 0;
+    return st->peers[peer].exported || st->peers[peer].sem_valid ? WEFT_TP_MEM_DEVICE : 0;
 }
 
 #else /* !WEFT_HAVE_CUDA_HEADERS: no device memory, but the exchange still happens (collective) */
 
-int weft_cuda_ipc_init(struct weft_comm *c)
+static int ipc_rndv_expect(void *ctx, int peer, struct weft_tp_xfer *x, const struct weft_tp_src *src,
+                           void *key, size_t *keylen)
 {
-    size_t n = (size_t)c->size;
-    struct sem_rec *r = calloc(2 * n, sizeof(*r));
-    if (r == NULL)
-        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "cuda_ipc: no memory for the semaphore exchange");
-    int mrc = MPI_Alltoall(r, (int)sizeof(*r), MPI_BYTE, r + n, (int)sizeof(*r), MPI_BYTE, c->mpi);
-    free(r);
-    if (mrc != MPI_SUCCESS)
-        return weft_set_error(c, WEFT_ERR_MPI, "cuda_ipc: MPI_Alltoall of the semaphore handles failed (%d)", mrc);
+    (void)ctx; (void)peer; (void)x; (void)src; (void)key; (void)keylen;
+    return WEFT_EAGAIN;
+}
+
+static int ipc_rndv_push(void *ctx, int peer, struct weft_tp_xfer *x, const void *key, size_t keylen)
+{
+    struct ipc_state *st = ctx;
+    (void)key; (void)keylen;
+    return weft_set_error(st ? st->core : NULL, WEFT_ERR_TRANSPORT,
+                          "cuda_ipc: send to peer %d tag %d: CTS asks for IPC, which is not set up here", peer, x->tag);
+}
+
+static int ipc_progress(void *ctx) { (void)ctx; return 0; }
+static void ipc_abort_peer(void *ctx, int peer) { (void)ctx; (void)peer; }
+static int ipc_wakeless(void *ctx) { (void)ctx; return 0; }
+static unsigned ipc_rndv_mem(void *ctx, int peer) { (void)ctx; (void)peer; return 0; }
+
+#endif /* WEFT_HAVE_CUDA_HEADERS */
+
+/* ------------------------------------------------------------ the vtable */
+
+/* Before the card exchange: per-comm state, and the devices this rank sees
+ * (by PCI bus id) in the blob; gpu_count 0 without CUDA. */
+static int ipc_create(const struct weft_tp_env *env, void *blob, void **ctx)
+{
+    struct cuda_ipc_card *card = blob;
+    struct ipc_state *st = calloc(1, sizeof(*st));
+
+    *ctx = NULL;
+    if (st == NULL)
+        return weft_set_error(env->core, WEFT_ERR_NO_MEMORY, "cuda_ipc: no memory for its state");
+    st->env = env;
+    st->core = env->core;
+    st->rank = env->core->rank;
+    st->size = env->core->size;
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    weft_list_init(&st->ops);
+    weft_list_init(&st->done);
+    st->peers = calloc((size_t)st->size, sizeof(*st->peers));
+    if (st->peers == NULL) {
+        free(st);
+        return weft_set_error(env->core, WEFT_ERR_NO_MEMORY, "cuda_ipc: no memory for its state");
+    }
+    const struct weft_cuda *cu = env->core->cuda ? weft_cuda_get() : NULL;
+    if (cu) {
+        int n = cu->device_count < 8 ? cu->device_count : 8;
+        for (int d = 0; d < n; d++)
+            if (cu->DeviceGetPCIBusId(card->gpu_busid[d], (int)sizeof(card->gpu_busid[d]), d) != cudaSuccess)
+                card->gpu_busid[d][0] = '\0';
+        card->gpu_count = (uint8_t)n;
+    }
+#else
+    card->gpu_count = 0;
+#endif
+    *ctx = st;
     return WEFT_SUCCESS;
 }
-void weft_cuda_ipc_fini(struct weft_comm *c) { (void)c; }
-int weft_cuda_ipc_eligible(struct weft_pipe *p, const struct weft_ctrl *rts, const struct weft_request *r)
-{
-    (void)p; (void)rts; (void)r;
-    return 0;
-}
-int weft_cuda_ipc_export(struct weft_pipe *p, struct weft_request *r, void *payload, size_t *len)
-{
-    (void)p; (void)r; (void)payload; (void)len;
-    return WEFT_ERR_UNSUPPORTED;
-}
-int weft_cuda_ipc_push(struct weft_pipe *p, struct weft_request *s, const struct weft_ctrl *cts,
-                       const void *payload, size_t len)
-{
-    (void)p; (void)s; (void)cts; (void)payload; (void)len;
-    return WEFT_ERR_UNSUPPORTED;
-}
-int weft_cuda_ipc_progress(struct weft_comm *c) { (void)c; return 0; }
-void weft_cuda_ipc_abort_pipe(struct weft_pipe *p) { (void)p; }
-int weft_cuda_ipc_busy(const struct weft_comm *c) { (void)c; return 0; }
-void *weft_cuda_ipc_inbound_sem(struct weft_comm *c, int peer) { (void)c; (void)peer; return NULL; }
 
+static int ipc_reach(const struct weft_tp_cards *k, int me, int peer, char *why, size_t whylen)
+{
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    const struct cuda_ipc_card *a = weft_tp_blob(k, me), *b = weft_tp_blob(k, peer);
+    if (a->gpu_count == 0 || b->gpu_count == 0) {
+        snprintf(why, whylen, "no CUDA device in rank %d", a->gpu_count == 0 ? me : peer);
+        return 0;
+    }
+    return 1;
+#else
+    (void)k; (void)me; (void)peer;
+    snprintf(why, whylen, "weft was built without CUDA");
+    return 0;
 #endif
+}
+
+/* The semaphore exchange. Collective: every rank takes part as soon as any
+ * card shows a GPU (a rank without CUDA, or that does not offer cuda_ipc,
+ * sends empty records), and none does in a job without GPUs; the cards are
+ * the same everywhere, so every rank decides alike. */
+static int ipc_connect(const struct weft_tp_env *env, void *ctx)
+{
+    struct ipc_state *st = ctx;
+    struct weft_core *core = env->core;
+    size_t n = (size_t)core->size;
+    struct sem_rec *sendr, *recvr;
+    char why[256] = "";
+    int any_gpu = 0, rc = WEFT_SUCCESS;
+
+    for (int r = 0; r < core->size && !any_gpu; r++)
+        any_gpu = card_of(env, r)->gpu_count > 0;
+    if (!any_gpu)
+        return WEFT_SUCCESS;
+
+    sendr = calloc(2 * n, sizeof(*sendr));
+    if (sendr == NULL)
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "cuda_ipc: no memory for the semaphore exchange");
+    recvr = sendr + n;
+
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    const struct weft_cuda *cu = core->cuda ? weft_cuda_get() : NULL;
+    if (st && cu) {
+        st->cu = cu;
+        sem_setup(st, sendr, why, sizeof(why));
+    } else {
+        snprintf(why, sizeof(why), "%s", cu ? "cuda_ipc not offered by this rank" : "no CUDA in this rank");
+    }
+#else
+    (void)st;
+    snprintf(why, sizeof(why), "weft was built without CUDA");
+#endif
+
+    /* One batch, every rank, whatever happened above. */
+    rc = env->coll->alltoall(env->coll->arg, sendr, recvr, sizeof(*sendr));
+    if (rc != WEFT_SUCCESS) {
+        rc = weft_set_error(core, rc, "cuda_ipc: the alltoall of the semaphore handles failed");
+        goto out;
+    }
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    if (st && st->sem_array) {
+        rc = sem_accept(st, recvr);
+        goto out;
+    }
+#endif
+    if (why[0])
+        WEFT_TRACE(core->rank, "cuda_ipc: off in this rank: %s", why);
+out:
+    free(sendr);
+    return rc;
+}
+
+static void ipc_destroy(void *ctx)
+{
+    struct ipc_state *st = ctx;
+    if (st == NULL)
+        return;
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    state_free_cuda(st);
+#endif
+    free(st);
+}
+
+const struct weft_transport weft_transport_cuda_ipc = {
+    .name        = "cuda_ipc",
+    .ctrl        = 0,
+    .scope       = WEFT_TP_SCOPE_NODE,
+    .sure        = 0,
+    .card_bytes  = CUDA_IPC_CARD_BYTES,
+    .create      = ipc_create,
+    .reach       = ipc_reach,
+    .connect     = ipc_connect,
+    .destroy     = ipc_destroy,
+    .eager_limit = NULL,
+    .ctrl_send   = NULL,
+    .progress    = ipc_progress,
+    .rndv_mem    = ipc_rndv_mem,
+    .rndv_get    = NULL,
+    .rndv_expect = ipc_rndv_expect,
+    .rndv_push   = ipc_rndv_push,
+    .abort_peer  = ipc_abort_peer,
+    .busy        = ipc_wakeless,   /* copies in flight: destroy drains them */
+    .wakeless    = ipc_wakeless,
+    .sleep       = NULL,
+    .mem_pin     = NULL,
+    .mem_unpin   = NULL,
+};

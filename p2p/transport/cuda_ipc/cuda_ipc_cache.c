@@ -14,13 +14,16 @@ struct weft_ipc_cache {
     size_t                            cap;
     const struct weft_ipc_cache_ops  *ops;
     void                             *ctx;
-    struct weft_ipc_cache_entry     **buckets;
+    struct weft_list                 *buckets;     /* [nbuckets] chains of live entries (hash nodes) */
     size_t                            nbuckets;    /* power of two */
     size_t                            count;       /* live entries (in the table and the LRU) */
-    struct weft_ipc_cache_entry      *lru_head, *lru_tail;
-    struct weft_ipc_cache_entry      *dead;        /* dead entries still referenced (lru_next links) */
+    struct weft_list                  lru;         /* live entries, most recently used first (lru nodes) */
+    struct weft_list                  dead;        /* dead entries still referenced (lru nodes) */
     struct weft_ipc_cache_stats       st;
 };
+
+#define ENTRY_OF_LRU(n)  weft_container_of(n, struct weft_ipc_cache_entry, lru)
+#define ENTRY_OF_HASH(n) weft_container_of(n, struct weft_ipc_cache_entry, hash)
 
 static size_t key_hash(int peer, uint64_t base, size_t nb)
 {
@@ -31,6 +34,15 @@ static size_t key_hash(int peer, uint64_t base, size_t nb)
     return (size_t)h & (nb - 1);
 }
 
+static struct weft_list *buckets_new(size_t nb)
+{
+    struct weft_list *b = malloc(nb * sizeof(*b));
+    if (b)
+        for (size_t i = 0; i < nb; i++)
+            weft_list_init(&b[i]);
+    return b;
+}
+
 struct weft_ipc_cache *weft_ipc_cache_create(size_t cap, const struct weft_ipc_cache_ops *ops, void *ctx)
 {
     struct weft_ipc_cache *c = calloc(1, sizeof(*c));
@@ -39,8 +51,10 @@ struct weft_ipc_cache *weft_ipc_cache_create(size_t cap, const struct weft_ipc_c
     c->cap = cap ? cap : 1;
     c->ops = ops;
     c->ctx = ctx;
+    weft_list_init(&c->lru);
+    weft_list_init(&c->dead);
     c->nbuckets = 64;
-    c->buckets = calloc(c->nbuckets, sizeof(*c->buckets));
+    c->buckets = buckets_new(c->nbuckets);
     if (c->buckets == NULL) {
         free(c);
         return NULL;
@@ -48,58 +62,19 @@ struct weft_ipc_cache *weft_ipc_cache_create(size_t cap, const struct weft_ipc_c
     return c;
 }
 
-/* ---- LRU list ---- */
-
-static void lru_unlink(struct weft_ipc_cache *c, struct weft_ipc_cache_entry *e)
-{
-    if (e->lru_prev)
-        e->lru_prev->lru_next = e->lru_next;
-    else
-        c->lru_head = e->lru_next;
-    if (e->lru_next)
-        e->lru_next->lru_prev = e->lru_prev;
-    else
-        c->lru_tail = e->lru_prev;
-    e->lru_prev = e->lru_next = NULL;
-}
-
-static void lru_push_head(struct weft_ipc_cache *c, struct weft_ipc_cache_entry *e)
-{
-    e->lru_prev = NULL;
-    e->lru_next = c->lru_head;
-    if (c->lru_head)
-        c->lru_head->lru_prev = e;
-    else
-        c->lru_tail = e;
-    c->lru_head = e;
-}
-
 /* ---- hash table ---- */
-
-static void table_unlink(struct weft_ipc_cache *c, struct weft_ipc_cache_entry *e)
-{
-    struct weft_ipc_cache_entry **pp = &c->buckets[key_hash(e->peer, e->base, c->nbuckets)];
-    for (; *pp; pp = &(*pp)->hash_next)
-        if (*pp == e) {
-            *pp = e->hash_next;
-            break;
-        }
-    e->hash_next = NULL;
-}
 
 static void table_grow(struct weft_ipc_cache *c)
 {
     size_t nb = c->nbuckets * 2;
-    struct weft_ipc_cache_entry **nt = calloc(nb, sizeof(*nt));
+    struct weft_list *nt = buckets_new(nb);
     if (nt == NULL)
         return;   /* longer chains, still correct */
     for (size_t i = 0; i < c->nbuckets; i++) {
-        struct weft_ipc_cache_entry *e = c->buckets[i], *next;
-        for (; e; e = next) {
-            next = e->hash_next;
-            size_t h = key_hash(e->peer, e->base, nb);
-            e->hash_next = nt[h];
-            nt[h] = e;
+        struct weft_list *n;
+        while ((n = weft_list_pop(&c->buckets[i])) != NULL) {
+            struct weft_ipc_cache_entry *e = ENTRY_OF_HASH(n);
+            weft_list_add_head(&nt[key_hash(e->peer, e->base, nb)], n);
         }
     }
     free(c->buckets);
@@ -111,9 +86,11 @@ struct weft_ipc_cache_entry *weft_ipc_cache_peek(const struct weft_ipc_cache *c,
 {
     if (c == NULL)
         return NULL;
-    for (struct weft_ipc_cache_entry *e = c->buckets[key_hash(peer, base, c->nbuckets)]; e; e = e->hash_next)
+    weft_list_for_each(n, &c->buckets[key_hash(peer, base, c->nbuckets)]) {
+        struct weft_ipc_cache_entry *e = ENTRY_OF_HASH(n);
         if (e->peer == peer && e->base == base)
             return e;
+    }
     return NULL;
 }
 
@@ -131,39 +108,27 @@ static void entry_close(struct weft_ipc_cache *c, struct weft_ipc_cache_entry *e
  * else parked on the dead list until its last put. */
 static void entry_retire(struct weft_ipc_cache *c, struct weft_ipc_cache_entry *e)
 {
-    table_unlink(c, e);
-    lru_unlink(c, e);
+    weft_list_del(&e->hash);
+    weft_list_del(&e->lru);
     c->count--;
     e->dead = 1;
     if (e->refs == 0) {
         entry_close(c, e);
         return;
     }
-    e->lru_next = c->dead;
-    e->lru_prev = NULL;
-    if (c->dead)
-        c->dead->lru_prev = e;
-    c->dead = e;
-}
-
-static void dead_unlink(struct weft_ipc_cache *c, struct weft_ipc_cache_entry *e)
-{
-    if (e->lru_prev)
-        e->lru_prev->lru_next = e->lru_next;
-    else
-        c->dead = e->lru_next;
-    if (e->lru_next)
-        e->lru_next->lru_prev = e->lru_prev;
-    e->lru_prev = e->lru_next = NULL;
+    weft_list_add_head(&c->dead, &e->lru);
 }
 
 /* Closes least recently used entries with no copy in flight until the
  * table is within its cap (or only entries in use remain). */
 static void evict(struct weft_ipc_cache *c)
 {
-    struct weft_ipc_cache_entry *e = c->lru_tail, *prev;
-    for (; e && c->count > c->cap; e = prev) {
-        prev = e->lru_prev;
+    /* From the LRU end towards the most recent (the list walks forward
+     * only, so by hand over prev). */
+    struct weft_list *n = c->lru.prev, *prev;
+    for (; n != &c->lru && c->count > c->cap; n = prev) {
+        struct weft_ipc_cache_entry *e = ENTRY_OF_LRU(n);
+        prev = n->prev;
         if (e->refs > 0)
             continue;
         c->st.evictions++;
@@ -183,8 +148,8 @@ int weft_ipc_cache_get(struct weft_ipc_cache *c, int peer, uint64_t base, uint64
     if (hit)
         *hit = 0;
     if (e && e->buffer_id == buffer_id) {
-        lru_unlink(c, e);
-        lru_push_head(c, e);
+        weft_list_del(&e->lru);
+        weft_list_add_head(&c->lru, &e->lru);
         e->refs++;
         c->st.hits++;
         if (hit)
@@ -212,10 +177,8 @@ int weft_ipc_cache_get(struct weft_ipc_cache *c, int peer, uint64_t base, uint64
     c->st.opens++;
     if (c->count >= 2 * c->nbuckets)
         table_grow(c);
-    size_t h = key_hash(peer, base, c->nbuckets);
-    e->hash_next = c->buckets[h];
-    c->buckets[h] = e;
-    lru_push_head(c, e);
+    weft_list_add_head(&c->buckets[key_hash(peer, base, c->nbuckets)], &e->hash);
+    weft_list_add_head(&c->lru, &e->lru);
     c->count++;
     e->refs = 1;
     evict(c);
@@ -232,7 +195,7 @@ void weft_ipc_cache_put(struct weft_ipc_cache *c, struct weft_ipc_cache_entry *e
     if (e->refs > 0)
         return;
     if (e->dead) {
-        dead_unlink(c, e);
+        weft_list_del(&e->lru);
         entry_close(c, e);
         return;
     }
@@ -252,16 +215,11 @@ void weft_ipc_cache_destroy(struct weft_ipc_cache *c)
 {
     if (c == NULL)
         return;
-    while (c->lru_head) {
-        struct weft_ipc_cache_entry *e = c->lru_head;
-        lru_unlink(c, e);
-        entry_close(c, e);
-    }
-    while (c->dead) {
-        struct weft_ipc_cache_entry *e = c->dead;
-        dead_unlink(c, e);
-        entry_close(c, e);
-    }
+    struct weft_list *n;
+    while ((n = weft_list_pop(&c->lru)) != NULL)
+        entry_close(c, ENTRY_OF_LRU(n));
+    while ((n = weft_list_pop(&c->dead)) != NULL)
+        entry_close(c, ENTRY_OF_LRU(n));
     free(c->buckets);
     free(c);
 }

@@ -1,5 +1,5 @@
 /*
- * CUDA IPC mapping cache (used by p2p/cuda_ipc.c).
+ * CUDA IPC mapping cache (used by the cuda_ipc transport, cuda_ipc.c).
  *
  * Opening a peer's IPC handle is costly, and a second open of the same
  * handle in one process fails on real drivers (cudaErrorAlreadyMapped), so
@@ -19,13 +19,14 @@
  * (unit tests use fake ops). The same structure serves as the exporter's
  * cache of handles (peer -1, open = cudaIpcGetMemHandle, no close).
  *
- * Not thread safe: the caller holds the comm lock.
+ * Not thread safe: the caller holds the pipe layer's lock.
  */
 #ifndef WEFT_CUDA_IPC_CACHE_H
 #define WEFT_CUDA_IPC_CACHE_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include "list.h"
 
 #define WEFT_IPC_CACHE_DATA 64   /* bytes of owner data per entry (an IPC handle) */
 
@@ -37,8 +38,8 @@ struct weft_ipc_cache_entry {
     uint8_t   data[WEFT_IPC_CACHE_DATA]; /* set by ops->open: owner data (the handle) */
     int       refs;        /* copies in flight */
     int       dead;        /* out of the table (stale or cache destroyed): closed at refs 0 */
-    struct weft_ipc_cache_entry *lru_prev, *lru_next;  /* head = most recently used */
-    struct weft_ipc_cache_entry *hash_next;
+    struct weft_list lru;  /* on the LRU list (head = most recently used), or on the dead list */
+    struct weft_list hash; /* on its hash bucket's chain (live entries only) */
 };
 
 struct weft_ipc_cache_ops {

@@ -4,15 +4,20 @@
  * Per peer: WEFT_IB_QPS_PER_PEER reliable-connected QPs (QP 0 carries every
  * control frame, so frames arrive in the order they were sent; all QPs carry
  * rendezvous data). Set-up exchanges QPN/PSN/LID/GID/MTU for every pair in
- * one MPI_Alltoall of fixed-size records.
+ * one alltoall of fixed-size records through the comm's bootstrap.
  *
  * Frames (control messages) are SENDs from registered send buffers (inline
  * when they fit) into receive buffers posted ahead of time:
  *
- *     struct ib_frame_hdr   8 bytes  type (CTRL / CREDIT), QP count, payload length
+ *     struct ib_frame_hdr   8 bytes  type (CTRL / CREDIT), QP count, length of the pipe's frame
  *     uint16_t cr[16]      32 bytes  receive credits returned, per QP
- *     struct weft_ctrl     56 bytes  CTRL only: the pipe's header
- *     payload                        CTRL only: EAGER data, or the CTS extension
+ *     the pipe's frame               CTRL only: its header, then its payload (EAGER data,
+ *                                    a CTS's rendezvous key, ...), opaque to this transport
+ *
+ * The pipe's frame is at most WEFT_TP_CTRL_HDR_MAX bytes of header plus
+ * max(WEFT_IB_EAGER, WEFT_TP_CTRL_PAYLOAD_MIN) of payload; the receive
+ * buffers are sized for that. This transport never looks inside it: it
+ * hands the bytes to the pipe (on_ctrl) as they came.
  *
  * Credits. Every SEND and every RDMA_WRITE_WITH_IMM consumes one receive WR
  * at the peer, so the sender keeps, per QP, the number of receive WRs the
@@ -25,15 +30,18 @@
  * deadlocks. A CREDIT frame needs >= 2 received frames to trigger another, so
  * two idle ranks never ping-pong credit frames forever.
  *
- * Rendezvous (rndv_get is NULL: the receiver always answers CTS). The CTS
- * frame carries the receive buffer's address, length, rkey (registration
- * cache) and a slot id naming the request. The sender registers its buffer,
- * cuts it into writes (ib_chunk.h: none larger than min(max_msg_sz of both
- * ports, WEFT_IB_CHUNK of both ranks, 1 GiB), none below 32 bytes), stripes
- * them round-robin over the QPs, and makes the last write on each QP used an
- * RDMA_WRITE_WITH_IMM whose immediate is the slot id. RC orders writes on a
- * QP, so when the receiver holds the immediates of all QPs used (both sides
- * compute that count) every byte is in place.
+ * Rendezvous (rndv_get is NULL: the receiver always answers CTS). The
+ * receiver's rndv_expect registers the receive buffer (registration cache),
+ * gives it a slot, and makes the rendezvous key: the buffer's address,
+ * length, rkey and the slot id (struct ib_rndv_key); the pipe carries the
+ * key in its CTS frame to the sender's rndv_push. The sender registers its
+ * buffer, cuts it into writes (ib_chunk.h: none larger than min(max_msg_sz
+ * of both ports, WEFT_IB_CHUNK of both ranks, 1 GiB), none below 32 bytes),
+ * stripes them round-robin over the QPs, and makes the last write on each QP
+ * used an RDMA_WRITE_WITH_IMM whose immediate is the slot id. RC orders
+ * writes on a QP, so when the receiver holds the immediates of all QPs used
+ * (both sides compute that count) every byte is in place. Device buffers
+ * take the same path when both rank cards say GPUDirect RDMA (rndv_mem).
  *
  * Send queues: each QP accepts at most sq_depth outstanding WRs (all are
  * signaled, so each completion frees exactly one slot). A frame is taken by
@@ -45,39 +53,63 @@
  *
  * Errors: a completion with any status but success fails the pipe of that
  * peer only (the error names peer, host, port, operation and the verbs
- * status); its QPs are moved to the error state so nothing more lands in
- * buffers the pipe gives back to the user, and the flush completions that
- * follow are absorbed quietly. Memory a posted WR points at is released only
- * at that WR's completion (or when the QPs are destroyed).
+ * status; peer_failed upcall); its QPs are moved to the error state so
+ * nothing more lands in buffers the pipe gives back to the user, and the
+ * flush completions that follow are absorbed quietly. Memory a posted WR
+ * points at is released only at that WR's completion (or when the QPs are
+ * destroyed).
  *
- * Set-up and teardown are in p2p/ib_conn.c, the shared structures in
- * p2p/ib.h, port choice in p2p/ib_dev.c, the chunk layout in p2p/ib_chunk.h.
+ * Set-up and teardown are in ib_conn.c, the shared structures in ib.h, port
+ * choice in ib_dev.c, registration and GPUDirect RDMA in ib_gdr.c, the chunk
+ * layout in ib_chunk.h.
  *
  * Progress: hardware moves data on its own, but the emulated device of the
  * tests moves a process's work only while it polls its CQs, and completions
  * must be reaped anyway: progress always polls. There is no doorbell to
- * sleep on (sleep is NULL): waiters nap between polls (src/progress.c).
+ * sleep on (sleep is NULL, wakeless is 1 while peers are connected):
+ * waiters nap between polls.
  */
+#include <stdio.h>
+#include <string.h>
+
+#include "ib.h"
+#include "log.h"
+#include "transport.h"
+#include "weft.h"
+
 #ifdef WEFT_HAVE_VERBS_HEADERS
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
-#include "ib.h"
 #include "ib_chunk.h"
-#include "log.h"
-#include "transport.h"
+
+static struct ib_push *push_of(struct weft_list *n)
+{
+    return weft_container_of(n, struct ib_push, link);
+}
+
+static struct ib_wr *wr_of(struct weft_qnode *n)
+{
+    return weft_container_of(n, struct ib_wr, link);
+}
+
+/* The connected peer of rank peer; NULL when this rank has none. */
+static struct ib_peer *peer_of(const struct ib_state *st, int peer)
+{
+    if (st == NULL || st->by_rank == NULL || peer < 0 || peer >= st->core->size)
+        return NULL;
+    return st->by_rank[peer];
+}
 
 void weft_ib_slot_release(struct ib_peer *pe, int i)
 {
     struct ib_slot *s = &pe->slots[i];
     if (s->reg)
-        weft_regcache_release(pe->st->c->regcache, s->reg);
+        weft_regcache_release(pe->st->regcache, s->reg);
     s->reg = NULL;
-    s->req = NULL;
+    s->x = NULL;
     s->next_free = pe->slot_free;
     pe->slot_free = i;
 }
@@ -93,46 +125,46 @@ static const char *wr_what(const struct ib_wr *wr)
     return wr->imm ? "RDMA WRITE WITH IMM" : "RDMA WRITE";
 }
 
-/* A completion failed: only this peer's pipe breaks (abort_pipe follows). */
+/* A completion failed: only this peer's pipe breaks (abort_peer follows). */
 static void peer_fail(struct ib_peer *pe, const struct ib_wr *wr, const struct ibv_wc *wc)
 {
-    struct weft_comm *c = pe->st->c;
+    struct ib_state *st = pe->st;
+    const struct ib_card *pk;
     if (pe->dead)
         return;
-    weft_set_error(c, WEFT_ERR_TRANSPORT,
+    pk = peer_card(pe);
+    weft_set_error(st->core, WEFT_ERR_TRANSPORT,
                    "ib: peer %d (host %s, %s port %u): %s work request failed: %s (status %d, vendor error 0x%x)",
-                   pe->rank, peer_host(pe), c->cards[pe->rank].ib_dev, c->cards[pe->rank].ib_port, wr_what(wr),
-                   pe->st->ibv.wc_status_str(wc->status), (int)wc->status, wc->vendor_err);
-    weft_pipe_break(pe->pipe, WEFT_ERR_TRANSPORT);
+                   pe->rank, peer_host(pe), pk->ib_dev, pk->ib_port, wr_what(wr),
+                   st->ibv.wc_status_str(wc->status), (int)wc->status, wc->vendor_err);
+    st->env->up->peer_failed(st->env->up->arg, pe->rank, WEFT_ERR_TRANSPORT);
 }
 
 /* A local failure (post, protocol): break the pipe with a message. */
 static void peer_fail_local(struct ib_peer *pe, int err, const char *what, int detail)
 {
-    struct weft_comm *c = pe->st->c;
+    struct ib_state *st = pe->st;
     if (pe->dead)
         return;
-    weft_set_error(c, err, "ib: peer %d (host %s): %s%s%s", pe->rank, peer_host(pe), what,
+    weft_set_error(st->core, err, "ib: peer %d (host %s): %s%s%s", pe->rank, peer_host(pe), what,
                    detail ? ": " : "", detail ? strerror(detail) : "");
-    weft_pipe_break(pe->pipe, err);
+    st->env->up->peer_failed(st->env->up->arg, pe->rank, err);
 }
 
 /* ------------------------------------------------------------ posting */
 
 static struct ib_sbuf *sbuf_get(struct ib_peer *pe)
 {
-    struct ib_sbuf *sb = pe->sfree;
-    if (sb) {
-        pe->sfree = sb->next_free;
-        pe->nsfree--;
-    }
-    return sb;
+    struct weft_list *n = weft_list_pop(&pe->sfree);
+    if (n == NULL)
+        return NULL;
+    pe->nsfree--;
+    return weft_container_of(n, struct ib_sbuf, free_link);
 }
 
 static void sbuf_put(struct ib_peer *pe, struct ib_sbuf *sb)
 {
-    sb->next_free = pe->sfree;
-    pe->sfree = sb;
+    weft_list_add_head(&pe->sfree, &sb->free_link);
     pe->nsfree++;
 }
 
@@ -229,8 +261,6 @@ static int credits_needed(const struct ib_qp *qp, const struct ib_wr *w)
     return qp->idx == 0 ? 2 : 1;
 }
 
-static void push_maybe_finish(struct ib_push *ps);
-
 /* Posts what waits in qp's FIFO while room and credits last. Returns the
  * number posted. */
 static int qp_kick(struct ib_qp *qp)
@@ -238,8 +268,8 @@ static int qp_kick(struct ib_qp *qp)
     struct ib_peer *pe = qp->pe;
     int n = 0;
 
-    while (qp->head && !pe->dead && qp->sq_out < qp->sq_depth) {
-        struct ib_wr *w = qp->head;
+    while (!weft_queue_empty(&qp->wrq) && !pe->dead && qp->sq_out < qp->sq_depth) {
+        struct ib_wr *w = wr_of(weft_queue_head(&qp->wrq));
         if (qp->credits < credits_needed(qp, w))
             break;
         int rc = post_one(qp, w);
@@ -249,10 +279,7 @@ static int qp_kick(struct ib_qp *qp)
             peer_fail_local(pe, WEFT_ERR_TRANSPORT, "ibv_post_send failed", rc);
             break;
         }
-        qp->head = w->next;
-        if (qp->head == NULL)
-            qp->tail = NULL;
-        w->next = NULL;
+        (void)weft_queue_pop(&qp->wrq);
         if (w->kind == IB_WR_WRITE) {
             w->push->unposted--;
             w->push->outstanding++;
@@ -265,12 +292,7 @@ static int qp_kick(struct ib_qp *qp)
 static void qp_append(struct ib_qp *qp, struct ib_wr *w)
 {
     w->qp = qp;
-    w->next = NULL;
-    if (qp->tail)
-        qp->tail->next = w;
-    else
-        qp->head = w;
-    qp->tail = w;
+    weft_queue_push(&qp->wrq, &w->link);
 }
 
 /* Sends a CREDIT frame now if one can go (bypassing the FIFO: credits are
@@ -281,13 +303,13 @@ static int send_credit_frame(struct ib_peer *pe)
     struct ib_sbuf *sb;
     int rc;
 
-    if (qp->sq_out >= qp->sq_depth || qp->credits < 1 || pe->sfree == NULL)
+    if (qp->sq_out >= qp->sq_depth || qp->credits < 1 || weft_list_empty(&pe->sfree))
         return 0;
     sb = sbuf_get(pe);
     memset(sb->mem, 0, IB_CREDIT_FRAME_BYTES);
     ((struct ib_frame_hdr *)(void *)sb->mem)->type = IB_FRAME_CREDIT;
     sb->wr.qp = qp;
-    sb->wr.next = NULL;
+    sb->wr.link.next = NULL;
     sb->wr.credit = 1;
     sb->wr.len = IB_CREDIT_FRAME_BYTES;
     rc = post_one(qp, &sb->wr);
@@ -315,29 +337,29 @@ static int credit_frame_due(const struct ib_peer *pe)
 
 /* ------------------------------------------------------------ slots */
 
-static int slot_of(const struct ib_peer *pe, const struct weft_request *r)
+static int slot_of(const struct ib_peer *pe, const struct weft_tp_xfer *x)
 {
-    uint64_t v = r->tp_aux[0];
+    uint64_t v = WEFT_TP_PRIV(x, const struct ib_xfer)->slot;
     if (v == 0 || v > (uint64_t)pe->nslots)
         return -1;
-    return pe->slots[v - 1].req == r ? (int)(v - 1) : -1;
+    return pe->slots[v - 1].x == x ? (int)(v - 1) : -1;
 }
 
-/* The receive r gets a slot and a registration (once; later calls find it). */
-static int slot_prepare(struct ib_peer *pe, struct weft_request *r)
+/* The receive x gets a slot and a registration (once; later calls find it). */
+static int slot_prepare(struct ib_peer *pe, struct weft_tp_xfer *x)
 {
-    struct weft_comm *c = pe->st->c;
+    struct weft_core *core = pe->st->core;
     struct weft_reg *reg = NULL;
     char why[256] = "";
     int i, rc;
 
-    if (slot_of(pe, r) >= 0)
+    if (slot_of(pe, x) >= 0)
         return WEFT_SUCCESS;
     if (pe->slot_free < 0) {
         int n = pe->nslots ? pe->nslots * 2 : 16;
         struct ib_slot *ns = realloc(pe->slots, (size_t)n * sizeof(*ns));
         if (ns == NULL)
-            return weft_set_error(c, WEFT_ERR_NO_MEMORY, "ib: peer %d: no memory for receive slots", pe->rank);
+            return weft_set_error(core, WEFT_ERR_NO_MEMORY, "ib: peer %d: no memory for receive slots", pe->rank);
         for (i = n - 1; i >= pe->nslots; i--) {
             memset(&ns[i], 0, sizeof(ns[i]));
             ns[i].next_free = pe->slot_free;
@@ -346,51 +368,48 @@ static int slot_prepare(struct ib_peer *pe, struct weft_request *r)
         pe->slots = ns;
         pe->nslots = n;
     }
-    rc = ib_reg_acquire(pe->st, r->buf, r->msg_bytes, r->mem_kind, &reg, why, sizeof(why));
+    rc = ib_reg_acquire(pe->st, x->buf, x->bytes, x->mem_kind, &reg, why, sizeof(why));
     if (rc != WEFT_SUCCESS)
-        return weft_set_error(c, rc, "ib: recv from peer %d tag %d: registering the %zu-byte buffer failed: %s",
-                              pe->rank, r->tag, r->msg_bytes, why);
+        return weft_set_error(core, rc, "ib: recv from peer %d tag %d: registering the %zu-byte buffer failed: %s",
+                              pe->rank, x->tag, x->bytes, why);
     i = pe->slot_free;
     pe->slot_free = pe->slots[i].next_free;
-    pe->slots[i].req = r;
+    pe->slots[i].x = x;
     pe->slots[i].reg = reg;
     pe->slots[i].imm_got = 0;
-    pe->slots[i].imm_expected = ib_chunk_qps_used(r->msg_bytes, pe->chunk, pe->nqp);
-    r->tp_aux[0] = (uint64_t)i + 1;
+    pe->slots[i].imm_expected = ib_chunk_qps_used(x->bytes, pe->chunk, pe->nqp);
+    WEFT_TP_PRIV(x, struct ib_xfer)->slot = (uint64_t)i + 1;
     return WEFT_SUCCESS;
 }
 
 /* ------------------------------------------------------------ data path */
 
-static size_t ib_eager_limit(const struct weft_comm *c)
+static size_t ib_eager_limit(void *ctx, int peer, int internal)
 {
-    return c->cfg.ib_eager_limit;
+    const struct ib_state *st = ctx;
+    (void)peer;
+    (void)internal;
+    return st ? st->core->cfg.ib_eager_limit : 0;
 }
 
-static int ib_ctrl_send(struct weft_pipe *p, const struct weft_ctrl *m, const void *payload, size_t len)
+static int ib_ctrl_send(void *ctx, int peer, const void *hdr, size_t hdr_len, const void *payload, size_t len)
 {
-    struct ib_peer *pe = p->tp_peer;
-    struct ib_cts_ext ext;
+    struct ib_state *st = ctx;
+    struct ib_peer *pe = peer_of(st, peer);
     struct ib_frame_hdr *h;
     struct ib_sbuf *sb;
     struct ib_qp *qp0;
-    size_t extra = len;
+    size_t bytes = hdr_len + len;
     int rc;
-    /* A CTS this transport answers with RDMA writes; the device paths'
-     * CTS (staged chunks, CUDA IPC) carry their own payload through. */
-    int is_cts = m->type == WEFT_CTRL_CTS && m->status == WEFT_SUCCESS &&
-                 !(m->flags & (WEFT_CTRL_F_STAGED | WEFT_CTRL_F_IPC));
 
     if (pe == NULL)
-        return weft_set_error(p->comm, WEFT_ERR_TRANSPORT, "ib: peer %d: not connected", p->peer);
+        return weft_set_error(st ? st->core : NULL, WEFT_ERR_TRANSPORT, "ib: peer %d: not connected", peer);
     if (pe->dead)
         return WEFT_ERR_TRANSPORT;
     qp0 = &pe->qps[0];
-    if (is_cts)
-        extra = sizeof(ext);
-    if (IB_PAYLOAD_OFF + extra > pe->st->frame_max || IB_PAYLOAD_OFF + extra > pe->peer_frame_max)
-        return weft_set_error(p->comm, WEFT_ERR_INTERNAL, "ib: peer %d: a %zu-byte control payload exceeds the "
-                              "frame size", p->peer, extra);
+    if (IB_CTRL_OFF + bytes > st->frame_max || IB_CTRL_OFF + bytes > pe->peer_frame_max)
+        return weft_set_error(st->core, WEFT_ERR_INTERNAL, "ib: peer %d: a %zu-byte control payload exceeds the "
+                              "frame size", peer, len);
     /* A frame is accepted only when it can be posted now: a frame kept
      * here waiting for a credit would complete the user's eager send while
      * nothing moves it until the next weft call. Declined, it waits in the
@@ -398,71 +417,79 @@ static int ib_ctrl_send(struct weft_pipe *p, const struct weft_ctrl *m, const vo
      * One send buffer and the last credit stay free for CREDIT frames. */
     if (pe->nsfree < 2 || qp0->sq_out >= qp0->sq_depth || qp0->credits < 2)
         return WEFT_EAGAIN;
-    if (is_cts) {
-        struct weft_request *r = weft_req_from_id(m->rreq);
-        rc = slot_prepare(pe, r);
-        if (rc != WEFT_SUCCESS)
-            return rc;
-        int i = slot_of(pe, r);
-        ext.addr = (uint64_t)(uintptr_t)r->buf;
-        ext.len = r->msg_bytes;
-        ext.rkey = pe->slots[i].reg->rkey;
-        ext.slot = (uint32_t)i;
-        payload = &ext;
-    }
     sb = sbuf_get(pe);
     h = (struct ib_frame_hdr *)(void *)sb->mem;
     memset(h, 0, sizeof(*h));
     h->type = IB_FRAME_CTRL;
-    h->flags = is_cts ? IB_FRAME_F_CTS_EXT : 0;
-    h->len = (uint32_t)extra;
-    memcpy(sb->mem + IB_CTRL_OFF, m, sizeof(*m));
-    if (extra)
-        memcpy(sb->mem + IB_PAYLOAD_OFF, payload, extra);
+    h->len = (uint32_t)bytes;
+    if (hdr_len)
+        memcpy(sb->mem + IB_CTRL_OFF, hdr, hdr_len);
+    if (len)
+        memcpy(sb->mem + IB_CTRL_OFF + hdr_len, payload, len);
     sb->wr.qp = qp0;
-    sb->wr.next = NULL;
+    sb->wr.link.next = NULL;
     sb->wr.credit = 0;
-    sb->wr.len = (uint32_t)(IB_PAYLOAD_OFF + extra);
+    sb->wr.len = (uint32_t)(IB_CTRL_OFF + bytes);
     rc = post_one(qp0, &sb->wr);
     if (rc != 0) {
         sbuf_put(pe, sb);
         if (rc == ENOMEM)
             return WEFT_EAGAIN;   /* the device's queue is fuller than we count */
-        return weft_set_error(p->comm, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): ibv_post_send failed: %s",
-                              p->peer, peer_host(pe), strerror(rc));
+        return weft_set_error(st->core, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): ibv_post_send failed: %s",
+                              peer, peer_host(pe), strerror(rc));
     }
-    doorbell(pe->st);
+    doorbell(st);
     return WEFT_SUCCESS;
 }
 
-static int ib_rndv_expect(struct weft_pipe *p, struct weft_request *r)
+static unsigned ib_rndv_mem(void *ctx, int peer)
 {
-    struct ib_peer *pe = p->tp_peer;
-    if (pe == NULL || pe->dead)
-        return weft_set_error(p->comm, WEFT_ERR_TRANSPORT, "ib: peer %d: not connected", p->peer);
-    /* Usually done already: the CTS that carries the rkey went out first. */
-    return slot_prepare(pe, r);
+    const struct ib_state *st = ctx;
+    const struct weft_tp_cards *k;
+    unsigned mem = WEFT_TP_MEM_HOST;
+
+    if (st == NULL || peer < 0 || peer >= st->core->size)
+        return mem;
+    k = &st->env->cards;
+    /* GPUDirect RDMA only when both ranks register device memory with
+     * their NICs (both cards say so), so sender and receiver agree. */
+    if (k->base && ((const struct ib_card *)weft_tp_blob(k, st->core->rank))->ib_gdr &&
+        ((const struct ib_card *)weft_tp_blob(k, peer))->ib_gdr)
+        mem |= WEFT_TP_MEM_DEVICE;
+    return mem;
 }
 
-static void push_unlink(struct ib_push *ps)
+static int ib_rndv_expect(void *ctx, int peer, struct weft_tp_xfer *x, const struct weft_tp_src *src, void *key,
+                          size_t *keylen)
 {
-    struct ib_peer *pe = ps->pe;
-    if (ps->prev)
-        ps->prev->next = ps->next;
-    else
-        pe->push_head = ps->next;
-    if (ps->next)
-        ps->next->prev = ps->prev;
-    else
-        pe->push_tail = ps->prev;
-    ps->prev = ps->next = NULL;
+    struct ib_state *st = ctx;
+    struct ib_peer *pe = peer_of(st, peer);
+    struct ib_rndv_key k;
+    int i, rc;
+
+    (void)src;
+    if (pe == NULL || pe->dead)
+        return weft_set_error(st ? st->core : NULL, WEFT_ERR_TRANSPORT, "ib: peer %d: not connected", peer);
+    rc = slot_prepare(pe, x);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    i = slot_of(pe, x);
+    memset(&k, 0, sizeof(k));
+    k.addr = (uint64_t)(uintptr_t)x->buf;
+    k.len = x->bytes;
+    k.rkey = pe->slots[i].reg->rkey;
+    k.slot = (uint32_t)i;
+    memcpy(key, &k, sizeof(k));
+    *keylen = sizeof(k);
+    return WEFT_SUCCESS;
 }
 
 void weft_ib_push_free(struct ib_push *ps)
 {
-    push_unlink(ps);
+    if (weft_list_linked(&ps->link))
+        weft_list_del(&ps->link);
     if (ps->reg)
-        weft_regcache_release(ps->pe->st->c->regcache, ps->reg);
+        weft_regcache_release(ps->pe->st->regcache, ps->reg);
     free(ps);
 }
 
@@ -470,21 +497,22 @@ void weft_ib_push_free(struct ib_push *ps)
 static void push_maybe_finish(struct ib_push *ps)
 {
     struct ib_peer *pe = ps->pe;
-    struct weft_request *s = ps->req;
+    struct weft_tp_xfer *x = ps->x;
 
     if (ps->outstanding || ps->unposted)
         return;
-    ps->req = NULL;
+    ps->x = NULL;
     weft_ib_push_free(ps);
-    if (s && !pe->dead)
-        weft_pipe_send_done(pe->pipe, s, WEFT_SUCCESS);
+    if (x && !pe->dead)
+        pe->st->env->up->rndv_done(pe->st->env->up->arg, x, WEFT_SUCCESS);
 }
 
-static int ib_rndv_push(struct weft_pipe *p, struct weft_request *s, const struct weft_ctrl *cts)
+static int ib_rndv_push(void *ctx, int peer, struct weft_tp_xfer *x, const void *key, size_t keylen)
 {
-    struct ib_peer *pe = p->tp_peer;
-    struct weft_comm *c = p->comm;
+    struct ib_state *st = ctx;
+    struct ib_peer *pe = peer_of(st, peer);
     struct weft_reg *reg = NULL;
+    struct ib_rndv_key k;
     struct ib_push *ps;
     char why[256] = "";
     uint64_t n;
@@ -492,56 +520,52 @@ static int ib_rndv_push(struct weft_pipe *p, struct weft_request *s, const struc
     int rc;
 
     if (pe == NULL || pe->dead)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d: not connected", p->peer);
-    if (pe->cts_m != cts)
-        return weft_set_error(c, WEFT_ERR_INTERNAL, "ib: peer %d: push without the CTS that describes its target",
-                              p->peer);
-    if (pe->cts_ext.len != s->bytes)
-        return weft_set_error(c, WEFT_ERR_INTERNAL, "ib: peer %d: CTS expects %llu bytes, the send has %zu",
-                              p->peer, (unsigned long long)pe->cts_ext.len, s->bytes);
-    n = ib_chunk_count(s->bytes, pe->chunk);
+        return weft_set_error(st ? st->core : NULL, WEFT_ERR_TRANSPORT, "ib: peer %d: not connected", peer);
+    if (key == NULL || keylen != sizeof(k))
+        return weft_set_error(st->core, WEFT_ERR_INTERNAL, "ib: peer %d: push without the CTS that describes its "
+                              "target", peer);
+    memcpy(&k, key, sizeof(k));
+    if (k.len != x->bytes)
+        return weft_set_error(st->core, WEFT_ERR_INTERNAL, "ib: peer %d: CTS expects %llu bytes, the send has %zu",
+                              peer, (unsigned long long)k.len, x->bytes);
+    n = ib_chunk_count(x->bytes, pe->chunk);
     ps = calloc(1, sizeof(*ps) + (size_t)n * sizeof(ps->wrs[0]));
     if (ps == NULL)
-        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "ib: send to peer %d: no memory for %llu write requests",
-                              p->peer, (unsigned long long)n);
-    rc = ib_reg_acquire(pe->st, s->buf, s->bytes, s->mem_kind, &reg, why, sizeof(why));
+        return weft_set_error(st->core, WEFT_ERR_NO_MEMORY, "ib: send to peer %d: no memory for %llu write requests",
+                              peer, (unsigned long long)n);
+    rc = ib_reg_acquire(st, x->buf, x->bytes, x->mem_kind, &reg, why, sizeof(why));
     if (rc != WEFT_SUCCESS) {
         free(ps);
-        return weft_set_error(c, rc, "ib: send to peer %d tag %d: registering the %zu-byte buffer failed: %s",
-                              p->peer, s->tag, s->bytes, why);
+        return weft_set_error(st->core, rc, "ib: send to peer %d tag %d: registering the %zu-byte buffer failed: %s",
+                              peer, x->tag, x->bytes, why);
     }
     ps->pe = pe;
-    ps->req = s;
+    ps->x = x;
     ps->reg = reg;
-    ps->rkey = pe->cts_ext.rkey;
-    ps->slot = pe->cts_ext.slot;
+    ps->rkey = k.rkey;
+    ps->slot = k.slot;
     ps->nwr = n;
     ps->unposted = n;
-    ps->prev = pe->push_tail;
-    if (pe->push_tail)
-        pe->push_tail->next = ps;
-    else
-        pe->push_head = ps;
-    pe->push_tail = ps;
+    weft_list_add_tail(&pe->pushes, &ps->link);
 
     /* Round-robin over the QPs, starting one further per message so that
      * small multi-chunk messages spread too. */
     start = pe->push_rr++ % pe->nqp;
-    for (uint64_t k = 0; k < n; k++) {
-        struct ib_wr *w = &ps->wrs[k];
+    for (uint64_t j = 0; j < n; j++) {
+        struct ib_wr *w = &ps->wrs[j];
         uint64_t off, len;
-        ib_chunk_at(s->bytes, pe->chunk, k, &off, &len);
+        ib_chunk_at(x->bytes, pe->chunk, j, &off, &len);
         w->kind = IB_WR_WRITE;
         w->push = ps;
-        w->laddr = (uint64_t)(uintptr_t)s->buf + off;
-        w->raddr = pe->cts_ext.addr + off;
+        w->laddr = (uint64_t)(uintptr_t)x->buf + off;
+        w->raddr = k.addr + off;
         w->len = (uint32_t)len;
-        w->imm = k + pe->nqp >= n;
-        qp_append(&pe->qps[(start + k) % pe->nqp], w);
+        w->imm = j + pe->nqp >= n;
+        qp_append(&pe->qps[(start + j) % pe->nqp], w);
     }
     for (unsigned q = 0; q < pe->nqp && !pe->dead; q++)
         qp_kick(&pe->qps[q]);
-    doorbell(pe->st);
+    doorbell(st);
     return WEFT_SUCCESS;
 }
 
@@ -594,10 +618,9 @@ static int poll_send_cq(struct ib_state *st)
 /* A frame arrived on QP 0. Returns 1 for a CREDIT frame. */
 static int on_frame(struct ib_peer *pe, struct ib_rbuf *rb, uint32_t bytes)
 {
+    const struct weft_tp_upcalls *up = pe->st->env->up;
     struct ib_frame_hdr h;
     uint16_t cr[IB_MAX_QPS];
-    struct weft_ctrl m;
-    const unsigned char *payload;
 
     if (bytes < IB_CREDIT_FRAME_BYTES) {
         peer_fail_local(pe, WEFT_ERR_INTERNAL, "runt frame (protocol error)", 0);
@@ -609,45 +632,34 @@ static int on_frame(struct ib_peer *pe, struct ib_rbuf *rb, uint32_t bytes)
         pe->qps[q].credits += cr[q];
     if (h.type == IB_FRAME_CREDIT)
         return 1;
-    if (h.type != IB_FRAME_CTRL || bytes < IB_PAYLOAD_OFF || bytes - IB_PAYLOAD_OFF != h.len) {
+    if (h.type != IB_FRAME_CTRL || bytes <= IB_CTRL_OFF || bytes - IB_CTRL_OFF != h.len) {
         peer_fail_local(pe, WEFT_ERR_INTERNAL, "malformed frame (protocol error)", 0);
         return 0;
     }
-    memcpy(&m, rb->mem + IB_CTRL_OFF, sizeof(m));
-    payload = rb->mem + IB_PAYLOAD_OFF;
-    if (h.flags & IB_FRAME_F_CTS_EXT) {
-        if (m.type != WEFT_CTRL_CTS || h.len != sizeof(pe->cts_ext)) {
-            peer_fail_local(pe, WEFT_ERR_INTERNAL, "CTS frame without its buffer description (protocol error)", 0);
-            return 0;
-        }
-        memcpy(&pe->cts_ext, payload, sizeof(pe->cts_ext));
-        pe->cts_m = &m;
-        weft_pipe_on_ctrl(pe->pipe, &m, NULL, 0);
-        pe->cts_m = NULL;
-        return 0;
-    }
-    /* EAGER data, or the payload of another control message (device paths). */
-    weft_pipe_on_ctrl(pe->pipe, &m, h.len ? payload : NULL, h.len);
+    /* The pipe's frame, whole: the receive buffer is reposted only after
+     * the call, so the bytes stay valid during it. */
+    up->on_ctrl(up->arg, pe->rank, rb->mem + IB_CTRL_OFF, h.len);
     return 0;
 }
 
 /* The immediate of the last write on one QP arrived. */
 static void on_imm(struct ib_peer *pe, uint32_t slot)
 {
+    const struct weft_tp_upcalls *up = pe->st->env->up;
     struct ib_slot *s;
-    struct weft_request *r;
+    struct weft_tp_xfer *x;
 
-    if (slot >= (uint32_t)pe->nslots || pe->slots[slot].req == NULL) {
+    if (slot >= (uint32_t)pe->nslots || pe->slots[slot].x == NULL) {
         peer_fail_local(pe, WEFT_ERR_INTERNAL, "RDMA write names an unknown receive (protocol error)", 0);
         return;
     }
     s = &pe->slots[slot];
     if (++s->imm_got < s->imm_expected)
         return;
-    r = s->req;
-    r->tp_aux[0] = 0;
+    x = s->x;
+    WEFT_TP_PRIV(x, struct ib_xfer)->slot = 0;
     weft_ib_slot_release(pe, (int)slot);
-    weft_pipe_recv_done(pe->pipe, r, WEFT_SUCCESS);
+    up->rndv_done(up->arg, x, WEFT_SUCCESS);
 }
 
 static void on_recv_wc(struct ib_state *st, const struct ibv_wc *wc)
@@ -710,12 +722,12 @@ static int poll_recv_cq(struct ib_state *st)
     return total;
 }
 
-static int ib_progress(struct weft_comm *c)
+static int ib_progress(void *ctx)
 {
-    struct ib_state *st = ib_state(c);
+    struct ib_state *st = ctx;
     int events = 0;
 
-    if (st == NULL || st->npeers == 0)
+    if (st == NULL || st->npeers == 0 || st->scq == NULL)
         return 0;
     /* Send completions first: they free room, and an error there is the
      * cause of the flushes the receive CQ may then show. */
@@ -726,7 +738,7 @@ static int ib_progress(struct weft_comm *c)
         if (pe->dead || !pe->connected)
             continue;
         for (unsigned q = 0; q < pe->nqp && !pe->dead; q++)
-            if (pe->qps[q].head)
+            if (!weft_queue_empty(&pe->qps[q].wrq))
                 events += qp_kick(&pe->qps[q]);
         if (!pe->dead && credit_frame_due(pe))
             events += send_credit_frame(pe);
@@ -737,55 +749,52 @@ static int ib_progress(struct weft_comm *c)
 }
 
 /* The pipe broke: stop this peer's QPs, drop its queued work, forget its
- * requests. Posted WRs keep their memory until their (flush) completion. */
-static void ib_abort_pipe(struct weft_pipe *p)
+ * transfers. Posted WRs keep their memory until their (flush) completion. */
+static void ib_abort_peer(void *ctx, int peer)
 {
-    struct ib_peer *pe = p->tp_peer;
-    struct ib_state *st;
+    struct ib_state *st = ctx;
+    struct ib_peer *pe = peer_of(st, peer);
 
     if (pe == NULL || pe->dead)
         return;
-    st = pe->st;
     pe->dead = 1;
+    st->nlive--;
     for (unsigned q = 0; q < pe->nqp_created; q++) {
         struct ib_qp *qp = &pe->qps[q];
+        struct weft_qnode *n;
         struct ibv_qp_attr a;
         memset(&a, 0, sizeof(a));
         a.qp_state = IBV_QPS_ERR;
         /* In error, the QP takes no more remote writes into buffers the
          * pipe is about to hand back to the user. */
         if (qp->qp && st->ibv.modify_qp(qp->qp, &a, IBV_QP_STATE) != 0)
-            WEFT_WARN(st->c->rank, "ib: peer %d: moving QP %u to the error state failed", pe->rank, q);
-        while (qp->head) {
-            struct ib_wr *w = qp->head;
-            qp->head = w->next;
-            w->next = NULL;
+            WEFT_WARN(st->core->rank, "ib: peer %d: moving QP %u to the error state failed", pe->rank, q);
+        while ((n = weft_queue_pop(&qp->wrq)) != NULL) {
+            struct ib_wr *w = wr_of(n);
             if (w->kind == IB_WR_FRAME)
                 sbuf_put(pe, w->sb);
             else
                 w->push->unposted--;
         }
-        qp->tail = NULL;
     }
-    for (struct ib_push *ps = pe->push_head, *next; ps; ps = next) {
-        next = ps->next;
-        ps->req = NULL;
+    weft_list_for_each(n, &pe->pushes) {
+        struct ib_push *ps = push_of(n);
+        ps->x = NULL;
         push_maybe_finish(ps);
     }
     for (int i = 0; i < pe->nslots; i++)
-        if (pe->slots[i].req) {
-            pe->slots[i].req->tp_aux[0] = 0;
+        if (pe->slots[i].x) {
+            WEFT_TP_PRIV(pe->slots[i].x, struct ib_xfer)->slot = 0;
             weft_ib_slot_release(pe, i);
         }
-    pe->cts_m = NULL;
 }
 
 /* Frames or writes queued or in flight, or credits owed for real traffic
  * (a peer may be waiting for them to send its last messages). Also tells
  * progress that weft_comm_destroy is draining, so owed credits go back now. */
-static int ib_busy(const struct weft_comm *c)
+static int ib_busy(void *ctx)
 {
-    struct ib_state *st = ib_state(c);
+    struct ib_state *st = ctx;
     if (st == NULL)
         return 0;
     st->drain = 1;
@@ -793,32 +802,132 @@ static int ib_busy(const struct weft_comm *c)
         const struct ib_peer *pe = &st->peers[i];
         if (pe->dead || !pe->connected)
             continue;
-        if (pe->push_head)
+        if (!weft_list_empty(&pe->pushes))
             return 1;
         for (unsigned q = 0; q < pe->nqp; q++)
-            if (pe->qps[q].head || pe->qps[q].sq_out || pe->qps[q].owed_traffic)
+            if (!weft_queue_empty(&pe->qps[q].wrq) || pe->qps[q].sq_out || pe->qps[q].owed_traffic)
                 return 1;
     }
     return 0;
 }
 
+/* Completions arrive on CQs nobody can sleep on: while a peer is connected,
+ * waiters nap and poll. */
+static int ib_wakeless(void *ctx)
+{
+    const struct ib_state *st = ctx;
+    return st != NULL && st->nlive > 0;
+}
+
+/* weft_mem_register: the range stays registered until mem_unpin. A rank
+ * without ib peers has no registration cache: nothing to do. */
+static int ib_mem_pin(void *ctx, const void *buf, size_t bytes, char *why, size_t whylen)
+{
+    struct ib_state *st = ctx;
+    if (st == NULL || st->regcache == NULL)
+        return WEFT_SUCCESS;
+    return weft_regcache_pin(st->regcache, buf, bytes, why, whylen);
+}
+
+static void ib_mem_unpin(void *ctx, const void *buf, size_t bytes)
+{
+    struct ib_state *st = ctx;
+    if (st != NULL && st->regcache != NULL)
+        (void)weft_regcache_invalidate(st->regcache, buf, bytes);
+}
+
+/* Which pairs can use ib, from the two cards alone (every rank holds every
+ * card, so every rank computes the same answer for every pair). The comm
+ * has checked WEFT_TRANSPORTS of both ranks and the scope already, and
+ * shm, which comes first, takes the pairs of one node it serves. */
+static int ib_reach(const struct weft_tp_cards *k, int me, int peer, char *why, size_t whylen)
+{
+    const struct ib_card *a = weft_tp_blob(k, me), *b = weft_tp_blob(k, peer);
+    const char *no = NULL;
+
+    if (a->ib_dev[0] == '\0')
+        no = "no usable RDMA port here";
+    else if (b->ib_dev[0] == '\0')
+        no = "no usable RDMA port on the peer";
+    else if (a->ib_link_layer != b->ib_link_layer)
+        no = "InfiniBand and RoCE ports cannot talk";
+    if (no == NULL)
+        return 1;
+    if (why && whylen)
+        snprintf(why, whylen, "%s", no);
+    return 0;
+}
+
 const struct weft_transport weft_transport_ib = {
     .name = "ib",
-    .id = WEFT_TP_IB,
-    .card_fill = weft_ib_card_fill,
+    .ctrl = 1,
+    .scope = WEFT_TP_SCOPE_ANY,
+    .sure = 0,
+    .card_bytes = IB_CARD_BYTES,
+    .create = weft_ib_create,
+    .reach = ib_reach,
     .connect = weft_ib_connect,
-    .disconnect = weft_ib_disconnect,
+    .destroy = weft_ib_destroy,
     .eager_limit = ib_eager_limit,
     .ctrl_send = ib_ctrl_send,
     .progress = ib_progress,
+    .rndv_mem = ib_rndv_mem,
     .rndv_get = NULL,
     .rndv_expect = ib_rndv_expect,
     .rndv_push = ib_rndv_push,
-    .abort_pipe = ib_abort_pipe,
+    .abort_peer = ib_abort_peer,
     .busy = ib_busy,
+    .wakeless = ib_wakeless,
     .sleep = NULL,
+    .mem_pin = ib_mem_pin,
+    .mem_unpin = ib_mem_unpin,
 };
 
-#else
-typedef int weft_ib_unused;
+#else /* !WEFT_HAVE_VERBS_HEADERS */
+
+/* Built without the verbs headers: the transport is listed (its card blob
+ * is part of every card) but never offered. */
+static int ib_create_none(const struct weft_tp_env *env, void *blob, void **ctx)
+{
+    memset(blob, 0, IB_CARD_BYTES);   /* ib_dev "": not offered */
+    *ctx = NULL;
+    WEFT_INFO(env->core->rank, "ib: not offered: weft was built without the verbs headers");
+    return WEFT_SUCCESS;
+}
+
+static int ib_reach_none(const struct weft_tp_cards *k, int me, int peer, char *why, size_t whylen)
+{
+    (void)k;
+    (void)me;
+    (void)peer;
+    if (why && whylen)
+        snprintf(why, whylen, "built without verbs headers");
+    return 0;
+}
+
+/* No pair can use it (reach refuses every one): nothing to connect. */
+static int ib_connect_none(const struct weft_tp_env *env, void *ctx)
+{
+    (void)env;
+    (void)ctx;
+    return WEFT_SUCCESS;
+}
+
+static void ib_destroy_none(void *ctx)
+{
+    (void)ctx;
+}
+
+const struct weft_transport weft_transport_ib = {
+    .name = "ib",
+    .ctrl = 1,
+    .scope = WEFT_TP_SCOPE_ANY,
+    .sure = 0,
+    .card_bytes = IB_CARD_BYTES,
+    .create = ib_create_none,
+    .reach = ib_reach_none,
+    .connect = ib_connect_none,
+    .destroy = ib_destroy_none,
+};
+
 #endif /* WEFT_HAVE_VERBS_HEADERS */

@@ -1,20 +1,53 @@
 /*
- * ib transport internals, shared by p2p/ib.c (frames, credits, rendezvous,
- * completions, errors: the data path and the vtable) and p2p/ib_conn.c
- * (card, device set-up, QP connection, teardown). The protocol is
- * described at the top of p2p/ib.c.
+ * ib transport internals, shared by ib.c (frames, credits, rendezvous,
+ * completions, errors: the data path and the vtable), ib_conn.c (create,
+ * device set-up, QP connection, teardown), ib_dev.c (port choice) and
+ * ib_gdr.c (registration, GPUDirect RDMA). The protocol is described at
+ * the top of ib.c.
+ *
+ * The rank card blob (struct ib_card) has no verbs types: it exists in
+ * builds without the verbs headers too, where the transport only says
+ * "not offered".
  */
 #ifndef WEFT_IB_H
 #define WEFT_IB_H
 
-#ifdef WEFT_HAVE_VERBS_HEADERS
 #include <stddef.h>
 #include <stdint.h>
 
-#include "comm.h"
+#include "transport.h"
+
+/* This transport's blob in every rank card: the port the rank uses (QP
+ * numbers are exchanged per pair in connect). Zero (ib_dev "") = ib not
+ * offered by that rank. */
+struct ib_card {
+    char     ib_dev[32];      /* device name; "" = ib not offered */
+    uint8_t  ib_port;
+    uint8_t  ib_link_layer;   /* IBV_LINK_LAYER_INFINIBAND (1) / ETHERNET (2) */
+    uint8_t  ib_mtu;          /* enum ibv_mtu of the port (active_mtu) */
+    uint8_t  ib_gid_index;
+    uint16_t ib_lid;
+    uint8_t  ib_gid[16];
+    /* 1 = this rank registers CUDA device memory with its NIC (GPUDirect
+     * RDMA, ib_gdr.c); a pair moves device data by RDMA only when both say
+     * so (rndv_mem) */
+    uint8_t  ib_gdr;
+    uint8_t  ib_pad;
+};
+
+/* The card is exchanged as raw bytes between builds of one version: its
+ * size is part of the bootstrap protocol. */
+_Static_assert(sizeof(struct ib_card) == 56, "ib rank card blob size changed");
+#define IB_CARD_BYTES ((sizeof(struct ib_card) + 7) & ~(size_t)7)
+_Static_assert(sizeof(struct ib_card) <= IB_CARD_BYTES, "struct ib_card must fit card_bytes");
+
+extern const struct weft_transport weft_transport_ib;
+
+#ifdef WEFT_HAVE_VERBS_HEADERS
+
 #include "ib_dev.h"
 #include "ibvwrap.h"
-#include "pipe.h"
+#include "list.h"
 #include "regcache.h"
 
 #define IB_MAX_QPS        16
@@ -27,30 +60,35 @@
 
 enum { IB_FRAME_CTRL = 1, IB_FRAME_CREDIT = 2 };
 
-/* Frame flags. */
-#define IB_FRAME_F_CTS_EXT 0x1   /* the payload is this transport's struct ib_cts_ext */
-
 struct ib_frame_hdr {
     uint8_t  type;
     uint8_t  ncr;        /* entries of cr[] that are meaningful (the pair's QP count) */
-    uint16_t flags;      /* IB_FRAME_F_* */
-    uint32_t len;        /* CTRL: payload bytes after the weft_ctrl */
+    uint16_t flags;      /* none defined: 0 */
+    uint32_t len;        /* CTRL: bytes of the pipe's frame after the credits */
 };
 
 #define IB_CR_OFF     sizeof(struct ib_frame_hdr)
-#define IB_CTRL_OFF   (IB_CR_OFF + IB_MAX_QPS * sizeof(uint16_t))
-#define IB_PAYLOAD_OFF (IB_CTRL_OFF + sizeof(struct weft_ctrl))
+#define IB_CTRL_OFF   (IB_CR_OFF + IB_MAX_QPS * sizeof(uint16_t))   /* the pipe's frame starts here */
 #define IB_CREDIT_FRAME_BYTES IB_CTRL_OFF
 
-/* What a CTS frame carries beyond the pipe's header. */
-struct ib_cts_ext {
+/* The rendezvous key: what rndv_expect writes and the CTS frame carries to
+ * the sender's rndv_push (the old CTS extension of this transport). */
+struct ib_rndv_key {
     uint64_t addr;       /* receive buffer */
     uint64_t len;        /* bytes expected */
     uint32_t rkey;
     uint32_t slot;       /* immediate the last write on each QP carries */
 };
+_Static_assert(sizeof(struct ib_rndv_key) == 24 && sizeof(struct ib_rndv_key) <= WEFT_TP_KEY_MAX,
+               "ib rendezvous key layout changed");
 
-/* Per-pair set-up record (MPI_Alltoall): what I tell the peer about my side
+/* Per-transfer state in weft_tp_xfer.priv (receive: the slot it holds). */
+struct ib_xfer {
+    uint64_t slot;       /* slot index + 1 while the receive holds a slot; 0: none */
+};
+WEFT_TP_PRIV_FITS(struct ib_xfer);
+
+/* Per-pair set-up record (one alltoall): what I tell the peer about my side
  * of the pair. valid != IB_REC_MAGIC: this rank has no QPs for that pair. */
 struct ib_pair_rec {
     uint32_t valid;
@@ -76,7 +114,7 @@ enum { IB_WR_FRAME = 1, IB_WR_WRITE = 2 };
 
 /* One send-queue work request; its address is the WR's wr_id. */
 struct ib_wr {
-    struct ib_wr    *next;       /* QP FIFO link */
+    struct weft_qnode link;      /* the QP's FIFO (ib_qp.wrq) */
     struct ib_qp    *qp;
     uint8_t          kind;
     uint8_t          imm;        /* write: last of the message on its QP */
@@ -88,9 +126,9 @@ struct ib_wr {
 };
 
 struct ib_sbuf {
-    struct ib_wr     wr;
-    unsigned char   *mem;
-    struct ib_sbuf  *next_free;
+    struct ib_wr      wr;
+    unsigned char    *mem;
+    struct weft_list  free_link; /* ib_peer.sfree while free */
 };
 
 /* One receive WR; its address is the WR's wr_id. */
@@ -101,24 +139,26 @@ struct ib_rbuf {
 };
 
 struct ib_qp {
-    struct ibv_qp   *qp;
-    struct ib_peer  *pe;
-    unsigned         idx;
-    uint32_t         psn;
-    int              sq_depth;
-    int              sq_out;        /* posted, completion not yet polled */
-    int              credits;       /* receive WRs the peer has posted for us, unconsumed */
-    int              owed;          /* my reposted receive WRs not yet announced */
-    int              owed_traffic;  /* of those, consumed by real traffic (not CREDIT frames) */
-    uint32_t         max_inline;
-    struct ib_wr    *head, *tail;   /* waiting for room or a credit */
-    struct ib_rbuf  *rbufs;
-    int              nrbufs;
+    struct ibv_qp    *qp;
+    struct ib_peer   *pe;
+    unsigned          idx;
+    uint32_t          psn;
+    int               sq_depth;
+    int               sq_out;        /* posted, completion not yet polled */
+    int               credits;       /* receive WRs the peer has posted for us, unconsumed */
+    int               owed;          /* my reposted receive WRs not yet announced */
+    int               owed_traffic;  /* of those, consumed by real traffic (not CREDIT frames) */
+    uint32_t          max_inline;
+    struct weft_queue wrq;           /* struct ib_wr waiting for room or a credit */
+    struct ib_rbuf   *rbufs;
+    int               nrbufs;
 };
 
-/* A receive expecting a push: found by the immediate of the writes. */
+/* A receive expecting a push: found by the immediate of the writes. The
+ * free slots are chained by index (next_free), not by pointer: the array
+ * is realloc'ed as it grows. */
 struct ib_slot {
-    struct weft_request *req;       /* NULL: free */
+    struct weft_tp_xfer *x;         /* NULL: free */
     struct weft_reg     *reg;
     unsigned             imm_expected, imm_got;
     int                  next_free;
@@ -126,9 +166,9 @@ struct ib_slot {
 
 /* One rndv_push: the writes of one message. */
 struct ib_push {
-    struct ib_push      *prev, *next;
+    struct weft_list     link;      /* ib_peer.pushes */
     struct ib_peer      *pe;
-    struct weft_request *req;       /* NULL once the pipe forgot it (abort) */
+    struct weft_tp_xfer *x;         /* NULL once the pipe forgot it (abort) */
     struct weft_reg     *reg;
     uint32_t             rkey;
     uint32_t             slot;        /* the receiver's: immediate of the last write on each QP */
@@ -139,7 +179,7 @@ struct ib_push {
 
 struct ib_state;
 
-/* How a registration cache entry was pinned (p2p/ib_gdr.c). */
+/* How a registration cache entry was pinned (ib_gdr.c). */
 enum { IB_REG_HOST = 0, IB_REG_DMABUF, IB_REG_PEERMEM };
 
 /* What the registration cache's reg op returns as the entry's handle. */
@@ -151,10 +191,9 @@ struct ib_mr {
 
 struct ib_peer {
     struct ib_state     *st;
-    struct weft_pipe    *pipe;
     int                  rank;
     int                  dead;        /* pipe broken: QPs in error, completions absorbed */
-    int                  connected;   /* tp_peer set */
+    int                  connected;   /* reachable through st->by_rank */
     struct ib_qp         qps[IB_MAX_QPS];
     unsigned             nqp_created;
     unsigned             nqp;         /* used by the pair: min of both sides */
@@ -164,19 +203,18 @@ struct ib_peer {
     struct ib_rbuf      *rbufs;       /* [nqp_created * recv_posted] */
     struct ib_sbuf      *sbufs;
     int                  nsbufs, nsfree;
-    struct ib_sbuf      *sfree;
+    struct weft_list     sfree;       /* free send buffers (struct ib_sbuf), last freed first */
     uint64_t             chunk;       /* bytes per write for this pair */
     uint32_t             peer_frame_max;
     struct ib_slot      *slots;
     int                  nslots, slot_free;
-    struct ib_push      *push_head, *push_tail;
+    struct weft_list     pushes;      /* struct ib_push, oldest first */
     unsigned             push_rr;
-    const struct weft_ctrl *cts_m;    /* the CTS being delivered, and what it carried */
-    struct ib_cts_ext    cts_ext;
 };
 
 struct ib_state {
-    struct weft_comm       *c;
+    const struct weft_tp_env *env;    /* cards, upcalls (valid until destroy) */
+    struct weft_core       *core;     /* rank, size, cfg, cuda, errors */
     struct weft_ibv         ibv;
     int                     loaded;
     struct ibv_context     *ctx;
@@ -185,23 +223,23 @@ struct ib_state {
     struct ibv_pd          *pd;
     struct ibv_cq          *scq, *rcq;
     struct weft_reg_ops     reg_ops;
+    /* RDMA registrations (transfers and mem_pin), made by connect when this
+     * rank has ib peers; NULL otherwise (mem_pin then does nothing) */
+    struct weft_regcache   *regcache;
     struct ib_peer         *peers;    /* [npeers] */
     int                     npeers;
+    struct ib_peer        **by_rank;  /* [size]: the connected peer of each rank, NULL: none */
+    int                     nlive;    /* connected peers not aborted (wakeless) */
     size_t                  frame_max;
     int                     sq_depth, recv_posted;
     int                     drain;    /* weft_comm_destroy is draining: return every owed credit */
-    /* GPUDirect RDMA (p2p/ib_gdr.c): which ways of registering device
-     * memory worked on the test allocation at create; gdr = either did and
+    /* GPUDirect RDMA (ib_gdr.c): which ways of registering device memory
+     * worked on the test allocation at create; gdr = either did and
      * WEFT_IB_GDR is not 0 (what the rank card says) */
     int                     gdr, gdr_dmabuf, gdr_peermem;
     char                    gdr_why[256];   /* why not, when gdr == 0 */
     uint64_t                gdr_regs[3];    /* registrations so far, by IB_REG_* */
 };
-
-static inline struct ib_state *ib_state(const struct weft_comm *c)
-{
-    return (struct ib_state *)c->tp_state[WEFT_TP_IB];
-}
 
 /* Explicit credit return from this many owed on one QP (>= 2, see header). */
 static inline int ib_credit_threshold(int depth)
@@ -212,22 +250,29 @@ static inline int ib_credit_threshold(int depth)
 
 static inline const char *peer_host(const struct ib_peer *pe)
 {
-    return pe->st->c->cards ? pe->st->c->cards[pe->rank].hostname : "?";
+    const struct weft_tp_cards *k = &pe->st->env->cards;
+    return k->base ? weft_tp_card(k, pe->rank)->hostname : "?";
 }
 
-/* ---- p2p/ib_conn.c ---- */
+/* The peer's blob (after the card exchange). */
+static inline const struct ib_card *peer_card(const struct ib_peer *pe)
+{
+    return (const struct ib_card *)weft_tp_blob(&pe->st->env->cards, pe->rank);
+}
 
-int  weft_ib_card_fill(struct weft_comm *c, struct weft_rank_card *mine);
-int  weft_ib_connect(struct weft_comm *c);
-void weft_ib_disconnect(struct weft_comm *c);
+/* ---- ib_conn.c ---- */
+
+int  weft_ib_create(const struct weft_tp_env *env, void *blob, void **ctx);
+int  weft_ib_connect(const struct weft_tp_env *env, void *ctx);
+void weft_ib_destroy(void *ctx);
 /* Posts one receive buffer (again). 0, or the errno of ibv_post_recv. */
 int  weft_ib_post_recv(struct ib_rbuf *rb);
 
-/* ---- p2p/ib_gdr.c ---- */
+/* ---- ib_gdr.c ---- */
 
-/* card_fill, once the PD exists: decides st->gdr (WEFT_IB_GDR, the probe of
- * src/gdr.c, a test allocation registered and deregistered) and logs it. */
-void ib_gdr_setup(struct weft_comm *c, struct ib_state *st);
+/* create, once the PD exists: decides st->gdr (WEFT_IB_GDR, the probe of
+ * src/core/gdr.c, a test allocation registered and deregistered) and logs it. */
+void ib_gdr_setup(struct ib_state *st);
 /* The registration cache's reg op: host memory with ibv_reg_mr, CUDA device
  * memory through dma-buf (else a peer-memory module). */
 int  ib_reg_cb(void *ctx, uintptr_t addr, size_t len, void **handle, uint32_t *lkey, uint32_t *rkey, char *why,
@@ -239,11 +284,12 @@ void ib_dereg_cb(void *ctx, void *handle);
 int  ib_reg_acquire(struct ib_state *st, const void *buf, size_t len, int mem_kind, struct weft_reg **out,
                     char *why, size_t whylen);
 
-/* ---- p2p/ib.c ---- */
+/* ---- ib.c ---- */
 
-/* Frees a push and releases its registration (no request is touched). */
+/* Frees a push and releases its registration (no transfer is touched). */
 void weft_ib_push_free(struct ib_push *ps);
-/* Frees receive slot i and releases its registration. */
+/* Frees receive slot i and releases its registration (its transfer is not
+ * touched: it may be gone at teardown). */
 void weft_ib_slot_release(struct ib_peer *pe, int i);
 
 #endif /* WEFT_HAVE_VERBS_HEADERS */

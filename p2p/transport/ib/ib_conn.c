@@ -1,13 +1,15 @@
 /*
- * ib transport: set-up and teardown (the data path is p2p/ib.c, whose top
+ * ib transport: set-up and teardown (the data path is ib.c, whose top
  * comment describes the protocol).
  *
- * card_fill loads libibverbs, picks the port (ib_dev.c) and writes it into
- * the rank card; connect creates, per peer, the QPs (to INIT, receives
- * posted), exchanges one fixed-size record per pair with one MPI_Alltoall
- * (always made when some pair of the comm uses ib, so no rank can hang
- * another), then takes the QPs to RTR and RTS. disconnect releases
- * everything, in reverse order, and is idempotent.
+ * create loads libibverbs, picks the port (ib_dev.c) and writes it into
+ * this transport's blob of the rank card (struct ib_card); connect creates,
+ * per peer, the QPs (to INIT, receives posted), exchanges one fixed-size
+ * record per pair with one alltoall of the comm's bootstrap (always made
+ * when some pair of the comm uses ib, so no rank can hang another), then
+ * takes the QPs to RTR and RTS. ib_release gives back everything but the
+ * state itself, in reverse order, and is idempotent (connect uses it when
+ * this rank has no ib peer); destroy releases and frees the state.
  */
 #ifdef WEFT_HAVE_VERBS_HEADERS
 
@@ -20,10 +22,10 @@
 #include <unistd.h>
 
 #include "ib.h"
-#include "ib_card.h"
 #include "ib_chunk.h"
 #include "log.h"
 #include "transport.h"
+#include "weft.h"
 
 /* ------------------------------------------------------------ teardown */
 
@@ -34,13 +36,13 @@ static void peer_teardown(struct ib_state *st, struct ib_peer *pe)
         if (pe->qps[i].qp)
             st->ibv.destroy_qp(pe->qps[i].qp);
         pe->qps[i].qp = NULL;
-        pe->qps[i].head = pe->qps[i].tail = NULL;
+        weft_queue_init(&pe->qps[i].wrq);
     }
     /* QPs are gone: nothing references the pushes' memory any more. */
-    while (pe->push_head)
-        weft_ib_push_free(pe->push_head);
+    while (!weft_list_empty(&pe->pushes))
+        weft_ib_push_free(weft_container_of(weft_list_first(&pe->pushes), struct ib_push, link));
     for (int i = 0; i < pe->nslots; i++)
-        if (pe->slots[i].req || pe->slots[i].reg)
+        if (pe->slots[i].x || pe->slots[i].reg)
             weft_ib_slot_release(pe, i);
     free(pe->slots);
     pe->slots = NULL;
@@ -54,13 +56,18 @@ static void peer_teardown(struct ib_state *st, struct ib_peer *pe)
     pe->rbufs = NULL;
     free(pe->sbufs);
     pe->sbufs = NULL;
-    if (pe->pipe && pe->pipe->tp_peer == pe)
-        pe->pipe->tp_peer = NULL;
+    weft_list_init(&pe->sfree);
+    pe->nsfree = 0;
+    pe->connected = 0;
 }
 
-/* Releases everything; st itself too. */
-static void ib_teardown(struct weft_comm *c, struct ib_state *st)
+/* Releases everything but st itself (what create and connect made: the
+ * device is given back). Idempotent. */
+static void ib_release(struct ib_state *st)
 {
+    free(st->by_rank);
+    st->by_rank = NULL;
+    st->nlive = 0;
     for (int i = 0; i < st->npeers; i++)
         peer_teardown(st, &st->peers[i]);
     free(st->peers);
@@ -68,63 +75,63 @@ static void ib_teardown(struct weft_comm *c, struct ib_state *st)
     st->npeers = 0;
     if (st->scq)
         st->ibv.destroy_cq(st->scq);
+    st->scq = NULL;
     if (st->rcq)
         st->ibv.destroy_cq(st->rcq);
-    if (c->regcache) {
-        weft_regcache_destroy(c->regcache);
-        c->regcache = NULL;
+    st->rcq = NULL;
+    if (st->regcache) {
+        weft_regcache_destroy(st->regcache);
+        st->regcache = NULL;
     }
     if (st->pd)
         st->ibv.dealloc_pd(st->pd);
+    st->pd = NULL;
     if (st->ctx)
         st->ibv.close_device(st->ctx);
+    st->ctx = NULL;
     if (st->loaded)
         weft_ibv_unload(&st->ibv);
-    free(st);
-    c->tp_state[WEFT_TP_IB] = NULL;
+    st->loaded = 0;
 }
 
-void weft_ib_disconnect(struct weft_comm *c)
+void weft_ib_destroy(void *ctx)
 {
-    struct ib_state *st = ib_state(c);
-    if (st)
-        ib_teardown(c, st);
+    struct ib_state *st = ctx;
+    if (st == NULL)
+        return;
+    ib_release(st);
+    free(st);
 }
 
 /* --------------------------------------------------------------- card */
 
-static int card_fill_port(struct weft_comm *c, struct weft_rank_card *mine)
+/* Loads verbs, opens the port and writes it into the blob; a rank where ib
+ * cannot work leaves the blob zeroed ("not offered") after one info line. */
+static int card_fill_port(struct ib_state *st, struct ib_card *mine)
 {
-    struct ib_state *st = ib_state(c);
+    struct weft_core *core = st->core;
     char why[256] = "";
     int rc;
 
-    if (st == NULL) {
-        st = calloc(1, sizeof(*st));
-        if (st == NULL)
-            return weft_set_error(c, WEFT_ERR_NO_MEMORY, "ib: no memory for transport state");
-        st->c = c;
-        c->tp_state[WEFT_TP_IB] = st;
-    }
-    if (weft_ibv_load(c->cfg.ibverbs_lib, &st->ibv, why, sizeof(why)) != 0) {
-        WEFT_INFO(c->rank, "ib: not offered: cannot load the verbs library: %s", why);
+    if (weft_ibv_load(core->cfg.ibverbs_lib, &st->ibv, why, sizeof(why)) != 0) {
+        WEFT_INFO(core->rank, "ib: not offered: cannot load the verbs library: %s", why);
         return WEFT_SUCCESS;
     }
     st->loaded = 1;
 
-    rc = ib_dev_open(&st->ibv, &c->cfg, c->rank, &st->ctx, &st->dattr, &st->port, why, sizeof(why));
+    rc = ib_dev_open(&st->ibv, &core->cfg, core->rank, &st->ctx, &st->dattr, &st->port, why, sizeof(why));
     if (rc != WEFT_SUCCESS) {
         weft_ibv_unload(&st->ibv);
         st->loaded = 0;
         if (rc == WEFT_ERR_UNSUPPORTED) {
-            WEFT_INFO(c->rank, "ib: not offered: %s", why);
+            WEFT_INFO(core->rank, "ib: not offered: %s", why);
             return WEFT_SUCCESS;
         }
-        return weft_set_error(c, rc, "ib: opening the RDMA device failed: %s", why);
+        return weft_set_error(core, rc, "ib: opening the RDMA device failed: %s", why);
     }
     st->pd = st->ibv.alloc_pd(st->ctx);
     if (st->pd == NULL) {
-        WEFT_INFO(c->rank, "ib: not offered: %s port %u: ibv_alloc_pd failed: %s", st->port.dev, st->port.port,
+        WEFT_INFO(core->rank, "ib: not offered: %s port %u: ibv_alloc_pd failed: %s", st->port.dev, st->port.port,
                   strerror(errno));
         st->ibv.close_device(st->ctx);
         st->ctx = NULL;
@@ -134,7 +141,7 @@ static int card_fill_port(struct weft_comm *c, struct weft_rank_card *mine)
     }
 
     /* Where RDMA is really there: can GPU memory be registered too? */
-    ib_gdr_setup(c, st);
+    ib_gdr_setup(st);
     mine->ib_gdr = (uint8_t)(st->gdr != 0);
 
     snprintf(mine->ib_dev, sizeof(mine->ib_dev), "%s", st->port.dev);
@@ -145,43 +152,45 @@ static int card_fill_port(struct weft_comm *c, struct weft_rank_card *mine)
     mine->ib_gid_index = (uint8_t)(st->port.gid_index < 0 ? 0 : st->port.gid_index);
     memcpy(mine->ib_gid, st->port.gid.raw, sizeof(mine->ib_gid));
     if (st->port.link_layer == IBV_LINK_LAYER_ETHERNET)
-        WEFT_INFO(c->rank, "ib: offering %s port %u (RoCE, GID index %d: %s, MTU %d, max message %llu) from %s",
+        WEFT_INFO(core->rank, "ib: offering %s port %u (RoCE, GID index %d: %s, MTU %d, max message %llu) from %s",
                   st->port.dev, st->port.port, st->port.gid_index, st->port.gid_how,
                   128 << st->port.active_mtu, (unsigned long long)st->port.max_msg_sz, st->ibv.path);
     else
-        WEFT_INFO(c->rank, "ib: offering %s port %u (InfiniBand, LID %u, MTU %d, max message %llu) from %s",
+        WEFT_INFO(core->rank, "ib: offering %s port %u (InfiniBand, LID %u, MTU %d, max message %llu) from %s",
                   st->port.dev, st->port.port, st->port.lid, 128 << st->port.active_mtu,
                   (unsigned long long)st->port.max_msg_sz, st->ibv.path);
     return WEFT_SUCCESS;
 }
 
-int weft_ib_card_fill(struct weft_comm *c, struct weft_rank_card *mine)
+int weft_ib_create(const struct weft_tp_env *env, void *blob, void **ctx)
 {
-    int rc = card_fill_port(c, mine);
-    struct ib_state *st = ib_state(c);
+    struct weft_core *core = env->core;
+    struct ib_card *mine = blob;
+    struct ib_state *st;
+    int rc;
+
+    *ctx = NULL;
+    st = calloc(1, sizeof(*st));
+    if (st == NULL)
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "ib: no memory for transport state");
+    st->env = env;
+    st->core = core;
+    rc = card_fill_port(st, mine);
 
     /* WEFT_IB_GDR=1: GPUDirect is required wherever ib is offered. */
-    if (rc == WEFT_SUCCESS && c->cfg.ib_gdr == 1 && !mine->ib_gdr)
-        return weft_set_error(c, WEFT_ERR_UNSUPPORTED, "ib: WEFT_IB_GDR=1 but GPUDirect RDMA is not possible on "
-                              "rank %d: %s", c->rank, st && st->loaded && st->gdr_why[0] ? st->gdr_why
-                              : "ib is not offered here (WEFT_DEBUG=info says why)");
-    return rc;
+    if (rc == WEFT_SUCCESS && core->cfg.ib_gdr == 1 && !mine->ib_gdr)
+        rc = weft_set_error(core, WEFT_ERR_UNSUPPORTED, "ib: WEFT_IB_GDR=1 but GPUDirect RDMA is not possible on "
+                            "rank %d: %s", core->rank, st->loaded && st->gdr_why[0] ? st->gdr_why
+                            : "ib is not offered here (WEFT_DEBUG=info says why)");
+    if (rc != WEFT_SUCCESS) {
+        weft_ib_destroy(st);
+        return rc;
+    }
+    *ctx = st;
+    return WEFT_SUCCESS;
 }
 
 /* ------------------------------------------------------------ connect */
-
-/* Whether any pair of the comm uses ib: the same answer on every rank. */
-static int comm_uses_ib(const struct weft_comm *c)
-{
-    for (int a = 0; a < c->size; a++) {
-        if (!weft_ib_card_offers(&c->cards[a]))
-            continue;
-        for (int b = a + 1; b < c->size; b++)
-            if (weft_ib_pair_chosen(&c->cards[a], &c->cards[b]))
-                return 1;
-    }
-    return 0;
-}
 
 int weft_ib_post_recv(struct ib_rbuf *rb)
 {
@@ -196,10 +205,11 @@ int weft_ib_post_recv(struct ib_rbuf *rb)
 }
 
 /* Creates the QPs of one peer (to INIT), its buffers, and posts receives. */
-static int peer_setup(struct weft_comm *c, struct ib_state *st, struct ib_peer *pe)
+static int peer_setup(struct ib_state *st, struct ib_peer *pe)
 {
+    struct weft_core *core = st->core;
     const int depth = st->recv_posted;
-    unsigned nqp = (unsigned)c->cfg.ib_qps_per_peer;
+    unsigned nqp = (unsigned)core->cfg.ib_qps_per_peer;
     size_t rbytes = (size_t)depth * st->frame_max, sbytes;
     int i;
 
@@ -214,20 +224,20 @@ static int peer_setup(struct weft_comm *c, struct ib_state *st, struct ib_peer *
     pe->rbufs = calloc((size_t)depth * nqp, sizeof(*pe->rbufs));
     pe->sbufs = calloc((size_t)pe->nsbufs, sizeof(*pe->sbufs));
     if (pe->mem == NULL || pe->rbufs == NULL || pe->sbufs == NULL)
-        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "ib: peer %d: no memory for %zu bytes of buffers", pe->rank,
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "ib: peer %d: no memory for %zu bytes of buffers", pe->rank,
                               pe->mem_bytes);
     memset(pe->mem, 0, pe->mem_bytes);
     pe->mr = st->ibv.reg_mr(st->pd, pe->mem, pe->mem_bytes, IBV_ACCESS_LOCAL_WRITE);
     if (pe->mr == NULL)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): ibv_reg_mr of %zu buffer bytes failed: %s",
-                              pe->rank, peer_host(pe), pe->mem_bytes, strerror(errno));
+        return weft_set_error(core, WEFT_ERR_TRANSPORT,
+                              "ib: peer %d (host %s): ibv_reg_mr of %zu buffer bytes failed: %s", pe->rank,
+                              peer_host(pe), pe->mem_bytes, strerror(errno));
     for (i = 0; i < pe->nsbufs; i++) {
         struct ib_sbuf *sb = &pe->sbufs[i];
         sb->mem = pe->mem + rbytes + (size_t)i * st->frame_max;
         sb->wr.kind = IB_WR_FRAME;
         sb->wr.sb = sb;
-        sb->next_free = pe->sfree;
-        pe->sfree = sb;
+        weft_list_add_head(&pe->sfree, &sb->free_link);
     }
     pe->nsfree = pe->nsbufs;
     pe->slot_free = -1;
@@ -242,6 +252,7 @@ static int peer_setup(struct weft_comm *c, struct ib_state *st, struct ib_peer *
         qp->pe = pe;
         qp->idx = q;
         qp->sq_depth = st->sq_depth;
+        weft_queue_init(&qp->wrq);
         for (size_t t = 0; t < sizeof(inline_try) / sizeof(inline_try[0]) && qp->qp == NULL; t++) {
             memset(&ia, 0, sizeof(ia));
             ia.send_cq = st->scq;
@@ -256,7 +267,7 @@ static int peer_setup(struct weft_comm *c, struct ib_state *st, struct ib_peer *
             qp->qp = st->ibv.create_qp(st->pd, &ia);
         }
         if (qp->qp == NULL)
-            return weft_set_error(c, WEFT_ERR_TRANSPORT,
+            return weft_set_error(core, WEFT_ERR_TRANSPORT,
                                   "ib: peer %d (host %s): ibv_create_qp (RC, %d send / %d receive WRs) failed: %s",
                                   pe->rank, peer_host(pe), st->sq_depth, depth, strerror(errno));
         pe->nqp_created = q + 1;
@@ -274,7 +285,7 @@ static int peer_setup(struct weft_comm *c, struct ib_state *st, struct ib_peer *
         a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
         int mrc = st->ibv.modify_qp(qp->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
         if (mrc != 0)
-            return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): QP %u to INIT failed: %s", pe->rank,
+            return weft_set_error(core, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): QP %u to INIT failed: %s", pe->rank,
                                   peer_host(pe), q, strerror(mrc));
 
         /* QP 0 receives frames into its buffers; the others receive only
@@ -288,15 +299,15 @@ static int peer_setup(struct weft_comm *c, struct ib_state *st, struct ib_peer *
             rb->len = q == 0 ? (uint32_t)st->frame_max : 64;
             int prc = weft_ib_post_recv(rb);
             if (prc != 0)
-                return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): ibv_post_recv on QP %u failed: %s",
-                                      pe->rank, peer_host(pe), q, strerror(prc));
+                return weft_set_error(core, WEFT_ERR_TRANSPORT,
+                                      "ib: peer %d (host %s): ibv_post_recv on QP %u failed: %s", pe->rank,
+                                      peer_host(pe), q, strerror(prc));
         }
     }
     return WEFT_SUCCESS;
 }
 
-static void rec_fill(const struct ib_state *st, const struct weft_comm *c, const struct ib_peer *pe,
-                     struct ib_pair_rec *r)
+static void rec_fill(const struct ib_state *st, const struct ib_peer *pe, struct ib_pair_rec *r)
 {
     memset(r, 0, sizeof(*r));
     r->valid = IB_REC_MAGIC;
@@ -308,7 +319,7 @@ static void rec_fill(const struct ib_state *st, const struct weft_comm *c, const
     r->recv_posted = (uint32_t)st->recv_posted;
     r->frame_max = (uint32_t)st->frame_max;
     r->max_msg_sz = st->port.max_msg_sz;
-    r->chunk = c->cfg.ib_chunk;
+    r->chunk = st->core->cfg.ib_chunk;
     r->lid = st->port.lid;
     r->mtu = st->port.active_mtu;
     r->link_layer = st->port.link_layer;
@@ -319,23 +330,25 @@ static void rec_fill(const struct ib_state *st, const struct weft_comm *c, const
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 /* INIT -> RTR -> RTS for the pair's QPs, with what the peer sent. */
-static int peer_connect(struct weft_comm *c, struct ib_state *st, struct ib_peer *pe, const struct ib_pair_rec *r)
+static int peer_connect(struct ib_state *st, struct ib_peer *pe, const struct ib_pair_rec *r)
 {
+    struct weft_core *core = st->core;
+    const struct ib_card *pk = peer_card(pe);
     const char *host = peer_host(pe);
 
     if (r->valid != IB_REC_MAGIC)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): the peer set up no QPs for this pair "
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): the peer set up no QPs for this pair "
                               "(see its log)", pe->rank, host);
     if (r->nqp == 0 || r->nqp > IB_MAX_QPS || r->recv_posted < IB_MIN_DEPTH || r->link_layer != st->port.link_layer)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): bad connection record (%u QPs, %u "
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): bad connection record (%u QPs, %u "
                               "receives, link layer %u)", pe->rank, host, r->nqp, r->recv_posted, r->link_layer);
     if (r->frame_max < st->frame_max)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): its receive buffers (%u bytes) are "
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): its receive buffers (%u bytes) are "
                               "smaller than my frames (%zu): WEFT_IB_EAGER must be the same on every rank",
                               pe->rank, host, r->frame_max, st->frame_max);
     pe->nqp = r->nqp < pe->nqp_created ? r->nqp : pe->nqp_created;
     pe->peer_frame_max = r->frame_max;
-    pe->chunk = min_u64(min_u64(st->port.max_msg_sz, r->max_msg_sz), min_u64(c->cfg.ib_chunk, r->chunk));
+    pe->chunk = min_u64(min_u64(st->port.max_msg_sz, r->max_msg_sz), min_u64(core->cfg.ib_chunk, r->chunk));
     pe->chunk = min_u64(pe->chunk, IB_ONE_GIB);
     if (pe->chunk < 2 * IB_CHUNK_MIN)
         pe->chunk = 2 * IB_CHUNK_MIN;
@@ -368,13 +381,13 @@ static int peer_connect(struct weft_comm *c, struct ib_state *st, struct ib_peer
                                 IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                                     IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
         if (mrc != 0)
-            return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s, %s port %u): QP %u to RTR (remote QPN "
-                                  "%u, MTU %d) failed: %s", pe->rank, host, c->cards[pe->rank].ib_dev,
-                                  c->cards[pe->rank].ib_port, q, r->qpn[q], 128 << mtu, strerror(mrc));
+            return weft_set_error(core, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s, %s port %u): QP %u to RTR (remote "
+                                  "QPN %u, MTU %d) failed: %s", pe->rank, host, pk->ib_dev, pk->ib_port, q,
+                                  r->qpn[q], 128 << mtu, strerror(mrc));
         memset(&a, 0, sizeof(a));
         a.qp_state = IBV_QPS_RTS;
-        a.timeout = (uint8_t)c->cfg.ib_timeout;
-        a.retry_cnt = (uint8_t)c->cfg.ib_retry_cnt;
+        a.timeout = (uint8_t)core->cfg.ib_timeout;
+        a.retry_cnt = (uint8_t)core->cfg.ib_retry_cnt;
         a.rnr_retry = 7;
         a.sq_psn = qp->psn;
         a.max_rd_atomic = 1;
@@ -382,96 +395,105 @@ static int peer_connect(struct weft_comm *c, struct ib_state *st, struct ib_peer
                                 IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                                     IBV_QP_MAX_QP_RD_ATOMIC);
         if (mrc != 0)
-            return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): QP %u to RTS failed: %s", pe->rank,
+            return weft_set_error(core, WEFT_ERR_TRANSPORT, "ib: peer %d (host %s): QP %u to RTS failed: %s", pe->rank,
                                   host, q, strerror(mrc));
     }
-    WEFT_INFO(c->rank, "ib: peer %d (host %s, %s port %u): %u RC QP(s), MTU %d, %d credits, writes of up to %llu "
-              "bytes", pe->rank, host, c->cards[pe->rank].ib_dev, c->cards[pe->rank].ib_port, pe->nqp, 128 << mtu,
+    WEFT_INFO(core->rank, "ib: peer %d (host %s, %s port %u): %u RC QP(s), MTU %d, %d credits, writes of up to %llu "
+              "bytes", pe->rank, host, pk->ib_dev, pk->ib_port, pe->nqp, 128 << mtu,
               (int)r->recv_posted, (unsigned long long)pe->chunk);
     return WEFT_SUCCESS;
 }
 
 /* Local set-up before the exchange: CQs, regcache, every ib peer's QPs. */
-static int local_setup(struct weft_comm *c, struct ib_state *st, int npeers)
+static int local_setup(const struct weft_tp_env *env, struct ib_state *st, int npeers)
 {
+    struct weft_core *core = st->core;
     const struct ibv_device_attr *da = &st->dattr;
     int maxwr = da->max_qp_wr > 0 ? da->max_qp_wr : 1;
-    unsigned nqp = (unsigned)c->cfg.ib_qps_per_peer;
+    unsigned nqp = (unsigned)core->cfg.ib_qps_per_peer;
+    size_t payload_max;
     long long scqe, rcqe;
     int rc;
 
     if (nqp > IB_MAX_QPS)
         nqp = IB_MAX_QPS;
-    st->sq_depth = c->cfg.ib_sq_depth < maxwr ? c->cfg.ib_sq_depth : maxwr;
+    st->sq_depth = core->cfg.ib_sq_depth < maxwr ? core->cfg.ib_sq_depth : maxwr;
     /* One receive more than WEFT_IB_RECV_DEPTH: the credit kept for CREDIT frames. */
-    st->recv_posted = c->cfg.ib_recv_depth + 1 < maxwr ? c->cfg.ib_recv_depth + 1 : maxwr;
+    st->recv_posted = core->cfg.ib_recv_depth + 1 < maxwr ? core->cfg.ib_recv_depth + 1 : maxwr;
     if (st->recv_posted < IB_MIN_DEPTH || st->sq_depth < 1)
-        return weft_set_error(c, WEFT_ERR_UNSUPPORTED, "ib: %s: device max_qp_wr %d is below the %d receive WRs "
+        return weft_set_error(core, WEFT_ERR_UNSUPPORTED, "ib: %s: device max_qp_wr %d is below the %d receive WRs "
                               "the credit scheme needs", st->port.dev, da->max_qp_wr, IB_MIN_DEPTH);
-    st->frame_max = IB_PAYLOAD_OFF + (c->cfg.ib_eager_limit > sizeof(struct ib_cts_ext)
-                                          ? c->cfg.ib_eager_limit : sizeof(struct ib_cts_ext));
+    /* The largest frame of the pipe: its header, then an eager message or
+     * another payload (a rendezvous key) of up to WEFT_TP_CTRL_PAYLOAD_MIN. */
+    payload_max = core->cfg.ib_eager_limit > WEFT_TP_CTRL_PAYLOAD_MIN ? core->cfg.ib_eager_limit
+                                                                      : WEFT_TP_CTRL_PAYLOAD_MIN;
+    st->frame_max = IB_CTRL_OFF + WEFT_TP_CTRL_HDR_MAX + payload_max;
     st->frame_max = (st->frame_max + 63) & ~(size_t)63;
 
     /* Every WR is signaled: one CQE per outstanding WR at most. */
     scqe = (long long)npeers * nqp * st->sq_depth;
     rcqe = (long long)npeers * nqp * st->recv_posted;
     if (da->max_cqe > 0 && (scqe > da->max_cqe || rcqe > da->max_cqe))
-        return weft_set_error(c, WEFT_ERR_UNSUPPORTED, "ib: %s: %d peers x %u QPs need CQs of %lld/%lld entries, "
+        return weft_set_error(core, WEFT_ERR_UNSUPPORTED, "ib: %s: %d peers x %u QPs need CQs of %lld/%lld entries, "
                               "the device allows %d (lower WEFT_IB_SQ_DEPTH, WEFT_IB_RECV_DEPTH or "
                               "WEFT_IB_QPS_PER_PEER)", st->port.dev, npeers, nqp, scqe, rcqe, da->max_cqe);
     st->scq = st->ibv.create_cq(st->ctx, (int)scqe, NULL, NULL, 0);
     st->rcq = st->scq ? st->ibv.create_cq(st->ctx, (int)rcqe, NULL, NULL, 0) : NULL;
     if (st->rcq == NULL)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "ib: %s: ibv_create_cq (%lld entries) failed: %s", st->port.dev,
-                              st->scq ? rcqe : scqe, strerror(errno));
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "ib: %s: ibv_create_cq (%lld entries) failed: %s",
+                              st->port.dev, st->scq ? rcqe : scqe, strerror(errno));
 
     st->reg_ops.ctx = st;
     st->reg_ops.reg = ib_reg_cb;
     st->reg_ops.dereg = ib_dereg_cb;
-    rc = weft_regcache_create(&st->reg_ops, c->cfg.ib_reg_cache, &c->regcache);
+    rc = weft_regcache_create(&st->reg_ops, core->cfg.ib_reg_cache, &st->regcache);
     if (rc != WEFT_SUCCESS)
-        return weft_set_error(c, rc, "ib: cannot create the registration cache");
+        return weft_set_error(core, rc, "ib: cannot create the registration cache");
 
     st->peers = calloc((size_t)npeers, sizeof(*st->peers));
-    if (st->peers == NULL)
-        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "ib: no memory for %d peers", npeers);
-    for (int r = 0; r < c->size; r++) {
-        if (r == c->rank || c->pipes[r].tp != &weft_transport_ib)
+    st->by_rank = calloc((size_t)core->size, sizeof(*st->by_rank));
+    if (st->peers == NULL || st->by_rank == NULL)
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "ib: no memory for %d peers", npeers);
+    for (int r = 0; r < core->size; r++) {
+        if (r == core->rank || !env->uses[r])
             continue;
         struct ib_peer *pe = &st->peers[st->npeers++];
         pe->st = st;
         pe->rank = r;
-        pe->pipe = &c->pipes[r];
-        rc = peer_setup(c, st, pe);
+        weft_list_init(&pe->sfree);
+        weft_list_init(&pe->pushes);
+        rc = peer_setup(st, pe);
         if (rc != WEFT_SUCCESS)
             return rc;
     }
     return WEFT_SUCCESS;
 }
 
-int weft_ib_connect(struct weft_comm *c)
+int weft_ib_connect(const struct weft_tp_env *env, void *ctx)
 {
-    struct ib_state *st = ib_state(c);
+    struct ib_state *st = ctx;
+    struct weft_core *core = env->core;
     struct ib_pair_rec *out = NULL, *in = NULL;
-    int npeers = 0, rc = WEFT_SUCCESS;
+    int npeers = 0, rc = WEFT_SUCCESS, arc;
 
     /* No pair of the comm uses ib: no exchange (every rank sees the same
      * cards, so every rank skips it), and the device is given back. */
-    if (!comm_uses_ib(c)) {
+    if (!env->used_anywhere) {
         if (st)
-            ib_teardown(c, st);
+            ib_release(st);
         return WEFT_SUCCESS;
     }
 
-    for (int r = 0; r < c->size; r++)
-        if (r != c->rank && c->pipes[r].tp == &weft_transport_ib)
+    for (int r = 0; r < core->size; r++)
+        if (r != core->rank && env->uses[r])
             npeers++;
     if (npeers > 0 && (st == NULL || st->ctx == NULL))
-        rc = weft_set_error(c, WEFT_ERR_INTERNAL, "ib: %d peers chose ib but this rank has no device open", npeers);
+        rc = weft_set_error(core, WEFT_ERR_INTERNAL, "ib: %d peers chose ib but this rank has no device open",
+                            npeers);
     if (rc == WEFT_SUCCESS && npeers > 0)
-        rc = local_setup(c, st, npeers);
+        rc = local_setup(env, st, npeers);
 
-    size_t nranks = c->size > 0 ? (size_t)c->size : 1;
+    size_t nranks = core->size > 0 ? (size_t)core->size : 1;
     out = calloc(nranks, sizeof(*out));
     in = calloc(nranks, sizeof(*in));
     if (out == NULL || in == NULL) {
@@ -479,33 +501,34 @@ int weft_ib_connect(struct weft_comm *c)
          * then fails the Alltoall on every rank instead of hanging it. */
         free(out);
         free(in);
-        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "ib: no memory for the connection records of %d ranks",
-                              c->size);
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "ib: no memory for the connection records of %d ranks",
+                              core->size);
     }
     if (rc == WEFT_SUCCESS)
         for (int i = 0; i < (st ? st->npeers : 0); i++)
-            rec_fill(st, c, &st->peers[i], &out[st->peers[i].rank]);
+            rec_fill(st, &st->peers[i], &out[st->peers[i].rank]);
 
     /* The one exchange: made whatever happened above, so that every rank
-     * makes the same MPI calls; failures are agreed by the caller. */
-    if (MPI_Alltoall(out, (int)sizeof(*out), MPI_BYTE, in, (int)sizeof(*in), MPI_BYTE, c->mpi) != MPI_SUCCESS &&
-        rc == WEFT_SUCCESS)
-        rc = weft_set_error(c, WEFT_ERR_MPI, "ib: MPI_Alltoall of the QP numbers failed");
+     * makes the same collective calls; failures are agreed by the caller. */
+    arc = env->coll->alltoall(env->coll->arg, out, in, sizeof(*out));
+    if (arc != WEFT_SUCCESS && rc == WEFT_SUCCESS)
+        rc = weft_set_error(core, arc, "ib: the alltoall of the QP numbers (bootstrap) failed");
 
     for (int i = 0; rc == WEFT_SUCCESS && st && i < st->npeers; i++)
-        rc = peer_connect(c, st, &st->peers[i], &in[st->peers[i].rank]);
+        rc = peer_connect(st, &st->peers[i], &in[st->peers[i].rank]);
     free(out);
     free(in);
     if (rc != WEFT_SUCCESS)
-        return rc;   /* the caller unwinds with disconnect */
+        return rc;   /* the caller unwinds with destroy */
     if (st && st->npeers == 0) {
         /* Other pairs use ib, none of this rank's: give the device back. */
-        ib_teardown(c, st);
+        ib_release(st);
         return WEFT_SUCCESS;
     }
     for (int i = 0; st && i < st->npeers; i++) {
-        st->peers[i].pipe->tp_peer = &st->peers[i];
+        st->by_rank[st->peers[i].rank] = &st->peers[i];
         st->peers[i].connected = 1;
+        st->nlive++;
     }
     return WEFT_SUCCESS;
 }

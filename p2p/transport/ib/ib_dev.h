@@ -1,5 +1,5 @@
 /*
- * ib transport: finding the RDMA port this rank uses (p2p/ib_dev.c).
+ * ib transport: finding the RDMA port this rank uses (ib_dev.c).
  *
  * Every ACTIVE port of every device the verbs library lists is a candidate,
  * restricted by WEFT_IB_HCA ("dev[:port],..."); ranks are spread over the

@@ -17,31 +17,17 @@
  * registration against the buffer's current one and registers anew when
  * they differ.
  *
- * Capability (ib_gdr_setup, at card_fill once the PD exists). A rank can do
+ * Capability (ib_gdr_setup, at create once the PD exists). A rank can do
  * GPUDirect when WEFT_IB_GDR is not 0, CUDA is loaded, the probe of
- * src/gdr.c found ibv_reg_dmabuf_mr or a peer-memory module, and one of
- * the two ways really registers a test allocation (a small cudaMalloc:
- * exported, registered, deregistered, freed). The rank card says so
- * (ib_gdr); a pair uses GPUDirect only when both cards do
- * (weft_ib_gdr_usable), so sender and receiver always agree. WEFT_IB_GDR=1
- * makes a rank that offers ib without the capability fail create.
+ * src/core/gdr.c found ibv_reg_dmabuf_mr or a peer-memory module, and one
+ * of the two ways really registers a test allocation (a small cudaMalloc:
+ * exported, registered, deregistered, freed). The rank card blob says so
+ * (ib_gdr); a pair uses GPUDirect only when both cards do (rndv_mem offers
+ * WEFT_TP_MEM_DEVICE then: device buffers take the ordinary ib rendezvous,
+ * RDMA WRITE WITH IMM from/to the device buffers, instead of host staging),
+ * so sender and receiver always agree. WEFT_IB_GDR=1 makes a rank that
+ * offers ib without the capability fail create.
  */
-#include "ib_gdr.h"
-
-#include "comm.h"
-#include "transport.h"
-
-int weft_ib_gdr_usable(const struct weft_pipe *p)
-{
-    const struct weft_comm *c;
-    if (p == NULL || p->tp == NULL || p->tp->id != WEFT_TP_IB)
-        return 0;
-    c = p->comm;
-    if (c == NULL || c->cards == NULL || p->peer < 0 || p->peer >= c->size)
-        return 0;
-    return c->cards[c->rank].ib_gdr && c->cards[p->peer].ib_gdr;
-}
-
 #ifdef WEFT_HAVE_VERBS_HEADERS
 
 #include <errno.h>
@@ -54,6 +40,7 @@ int weft_ib_gdr_usable(const struct weft_pipe *p)
 #include "gdr.h"
 #include "ib.h"
 #include "log.h"
+#include "weft.h"
 
 #define IB_MR_ACCESS (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ)
 
@@ -200,10 +187,10 @@ int ib_reg_cb(void *ctx, uintptr_t addr, size_t len, void **handle, uint32_t *lk
     m->buffer_id = how == IB_REG_HOST ? 0 : a.buffer_id;
     if (how != IB_REG_HOST) {
         if (st->gdr_regs[IB_REG_DMABUF] + st->gdr_regs[IB_REG_PEERMEM] == 0)
-            WEFT_INFO(st->c->rank, "ib: GPUDirect RDMA: first device buffer registered through %s (%zu bytes at "
+            WEFT_INFO(st->core->rank, "ib: GPUDirect RDMA: first device buffer registered through %s (%zu bytes at "
                       "%p, cuda%d)", reg_how_name[how], len, (void *)addr, a.device);
         else
-            WEFT_TRACE(st->c->rank, "ib: GPUDirect RDMA: device memory registered through %s (%zu bytes at %p)",
+            WEFT_TRACE(st->core->rank, "ib: GPUDirect RDMA: device memory registered through %s (%zu bytes at %p)",
                        reg_how_name[how], len, (void *)addr);
     }
     st->gdr_regs[how]++;
@@ -227,7 +214,7 @@ void ib_dereg_cb(void *ctx, void *handle)
 int ib_reg_acquire(struct ib_state *st, const void *buf, size_t len, int mem_kind, struct weft_reg **out,
                    char *why, size_t whylen)
 {
-    struct weft_regcache *rc = st->c->regcache;
+    struct weft_regcache *rc = st->regcache;
     struct weft_mem_attr a;
     const struct ib_mr *m;
     int err = weft_regcache_acquire(rc, buf, len, out, why, whylen);
@@ -240,7 +227,7 @@ int ib_reg_acquire(struct ib_state *st, const void *buf, size_t len, int mem_kin
         return WEFT_SUCCESS;
     /* Registered for another allocation that lived at this address (or as
      * host memory): drop it (at its last release if in flight), register. */
-    WEFT_TRACE(st->c->rank, "ib: cached registration at %p is of an older device allocation: registering anew",
+    WEFT_TRACE(st->core->rank, "ib: cached registration at %p is of an older device allocation: registering anew",
                buf);
     weft_regcache_release(rc, *out);
     *out = NULL;
@@ -299,8 +286,9 @@ static void test_allocation(struct ib_state *st, const struct weft_gdr_info *g, 
 }
 #endif
 
-void ib_gdr_setup(struct weft_comm *c, struct ib_state *st)
+void ib_gdr_setup(struct ib_state *st)
 {
+    const struct weft_core *c = st->core;
     const struct weft_gdr_info *g;
 
     st->gdr = st->gdr_dmabuf = st->gdr_peermem = 0;
@@ -332,4 +320,6 @@ void ib_gdr_setup(struct weft_comm *c, struct ib_state *st)
                   st->gdr_why);
 }
 
+#else
+typedef int weft_ib_gdr_unused;
 #endif /* WEFT_HAVE_VERBS_HEADERS */

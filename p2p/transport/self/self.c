@@ -1,155 +1,189 @@
 /*
  * self: a rank sending to itself.
  *
- * Control messages go through an in-process FIFO (a copy of header and
- * eager payload); a large message is pulled with one memcpy straight from
- * the send buffer once its receive is posted (rndv_get), so a send to self
- * of any size costs one copy.
- *
- * Device buffers never reach this file: the pipe copies them with one
- * cudaMemcpy (p2p/pipe.c, match_rts_device) or through a host bounce
- * (EAGER).
+ * Control frames go through an in-process FIFO (a copy of header and
+ * payload); a large message is pulled with one copy straight from the send
+ * buffer once its receive is posted (rndv_get), so a send to self of any
+ * size costs one copy. With CUDA in the comm that copy also moves device
+ * buffers (one cudaMemcpy on weft's stream, core/devcopy.c), so self's
+ * rendezvous reads and writes both kinds of memory.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm.h"
+#include "devcopy.h"
+#include "list.h"
 #include "log.h"
-#include "pipe.h"
 #include "transport.h"
+#include "weft.h"
 
 struct self_msg {
-    struct self_msg  *next;
-    struct weft_ctrl  hdr;
+    struct weft_qnode qn;
     size_t            len;
-    unsigned char     payload[];
+    unsigned char     frame[];
 };
 
 struct self_state {
-    struct self_msg *head, *tail;
+    const struct weft_tp_env *env;
+    struct weft_queue         q;
 };
 
-static int self_card_fill(struct weft_comm *c, struct weft_rank_card *mine)
+static int self_create(const struct weft_tp_env *env, void *blob, void **ctx)
 {
-    (void)mine;
-    c->tp_state[WEFT_TP_SELF] = calloc(1, sizeof(struct self_state));
-    return c->tp_state[WEFT_TP_SELF] ? WEFT_SUCCESS : WEFT_ERR_NO_MEMORY;
+    struct self_state *s = calloc(1, sizeof(*s));
+    (void)blob;
+    if (s == NULL)
+        return weft_set_error(env->core, WEFT_ERR_NO_MEMORY, "self: no memory for transport state");
+    s->env = env;
+    weft_queue_init(&s->q);
+    *ctx = s;
+    return WEFT_SUCCESS;
 }
 
-static int self_connect(struct weft_comm *c)
+static int self_reach(const struct weft_tp_cards *k, int me, int peer, char *why, size_t whylen)
 {
-    c->pipes[c->rank].tp_peer = c->tp_state[WEFT_TP_SELF];
+    (void)k;
+    (void)why;
+    (void)whylen;
+    return me == peer;
+}
+
+static int self_connect(const struct weft_tp_env *env, void *ctx)
+{
+    (void)env;
+    (void)ctx;
     return WEFT_SUCCESS;
 }
 
 static void self_drop_all(struct self_state *s)
 {
-    while (s->head) {
-        struct self_msg *m = s->head;
-        s->head = m->next;
-        free(m);
-    }
-    s->tail = NULL;
+    struct weft_qnode *n;
+    while ((n = weft_queue_pop(&s->q)) != NULL)
+        free(weft_container_of(n, struct self_msg, qn));
 }
 
-static void self_disconnect(struct weft_comm *c)
+static void self_destroy(void *ctx)
 {
-    struct self_state *s = c->tp_state[WEFT_TP_SELF];
+    struct self_state *s = ctx;
     if (s == NULL)
         return;
     self_drop_all(s);
     free(s);
-    c->tp_state[WEFT_TP_SELF] = NULL;
 }
 
-static size_t self_eager_limit(const struct weft_comm *c)
+static size_t self_eager_limit(void *ctx, int peer, int internal)
 {
-    return c->cfg.self_eager_limit;
+    struct self_state *s = ctx;
+    (void)peer;
+    (void)internal;
+    return s->env->core->cfg.self_eager_limit;
 }
 
-static int self_ctrl_send(struct weft_pipe *p, const struct weft_ctrl *m, const void *payload, size_t len)
+static int self_ctrl_send(void *ctx, int peer, const void *hdr, size_t hdr_len, const void *payload, size_t len)
 {
-    struct self_state *s = p->tp_peer;
-    struct self_msg *msg = malloc(sizeof(*msg) + len);
+    struct self_state *s = ctx;
+    struct self_msg *m = malloc(sizeof(*m) + hdr_len + len);
 
-    if (msg == NULL)
-        return weft_set_error(p->comm, WEFT_ERR_NO_MEMORY, "send to self: no memory for %zu bytes", len);
-    msg->next = NULL;
-    msg->hdr = *m;
-    msg->len = len;
+    (void)peer;
+    if (m == NULL)
+        return weft_set_error(s->env->core, WEFT_ERR_NO_MEMORY, "send to self: no memory for %zu bytes", len);
+    m->len = hdr_len + len;
+    memcpy(m->frame, hdr, hdr_len);
     if (len)
-        memcpy(msg->payload, payload, len);
-    if (s->tail)
-        s->tail->next = msg;
-    else
-        s->head = msg;
-    s->tail = msg;
+        memcpy(m->frame + hdr_len, payload, len);
+    weft_queue_push(&s->q, &m->qn);
     return WEFT_SUCCESS;
 }
 
-static int self_progress(struct weft_comm *c)
+static int self_progress(void *ctx)
 {
-    struct self_state *s = c->tp_state[WEFT_TP_SELF];
-    int n = 0;
+    struct self_state *s = ctx;
+    struct weft_qnode *n;
+    int count = 0;
 
     /* Pop before delivering: the pipe may answer (FIN) into this queue. */
-    while (s && s->head) {
-        struct self_msg *m = s->head;
-        s->head = m->next;
-        if (s->head == NULL)
-            s->tail = NULL;
-        weft_pipe_on_ctrl(&c->pipes[c->rank], &m->hdr, m->payload, m->len);
+    while (s && (n = weft_queue_pop(&s->q)) != NULL) {
+        struct self_msg *m = weft_container_of(n, struct self_msg, qn);
+        s->env->up->on_ctrl(s->env->up->arg, s->env->core->rank, m->frame, m->len);
         free(m);
-        n++;
+        count++;
     }
-    return n;
+    return count;
 }
 
-static int self_rndv_get(struct weft_pipe *p, struct weft_request *r, const struct weft_ctrl *rts)
+static unsigned self_rndv_mem(void *ctx, int peer)
 {
-    (void)p;
-    memcpy(r->buf, (const void *)(uintptr_t)rts->addr, rts->bytes);
-    r->tp_done = rts->bytes;
+    struct self_state *s = ctx;
+    (void)peer;
+    return WEFT_TP_MEM_HOST | (s->env->core->cuda ? WEFT_TP_MEM_DEVICE : 0);
+}
+
+static int self_rndv_get(void *ctx, int peer, struct weft_tp_xfer *x, const struct weft_tp_src *src)
+{
+    struct self_state *s = ctx;
+    const void *from = (const void *)(uintptr_t)src->addr;
+    (void)peer;
+    if (x->mem_kind >= 2 || src->mem_kind >= 2) {
+        /* One process: one copy between the two buffers, like the host pull. */
+        char what[64];
+        snprintf(what, sizeof(what), "send to self tag %d", x->tag);
+        return weft_devcopy_sync(s->env->core, x->buf, from, x->bytes, what);
+    }
+    if (x->bytes)
+        memcpy(x->buf, from, x->bytes);
     return WEFT_SUCCESS;
 }
 
-static int self_rndv_unused(struct weft_pipe *p, struct weft_request *r)
+static int self_rndv_expect(void *ctx, int peer, struct weft_tp_xfer *x, const struct weft_tp_src *src, void *key,
+                            size_t *keylen)
 {
+    struct self_state *s = ctx;
+    (void)peer;
+    (void)src;
+    (void)key;
+    (void)keylen;
     /* Unreachable: self_rndv_get never declines. */
-    return weft_set_error(p->comm, WEFT_ERR_INTERNAL, "self: push requested for tag %d", r->tag);
+    return weft_set_error(s->env->core, WEFT_ERR_INTERNAL, "self: push requested for tag %d", x->tag);
 }
 
-static int self_rndv_push(struct weft_pipe *p, struct weft_request *s, const struct weft_ctrl *cts)
+static int self_rndv_push(void *ctx, int peer, struct weft_tp_xfer *x, const void *key, size_t keylen)
 {
-    (void)cts;
-    return self_rndv_unused(p, s);
+    (void)key;
+    (void)keylen;
+    return self_rndv_expect(ctx, peer, x, NULL, NULL, NULL);
 }
 
-static int self_busy(const struct weft_comm *c)
+static int self_busy(void *ctx)
 {
-    const struct self_state *s = c->tp_state[WEFT_TP_SELF];
-    return s && s->head;
+    const struct self_state *s = ctx;
+    return s && !weft_queue_empty(&s->q);
 }
 
-static void self_abort_pipe(struct weft_pipe *p)
+static void self_abort_peer(void *ctx, int peer)
 {
-    if (p->tp_peer)
-        self_drop_all(p->tp_peer);
+    (void)peer;
+    if (ctx)
+        self_drop_all(ctx);
 }
 
 const struct weft_transport weft_transport_self = {
     .name        = "self",
-    .id          = WEFT_TP_SELF,
-    .card_fill   = self_card_fill,
+    .ctrl        = 1,
+    .scope       = WEFT_TP_SCOPE_SELF,
+    .sure        = 1,
+    .card_bytes  = 0,
+    .create      = self_create,
+    .reach       = self_reach,
     .connect     = self_connect,
-    .disconnect  = self_disconnect,
+    .destroy     = self_destroy,
     .eager_limit = self_eager_limit,
     .ctrl_send   = self_ctrl_send,
     .progress    = self_progress,
+    .rndv_mem    = self_rndv_mem,
     .rndv_get    = self_rndv_get,
-    .rndv_expect = self_rndv_unused,
+    .rndv_expect = self_rndv_expect,
     .rndv_push   = self_rndv_push,
-    .abort_pipe  = self_abort_pipe,
+    .abort_peer  = self_abort_peer,
     .busy        = self_busy,
-    .sleep       = NULL,
 };

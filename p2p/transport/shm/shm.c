@@ -4,15 +4,16 @@
  * Each rank creates one POSIX shm segment holding a small header (doorbell
  * futex, sleeper count, pid) and, per shm peer, a help slot and one inbound
  * SPSC ring; peer P produces into "P -> me" inside my segment and I consume
- * it. Control messages and eager data travel as ring records. Large
- * messages move either
+ * it. The pipe's control frames (eager data included) travel as ring
+ * records, opaque to this file: one record = the frame's header, then its
+ * payload. Large messages move either
  *  - by CMA, one copy: the receiver pulls from the sender's buffer with
  *    process_vm_readv, and from SHM_SPLIT_MIN up the sender, idle while it
  *    waits for FIN, takes pieces of the same transfer and writes them with
  *    process_vm_writev (struct shm_help_slot), so two cores copy at once;
  *  - or, when CMA is off or refused, by a pipelined copy through the ring:
  *    the sender copies chunk k+1 in while the receiver copies chunk k out
- *    (DATA records).
+ *    (DATA records, named by the rendezvous key rndv_expect made).
  *
  * Waking: a rank about to sleep bumps its sleeper count, runs a barrier,
  * re-checks its rings, and futex-waits on its doorbell; a producer that
@@ -42,9 +43,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "comm.h"
+#include "weft.h"
+#include "core.h"
+#include "list.h"
 #include "log.h"
-#include "pipe.h"
 #include "shm_ring.h"
 #include "transport.h"
 
@@ -58,16 +60,31 @@
  * cannot starve the others. */
 #define SHM_DRAIN_BUDGET 256
 
-/* Record types of this transport (first byte, like weft_ctrl.type). */
+/* Record types of this transport (first byte of a record). The pipe's
+ * frames all start below WEFT_TP_FRAME_TYPE_LIMIT, so records from the
+ * limit up are ours, on the same ring. */
 enum {
-    SHM_REC_DATA = WEFT_CTRL_TRANSPORT_BASE,      /* a piece of a pushed message */
-    SHM_REC_EAGER_SMALL = WEFT_CTRL_TRANSPORT_BASE + 1  /* EAGER with a 16-byte header */
+    SHM_REC_DATA = WEFT_TP_FRAME_TYPE_LIMIT      /* a piece of a pushed message */
 };
+
+/* This rank's blob in the rank card. */
+struct shm_card {
+    char     name[64];       /* POSIX shm segment with this rank's inbound rings; "" = none */
+    uint64_t token;          /* shm's own random token: the segment header repeats it */
+    uint64_t probe_addr;     /* address of that token in the owner's process: CMA probe */
+};
+#define SHM_CARD_BYTES ((sizeof(struct shm_card) + 7) & ~(size_t)7)
+_Static_assert(sizeof(struct shm_card) <= SHM_CARD_BYTES, "shm blob fits its card bytes");
+
+/* A rendezvous key (rndv_expect -> CTS -> rndv_push): the receiver's
+ * per-peer sequence number of the expected transfer, 8 bytes in host
+ * order (both ends are on one node). */
+#define SHM_KEY_BYTES sizeof(uint64_t)
 
 /* Segment header; the ring offset table follows it, then the rings. */
 struct shm_seg_hdr {
     uint64_t magic;
-    uint64_t token;          /* the owner's card token: a peer checks it */
+    uint64_t token;          /* the owner's shm token (its blob): a peer checks it */
     uint64_t bytes;          /* segment size */
     int32_t  pid;
     int32_t  nranks;         /* entries in the ring offset table */
@@ -87,22 +104,12 @@ static inline uint64_t *seg_ring_table(struct shm_seg_hdr *h)
 struct shm_data_hdr {
     uint8_t  type;           /* SHM_REC_DATA */
     uint8_t  pad0[7];
-    uint64_t rreq;           /* receiver's request id (from CTS) */
+    uint64_t key;            /* the receiver's key of the transfer (from CTS) */
     uint64_t offset;         /* where this piece goes in the message */
     uint64_t len;
     uint8_t  pad1[24];
 };
 _Static_assert(sizeof(struct shm_data_hdr) == 56, "DATA payload must be cache-line aligned");
-
-/* Compact EAGER header: a message of up to 40 bytes fits one cache line
- * (8 record header + 16 + 40) instead of two with a full weft_ctrl. */
-struct shm_eager_small {
-    uint8_t  type;           /* SHM_REC_EAGER_SMALL */
-    uint8_t  flags;
-    uint16_t reserved;
-    int32_t  tag;
-    uint64_t seq;
-};
 
 /* Shared work list of one large CMA transfer from the peer to the owner of
  * the segment. The receiver opens it in rndv_get; then both processes claim
@@ -137,12 +144,27 @@ _Static_assert(sizeof(struct shm_help_slot) == 128, "help slot is two cache line
 /* Below this a single process_vm_readv is cheaper than sharing the work. */
 #define SHM_SPLIT_MIN ((size_t)256 << 10)
 
+/* Per-transfer state, in weft_tp_xfer.priv while shm holds the transfer:
+ * on its peer's push FIFO (sender) or expect FIFO (receiver). */
+struct shm_xfer {
+    struct weft_qnode node;
+    uint64_t          key;    /* the receiver's key: DATA records carry it */
+    size_t            done;   /* bytes pushed / received so far */
+    int               sent;   /* push: a record went out (a 0-byte message still sends one) */
+};
+WEFT_TP_PRIV_FITS(struct shm_xfer);
+
+static inline struct weft_tp_xfer *xfer_of(struct weft_qnode *n)
+{
+    return weft_container_of((void *)weft_container_of(n, struct shm_xfer, node), struct weft_tp_xfer, priv);
+}
+
 struct shm_peer {
-    struct weft_pipe     *pipe;
     int                   rank;
     pid_t                 pid;
     int                   cma_ok;       /* pulls from this peer work */
     int                   cma_used;     /* a pull has succeeded */
+    int                   aborted;      /* abort_peer: the pipe broke; help no more, drop its data */
     struct shm_ring      *in;           /* peer -> me, in my segment */
     struct shm_ring      *out;          /* me -> peer, in the peer's segment */
     struct shm_help_slot *help_in;      /* transfers peer -> me, in my segment */
@@ -151,19 +173,23 @@ struct shm_peer {
     struct shm_seg_hdr   *peer_hdr;
     void                 *peer_map;
     size_t                peer_map_bytes;
-    struct weft_request  *push_head, *push_tail;     /* sends to push, FIFO (tp_next) */
-    struct weft_request  *expect_head, *expect_tail; /* receives a push will fill (tp_next) */
+    struct weft_queue     pushes_q;     /* sends to push, FIFO (struct shm_xfer) */
+    struct weft_queue     expects_q;    /* receives a push will fill, in CTS order (struct shm_xfer) */
+    uint64_t              expect_seq;   /* last key handed out by rndv_expect */
     _Atomic size_t        out_need;     /* payload size a blocked producer waits room for; 0 = none */
-    _Atomic int           pushes;       /* entries on the push list (read by sleep) */
+    _Atomic int           pushes;       /* entries on the push FIFO (read by sleep) */
 };
 
 struct shm_state {
+    const struct weft_tp_env *env;
+    uint64_t              token;        /* in the segment header and the blob; its address is the CMA probe */
     char                  name[64];
     int                   linked;       /* own segment name still in /dev/shm */
     struct shm_seg_hdr   *seg;
     size_t                seg_bytes;
     struct shm_peer      *peers;
     int                   npeers;
+    struct shm_peer     **by_rank;      /* [size]: the peer of that rank, NULL = not shm */
     size_t                max_payload;  /* per ring record */
 };
 
@@ -197,9 +223,17 @@ static inline void waker_fence(void)
         atomic_signal_fence(memory_order_seq_cst);  /* compiler order only; the sleeper's membarrier does the rest */
 }
 
-static struct shm_state *shm_state(const struct weft_comm *c)
+static inline struct weft_core *shm_core(const struct shm_state *st)
 {
-    return (struct shm_state *)c->tp_state[WEFT_TP_SHM];
+    return st->env->core;
+}
+
+/* The peer of that rank, NULL when it does not use shm (or set-up failed). */
+static struct shm_peer *peer_of(const struct shm_state *st, int rank)
+{
+    if (st == NULL || st->by_rank == NULL || rank < 0 || rank >= shm_core(st)->size)
+        return NULL;
+    return st->by_rank[rank];
 }
 
 /* ---- futex doorbells ---- */
@@ -254,73 +288,119 @@ static void *reserve_or_wait(struct shm_peer *peer, size_t len)
 
 /* ---- set-up ---- */
 
-static int shm_card_fill(struct weft_comm *c, struct weft_rank_card *mine)
+static uint64_t random_u64(const void *salt)
 {
-    struct shm_state *st = shm_state(c);
-    if (st == NULL) {
-        st = calloc(1, sizeof(*st));
-        if (st == NULL)
-            return weft_set_error(c, WEFT_ERR_NO_MEMORY, "shm: no memory for transport state");
-        c->tp_state[WEFT_TP_SHM] = st;
-    }
-    uint64_t nonce = 0;
-    if (getrandom(&nonce, sizeof(nonce), GRND_NONBLOCK) != (ssize_t)sizeof(nonce))
-        nonce = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)st << 16);
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
+        v = (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)salt << 16) ^ ((uint64_t)getpid() << 40);
+    return v;
+}
+
+static int shm_create(const struct weft_tp_env *env, void *blob, void **ctx)
+{
+    struct weft_core *core = env->core;
+    struct shm_state *st = calloc(1, sizeof(*st));
+    if (st == NULL)
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "shm: no memory for transport state");
+    st->env = env;
+    st->token = random_u64(st);
+    uint64_t nonce = random_u64(&nonce);
     unsigned counter = atomic_fetch_add(&shm_segment_counter, 1);
     snprintf(st->name, sizeof(st->name), "/weft-%d-%016llx-%u", (int)getpid(),
              (unsigned long long)nonce, counter);
-    snprintf(mine->shm_name, sizeof(mine->shm_name), "%s", st->name);
+
+    struct shm_card mine;
+    memset(&mine, 0, sizeof(mine));
+    snprintf(mine.name, sizeof(mine.name), "%s", st->name);
+    mine.token = st->token;
+    mine.probe_addr = (uint64_t)(uintptr_t)&st->token;
+    memcpy(blob, &mine, sizeof(mine));
     membarrier_register();
 
-    if (c->cfg.shm_cma) {
+    if (core->cfg.shm_cma) {
         /* With Yama ptrace_scope=1 a peer may only process_vm_readv us if
          * we name it a tracer; "any" because peers are not our children.
          * EINVAL means Yama is absent and nothing needs allowing. */
         if (prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0 && errno != EINVAL)
-            WEFT_INFO(c->rank, "shm: prctl(PR_SET_PTRACER) failed: %s; peers may not pull by CMA",
+            WEFT_INFO(core->rank, "shm: prctl(PR_SET_PTRACER) failed: %s; peers may not pull by CMA",
                       strerror(errno));
     }
+    *ctx = st;
     return WEFT_SUCCESS;
 }
 
-static void shm_disconnect(struct weft_comm *c)
+/* Both cards offer a segment. The comm has already decided from the card
+ * headers that the two ranks share an effective node (scope NODE). */
+static int shm_reach(const struct weft_tp_cards *k, int me, int peer, char *why, size_t whylen)
 {
-    struct shm_state *st = shm_state(c);
-    if (st == NULL)
-        return;
+    const char *a = weft_tp_blob(k, me);     /* name[] opens the blob */
+    const char *b = weft_tp_blob(k, peer);
+    if (b[0] == '\0' || a[0] == '\0') {
+        if (why && whylen)
+            snprintf(why, whylen, "no shm segment offered by rank %d", b[0] == '\0' ? peer : me);
+        return 0;
+    }
+    return 1;
+}
+
+/* A peer's blob, copied out (the card area promises no alignment). */
+static struct shm_card read_card(const struct shm_state *st, int rank)
+{
+    struct shm_card card;
+    memcpy(&card, weft_tp_blob(&st->env->cards, rank), sizeof(card));
+    card.name[sizeof(card.name) - 1] = '\0';
+    return card;
+}
+
+/* Unmaps peers' segments and own; forgets the peers. */
+static void release_peers(struct shm_state *st)
+{
     for (int i = 0; i < st->npeers; i++) {
         struct shm_peer *peer = &st->peers[i];
         if (peer->peer_map)
             munmap(peer->peer_map, peer->peer_map_bytes);
-        if (peer->pipe && peer->pipe->tp_peer == peer)
-            peer->pipe->tp_peer = NULL;
     }
-    if (st->linked)
+    if (st->linked) {
         shm_unlink(st->name);
+        st->linked = 0;
+    }
     if (st->seg)
         munmap(st->seg, st->seg_bytes);
+    st->seg = NULL;
     free(st->peers);
+    free(st->by_rank);
+    st->peers = NULL;
+    st->by_rank = NULL;
+    st->npeers = 0;
+}
+
+static void shm_destroy(void *ctx)
+{
+    struct shm_state *st = ctx;
+    if (st == NULL)
+        return;
+    release_peers(st);
     free(st);
-    c->tp_state[WEFT_TP_SHM] = NULL;
 }
 
 /* Creates and maps own segment with one inbound ring per shm peer. */
-static int create_segment(struct weft_comm *c, struct shm_state *st)
+static int create_segment(struct shm_state *st)
 {
-    size_t table = ((size_t)c->size * sizeof(uint64_t) + 63) & ~(size_t)63;
+    struct weft_core *core = shm_core(st);
+    size_t table = ((size_t)core->size * sizeof(uint64_t) + 63) & ~(size_t)63;
     /* per peer: its help slot, then its ring (the table points at the ring) */
-    size_t ring_bytes = sizeof(struct shm_help_slot) + shm_ring_footprint(c->cfg.shm_ring_bytes);
+    size_t ring_bytes = sizeof(struct shm_help_slot) + shm_ring_footprint(core->cfg.shm_ring_bytes);
     size_t bytes = sizeof(struct shm_seg_hdr) + table + (size_t)st->npeers * ring_bytes;
 
     int fd = shm_open(st->name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "shm: shm_open(%s) failed: %s",
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "shm: shm_open(%s) failed: %s",
                               st->name, strerror(errno));
     st->linked = 1;
     if (ftruncate(fd, (off_t)bytes) != 0) {
         int e = errno;
         close(fd);
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "shm: ftruncate(%s, %zu) failed: %s (is /dev/shm full?)",
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "shm: ftruncate(%s, %zu) failed: %s (is /dev/shm full?)",
                               st->name, bytes, strerror(e));
     }
     /* MAP_POPULATE: fault the pages in now, not on the first messages */
@@ -328,16 +408,16 @@ static int create_segment(struct weft_comm *c, struct shm_state *st)
     int e = errno;
     close(fd);
     if (mem == MAP_FAILED)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "shm: mmap of %s (%zu bytes) failed: %s",
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "shm: mmap of %s (%zu bytes) failed: %s",
                               st->name, bytes, strerror(e));
     st->seg = mem;
     st->seg_bytes = bytes;
 
     struct shm_seg_hdr *h = mem;
-    h->token = c->cards[c->rank].token;
+    h->token = st->token;
     h->bytes = bytes;
     h->pid = (int32_t)getpid();
-    h->nranks = c->size;
+    h->nranks = core->size;
     atomic_init(&h->doorbell, 0);
     atomic_init(&h->sleepers, 0);
     uint64_t *offs = seg_ring_table(h);
@@ -347,11 +427,11 @@ static int create_segment(struct weft_comm *c, struct shm_state *st)
         peer->help_in = (struct shm_help_slot *)((char *)mem + off);
         atomic_init(&peer->help_in->claim, SHM_HELP_CLOSED);
         atomic_init(&peer->help_in->copied, 0);
-        peer->in = shm_ring_init((char *)mem + off + sizeof(struct shm_help_slot), c->cfg.shm_ring_bytes);
+        peer->in = shm_ring_init((char *)mem + off + sizeof(struct shm_help_slot), core->cfg.shm_ring_bytes);
         offs[peer->rank] = off + sizeof(struct shm_help_slot);
         off += ring_bytes;
     }
-    st->max_payload = shm_ring_max_payload_for(c->cfg.shm_ring_bytes);
+    st->max_payload = shm_ring_max_payload_for(core->cfg.shm_ring_bytes);
     /* magic last: a peer that sees it sees a finished header (the barrier
      * orders it anyway) */
     h->magic = SHM_SEG_MAGIC;
@@ -359,21 +439,20 @@ static int create_segment(struct weft_comm *c, struct shm_state *st)
 }
 
 /* Maps peer's segment and finds the ring it keeps for us. */
-static int map_peer(struct weft_comm *c, struct shm_peer *peer)
+static int map_peer(struct shm_state *st, struct shm_peer *peer)
 {
-    const struct weft_rank_card *card = &c->cards[peer->rank];
-    char name[sizeof(card->shm_name) + 1];
-    memcpy(name, card->shm_name, sizeof(card->shm_name));
-    name[sizeof(card->shm_name)] = '\0';
+    struct weft_core *core = shm_core(st);
+    const struct shm_card card = read_card(st, peer->rank);
+    const char *name = card.name;
 
     int fd = shm_open(name, O_RDWR, 0);
     if (fd < 0)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "shm: peer %d: shm_open(%s) failed: %s",
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "shm: peer %d: shm_open(%s) failed: %s",
                               peer->rank, name, strerror(errno));
     struct stat sb;
     if (fstat(fd, &sb) != 0 || sb.st_size < (off_t)sizeof(struct shm_seg_hdr)) {
         close(fd);
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "shm: peer %d: segment %s is missing or too small",
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "shm: peer %d: segment %s is missing or too small",
                               peer->rank, name);
     }
     size_t bytes = (size_t)sb.st_size;
@@ -384,257 +463,237 @@ static int map_peer(struct weft_comm *c, struct shm_peer *peer)
     int e = errno;
     close(fd);
     if (mem == MAP_FAILED)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "shm: peer %d: mmap of %s failed: %s",
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "shm: peer %d: mmap of %s failed: %s",
                               peer->rank, name, strerror(e));
     peer->peer_map = mem;
     peer->peer_map_bytes = bytes;
 
     struct shm_seg_hdr *h = mem;
-    size_t table = ((size_t)c->size * sizeof(uint64_t) + 63) & ~(size_t)63;
-    if (h->magic != SHM_SEG_MAGIC || h->token != card->token || h->nranks != c->size ||
+    size_t table = ((size_t)core->size * sizeof(uint64_t) + 63) & ~(size_t)63;
+    if (h->magic != SHM_SEG_MAGIC || h->token != card.token || h->nranks != core->size ||
         h->bytes != bytes || sizeof(*h) + table > bytes)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT,
+        return weft_set_error(core, WEFT_ERR_TRANSPORT,
                               "shm: peer %d: segment %s does not belong to this job (bad magic, token or size)",
                               peer->rank, name);
-    uint64_t off = seg_ring_table(h)[c->rank];
+    uint64_t off = seg_ring_table(h)[core->rank];
     if (off < sizeof(*h) + table + sizeof(struct shm_help_slot) || off % 64 != 0 || off >= bytes ||
         (peer->out = shm_ring_attach((char *)mem + off, bytes - off)) == NULL)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "shm: peer %d: segment %s has no valid ring for rank %d",
-                              peer->rank, name, c->rank);
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "shm: peer %d: segment %s has no valid ring for rank %d",
+                              peer->rank, name, core->rank);
     peer->help_out = (struct shm_help_slot *)((char *)mem + off - sizeof(struct shm_help_slot));
     peer->peer_hdr = h;
     peer->pid = h->pid;
     return WEFT_SUCCESS;
 }
 
-/* Whether we may read the peer's memory: its card says where its token is. */
-static int probe_cma(struct weft_comm *c, struct shm_peer *peer)
+/* Whether we may read the peer's memory: its blob says where its token is. */
+static int probe_cma(struct shm_state *st, struct shm_peer *peer)
 {
-    const struct weft_rank_card *card = &c->cards[peer->rank];
-    if (!c->cfg.shm_cma || card->cma_probe_addr == 0)
+    struct weft_core *core = shm_core(st);
+    const struct shm_card card = read_card(st, peer->rank);
+    if (!core->cfg.shm_cma || card.probe_addr == 0)
         return 0;
     uint64_t value = 0;
     struct iovec local = { &value, sizeof(value) };
-    struct iovec remote = { (void *)(uintptr_t)card->cma_probe_addr, sizeof(value) };
+    struct iovec remote = { (void *)(uintptr_t)card.probe_addr, sizeof(value) };
     ssize_t n = process_vm_readv(peer->pid, &local, 1, &remote, 1, 0);
     if (n != (ssize_t)sizeof(value)) {
-        WEFT_TRACE(c->rank, "shm: peer %d: CMA probe failed: %s", peer->rank,
+        WEFT_TRACE(core->rank, "shm: peer %d: CMA probe failed: %s", peer->rank,
                    n < 0 ? strerror(errno) : "short read");
         return 0;
     }
-    return value == card->token;
+    return value == card.token;
 }
 
-/* Every rank calls this, shm peers or not, because of the collectives. */
-static int all_ok(struct weft_comm *c, int err)
+/* Allocates the peers (ranks whose pipe uses shm) and creates the segment. */
+static int setup_peers(const struct weft_tp_env *env, struct shm_state *st)
 {
-    int mine = err != WEFT_SUCCESS, any = 0;
-    if (MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, c->mpi) != MPI_SUCCESS)
-        return weft_set_error(c, WEFT_ERR_MPI, "shm: MPI_Allreduce during set-up failed");
-    if (err != WEFT_SUCCESS)
-        return err;
-    if (any)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "shm: set-up failed on another rank (see its log)");
-    return WEFT_SUCCESS;
-}
-
-static int shm_connect(struct weft_comm *c)
-{
-    struct shm_state *st = shm_state(c);
-    int err = WEFT_SUCCESS;
-    if (st == NULL) {
-        st = calloc(1, sizeof(*st));
-        if (st == NULL)
-            err = weft_set_error(c, WEFT_ERR_NO_MEMORY, "shm: no memory for transport state");
-        else
-            c->tp_state[WEFT_TP_SHM] = st;
+    struct weft_core *core = env->core;
+    int n = 0;
+    for (int r = 0; r < core->size; r++)
+        if (r != core->rank && env->uses[r])
+            n++;
+    if (n == 0)
+        return WEFT_SUCCESS;
+    st->peers = calloc((size_t)n, sizeof(*st->peers));
+    st->by_rank = calloc((size_t)core->size, sizeof(*st->by_rank));
+    if (st->peers == NULL || st->by_rank == NULL)
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "shm: no memory for %d peers", n);
+    for (int r = 0; r < core->size; r++) {
+        if (r == core->rank || !env->uses[r])
+            continue;
+        struct shm_peer *peer = &st->peers[st->npeers++];
+        peer->rank = r;
+        weft_queue_init(&peer->pushes_q);
+        weft_queue_init(&peer->expects_q);
+        atomic_init(&peer->out_need, 0);
+        atomic_init(&peer->pushes, 0);
     }
+    return create_segment(st);
+}
 
-    if (err == WEFT_SUCCESS) {
-        int n = 0;
-        for (int r = 0; r < c->size; r++)
-            if (r != c->rank && c->pipes[r].tp == &weft_transport_shm)
-                n++;
-        if (n > 0) {
-            st->peers = calloc((size_t)n, sizeof(*st->peers));
-            if (st->peers == NULL)
-                err = weft_set_error(c, WEFT_ERR_NO_MEMORY, "shm: no memory for %d peers", n);
-        }
-        if (err == WEFT_SUCCESS) {
-            for (int r = 0; r < c->size; r++) {
-                if (r == c->rank || c->pipes[r].tp != &weft_transport_shm)
-                    continue;
-                struct shm_peer *peer = &st->peers[st->npeers++];
-                peer->rank = r;
-                peer->pipe = &c->pipes[r];
-                atomic_init(&peer->out_need, 0);
-                atomic_init(&peer->pushes, 0);
-            }
-            if (st->npeers > 0)
-                err = create_segment(c, st);
-        }
+/* Every rank calls this, shm peers or not (ctx NULL included), because of
+ * the two collective agreements: their number must not depend on what
+ * happened here. */
+static int shm_connect(const struct weft_tp_env *env, void *ctx)
+{
+    struct shm_state *st = ctx;
+    int err = WEFT_SUCCESS;
+    if (st != NULL) {
+        st->env = env;
+        err = setup_peers(env, st);
     }
 
     /* 1: every segment exists before anyone maps one */
-    err = all_ok(c, err);
-    for (int i = 0; err == WEFT_SUCCESS && i < st->npeers; i++) {
+    err = env->coll->agree(env->coll->arg, err, "shm set-up");
+    for (int i = 0; st && err == WEFT_SUCCESS && i < st->npeers; i++) {
         struct shm_peer *peer = &st->peers[i];
-        err = map_peer(c, peer);
+        err = map_peer(st, peer);
         if (err == WEFT_SUCCESS) {
-            peer->cma_ok = probe_cma(c, peer);
-            WEFT_INFO(c->rank, "peer %d: shm, CMA %s%s", peer->rank, peer->cma_ok ? "yes" : "no",
-                      c->cfg.shm_cma ? "" : " (WEFT_SHM_CMA=0)");
+            peer->cma_ok = probe_cma(st, peer);
+            WEFT_INFO(env->core->rank, "peer %d: shm, CMA %s%s", peer->rank, peer->cma_ok ? "yes" : "no",
+                      env->core->cfg.shm_cma ? "" : " (WEFT_SHM_CMA=0)");
         }
     }
     /* 2: every peer has mapped our segment; the name can go, so a crash
      * later leaves nothing behind in /dev/shm */
-    err = all_ok(c, err);
+    err = env->coll->agree(env->coll->arg, err, "shm set-up");
     if (st && st->linked) {
         shm_unlink(st->name);
         st->linked = 0;
     }
     if (err != WEFT_SUCCESS) {
-        shm_disconnect(c);
+        if (st)
+            release_peers(st);
         return err;
     }
-    for (int i = 0; i < st->npeers; i++)
-        st->peers[i].pipe->tp_peer = &st->peers[i];
+    /* the peers are reachable through by_rank only now */
+    for (int i = 0; st && i < st->npeers; i++)
+        st->by_rank[st->peers[i].rank] = &st->peers[i];
     return WEFT_SUCCESS;
 }
 
 /* ---- data path ---- */
 
-static size_t shm_eager_limit(const struct weft_comm *c)
+static size_t shm_eager_limit(void *ctx, int peer, int internal)
 {
-    size_t ring_max = shm_ring_max_payload_for(c->cfg.shm_ring_bytes) - sizeof(struct weft_ctrl);
-    return c->cfg.shm_eager_limit < ring_max ? c->cfg.shm_eager_limit : ring_max;
+    (void)peer;
+    const struct shm_state *st = ctx;
+    if (st == NULL)
+        return 0;
+    const struct weft_config *cfg = &shm_core(st)->cfg;
+    size_t ring_max = shm_ring_max_payload_for(cfg->shm_ring_bytes) - WEFT_TP_CTRL_HDR_MAX;
+    size_t limit = cfg->shm_eager_limit < ring_max ? cfg->shm_eager_limit : ring_max;
+    /* The library's own lanes (collectives) may go eager for longer. */
+    if (internal && cfg->shm_coll_eager > limit)
+        limit = cfg->shm_coll_eager < ring_max ? cfg->shm_coll_eager : ring_max;
+    return limit;
 }
 
-static int shm_ctrl_send(struct weft_pipe *p, const struct weft_ctrl *m, const void *payload, size_t len)
+static int shm_ctrl_send(void *ctx, int rank, const void *hdr, size_t hdr_len, const void *payload, size_t len)
 {
-    struct shm_peer *peer = p->tp_peer;
+    struct shm_state *st = ctx;
+    struct shm_peer *peer = peer_of(st, rank);
     if (peer == NULL)
-        return weft_set_error(p->comm, WEFT_ERR_TRANSPORT, "shm: peer %d: not connected", p->peer);
+        return weft_set_error(st ? shm_core(st) : NULL, WEFT_ERR_TRANSPORT, "shm: peer %d: not connected", rank);
 
-    if (m->type == WEFT_CTRL_EAGER && m->bytes == len && m->status == 0 && m->sreq == 0 &&
-        m->rreq == 0 && m->addr == 0 && m->reserved == 0 && m->reserved2 == 0) {
-        struct shm_eager_small *e = reserve_or_wait(peer, sizeof(*e) + len);
-        if (e == NULL)
-            return WEFT_EAGAIN;
-        e->type = SHM_REC_EAGER_SMALL;
-        e->flags = m->flags;
-        e->reserved = 0;
-        e->tag = m->tag;
-        e->seq = m->seq;
-        if (len)
-            memcpy(e + 1, payload, len);
-        shm_ring_commit(peer->out, sizeof(*e) + len);
-    } else {
-        if (sizeof(*m) + len > shm_ring_max_payload(peer->out))
-            return weft_set_error(p->comm, WEFT_ERR_INTERNAL,
-                                  "shm: peer %d: control message of %zu bytes exceeds the ring's record limit %zu",
-                                  p->peer, len, shm_ring_max_payload(peer->out));
-        struct weft_ctrl *dst = reserve_or_wait(peer, sizeof(*m) + len);
-        if (dst == NULL)
-            return WEFT_EAGAIN;
-        memcpy(dst, m, sizeof(*m));
-        if (len)
-            memcpy(dst + 1, payload, len);
-        shm_ring_commit(peer->out, sizeof(*m) + len);
-    }
+    size_t total = hdr_len + len;
+    if (total > shm_ring_max_payload(peer->out))
+        return weft_set_error(shm_core(st), WEFT_ERR_INTERNAL,
+                              "shm: peer %d: control message of %zu bytes exceeds the ring's record limit %zu",
+                              rank, total, shm_ring_max_payload(peer->out));
+    char *dst = reserve_or_wait(peer, total);
+    if (dst == NULL)
+        return WEFT_EAGAIN;
+    memcpy(dst, hdr, hdr_len);
+    if (len)
+        memcpy(dst + hdr_len, payload, len);
+    shm_ring_commit(peer->out, total);
     notify_consumer(peer);
     return WEFT_SUCCESS;
 }
 
-static void list_append(struct weft_request **head, struct weft_request **tail, struct weft_request *r)
+/* Forgets every transfer of peer (no rndv_done: the pipe fails them) and
+ * stops helping it. */
+static void forget_peer(struct shm_peer *peer)
 {
-    r->tp_next = NULL;
-    if (*tail)
-        (*tail)->tp_next = r;
-    else
-        *head = r;
-    *tail = r;
+    weft_queue_init(&peer->pushes_q);
+    weft_queue_init(&peer->expects_q);
+    peer->aborted = 1;
+    atomic_store_explicit(&peer->pushes, 0, memory_order_relaxed);
+    atomic_store_explicit(&peer->out_need, 0, memory_order_relaxed);
 }
 
-/* Unlinks the request with that id; NULL if it is not on the list. */
-static struct weft_request *list_take(struct weft_request **head, struct weft_request **tail, uint64_t id)
+/* A DATA record that fits no expected transfer: the peer broke the
+ * protocol. Recorded here, then the pipe breaks (peer_failed). */
+static void protocol_error(struct shm_state *st, struct shm_peer *peer)
 {
-    struct weft_request *prev = NULL;
-    for (struct weft_request *r = *head; r; prev = r, r = r->tp_next) {
-        if (weft_req_id(r) != id)
-            continue;
-        if (prev)
-            prev->tp_next = r->tp_next;
-        else
-            *head = r->tp_next;
-        if (*tail == r)
-            *tail = prev;
-        r->tp_next = NULL;
-        return r;
-    }
-    return NULL;
+    forget_peer(peer);
+    st->env->up->peer_failed(st->env->up->arg, peer->rank, WEFT_ERR_TRANSPORT);
 }
 
-/* One DATA record: copy it into the receive request it names. */
-static void on_data(struct weft_comm *c, struct shm_peer *peer, const struct shm_data_hdr *d, size_t rec_len)
+/* One DATA record: copy it into the expected transfer its key names. */
+static void on_data(struct shm_state *st, struct shm_peer *peer, const struct shm_data_hdr *d, size_t rec_len)
 {
-    struct weft_request *r = NULL;
-    /* Pushes arrive in CTS order, so the request is almost always the head. */
-    for (struct weft_request *x = peer->expect_head; x; x = x->tp_next)
-        if (weft_req_id(x) == d->rreq) {
-            r = x;
-            break;
-        }
-    if (r == NULL) {
+    struct weft_core *core = shm_core(st);
+    if (peer->aborted) {
         /* the receive was aborted (pipe broken): drop what is still in flight */
-        WEFT_TRACE(c->rank, "shm: peer %d: dropping %llu data bytes for a request no longer expected",
+        WEFT_TRACE(core->rank, "shm: peer %d: dropping %llu data bytes for a request no longer expected",
                    peer->rank, (unsigned long long)d->len);
         return;
     }
-    if (d->len > rec_len - sizeof(*d) || d->offset > r->msg_bytes || d->len > r->msg_bytes - d->offset ||
-        r->msg_bytes > r->bytes) {
-        list_take(&peer->expect_head, &peer->expect_tail, d->rreq);
-        weft_set_error(c, WEFT_ERR_TRANSPORT,
+    /* Pushes arrive in CTS order, and keys were handed out in CTS order, so
+     * the transfer is always the head of the expect FIFO. */
+    struct weft_qnode *head = weft_queue_head(&peer->expects_q);
+    if (head == NULL || weft_container_of(head, struct shm_xfer, node)->key != d->key) {
+        if (head == NULL)
+            weft_set_error(core, WEFT_ERR_TRANSPORT,
+                           "shm: peer %d: data piece for transfer %llu, but no transfer is expected",
+                           peer->rank, (unsigned long long)d->key);
+        else
+            weft_set_error(core, WEFT_ERR_TRANSPORT,
+                           "shm: peer %d: data piece for transfer %llu, but transfer %llu is expected next",
+                           peer->rank, (unsigned long long)d->key,
+                           (unsigned long long)weft_container_of(head, struct shm_xfer, node)->key);
+        protocol_error(st, peer);
+        return;
+    }
+    struct weft_tp_xfer *x = xfer_of(head);
+    struct shm_xfer *sx = WEFT_TP_PRIV(x, struct shm_xfer);
+    if (d->len > rec_len - sizeof(*d) || d->offset > x->bytes || d->len > x->bytes - d->offset) {
+        weft_set_error(core, WEFT_ERR_TRANSPORT,
                        "shm: peer %d: data piece [%llu, +%llu) does not fit the %zu-byte message of tag %d",
                        peer->rank, (unsigned long long)d->offset, (unsigned long long)d->len,
-                       r->msg_bytes, r->tag);
-        weft_pipe_recv_done(peer->pipe, r, WEFT_ERR_TRANSPORT);
+                       x->bytes, x->tag);
+        protocol_error(st, peer);
         return;
     }
     if (d->len)
-        memcpy((char *)r->buf + d->offset, d + 1, d->len);
-    r->tp_done += d->len;
-    if (r->tp_done >= r->msg_bytes) {
-        list_take(&peer->expect_head, &peer->expect_tail, d->rreq);
-        weft_pipe_recv_done(peer->pipe, r, WEFT_SUCCESS);
+        memcpy((char *)x->buf + d->offset, d + 1, d->len);
+    sx->done += d->len;
+    if (sx->done >= x->bytes) {
+        weft_queue_pop(&peer->expects_q);
+        st->env->up->rndv_done(st->env->up->arg, x, WEFT_SUCCESS);
     }
 }
 
-/* Consumes up to the budget of records from peer's inbound ring. */
-static int drain_inbound(struct weft_comm *c, struct shm_peer *peer)
+/* Consumes up to the budget of records from peer's inbound ring. A record
+ * is released after its upcall returns (the frame lives in the ring during
+ * on_ctrl); upcalls never consume this ring themselves. */
+static int drain_inbound(struct shm_state *st, struct shm_peer *peer)
 {
+    const struct weft_tp_upcalls *up = st->env->up;
     int n = 0;
     size_t len;
     const void *rec;
     while (n < SHM_DRAIN_BUDGET && (rec = shm_ring_peek(peer->in, &len)) != NULL) {
-        uint8_t type = *(const uint8_t *)rec;
-        if (type == SHM_REC_EAGER_SMALL && len >= sizeof(struct shm_eager_small)) {
-            const struct shm_eager_small *e = rec;
-            struct weft_ctrl m;
-            memset(&m, 0, sizeof(m));
-            m.type = WEFT_CTRL_EAGER;
-            m.flags = e->flags;
-            m.tag = e->tag;
-            m.seq = e->seq;
-            m.bytes = len - sizeof(*e);
-            weft_pipe_on_ctrl(peer->pipe, &m, e + 1, len - sizeof(*e));
-        } else if (type == SHM_REC_DATA && len >= sizeof(struct shm_data_hdr)) {
-            on_data(c, peer, rec, len);
-        } else if (type < WEFT_CTRL_TRANSPORT_BASE && len >= sizeof(struct weft_ctrl)) {
-            const struct weft_ctrl *m = rec;
-            weft_pipe_on_ctrl(peer->pipe, m, m + 1, len - sizeof(*m));
+        uint8_t type = len ? *(const uint8_t *)rec : 0xff;
+        if (type == SHM_REC_DATA && len >= sizeof(struct shm_data_hdr)) {
+            on_data(st, peer, rec, len);
+        } else if (type < WEFT_TP_FRAME_TYPE_LIMIT) {
+            up->on_ctrl(up->arg, peer->rank, rec, len);
         } else {
-            WEFT_WARN(c->rank, "shm: peer %d: dropping malformed record (type %u, %zu bytes)",
+            WEFT_WARN(shm_core(st)->rank, "shm: peer %d: dropping malformed record (type %u, %zu bytes)",
                       peer->rank, type, len);
         }
         shm_ring_release(peer->in);
@@ -661,41 +720,39 @@ static size_t push_piece(size_t bytes, size_t chunk, size_t chunk_max)
 }
 
 /* Copies queued pushes into the peer's ring while it has room. */
-static int advance_pushes(struct weft_comm *c, struct shm_peer *peer)
+static int advance_pushes(struct shm_state *st, struct shm_peer *peer)
 {
-    struct shm_state *st = shm_state(c);
     size_t chunk_max = st->max_payload - sizeof(struct shm_data_hdr);
     int n = 0;
-    struct weft_request *s;
-    while ((s = peer->push_head) != NULL) {
-        size_t piece = push_piece(s->bytes, c->cfg.shm_chunk, chunk_max);
-        /* tp_aux[1]: a record went out (a 0-byte message still sends one) */
-        while (s->tp_done < s->bytes || s->tp_aux[1] == 0) {
-            size_t len = s->bytes - s->tp_done;
+    struct weft_qnode *head;
+    while ((head = weft_queue_head(&peer->pushes_q)) != NULL) {
+        struct weft_tp_xfer *x = xfer_of(head);
+        struct shm_xfer *sx = WEFT_TP_PRIV(x, struct shm_xfer);
+        size_t piece = push_piece(x->bytes, shm_core(st)->cfg.shm_chunk, chunk_max);
+        /* sx->sent: a record went out (a 0-byte message still sends one) */
+        while (sx->done < x->bytes || sx->sent == 0) {
+            size_t len = x->bytes - sx->done;
             if (len > piece)
                 len = piece;
             struct shm_data_hdr *d = reserve_or_wait(peer, sizeof(*d) + len);
             if (d == NULL)
                 return n;
             d->type = SHM_REC_DATA;
-            d->rreq = s->tp_aux[0];
-            d->offset = s->tp_done;
+            d->key = sx->key;
+            d->offset = sx->done;
             d->len = len;
             if (len)
-                memcpy(d + 1, (const char *)s->buf + s->tp_done, len);
+                memcpy(d + 1, (const char *)x->buf + sx->done, len);
             shm_ring_commit(peer->out, sizeof(*d) + len);
             /* per piece, so a sleeping receiver starts copying out now */
             notify_consumer(peer);
-            s->tp_done += len;
-            s->tp_aux[1] = 1;
+            sx->done += len;
+            sx->sent = 1;
             n++;
         }
-        peer->push_head = s->tp_next;
-        if (peer->push_head == NULL)
-            peer->push_tail = NULL;
-        s->tp_next = NULL;
+        weft_queue_pop(&peer->pushes_q);
         atomic_fetch_sub_explicit(&peer->pushes, 1, memory_order_relaxed);
-        weft_pipe_send_done(peer->pipe, s, WEFT_SUCCESS);
+        st->env->up->rndv_done(st->env->up->arg, x, WEFT_SUCCESS);
         n++;
     }
     return n;
@@ -752,11 +809,12 @@ static int help_claim(struct shm_help_slot *h, uint64_t *src, uint64_t *dst, siz
 
 /* Sender side, from progress: copy pieces of a transfer the peer opened
  * from our buffer straight into its buffer. */
-static int help_peer(struct weft_comm *c, struct shm_peer *peer)
+static int help_peer(struct shm_state *st, struct shm_peer *peer)
 {
     struct shm_help_slot *h = peer->help_out;
-    /* a broken pipe may have failed the send whose buffer the slot names */
-    if (h == NULL || !peer->cma_ok || peer->help_broken || peer->pipe->broken ||
+    /* an aborted peer (broken pipe) may have failed the send whose buffer
+     * the slot names */
+    if (h == NULL || !peer->cma_ok || peer->help_broken || peer->aborted ||
         (atomic_load_explicit(&h->claim, memory_order_relaxed) & SHM_HELP_IDX_MASK) == SHM_HELP_CLOSED)
         return 0;
     int n = 0;
@@ -769,7 +827,7 @@ static int help_peer(struct weft_comm *c, struct shm_peer *peer)
             atomic_store_explicit(&h->redo_off, off, memory_order_relaxed);
             atomic_store_explicit(&h->redo_len, len, memory_order_relaxed);
             peer->help_broken = 1;
-            WEFT_INFO(c->rank, "peer %d: process_vm_writev failed (%s); the peer pulls alone from now on",
+            WEFT_INFO(shm_core(st)->rank, "peer %d: process_vm_writev failed (%s); the peer pulls alone from now on",
                       peer->rank, strerror(e));
         }
         /* release: our bytes (or the redo note) are visible before the count */
@@ -785,8 +843,9 @@ static int help_peer(struct weft_comm *c, struct shm_peer *peer)
  * left, then waits for the sender's pieces in flight. Returns 0, an errno
  * from our own copy (nothing of the sender's is still in flight then), or
  * -1 when the sender's pieces did not land within the timeout. */
-static int cma_pull_shared(struct weft_comm *c, struct shm_peer *peer, char *buf, uint64_t src, size_t total)
+static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *buf, uint64_t src, size_t total)
 {
+    const struct weft_config *cfg = &shm_core(st)->cfg;
     struct shm_help_slot *h = peer->help_in;
     /* a piece of ~1/8 of the message, 64 KiB .. 1 MiB: enough pieces for
      * both sides to share, few enough that the syscalls do not show */
@@ -834,7 +893,7 @@ static int cma_pull_shared(struct weft_comm *c, struct shm_peer *peer, char *buf
         sched_yield();
         double now = weft_now();
         if (deadline == 0)
-            deadline = now + (c->cfg.timeout_s > 0 ? c->cfg.timeout_s : 300.0);
+            deadline = now + (cfg->timeout_s > 0 ? cfg->timeout_s : 300.0);
         else if (now > deadline || (kill(peer->pid, 0) != 0 && errno == ESRCH))
             return -1;
     }
@@ -848,110 +907,118 @@ static int cma_pull_shared(struct weft_comm *c, struct shm_peer *peer, char *buf
     return 0;
 }
 
-static int shm_rndv_get(struct weft_pipe *p, struct weft_request *r, const struct weft_ctrl *rts)
+static unsigned shm_rndv_mem(void *ctx, int peer)
 {
-    struct weft_comm *c = p->comm;
-    struct shm_peer *peer = p->tp_peer;
-    if (peer == NULL || !c->cfg.shm_cma || !peer->cma_ok || r->msg_bytes < c->cfg.shm_cma_min ||
-        r->msg_bytes > r->bytes)
-        return WEFT_EAGAIN;  /* decline: the sender pushes through the ring */
+    (void)ctx;
+    (void)peer;
+    return WEFT_TP_MEM_HOST;
+}
 
-    size_t total = r->msg_bytes;
+static int shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct weft_tp_src *src)
+{
+    struct shm_state *st = ctx;
+    struct shm_peer *peer = peer_of(st, rank);
+    if (peer == NULL)
+        return WEFT_EAGAIN;  /* decline: the sender pushes through the ring */
+    struct weft_core *core = shm_core(st);
+    if (!core->cfg.shm_cma || !peer->cma_ok || x->bytes < core->cfg.shm_cma_min)
+        return WEFT_EAGAIN;
+
+    size_t total = x->bytes;
     /* Sharing needs a core for the sender; with more ranks than cores it
      * would only make us wait for a preempted sender's piece. */
-    int e = total >= SHM_SPLIT_MIN && !c->oversubscribed
-                ? cma_pull_shared(c, peer, r->buf, rts->addr, total)
-                : cma_copy(peer->pid, 0, r->buf, rts->addr, total);
+    int e = total >= SHM_SPLIT_MIN && !core->oversubscribed
+                ? cma_pull_shared(st, peer, x->buf, src->addr, total)
+                : cma_copy(peer->pid, 0, x->buf, src->addr, total);
     if (e == 0) {
         peer->cma_used = 1;
-        r->tp_done = total;
         return WEFT_SUCCESS;
     }
     if (e < 0)
-        return weft_set_error(c, WEFT_ERR_TIMEOUT,
+        return weft_set_error(core, WEFT_ERR_TIMEOUT,
                               "shm: peer %d: its share of a %zu-byte copy (tag %d) did not land within %.0f s",
-                              peer->rank, total, r->tag, c->cfg.timeout_s > 0 ? c->cfg.timeout_s : 300.0);
+                              peer->rank, total, x->tag, core->cfg.timeout_s > 0 ? core->cfg.timeout_s : 300.0);
     if (e == ESRCH)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT,
+        return weft_set_error(core, WEFT_ERR_TRANSPORT,
                               "shm: peer %d: process %d is gone (process_vm_readv of %zu bytes, tag %d)",
-                              peer->rank, (int)peer->pid, total, r->tag);
+                              peer->rank, (int)peer->pid, total, x->tag);
     if (e == EPERM || e == ENOSYS || (e == EFAULT && !peer->cma_used)) {
         /* Refused (ptrace policy, kernel without CMA, or a buffer CMA
          * cannot read): stop trying with this peer; pushes still work. */
         peer->cma_ok = 0;
-        WEFT_INFO(c->rank, "peer %d: shm CMA refused (%s); using bounce buffers", peer->rank, strerror(e));
+        WEFT_INFO(core->rank, "peer %d: shm CMA refused (%s); using bounce buffers", peer->rank, strerror(e));
     }
     /* Anything else: decline this message; the push overwrites whatever
      * part of the buffer was already read. */
     return WEFT_EAGAIN;
 }
 
-static int shm_progress(struct weft_comm *c)
+static int shm_progress(void *ctx)
 {
-    struct shm_state *st = shm_state(c);
-    if (st == NULL)
-        return 0;
+    struct shm_state *st = ctx;
+    if (st == NULL || st->by_rank == NULL)
+        return 0;  /* nothing connected */
     int events = 0;
     for (int i = 0; i < st->npeers; i++) {
         struct shm_peer *peer = &st->peers[i];
-        if (peer->pipe->tp_peer != peer)
-            continue;
-        events += drain_inbound(c, peer);
-        if (peer->push_head)
-            events += advance_pushes(c, peer);
-        events += help_peer(c, peer);
+        events += drain_inbound(st, peer);
+        if (!weft_queue_empty(&peer->pushes_q))
+            events += advance_pushes(st, peer);
+        events += help_peer(st, peer);
     }
     return events;
 }
 
-static int shm_rndv_expect(struct weft_pipe *p, struct weft_request *r)
+/* Receiver: the key is the next per-peer sequence number; the DATA records
+ * of the push carry it back. */
+static int shm_rndv_expect(void *ctx, int rank, struct weft_tp_xfer *x, const struct weft_tp_src *src,
+                           void *key, size_t *keylen)
 {
-    struct shm_peer *peer = p->tp_peer;
+    (void)src;
+    struct shm_state *st = ctx;
+    struct shm_peer *peer = peer_of(st, rank);
     if (peer == NULL)
-        return weft_set_error(p->comm, WEFT_ERR_TRANSPORT, "shm: peer %d: not connected", p->peer);
-    r->tp_done = 0;
-    list_append(&peer->expect_head, &peer->expect_tail, r);
+        return weft_set_error(st ? shm_core(st) : NULL, WEFT_ERR_TRANSPORT, "shm: peer %d: not connected", rank);
+    struct shm_xfer *sx = WEFT_TP_PRIV(x, struct shm_xfer);
+    memset(sx, 0, sizeof(*sx));
+    sx->key = ++peer->expect_seq;
+    memcpy(key, &sx->key, SHM_KEY_BYTES);
+    *keylen = SHM_KEY_BYTES;
+    weft_queue_push(&peer->expects_q, &sx->node);
     return WEFT_SUCCESS;
 }
 
-static int shm_rndv_push(struct weft_pipe *p, struct weft_request *s, const struct weft_ctrl *cts)
+static int shm_rndv_push(void *ctx, int rank, struct weft_tp_xfer *x, const void *key, size_t keylen)
 {
-    struct shm_peer *peer = p->tp_peer;
+    struct shm_state *st = ctx;
+    struct shm_peer *peer = peer_of(st, rank);
     if (peer == NULL)
-        return weft_set_error(p->comm, WEFT_ERR_TRANSPORT, "shm: peer %d: not connected", p->peer);
-    s->tp_done = 0;
-    s->tp_aux[0] = cts->rreq;
-    s->tp_aux[1] = 0;
-    list_append(&peer->push_head, &peer->push_tail, s);
+        return weft_set_error(st ? shm_core(st) : NULL, WEFT_ERR_TRANSPORT, "shm: peer %d: not connected", rank);
+    if (keylen != SHM_KEY_BYTES)
+        return weft_set_error(shm_core(st), WEFT_ERR_TRANSPORT,
+                              "shm: peer %d: rendezvous key of %zu bytes (tag %d), expected %zu",
+                              rank, keylen, x->tag, (size_t)SHM_KEY_BYTES);
+    struct shm_xfer *sx = WEFT_TP_PRIV(x, struct shm_xfer);
+    memset(sx, 0, sizeof(*sx));
+    memcpy(&sx->key, key, SHM_KEY_BYTES);
+    weft_queue_push(&peer->pushes_q, &sx->node);
     atomic_fetch_add_explicit(&peer->pushes, 1, memory_order_relaxed);
     return WEFT_SUCCESS;
 }
 
-static void shm_abort_pipe(struct weft_pipe *p)
+static void shm_abort_peer(void *ctx, int rank)
 {
-    struct shm_peer *peer = p->tp_peer;
-    if (peer == NULL)
-        return;
-    for (struct weft_request *r = peer->push_head, *next; r; r = next) {
-        next = r->tp_next;
-        r->tp_next = NULL;
-    }
-    for (struct weft_request *r = peer->expect_head, *next; r; r = next) {
-        next = r->tp_next;
-        r->tp_next = NULL;
-    }
-    peer->push_head = peer->push_tail = NULL;
-    peer->expect_head = peer->expect_tail = NULL;
-    atomic_store_explicit(&peer->pushes, 0, memory_order_relaxed);
-    atomic_store_explicit(&peer->out_need, 0, memory_order_relaxed);
+    struct shm_peer *peer = peer_of(ctx, rank);
+    if (peer != NULL)
+        forget_peer(peer);
 }
 
 /* Pushes still being copied in hold a sender's bytes we accepted. */
-static int shm_busy(const struct weft_comm *c)
+static int shm_busy(void *ctx)
 {
-    const struct shm_state *st = shm_state(c);
+    const struct shm_state *st = ctx;
     for (int i = 0; st && i < st->npeers; i++)
-        if (st->peers[i].push_head)
+        if (!weft_queue_empty(&st->peers[i].pushes_q))
             return 1;
     return 0;
 }
@@ -978,9 +1045,9 @@ static int work_pending(struct shm_state *st)
     return 0;
 }
 
-static void shm_sleep(struct weft_comm *c, int timeout_ms)
+static void shm_sleep(void *ctx, int timeout_ms)
 {
-    struct shm_state *st = shm_state(c);
+    struct shm_state *st = ctx;
     if (st == NULL || st->seg == NULL || timeout_ms == 0)
         return;
     struct shm_seg_hdr *h = st->seg;
@@ -1007,17 +1074,25 @@ static void shm_sleep(struct weft_comm *c, int timeout_ms)
 
 const struct weft_transport weft_transport_shm = {
     .name = "shm",
-    .id = WEFT_TP_SHM,
-    .card_fill = shm_card_fill,
+    .ctrl = 1,
+    .scope = WEFT_TP_SCOPE_NODE,
+    .sure = 1,
+    .card_bytes = SHM_CARD_BYTES,
+    .create = shm_create,
+    .reach = shm_reach,
     .connect = shm_connect,
-    .disconnect = shm_disconnect,
+    .destroy = shm_destroy,
     .eager_limit = shm_eager_limit,
     .ctrl_send = shm_ctrl_send,
     .progress = shm_progress,
+    .rndv_mem = shm_rndv_mem,
     .rndv_get = shm_rndv_get,
     .rndv_expect = shm_rndv_expect,
     .rndv_push = shm_rndv_push,
-    .abort_pipe = shm_abort_pipe,
+    .abort_peer = shm_abort_peer,
     .busy = shm_busy,
+    .wakeless = NULL,
     .sleep = shm_sleep,
+    .mem_pin = NULL,
+    .mem_unpin = NULL,
 };

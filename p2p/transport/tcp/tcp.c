@@ -2,25 +2,26 @@
  * TCP transport: ranks on different nodes without RDMA (or every pair when
  * WEFT_TRANSPORTS=tcp).
  *
- * Per peer: one control connection that carries framed control messages
- * (struct weft_ctrl + EAGER payload), plus WEFT_TCP_STREAMS data connections
- * that carry rendezvous payloads as raw bytes. A pushed message is cut into
- * chunks striped round-robin over the data sockets (tcp_stripe.h); since the
- * pipe guarantees that pushes on the sender and expected receives on the
- * receiver come in the same (CTS) order, each data socket is simply the
- * concatenation of its share of message after message, and the receiver
- * reads straight into the user buffer with no per-chunk header.
+ * Per peer: one control connection that carries framed control frames
+ * (the pipe's header and payload, opaque bytes here), plus WEFT_TCP_STREAMS
+ * data connections that carry rendezvous payloads as raw bytes. A pushed
+ * message is cut into chunks striped round-robin over the data sockets
+ * (tcp_stripe.h); since the pipe guarantees that pushes on the sender and
+ * expected receives on the receiver come in the same (CTS) order, each data
+ * socket is simply the concatenation of its share of message after message,
+ * and the receiver reads straight into the user buffer with no per-chunk
+ * header. So tcp needs no rendezvous key: rndv_expect writes an empty one.
  *
- * Set-up: card_fill opens the listening socket before the rank cards are
+ * Set-up: create opens the listening socket before the rank cards are
  * exchanged, so by the time connect runs every listener exists and the
  * kernel's backlog completes connections even while the acceptor is busy
  * elsewhere; the lower rank of a pair connects to the higher one. Every new
- * connection starts with a hello whose job token the acceptor checks before
- * it reads anything else (tcp_hello.h).
+ * connection starts with a hello whose job token (from the rank card's
+ * header) the acceptor checks before it reads anything else (tcp_hello.h).
  *
- * Every function here runs under the comm lock (transport.h), so per-comm
- * state needs no locking of its own. Nothing blocks except connect, whose
- * waits are bounded by WEFT_TIMEOUT.
+ * Every function here but sleep runs under the pipe layer's lock
+ * (transport.h), so per-comm state needs no locking of its own. Nothing
+ * blocks except connect, whose waits are bounded by WEFT_TIMEOUT.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -37,12 +38,13 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "comm.h"
+#include "core.h"
+#include "list.h"
 #include "log.h"
-#include "pipe.h"
 #include "tcp_hello.h"
 #include "tcp_stripe.h"
 #include "transport.h"
+#include "weft.h"
 
 /* Marks the start of every control frame: a desynchronised stream is caught
  * at once instead of being parsed as garbage headers. */
@@ -68,27 +70,41 @@
  * always has at least this much room. Kept small because every peer has one. */
 #define TCP_CTRL_IN_SLACK ((size_t)64 << 10)
 
+/* This transport's blob in the rank card: the rank's listener. */
+struct tcp_card {
+    uint16_t family;    /* AF_INET; 0 = tcp not offered by this rank */
+    uint16_t port;      /* network byte order */
+    uint8_t  addr[16];  /* the IPv4 address in the first 4 bytes */
+};
+#define TCP_CARD_BYTES ((sizeof(struct tcp_card) + 7) & ~(size_t)7)
+_Static_assert(sizeof(struct tcp_card) <= TCP_CARD_BYTES, "struct tcp_card must fit its card_bytes");
+
+/* Starts every control frame; len bytes follow: the pipe's header, then
+ * its payload. */
 struct tcp_frame {
     uint32_t magic;
-    uint32_t payload_len;
-    struct weft_ctrl hdr;
+    uint32_t len;
 };
 
-/* A FIFO of requests linked through tp_next. */
-struct tcp_req_fifo { struct weft_request *head, *tail; };
+/* A push or an expected receive while tcp holds it (weft_tp_xfer.priv). */
+struct tcp_xfer {
+    struct weft_qnode node;         /* in the peer's push or expect FIFO */
+    uint64_t          bytes;        /* message size: both ends stripe by it */
+    unsigned          sockets_done; /* data sockets that finished their share */
+};
+WEFT_TP_PRIV_FITS(struct tcp_xfer);
 
 /* One data socket: it carries my pushes out and the peer's pushes in, each
  * direction walking its FIFO independently of the other sockets. */
 struct tcp_data_sock {
     int                  fd;
-    struct weft_request *send_cur;   /* push this socket is on (NULL: past the tail) */
+    struct weft_tp_xfer *send_cur;   /* push this socket is on (NULL: past the tail) */
     uint64_t             send_off;   /* bytes of send_cur's share already sent */
-    struct weft_request *recv_cur;   /* expected receive this socket is on */
+    struct weft_tp_xfer *recv_cur;   /* expected receive this socket is on */
     uint64_t             recv_off;
 };
 
 struct tcp_peer {
-    struct weft_pipe     *pipe;
     int                   rank;
     int                   used;      /* the pipe to this rank uses tcp */
     int                   up;        /* connected and not failed */
@@ -102,14 +118,16 @@ struct tcp_peer {
     size_t                in_len, in_cap;
 
     struct tcp_data_sock *data;      /* [streams] */
-    struct tcp_req_fifo   push;      /* my pushes, in rndv_push order */
-    struct tcp_req_fifo   expect;    /* receives to fill, in rndv_expect order */
+    struct weft_queue     push;      /* my pushes, in rndv_push order (tcp_xfer.node) */
+    struct weft_queue     expect;    /* receives to fill, in rndv_expect order */
 
     size_t                pfd_base;  /* index of ctrl_fd in the progress poll array */
     size_t                sleep_base;/* index of ctrl_fd in sleep_fds */
 };
 
 struct tcp_state {
+    const struct weft_tp_env *env;   /* core, cards, upcalls: valid until destroy */
+    int                 size;        /* ranks of the comm (peers[]) */
     int                 listen_fd;
     struct sockaddr_in  listen_addr;
     unsigned            streams;
@@ -121,17 +139,47 @@ struct tcp_state {
     struct pollfd      *pfds;        /* progress poll array */
     size_t              pfds_cap;
 
-    /* What sleep polls. It runs without the comm lock, so it reads only
-     * these: descriptors fixed at connect, and per-descriptor poll events
-     * that progress publishes atomically (0: skip, the socket is closed). */
+    /* What sleep polls. It runs without the lock, so it reads only these:
+     * descriptors fixed at connect, and per-descriptor poll events that
+     * progress publishes atomically (0: skip, the socket is closed). */
     int                *sleep_fds;     /* [nactive * (1 + streams)] */
     atomic_int         *sleep_events;
     size_t              sleep_n;
 };
 
-static struct tcp_state *tcp_state_of(const struct weft_comm *c)
+static struct tcp_xfer *tx_of(struct weft_tp_xfer *x)
 {
-    return (struct tcp_state *)c->tp_state[WEFT_TP_TCP];
+    return WEFT_TP_PRIV(x, struct tcp_xfer);
+}
+
+/* The transfer whose FIFO node n is (NULL for NULL). */
+static struct weft_tp_xfer *xfer_of(struct weft_qnode *n)
+{
+    if (n == NULL)
+        return NULL;
+    struct tcp_xfer *t = weft_container_of(n, struct tcp_xfer, node);
+    return weft_container_of(t, struct weft_tp_xfer, priv);
+}
+
+/* The transfer after x in its FIFO (NULL: x is the tail). */
+static struct weft_tp_xfer *xfer_next(struct weft_tp_xfer *x)
+{
+    return xfer_of(tx_of(x)->node.next);
+}
+
+/* The peer state of a rank whose pipe uses tcp, NULL for any other. */
+static struct tcp_peer *peer_of(struct tcp_state *st, int peer)
+{
+    if (st == NULL || st->peers == NULL || peer < 0 || peer >= st->size || !st->peers[peer].used)
+        return NULL;
+    return &st->peers[peer];
+}
+
+/* Largest pipe payload ctrl_send takes (transport.h); the frame body adds
+ * at most WEFT_TP_CTRL_HDR_MAX header bytes. */
+static size_t ctrl_payload_max(const struct tcp_state *st)
+{
+    return st->eager_limit > WEFT_TP_CTRL_PAYLOAD_MIN ? st->eager_limit : WEFT_TP_CTRL_PAYLOAD_MIN;
 }
 
 /* Tells sleep which events to wait for on pe's sockets: input always,
@@ -153,6 +201,23 @@ static void format_addr(const struct sockaddr_in *sa, char *out, size_t len)
     char ip[INET_ADDRSTRLEN] = "?";
     inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof(ip));
     snprintf(out, len, "%s:%u", ip, (unsigned)ntohs(sa->sin_port));
+}
+
+/* Rank r's tcp blob, copied out (a blob need not be aligned). */
+static struct tcp_card card_of(const struct weft_tp_cards *k, int rank)
+{
+    struct tcp_card card;
+    memcpy(&card, weft_tp_blob(k, rank), sizeof(card));
+    return card;
+}
+
+/* The IPv4 listener address a card offers. */
+static void card_sockaddr(const struct tcp_card *card, struct sockaddr_in *sa)
+{
+    memset(sa, 0, sizeof(*sa));
+    sa->sin_family = AF_INET;
+    sa->sin_port = card->port;
+    memcpy(&sa->sin_addr, card->addr, sizeof(sa->sin_addr));
 }
 
 /* ---------------------------------------------------------------- hello -- */
@@ -228,9 +293,9 @@ static void tune_socket(int fd)
 
 /* Resolves WEFT_TCP_IF (interface name or IPv4 literal; empty: first UP
  * non-loopback IPv4 interface, else 127.0.0.1) to the address to listen on. */
-static int resolve_listen_addr(struct weft_comm *c, struct in_addr *out)
+static int resolve_listen_addr(struct weft_core *core, struct in_addr *out)
 {
-    const char *want = c->cfg.tcp_if;
+    const char *want = core->cfg.tcp_if;
     struct in_addr lit;
 
     if (want[0] != '\0' && inet_pton(AF_INET, want, &lit) == 1) {
@@ -239,7 +304,7 @@ static int resolve_listen_addr(struct weft_comm *c, struct in_addr *out)
     }
     struct ifaddrs *ifs = NULL;
     if (getifaddrs(&ifs) != 0)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: getifaddrs failed: %s", strerror(errno));
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: getifaddrs failed: %s", strerror(errno));
     int found = 0;
     for (struct ifaddrs *i = ifs; i != NULL && !found; i = i->ifa_next) {
         if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET)
@@ -257,41 +322,43 @@ static int resolve_listen_addr(struct weft_comm *c, struct in_addr *out)
     if (found)
         return WEFT_SUCCESS;
     if (want[0] != '\0')
-        return weft_set_error(c, WEFT_ERR_INVALID_ARG,
+        return weft_set_error(core, WEFT_ERR_INVALID_ARG,
                               "tcp: WEFT_TCP_IF=%s is neither an IPv4 address nor an interface with one",
                               want);
     out->s_addr = htonl(INADDR_LOOPBACK);
-    WEFT_INFO(c->rank, "tcp: no UP non-loopback IPv4 interface, listening on 127.0.0.1");
+    WEFT_INFO(core->rank, "tcp: no UP non-loopback IPv4 interface, listening on 127.0.0.1");
     return WEFT_SUCCESS;
 }
 
-/* ------------------------------------------------------------- card_fill -- */
+/* ---------------------------------------------------------------- create -- */
 
-static void tcp_disconnect(struct weft_comm *c);
+static void tcp_release(struct tcp_state *st);
 
-static int tcp_card_fill(struct weft_comm *c, struct weft_rank_card *mine)
+static int tcp_create(const struct weft_tp_env *env, void *blob, void **ctx)
 {
-    struct tcp_state *st = tcp_state_of(c);
+    struct weft_core *core = env->core;
+    struct tcp_state *st;
     int rc;
 
-    if (st != NULL)   /* already listening (card refilled): reuse it */
-        goto fill;
+    *ctx = NULL;
     st = calloc(1, sizeof(*st));
     if (st == NULL)
-        return weft_set_error(c, WEFT_ERR_NO_MEMORY, "tcp: out of memory for transport state");
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory for transport state");
+    st->env = env;
+    st->size = core->size;
     st->listen_fd = -1;
-    st->streams = c->cfg.tcp_streams > 0 ? (unsigned)c->cfg.tcp_streams : 1;
-    st->chunk = c->cfg.tcp_chunk > 0 ? (uint64_t)c->cfg.tcp_chunk : (uint64_t)512 << 10;
-    st->eager_limit = c->cfg.tcp_eager_limit;
+    st->streams = core->cfg.tcp_streams > 0 ? (unsigned)core->cfg.tcp_streams : 1;
+    st->chunk = core->cfg.tcp_chunk > 0 ? (uint64_t)core->cfg.tcp_chunk : (uint64_t)512 << 10;
+    st->eager_limit = core->cfg.tcp_eager_limit;
 
     struct in_addr ip = { .s_addr = htonl(INADDR_LOOPBACK) };
-    rc = resolve_listen_addr(c, &ip);
+    rc = resolve_listen_addr(core, &ip);
     if (rc != WEFT_SUCCESS)
         goto fail_state;
 
     st->listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (st->listen_fd < 0) {
-        rc = weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: socket() for the listener failed: %s",
+        rc = weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: socket() for the listener failed: %s",
                             strerror(errno));
         goto fail_state;
     }
@@ -307,33 +374,34 @@ static int tcp_card_fill(struct weft_comm *c, struct weft_rank_card *mine)
     if (bind(st->listen_fd, (struct sockaddr *)&st->listen_addr, sizeof(st->listen_addr)) != 0) {
         char a[64];
         format_addr(&st->listen_addr, a, sizeof(a));
-        rc = weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: bind to %s failed: %s", a, strerror(errno));
+        rc = weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: bind to %s failed: %s", a, strerror(errno));
         goto fail_socket;
     }
     /* A deep backlog lets every lower rank connect before this rank gets
      * round to accepting (up to 1 + streams connections per peer). */
     if (listen(st->listen_fd, 4096) != 0) {
-        rc = weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: listen failed: %s", strerror(errno));
+        rc = weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: listen failed: %s", strerror(errno));
         goto fail_socket;
     }
     socklen_t alen = sizeof(st->listen_addr);
     if (getsockname(st->listen_fd, (struct sockaddr *)&st->listen_addr, &alen) != 0) {
-        rc = weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: getsockname failed: %s", strerror(errno));
+        rc = weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: getsockname failed: %s", strerror(errno));
         goto fail_socket;
     }
-    c->tp_state[WEFT_TP_TCP] = st;
     {
         char a[64];
         format_addr(&st->listen_addr, a, sizeof(a));
-        WEFT_INFO(c->rank, "tcp: listening on %s (%u data streams, chunk %llu bytes)", a,
+        WEFT_INFO(core->rank, "tcp: listening on %s (%u data streams, chunk %llu bytes)", a,
                   st->streams, (unsigned long long)st->chunk);
     }
 
-fill:
-    mine->tcp_family = AF_INET;
-    mine->tcp_port = st->listen_addr.sin_port;
-    memset(mine->tcp_addr, 0, sizeof(mine->tcp_addr));
-    memcpy(mine->tcp_addr, &st->listen_addr.sin_addr, sizeof(st->listen_addr.sin_addr));
+    struct tcp_card mine;
+    memset(&mine, 0, sizeof(mine));
+    mine.family = AF_INET;
+    mine.port = st->listen_addr.sin_port;
+    memcpy(mine.addr, &st->listen_addr.sin_addr, sizeof(st->listen_addr.sin_addr));
+    memcpy(blob, &mine, sizeof(mine));
+    *ctx = st;
     return WEFT_SUCCESS;
 
 fail_socket:
@@ -341,6 +409,23 @@ fail_socket:
 fail_state:
     free(st);
     return rc;
+}
+
+/* ----------------------------------------------------------------- reach -- */
+
+/* Any pair where both ranks have a listener: whether the network between
+ * them carries it is only learnt by connecting. */
+static int tcp_reach(const struct weft_tp_cards *k, int me, int peer, char *why, size_t whylen)
+{
+    if (card_of(k, me).family == 0) {
+        snprintf(why, whylen, "tcp not offered here");
+        return 0;
+    }
+    if (card_of(k, peer).family == 0) {
+        snprintf(why, whylen, "tcp not offered by the peer");
+        return 0;
+    }
+    return 1;
 }
 
 /* --------------------------------------------------------------- connect -- */
@@ -386,8 +471,10 @@ static int conn_send(struct tcp_conn *k, const void *buf, size_t len)
  * do yet), or an error for an outgoing connection that failed (fatal for
  * connect). Incoming connections that fail a check are dropped with a
  * warning: a stranger or a stale process must not stop the job. */
-static int conn_step(struct weft_comm *c, struct tcp_state *st, struct tcp_conn *k)
+static int conn_step(const struct weft_tp_env *env, struct tcp_state *st, struct tcp_conn *k)
 {
+    struct weft_core *core = env->core;
+    const uint64_t my_token = weft_tp_card(&env->cards, core->rank)->token;
     char why[256];
     for (;;) {
         switch (k->stage) {
@@ -400,7 +487,7 @@ static int conn_step(struct weft_comm *c, struct tcp_state *st, struct tcp_conn 
             if (getsockopt(k->fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0)
                 err = errno;
             if (err != 0)
-                return weft_set_error(c, WEFT_ERR_TRANSPORT,
+                return weft_set_error(core, WEFT_ERR_TRANSPORT,
                                       "tcp: connecting to peer %d at %s failed: %s",
                                       k->peer, k->where, strerror(err));
             k->stage = CONN_SEND_HELLO;
@@ -410,7 +497,7 @@ static int conn_step(struct weft_comm *c, struct tcp_state *st, struct tcp_conn 
         case CONN_SEND_HELLO: {
             int r = conn_send(k, &k->hello, sizeof(k->hello));
             if (r < 0)
-                return weft_set_error(c, WEFT_ERR_TRANSPORT,
+                return weft_set_error(core, WEFT_ERR_TRANSPORT,
                                       "tcp: sending hello to peer %d at %s failed: %s",
                                       k->peer, k->where, strerror(errno));
             if (r == 0)
@@ -424,15 +511,15 @@ static int conn_step(struct weft_comm *c, struct tcp_state *st, struct tcp_conn 
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
                 return WEFT_SUCCESS;
             if (n <= 0)
-                return weft_set_error(c, WEFT_ERR_TRANSPORT,
+                return weft_set_error(core, WEFT_ERR_TRANSPORT,
                                       "tcp: peer %d at %s refused the connection (%s): is it a"
                                       " rank of this job with the same WEFT_TCP_* settings?",
                                       k->peer, k->where, n == 0 ? "closed" : strerror(errno));
             k->done += (size_t)n;
             if (k->done < sizeof(k->ack))
                 return WEFT_SUCCESS;
-            if (k->ack.token != c->cards[c->rank].token)
-                return weft_set_error(c, WEFT_ERR_TRANSPORT,
+            if (k->ack.token != my_token)
+                return weft_set_error(core, WEFT_ERR_TRANSPORT,
                                       "tcp: the process at %s answered with a wrong job token;"
                                       " it is not peer %d of this job",
                                       k->where, k->peer);
@@ -440,16 +527,15 @@ static int conn_step(struct weft_comm *c, struct tcp_state *st, struct tcp_conn 
             return WEFT_SUCCESS;
         }
         case CONN_READ_HELLO: {
-            int r = weft_tcp_hello_recv(k->fd, &k->hello, &k->done, c->cards[c->rank].token,
-                                        why, sizeof(why));
+            int r = weft_tcp_hello_recv(k->fd, &k->hello, &k->done, my_token, why, sizeof(why));
             if (r == WEFT_EAGAIN)
                 return WEFT_SUCCESS;
             if (r == WEFT_SUCCESS)
-                r = weft_tcp_hello_check(&k->hello, c->rank, c->size, st->streams, st->chunk,
+                r = weft_tcp_hello_check(&k->hello, core->rank, core->size, st->streams, st->chunk,
                                          (uint32_t)st->eager_limit, why, sizeof(why));
             if (r == WEFT_SUCCESS) {
                 struct tcp_peer *pe = &st->peers[k->hello.rank];
-                if (!pe->used || k->hello.rank > c->rank) {
+                if (!pe->used || k->hello.rank > core->rank) {
                     snprintf(why, sizeof(why), "rank %d is not a tcp peer that connects to this rank",
                              (int)k->hello.rank);
                     r = WEFT_ERR_TRANSPORT;
@@ -460,13 +546,13 @@ static int conn_step(struct weft_comm *c, struct tcp_state *st, struct tcp_conn 
                 }
             }
             if (r != WEFT_SUCCESS) {
-                WEFT_WARN(c->rank, "tcp: rejected connection from %s: %s", k->where, why);
+                WEFT_WARN(core->rank, "tcp: rejected connection from %s: %s", k->where, why);
                 k->stage = CONN_DROPPED;
                 return WEFT_SUCCESS;
             }
             k->peer = k->hello.rank;
             k->index = k->hello.index;
-            k->ack.token = c->cards[k->peer].token;
+            k->ack.token = weft_tp_card(&env->cards, k->peer)->token;
             k->stage = CONN_SEND_ACK;
             k->done = 0;
             break;
@@ -474,7 +560,7 @@ static int conn_step(struct weft_comm *c, struct tcp_state *st, struct tcp_conn 
         case CONN_SEND_ACK: {
             int r = conn_send(k, &k->ack, sizeof(k->ack));
             if (r < 0) {
-                WEFT_WARN(c->rank, "tcp: answering peer %d at %s failed: %s", k->peer, k->where,
+                WEFT_WARN(core->rank, "tcp: answering peer %d at %s failed: %s", k->peer, k->where,
                           strerror(errno));
                 k->stage = CONN_DROPPED;
                 return WEFT_SUCCESS;
@@ -507,9 +593,11 @@ static const char *fd_limit_hint(int err)
 }
 
 /* Opens a non-blocking connection to peer's listener and prepares its hello. */
-static int conn_open(struct weft_comm *c, struct tcp_state *st, int peer, int index, struct tcp_conn *k)
+static int conn_open(const struct weft_tp_env *env, struct tcp_state *st, int peer, int index,
+                     struct tcp_conn *k)
 {
-    const struct weft_rank_card *card = &c->cards[peer];
+    struct weft_core *core = env->core;
+    const struct tcp_card card = card_of(&env->cards, peer);
     struct sockaddr_in sa;
 
     memset(k, 0, sizeof(*k));
@@ -517,31 +605,28 @@ static int conn_open(struct weft_comm *c, struct tcp_state *st, int peer, int in
     k->outgoing = 1;
     k->peer = peer;
     k->index = index;
-    memset(&sa, 0, sizeof(sa));
-    sa.sin_family = AF_INET;
-    sa.sin_port = card->tcp_port;
-    memcpy(&sa.sin_addr, card->tcp_addr, sizeof(sa.sin_addr));
+    card_sockaddr(&card, &sa);
     format_addr(&sa, k->where, sizeof(k->where));
-    if (card->tcp_family != AF_INET)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT,
+    if (card.family != AF_INET)
+        return weft_set_error(core, WEFT_ERR_TRANSPORT,
                               "tcp: peer %d offers no IPv4 listener (family %u)", peer,
-                              (unsigned)card->tcp_family);
+                              (unsigned)card.family);
 
     k->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (k->fd < 0)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: socket() for peer %d failed: %s%s", peer,
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: socket() for peer %d failed: %s%s", peer,
                               strerror(errno), fd_limit_hint(errno));
     tune_socket(k->fd);
     if (connect(k->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 && errno != EINPROGRESS) {
         int e = errno;
         close(k->fd);
         k->fd = -1;
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: connecting to peer %d at %s failed: %s",
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: connecting to peer %d at %s failed: %s",
                               peer, k->where, strerror(e));
     }
     k->stage = CONN_CONNECTING;
-    k->hello.token = card->token;
-    k->hello.rank = c->rank;
+    k->hello.token = weft_tp_card(&env->cards, peer)->token;
+    k->hello.rank = core->rank;
     k->hello.index = index;
     k->hello.streams = st->streams;
     k->hello.chunk = st->chunk;
@@ -550,7 +635,7 @@ static int conn_open(struct weft_comm *c, struct tcp_state *st, int peer, int in
 }
 
 /* Accepts whatever is waiting on the listener as new incoming handshakes. */
-static int accept_pending(struct weft_comm *c, struct tcp_state *st, struct tcp_conn **conns,
+static int accept_pending(struct weft_core *core, struct tcp_state *st, struct tcp_conn **conns,
                           size_t *n, size_t *cap)
 {
     for (;;) {
@@ -562,7 +647,7 @@ static int accept_pending(struct weft_comm *c, struct tcp_state *st, struct tcp_
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return WEFT_SUCCESS;
-            return weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: accept failed: %s%s", strerror(errno),
+            return weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: accept failed: %s%s", strerror(errno),
                                   fd_limit_hint(errno));
         }
         if (*n == *cap) {
@@ -570,7 +655,7 @@ static int accept_pending(struct weft_comm *c, struct tcp_state *st, struct tcp_
             struct tcp_conn *grown = realloc(*conns, ncap * sizeof(**conns));
             if (grown == NULL) {
                 close(fd);
-                return weft_set_error(c, WEFT_ERR_NO_MEMORY, "tcp: out of memory accepting connections");
+                return weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory accepting connections");
             }
             *conns = grown;
             *cap = ncap;
@@ -589,18 +674,24 @@ static int peer_alloc(struct tcp_state *st, struct tcp_peer *pe)
 {
     pe->ctrl_fd = -1;
     pe->data = calloc(st->streams, sizeof(*pe->data));
-    pe->in_cap = sizeof(struct tcp_frame) + st->eager_limit + TCP_CTRL_IN_SLACK;
-    pe->in = malloc(pe->in_cap);
-    if (pe->data == NULL || pe->in == NULL)
+    if (pe->data == NULL)
         return WEFT_ERR_NO_MEMORY;
     for (unsigned s = 0; s < st->streams; s++)
         pe->data[s].fd = -1;
+    /* Room for one largest frame: the pipe's header and payload. */
+    pe->in_cap = sizeof(struct tcp_frame) + WEFT_TP_CTRL_HDR_MAX + ctrl_payload_max(st) + TCP_CTRL_IN_SLACK;
+    pe->in = malloc(pe->in_cap);
+    if (pe->in == NULL)
+        return WEFT_ERR_NO_MEMORY;
     return WEFT_SUCCESS;
 }
 
-static int tcp_connect(struct weft_comm *c)
+/* Takes no part in any collective exchange (env->coll is never used), so
+ * a rank without ctx returns at once. */
+static int tcp_connect(const struct weft_tp_env *env, void *ctx)
 {
-    struct tcp_state *st = tcp_state_of(c);
+    struct tcp_state *st = ctx;
+    struct weft_core *core = env->core;
     struct tcp_conn *conns = NULL;
     size_t nconns = 0, cap = 0;
     int rc = WEFT_SUCCESS;
@@ -609,36 +700,41 @@ static int tcp_connect(struct weft_comm *c)
         return WEFT_SUCCESS;   /* tcp not offered by this rank: no pipe can use it */
 
     int ntcp = 0;
-    for (int r = 0; r < c->size; r++)
-        if (r != c->rank && c->pipes[r].tp == &weft_transport_tcp)
+    for (int r = 0; r < core->size; r++)
+        if (r != core->rank && env->uses != NULL && env->uses[r])
             ntcp++;
     if (ntcp == 0)
         goto close_listener;
 
-    st->peers = calloc((size_t)c->size, sizeof(*st->peers));
+    st->peers = calloc((size_t)core->size, sizeof(*st->peers));
     st->active = calloc((size_t)ntcp, sizeof(*st->active));
+    if (st->peers != NULL)
+        for (int r = 0; r < core->size; r++) {
+            st->peers[r].rank = r;
+            st->peers[r].ctrl_fd = -1;
+            weft_queue_init(&st->peers[r].push);
+            weft_queue_init(&st->peers[r].expect);
+        }
     if (st->peers == NULL || st->active == NULL) {
-        rc = weft_set_error(c, WEFT_ERR_NO_MEMORY, "tcp: out of memory for %d peers", ntcp);
+        rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory for %d peers", ntcp);
         goto fail;
     }
     size_t expected_in = 0, nout = 0;
-    for (int r = 0; r < c->size; r++) {
+    for (int r = 0; r < core->size; r++) {
         struct tcp_peer *pe = &st->peers[r];
-        pe->rank = r;
-        pe->ctrl_fd = -1;
-        if (r == c->rank || c->pipes[r].tp != &weft_transport_tcp)
+        if (r == core->rank || !env->uses[r])
             continue;
         pe->used = 1;
-        pe->pipe = &c->pipes[r];
-        struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = c->cards[r].tcp_port };
-        memcpy(&sa.sin_addr, c->cards[r].tcp_addr, sizeof(sa.sin_addr));
+        const struct tcp_card card = card_of(&env->cards, r);
+        struct sockaddr_in sa;
+        card_sockaddr(&card, &sa);
         format_addr(&sa, pe->where, sizeof(pe->where));
         st->active[st->nactive++] = r;
         if (peer_alloc(st, pe) != WEFT_SUCCESS) {
-            rc = weft_set_error(c, WEFT_ERR_NO_MEMORY, "tcp: out of memory for peer %d", r);
+            rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory for peer %d", r);
             goto fail;
         }
-        if (r < c->rank)
+        if (r < core->rank)
             expected_in += 1 + st->streams;
         else
             nout += 1 + st->streams;
@@ -647,15 +743,15 @@ static int tcp_connect(struct weft_comm *c)
     cap = nout + expected_in + 8;
     conns = calloc(cap, sizeof(*conns));
     if (conns == NULL) {
-        rc = weft_set_error(c, WEFT_ERR_NO_MEMORY, "tcp: out of memory for %zu connections", cap);
+        rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory for %zu connections", cap);
         goto fail;
     }
     /* Lower rank connects: every pair has exactly one connector. */
-    for (int r = c->rank + 1; r < c->size; r++) {
+    for (int r = core->rank + 1; r < core->size; r++) {
         if (!st->peers[r].used)
             continue;
         for (unsigned i = 0; i <= st->streams; i++) {
-            rc = conn_open(c, st, r, (int)i, &conns[nconns]);
+            rc = conn_open(env, st, r, (int)i, &conns[nconns]);
             if (conns[nconns].fd >= 0)
                 nconns++;
             if (rc != WEFT_SUCCESS)
@@ -663,7 +759,7 @@ static int tcp_connect(struct weft_comm *c)
         }
     }
 
-    double deadline = c->cfg.timeout_s > 0 ? weft_now() + c->cfg.timeout_s : 0;
+    double deadline = core->cfg.timeout_s > 0 ? weft_now() + core->cfg.timeout_s : 0;
     size_t done = 0;
     struct pollfd *pfds = NULL;
     size_t pfds_cap = 0;
@@ -673,7 +769,7 @@ static int tcp_connect(struct weft_comm *c)
             free(pfds);
             pfds = calloc(pfds_cap, sizeof(*pfds));
             if (pfds == NULL) {
-                rc = weft_set_error(c, WEFT_ERR_NO_MEMORY, "tcp: out of memory while connecting");
+                rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory while connecting");
                 goto fail;
             }
         }
@@ -693,7 +789,7 @@ static int tcp_connect(struct weft_comm *c)
                 for (size_t i = 0; i < nconns && missing < 0; i++)
                     if (conns[i].outgoing && conns[i].stage != CONN_DONE)
                         missing = conns[i].peer;
-                for (int r = 0; r < c->rank && missing < 0; r++) {
+                for (int r = 0; r < core->rank && missing < 0; r++) {
                     if (!st->peers[r].used)
                         continue;
                     for (unsigned s = 0; s <= st->streams; s++)
@@ -701,9 +797,9 @@ static int tcp_connect(struct weft_comm *c)
                             missing = r;
                     what = "waiting for a connection from";
                 }
-                rc = weft_set_error(c, WEFT_ERR_TIMEOUT,
+                rc = weft_set_error(core, WEFT_ERR_TIMEOUT,
                                     "tcp: timed out after %.0f s %s peer %d (%s) (WEFT_TIMEOUT)",
-                                    c->cfg.timeout_s, what, missing,
+                                    core->cfg.timeout_s, what, missing,
                                     missing >= 0 ? st->peers[missing].where : "?");
                 free(pfds);
                 goto fail;
@@ -712,13 +808,13 @@ static int tcp_connect(struct weft_comm *c)
                 wait_ms = (int)(left * 1000) + 1;
         }
         if (poll(pfds, np, wait_ms) < 0 && errno != EINTR) {
-            rc = weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: poll failed while connecting: %s",
+            rc = weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: poll failed while connecting: %s",
                                 strerror(errno));
             free(pfds);
             goto fail;
         }
         if (pfds[0].revents & POLLIN) {
-            rc = accept_pending(c, st, &conns, &nconns, &cap);
+            rc = accept_pending(core, st, &conns, &nconns, &cap);
             if (rc != WEFT_SUCCESS) {
                 free(pfds);
                 goto fail;
@@ -728,7 +824,7 @@ static int tcp_connect(struct weft_comm *c)
             struct tcp_conn *k = &conns[i];
             if (k->stage == CONN_DONE || k->stage == CONN_DROPPED)
                 continue;
-            rc = conn_step(c, st, k);
+            rc = conn_step(env, st, k);
             if (rc != WEFT_SUCCESS) {
                 free(pfds);
                 goto fail;
@@ -764,7 +860,7 @@ static int tcp_connect(struct weft_comm *c)
     st->sleep_fds = calloc(st->sleep_n, sizeof(*st->sleep_fds));
     st->sleep_events = calloc(st->sleep_n, sizeof(*st->sleep_events));
     if (st->sleep_fds == NULL || st->sleep_events == NULL) {
-        rc = weft_set_error(c, WEFT_ERR_NO_MEMORY, "tcp: out of memory for the poll set");
+        rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory for the poll set");
         goto fail;
     }
     for (int i = 0; i < st->nactive; i++) {
@@ -774,9 +870,8 @@ static int tcp_connect(struct weft_comm *c)
         for (unsigned s = 0; s < st->streams; s++)
             st->sleep_fds[pe->sleep_base + 1 + s] = pe->data[s].fd;
         pe->up = 1;
-        pe->pipe->tp_peer = pe;
         publish_sleep_events(st, pe);
-        WEFT_INFO(c->rank, "tcp: connected to peer %d at %s (1 control + %u data sockets)",
+        WEFT_INFO(core->rank, "tcp: connected to peer %d at %s (1 control + %u data sockets)",
                   pe->rank, pe->where, st->streams);
     }
     free(conns);
@@ -794,7 +889,8 @@ fail:
         if (conns[i].fd >= 0)
             close(conns[i].fd);
     free(conns);
-    tcp_disconnect(c);
+    /* Closes every socket and the listener; ctx stays for destroy. */
+    tcp_release(st);
     return rc;
 }
 
@@ -825,8 +921,8 @@ static void peer_down(struct tcp_state *st, struct tcp_peer *pe)
 /* Forgets every push and expected receive of the peer (the pipe fails them). */
 static void peer_drop_work(struct tcp_peer *pe, unsigned streams)
 {
-    pe->push.head = pe->push.tail = NULL;
-    pe->expect.head = pe->expect.tail = NULL;
+    weft_queue_init(&pe->push);
+    weft_queue_init(&pe->expect);
     for (unsigned s = 0; pe->data != NULL && s < streams; s++) {
         pe->data[s].send_cur = pe->data[s].recv_cur = NULL;
         pe->data[s].send_off = pe->data[s].recv_off = 0;
@@ -846,44 +942,59 @@ static void peer_free(struct tcp_peer *pe, unsigned streams)
     pe->in = pe->out = NULL;
 }
 
-static void tcp_disconnect(struct weft_comm *c)
+/* Closes and frees everything but st itself (a failed connect leaves st
+ * for destroy). Touches no env: destroy may run after the comm let go of it. */
+static void tcp_release(struct tcp_state *st)
 {
-    struct tcp_state *st = tcp_state_of(c);
-    if (st == NULL)
-        return;
     if (st->peers != NULL)
-        for (int r = 0; r < c->size; r++)
+        for (int r = 0; r < st->size; r++)
             peer_free(&st->peers[r], st->streams);
-    if (st->listen_fd >= 0)
+    if (st->listen_fd >= 0) {
         close(st->listen_fd);
+        st->listen_fd = -1;
+    }
     free(st->peers);
     free(st->active);
     free(st->pfds);
     free(st->sleep_fds);
     free(st->sleep_events);
+    st->peers = NULL;
+    st->active = NULL;
+    st->nactive = 0;
+    st->pfds = NULL;
+    st->pfds_cap = 0;
+    st->sleep_fds = NULL;
+    st->sleep_events = NULL;
+    st->sleep_n = 0;
+}
+
+static void tcp_destroy(void *ctx)
+{
+    struct tcp_state *st = ctx;
+    if (st == NULL)
+        return;
+    tcp_release(st);
     free(st);
-    c->tp_state[WEFT_TP_TCP] = NULL;
 }
 
 /* The connection to pe failed: record why, close its sockets so the peer
- * notices too, and break the pipe (which calls abort_pipe). err_no 0 means
- * an orderly close by the peer. */
-static void peer_fail(struct weft_comm *c, struct tcp_state *st, struct tcp_peer *pe,
-                      const char *what, int err_no)
+ * notices too, and tell the pipe (which breaks and calls abort_peer).
+ * err_no 0 means an orderly close by the peer. */
+static void peer_fail(struct tcp_state *st, struct tcp_peer *pe, const char *what, int err_no)
 {
     if (!pe->up)
         return;
-    weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: peer %d (%s): %s: %s", pe->rank, pe->where, what,
-                   err_no ? strerror(err_no) : "connection closed by the peer");
+    weft_set_error(st->env->core, WEFT_ERR_TRANSPORT, "tcp: peer %d (%s): %s: %s", pe->rank, pe->where,
+                   what, err_no ? strerror(err_no) : "connection closed by the peer");
     peer_down(st, pe);
-    weft_pipe_break(pe->pipe, WEFT_ERR_TRANSPORT);
+    st->env->up->peer_failed(st->env->up->arg, pe->rank, WEFT_ERR_TRANSPORT);
 }
 
-static void tcp_abort_pipe(struct weft_pipe *p)
+static void tcp_abort_peer(void *ctx, int peer)
 {
-    struct tcp_peer *pe = p->tp_peer;
-    struct tcp_state *st = p->comm ? tcp_state_of(p->comm) : NULL;
-    if (pe == NULL || st == NULL)
+    struct tcp_state *st = ctx;
+    struct tcp_peer *pe = peer_of(st, peer);
+    if (pe == NULL)
         return;
     peer_drop_work(pe, st->streams);
     /* Dropping a push half-way desynchronises the data sockets, so the
@@ -894,10 +1005,13 @@ static void tcp_abort_pipe(struct weft_pipe *p)
 
 /* ------------------------------------------------------------- control -- */
 
-static size_t tcp_eager_limit(const struct weft_comm *c)
+/* Same for the library's own lanes: WEFT_TCP_EAGER is the only setting. */
+static size_t tcp_eager_limit(void *ctx, int peer, int internal)
 {
-    const struct tcp_state *st = tcp_state_of(c);
-    return st != NULL ? st->eager_limit : c->cfg.tcp_eager_limit;
+    const struct tcp_state *st = ctx;
+    (void)peer;
+    (void)internal;
+    return st != NULL ? st->eager_limit : 0;
 }
 
 /* Writes out as much of the pending control bytes as the socket takes.
@@ -923,11 +1037,16 @@ static int ctrl_flush(struct tcp_peer *pe)
     return moved;
 }
 
-/* Appends bytes to the pending control output, compacting or growing it. */
-static int ctrl_buffer(struct tcp_peer *pe, const void *a, size_t alen, const void *b, size_t blen)
+/* Appends the bytes of iov[0..n) past the first skip to the pending control
+ * output, compacting or growing it. */
+static int ctrl_buffer(struct tcp_peer *pe, const struct iovec *iov, int n, size_t skip)
 {
-    size_t need = pe->out_len - pe->out_off + alen + blen;
-    if (pe->out_off > 0 && pe->out_len + alen + blen > pe->out_cap) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += iov[i].iov_len;
+    size_t add = total - skip;
+    size_t need = pe->out_len - pe->out_off + add;
+    if (pe->out_off > 0 && pe->out_len + add > pe->out_cap) {
         memmove(pe->out, pe->out + pe->out_off, pe->out_len - pe->out_off);
         pe->out_len -= pe->out_off;
         pe->out_off = 0;
@@ -942,87 +1061,100 @@ static int ctrl_buffer(struct tcp_peer *pe, const void *a, size_t alen, const vo
         pe->out = grown;
         pe->out_cap = ncap;
     }
-    memcpy(pe->out + pe->out_len, a, alen);
-    if (blen)
-        memcpy(pe->out + pe->out_len + alen, b, blen);
-    pe->out_len += alen + blen;
+    for (int i = 0; i < n; i++) {
+        size_t len = iov[i].iov_len;
+        if (skip >= len) {
+            skip -= len;
+            continue;
+        }
+        memcpy(pe->out + pe->out_len, (const unsigned char *)iov[i].iov_base + skip, len - skip);
+        pe->out_len += len - skip;
+        skip = 0;
+    }
     return WEFT_SUCCESS;
 }
 
-static int tcp_ctrl_send(struct weft_pipe *p, const struct weft_ctrl *m, const void *payload, size_t len)
+static int tcp_ctrl_send(void *ctx, int peer, const void *hdr, size_t hdr_len, const void *payload, size_t len)
 {
-    struct weft_comm *c = p->comm;
-    struct tcp_peer *pe = p->tp_peer;
+    struct tcp_state *st = ctx;
+    struct tcp_peer *pe = peer_of(st, peer);
+    struct weft_core *core = st->env->core;
     struct tcp_frame f;
 
     if (pe == NULL || !pe->up)
-        return weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: peer %d: connection is down", p->peer);
-    if (len > tcp_eager_limit(c) && len > 0)
-        return weft_set_error(c, WEFT_ERR_INTERNAL,
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: peer %d: connection is down", peer);
+    if (hdr_len > WEFT_TP_CTRL_HDR_MAX)
+        return weft_set_error(core, WEFT_ERR_INTERNAL,
+                              "tcp: control header of %zu bytes to peer %d exceeds WEFT_TP_CTRL_HDR_MAX (%d)",
+                              hdr_len, peer, WEFT_TP_CTRL_HDR_MAX);
+    if (len > ctrl_payload_max(st))
+        return weft_set_error(core, WEFT_ERR_INTERNAL,
                               "tcp: control payload of %zu bytes to peer %d exceeds the eager limit %zu",
-                              len, p->peer, tcp_eager_limit(c));
+                              len, peer, ctrl_payload_max(st));
     memset(&f, 0, sizeof(f));
     f.magic = TCP_FRAME_MAGIC;
-    f.payload_len = (uint32_t)len;
-    f.hdr = *m;
+    f.len = (uint32_t)(hdr_len + len);
+
+    struct iovec iov[3];
+    int niov = 0;
+    iov[niov++] = (struct iovec){ &f, sizeof(f) };
+    if (hdr_len > 0)
+        iov[niov++] = (struct iovec){ (void *)(uintptr_t)hdr, hdr_len };
+    if (len > 0)
+        iov[niov++] = (struct iovec){ (void *)(uintptr_t)payload, len };
+    const size_t total = sizeof(f) + hdr_len + len;
 
     size_t pending = pe->out_len - pe->out_off;
     size_t sent = 0;
     if (pending > 0) {
-        if (pending + sizeof(f) + len > TCP_CTRL_OUT_BOUND)
+        if (pending + total > TCP_CTRL_OUT_BOUND)
             return WEFT_EAGAIN;
     } else {
         /* Nothing queued ahead: hand the frame to the kernel directly and
          * keep only what it did not take. */
-        struct iovec iov[2] = { { &f, sizeof(f) }, { (void *)(uintptr_t)payload, len } };
-        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = len ? 2 : 1 };
+        struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)niov };
         ssize_t n;
         do {
             n = sendmsg(pe->ctrl_fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         } while (n < 0 && errno == EINTR);
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
             int e = errno;
-            weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: peer %d (%s): sending a control message: %s",
+            weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: peer %d (%s): sending a control message: %s",
                            pe->rank, pe->where, strerror(e));
-            peer_down(tcp_state_of(c), pe);
+            peer_down(st, pe);
             return WEFT_ERR_TRANSPORT;
         }
         sent = n > 0 ? (size_t)n : 0;
-        if (sent == sizeof(f) + len)
+        if (sent == total)
             return WEFT_SUCCESS;
     }
-    const unsigned char *fb = (const unsigned char *)&f;
-    int rc;
-    if (sent < sizeof(f))
-        rc = ctrl_buffer(pe, fb + sent, sizeof(f) - sent, payload, len);
-    else
-        rc = ctrl_buffer(pe, (const unsigned char *)payload + (sent - sizeof(f)),
-                         len - (sent - sizeof(f)), NULL, 0);
-    if (rc != WEFT_SUCCESS) {
+    if (ctrl_buffer(pe, iov, niov, sent) != WEFT_SUCCESS) {
         if (sent > 0) {
             /* Part of the frame is on the wire: the stream cannot continue. */
-            weft_set_error(c, WEFT_ERR_NO_MEMORY, "tcp: peer %d: out of memory buffering a control message",
+            weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: peer %d: out of memory buffering a control message",
                            pe->rank);
-            peer_down(tcp_state_of(c), pe);
+            peer_down(st, pe);
             return WEFT_ERR_NO_MEMORY;
         }
         return WEFT_EAGAIN;
     }
     pe->kick = 1;
-    publish_sleep_events(tcp_state_of(c), pe);
+    publish_sleep_events(st, pe);
     if (pending > 0 && ctrl_flush(pe) < 0) {
         int e = errno;
-        weft_set_error(c, WEFT_ERR_TRANSPORT, "tcp: peer %d (%s): sending a control message: %s",
+        weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: peer %d (%s): sending a control message: %s",
                        pe->rank, pe->where, strerror(e));
-        peer_down(tcp_state_of(c), pe);
+        peer_down(st, pe);
         return WEFT_ERR_TRANSPORT;
     }
     return WEFT_SUCCESS;
 }
 
 /* Reads control bytes and hands every complete frame to the pipe. */
-static int ctrl_receive(struct weft_comm *c, struct tcp_state *st, struct tcp_peer *pe)
+static int ctrl_receive(struct tcp_state *st, struct tcp_peer *pe)
 {
+    const struct weft_tp_upcalls *up = st->env->up;
+    const size_t frame_max = WEFT_TP_CTRL_HDR_MAX + ctrl_payload_max(st);
     int events = 0;
     for (int round = 0; round < 16 && pe->up; round++) {
         if (pe->in_len == pe->in_cap)
@@ -1033,11 +1165,11 @@ static int ctrl_receive(struct weft_comm *c, struct tcp_state *st, struct tcp_pe
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 break;
-            peer_fail(c, st, pe, "reading the control connection", errno);
+            peer_fail(st, pe, "reading the control connection", errno);
             return events;
         }
         if (n == 0) {
-            peer_fail(c, st, pe, "reading the control connection", 0);
+            peer_fail(st, pe, "reading the control connection", 0);
             return events;
         }
         pe->in_len += (size_t)n;
@@ -1046,20 +1178,22 @@ static int ctrl_receive(struct weft_comm *c, struct tcp_state *st, struct tcp_pe
         while (pe->up && pe->in_len - pos >= sizeof(struct tcp_frame)) {
             struct tcp_frame f;
             memcpy(&f, pe->in + pos, sizeof(f));
-            if (f.magic != TCP_FRAME_MAGIC || f.payload_len > st->eager_limit) {
+            if (f.magic != TCP_FRAME_MAGIC || f.len > frame_max) {
                 char what[160];
                 snprintf(what, sizeof(what),
                          "bad control frame (magic %#x, payload %u bytes, eager limit %zu): are"
                          " WEFT_TCP_EAGER values equal on all ranks?",
-                         f.magic, f.payload_len, st->eager_limit);
-                peer_fail(c, st, pe, what, EPROTO);
+                         f.magic, f.len, st->eager_limit);
+                peer_fail(st, pe, what, EPROTO);
                 return events;
             }
-            if (pe->in_len - pos < sizeof(f) + f.payload_len)
+            if (pe->in_len - pos < sizeof(f) + f.len)
                 break;
-            weft_pipe_on_ctrl(pe->pipe, &f.hdr, f.payload_len ? pe->in + pos + sizeof(f) : NULL,
-                              f.payload_len);
-            pos += sizeof(f) + f.payload_len;
+            /* The upcall may re-enter (ctrl_send, rndv_expect/push,
+             * abort_peer): the frame stays put in pe->in meanwhile, and an
+             * abort shows as !pe->up. */
+            up->on_ctrl(up->arg, pe->rank, pe->in + pos + sizeof(f), f.len);
+            pos += sizeof(f) + f.len;
             events++;
         }
         if (!pe->up)
@@ -1073,16 +1207,6 @@ static int ctrl_receive(struct weft_comm *c, struct tcp_state *st, struct tcp_pe
 }
 
 /* ---------------------------------------------------------------- data -- */
-
-static void fifo_append(struct tcp_req_fifo *q, struct weft_request *r)
-{
-    r->tp_next = NULL;
-    if (q->tail)
-        q->tail->tp_next = r;
-    else
-        q->head = r;
-    q->tail = r;
-}
 
 /* Fills iov with the contiguous pieces of socket s's share of a message of
  * n bytes at base, starting at share offset off. Returns the entry count. */
@@ -1106,17 +1230,18 @@ static int share_iov(unsigned char *base, uint64_t n, uint64_t chunk, unsigned s
 }
 
 /* Pushes as much of socket s's outbound shares as the socket takes. */
-static int data_send(struct weft_comm *c, struct tcp_state *st, struct tcp_peer *pe, unsigned s)
+static int data_send(struct tcp_state *st, struct tcp_peer *pe, unsigned s)
 {
     struct tcp_data_sock *d = &pe->data[s];
     int events = 0;
     while (pe->up && d->send_cur != NULL) {
-        struct weft_request *r = d->send_cur;
-        uint64_t n = r->tp_aux[1];
+        struct weft_tp_xfer *x = d->send_cur;
+        struct tcp_xfer *t = tx_of(x);
+        uint64_t n = t->bytes;
         uint64_t share = weft_stripe_share(n, st->chunk, st->streams, s);
         if (d->send_off >= share) {
-            r->tp_aux[0]++;          /* one more socket finished this message */
-            d->send_cur = r->tp_next;
+            t->sockets_done++;       /* one more socket finished this message */
+            d->send_cur = xfer_next(x);
             d->send_off = 0;
             events++;
             continue;
@@ -1125,7 +1250,7 @@ static int data_send(struct weft_comm *c, struct tcp_state *st, struct tcp_peer 
         size_t total;
         struct msghdr mh = { 0 };
         mh.msg_iov = iov;
-        mh.msg_iovlen = (size_t)share_iov((unsigned char *)r->buf, n, st->chunk, st->streams, s,
+        mh.msg_iovlen = (size_t)share_iov((unsigned char *)x->buf, n, st->chunk, st->streams, s,
                                           d->send_off, share, iov, &total);
         ssize_t w = sendmsg(d->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
@@ -1133,11 +1258,10 @@ static int data_send(struct weft_comm *c, struct tcp_state *st, struct tcp_peer 
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 break;
-            peer_fail(c, st, pe, "sending on a data connection", errno);
+            peer_fail(st, pe, "sending on a data connection", errno);
             break;
         }
         d->send_off += (uint64_t)w;
-        r->tp_done += (size_t)w;
         events++;
         if ((size_t)w < total)
             break;                   /* socket buffer full */
@@ -1146,17 +1270,18 @@ static int data_send(struct weft_comm *c, struct tcp_state *st, struct tcp_peer 
 }
 
 /* Reads as much of socket s's inbound shares as has arrived. */
-static int data_recv(struct weft_comm *c, struct tcp_state *st, struct tcp_peer *pe, unsigned s)
+static int data_recv(struct tcp_state *st, struct tcp_peer *pe, unsigned s)
 {
     struct tcp_data_sock *d = &pe->data[s];
     int events = 0;
     while (pe->up && d->recv_cur != NULL) {
-        struct weft_request *r = d->recv_cur;
-        uint64_t n = r->tp_aux[1];
+        struct weft_tp_xfer *x = d->recv_cur;
+        struct tcp_xfer *t = tx_of(x);
+        uint64_t n = t->bytes;
         uint64_t share = weft_stripe_share(n, st->chunk, st->streams, s);
         if (d->recv_off >= share) {
-            r->tp_aux[0]++;
-            d->recv_cur = r->tp_next;
+            t->sockets_done++;
+            d->recv_cur = xfer_next(x);
             d->recv_off = 0;
             events++;
             continue;
@@ -1165,7 +1290,7 @@ static int data_recv(struct weft_comm *c, struct tcp_state *st, struct tcp_peer 
         size_t total;
         struct msghdr mh = { 0 };
         mh.msg_iov = iov;
-        mh.msg_iovlen = (size_t)share_iov((unsigned char *)r->buf, n, st->chunk, st->streams, s,
+        mh.msg_iovlen = (size_t)share_iov((unsigned char *)x->buf, n, st->chunk, st->streams, s,
                                           d->recv_off, share, iov, &total);
         ssize_t got = recvmsg(d->fd, &mh, MSG_DONTWAIT);
         if (got < 0) {
@@ -1173,15 +1298,14 @@ static int data_recv(struct weft_comm *c, struct tcp_state *st, struct tcp_peer 
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 break;
-            peer_fail(c, st, pe, "reading a data connection", errno);
+            peer_fail(st, pe, "reading a data connection", errno);
             break;
         }
         if (got == 0) {
-            peer_fail(c, st, pe, "reading a data connection", 0);
+            peer_fail(st, pe, "reading a data connection", 0);
             break;
         }
         d->recv_off += (uint64_t)got;
-        r->tp_done += (size_t)got;
         events++;
         if ((size_t)got < total)
             break;
@@ -1191,35 +1315,44 @@ static int data_recv(struct weft_comm *c, struct tcp_state *st, struct tcp_peer 
 
 /* A data socket with no expected receive became readable: the only
  * legitimate cause is the peer closing it. */
-static void data_check_idle(struct weft_comm *c, struct tcp_state *st, struct tcp_peer *pe, unsigned s)
+static void data_check_idle(struct tcp_state *st, struct tcp_peer *pe, unsigned s)
 {
     char b;
     ssize_t n = recv(pe->data[s].fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n == 0)
-        peer_fail(c, st, pe, "data connection closed", 0);
+        peer_fail(st, pe, "data connection closed", 0);
     else if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        peer_fail(c, st, pe, "data connection", errno);
+        peer_fail(st, pe, "data connection", errno);
     else if (n > 0)
-        peer_fail(c, st, pe, "data arrived with no receive expecting it (protocol error)", EPROTO);
+        peer_fail(st, pe, "data arrived with no receive expecting it (protocol error)", EPROTO);
 }
 
-static int tcp_rndv_expect(struct weft_pipe *p, struct weft_request *r)
+static unsigned tcp_rndv_mem(void *ctx, int peer)
 {
-    struct tcp_peer *pe = p->tp_peer;
-    struct tcp_state *st = tcp_state_of(p->comm);
+    (void)ctx;
+    (void)peer;
+    return WEFT_TP_MEM_HOST;
+}
+
+/* The key is empty: the pipe starts pushes on the sender and expects on the
+ * receiver in the same (CTS) order, which is all the data sockets need. */
+static int tcp_rndv_expect(void *ctx, int peer, struct weft_tp_xfer *x, const struct weft_tp_src *src,
+                           void *key, size_t *keylen)
+{
+    struct tcp_state *st = ctx;
+    struct tcp_peer *pe = peer_of(st, peer);
+    (void)src;
+    (void)key;
+    *keylen = 0;
     if (pe == NULL || !pe->up)
-        return weft_set_error(p->comm, WEFT_ERR_TRANSPORT, "tcp: peer %d: connection is down", p->peer);
-    if (r->msg_bytes > r->bytes)
-        return weft_set_error(p->comm, WEFT_ERR_INTERNAL,
-                              "tcp: peer %d: expected push of %zu bytes into a %zu-byte buffer",
-                              p->peer, r->msg_bytes, r->bytes);
-    r->tp_done = 0;
-    r->tp_aux[0] = 0;
-    r->tp_aux[1] = r->msg_bytes;
-    fifo_append(&pe->expect, r);
+        return weft_set_error(st->env->core, WEFT_ERR_TRANSPORT, "tcp: peer %d: connection is down", peer);
+    struct tcp_xfer *t = tx_of(x);
+    t->bytes = x->bytes;
+    t->sockets_done = 0;
+    weft_queue_push(&pe->expect, &t->node);
     for (unsigned s = 0; s < st->streams; s++) {
         if (pe->data[s].recv_cur == NULL) {
-            pe->data[s].recv_cur = r;
+            pe->data[s].recv_cur = x;
             pe->data[s].recv_off = 0;
         }
     }
@@ -1227,20 +1360,21 @@ static int tcp_rndv_expect(struct weft_pipe *p, struct weft_request *r)
     return WEFT_SUCCESS;
 }
 
-static int tcp_rndv_push(struct weft_pipe *p, struct weft_request *s, const struct weft_ctrl *cts)
+static int tcp_rndv_push(void *ctx, int peer, struct weft_tp_xfer *x, const void *key, size_t keylen)
 {
-    struct tcp_peer *pe = p->tp_peer;
-    struct tcp_state *st = tcp_state_of(p->comm);
-    (void)cts;
+    struct tcp_state *st = ctx;
+    struct tcp_peer *pe = peer_of(st, peer);
+    (void)key;
+    (void)keylen;
     if (pe == NULL || !pe->up)
-        return weft_set_error(p->comm, WEFT_ERR_TRANSPORT, "tcp: peer %d: connection is down", p->peer);
-    s->tp_done = 0;
-    s->tp_aux[0] = 0;
-    s->tp_aux[1] = s->bytes;
-    fifo_append(&pe->push, s);
+        return weft_set_error(st->env->core, WEFT_ERR_TRANSPORT, "tcp: peer %d: connection is down", peer);
+    struct tcp_xfer *t = tx_of(x);
+    t->bytes = x->bytes;
+    t->sockets_done = 0;
+    weft_queue_push(&pe->push, &t->node);
     for (unsigned i = 0; i < st->streams; i++) {
         if (pe->data[i].send_cur == NULL) {
-            pe->data[i].send_cur = s;
+            pe->data[i].send_cur = x;
             pe->data[i].send_off = 0;
         }
     }
@@ -1250,27 +1384,22 @@ static int tcp_rndv_push(struct weft_pipe *p, struct weft_request *s, const stru
 
 /* Completes, in FIFO order, the messages every data socket has finished.
  * A message is finished by all sockets only after all earlier ones are,
- * so completions never skip ahead. */
+ * so completions never skip ahead. Each is unlinked before its upcall,
+ * which may re-enter (a new push, abort_peer). */
 static int complete_finished(struct tcp_state *st, struct tcp_peer *pe)
 {
+    const struct weft_tp_upcalls *up = st->env->up;
     int events = 0;
-    while (pe->up && pe->push.head != NULL && pe->push.head->tp_aux[0] == st->streams) {
-        struct weft_request *r = pe->push.head;
-        pe->push.head = r->tp_next;
-        if (pe->push.head == NULL)
-            pe->push.tail = NULL;
-        r->tp_next = NULL;
-        weft_pipe_send_done(pe->pipe, r, WEFT_SUCCESS);
-        events++;
-    }
-    while (pe->up && pe->expect.head != NULL && pe->expect.head->tp_aux[0] == st->streams) {
-        struct weft_request *r = pe->expect.head;
-        pe->expect.head = r->tp_next;
-        if (pe->expect.head == NULL)
-            pe->expect.tail = NULL;
-        r->tp_next = NULL;
-        weft_pipe_recv_done(pe->pipe, r, WEFT_SUCCESS);
-        events++;
+    struct weft_queue *fifos[2] = { &pe->push, &pe->expect };
+    for (int q = 0; q < 2; q++) {
+        while (pe->up && !weft_queue_empty(fifos[q])) {
+            struct weft_tp_xfer *x = xfer_of(weft_queue_head(fifos[q]));
+            if (tx_of(x)->sockets_done != st->streams)
+                break;
+            weft_queue_pop(fifos[q]);
+            up->rndv_done(up->arg, x, WEFT_SUCCESS);
+            events++;
+        }
     }
     return events;
 }
@@ -1308,7 +1437,7 @@ static size_t build_pollfds(struct tcp_state *st)
     return n;
 }
 
-static int peer_progress(struct weft_comm *c, struct tcp_state *st, struct tcp_peer *pe, int polled)
+static int peer_progress(struct tcp_state *st, struct tcp_peer *pe, int polled)
 {
     int events = 0;
     int kick = pe->kick;
@@ -1316,11 +1445,11 @@ static int peer_progress(struct weft_comm *c, struct tcp_state *st, struct tcp_p
     const struct pollfd *pf = polled ? &st->pfds[pe->pfd_base] : NULL;
 
     if (pf != NULL && (pf[0].revents & (POLLIN | POLLHUP | POLLERR)))
-        events += ctrl_receive(c, st, pe);
+        events += ctrl_receive(st, pe);
     if (pe->up && pe->out_len > pe->out_off) {
         int r = ctrl_flush(pe);
         if (r < 0)
-            peer_fail(c, st, pe, "sending a control message", errno);
+            peer_fail(st, pe, "sending a control message", errno);
         else
             events += r;
     }
@@ -1332,13 +1461,13 @@ static int peer_progress(struct weft_comm *c, struct tcp_state *st, struct tcp_p
         short rev = pf != NULL ? pf[1 + s].revents : 0;
         struct tcp_data_sock *d = &pe->data[s];
         if (d->send_cur != NULL && (kick || (rev & (POLLOUT | POLLERR | POLLHUP))))
-            events += data_send(c, st, pe, s);
+            events += data_send(st, pe, s);
         if (!pe->up)
             break;
         if (d->recv_cur != NULL && (kick || (rev & (POLLIN | POLLERR | POLLHUP))))
-            events += data_recv(c, st, pe, s);
+            events += data_recv(st, pe, s);
         else if (d->recv_cur == NULL && (rev & (POLLIN | POLLERR | POLLHUP)))
-            data_check_idle(c, st, pe, s);
+            data_check_idle(st, pe, s);
     }
     if (pe->up)
         events += complete_finished(st, pe);
@@ -1346,9 +1475,9 @@ static int peer_progress(struct weft_comm *c, struct tcp_state *st, struct tcp_p
     return events;
 }
 
-static int tcp_progress(struct weft_comm *c)
+static int tcp_progress(void *ctx)
 {
-    struct tcp_state *st = tcp_state_of(c);
+    struct tcp_state *st = ctx;
     if (st == NULL || st->nactive == 0)
         return 0;
     size_t n = build_pollfds(st);
@@ -1362,18 +1491,18 @@ static int tcp_progress(struct weft_comm *c)
         struct tcp_peer *pe = &st->peers[st->active[i]];
         if (!pe->up || (ready == 0 && !pe->kick))
             continue;
-        events += peer_progress(c, st, pe, 1);
+        events += peer_progress(st, pe, 1);
     }
     return events;
 }
 
-/* Called without the comm lock (transport.h): reads only the fixed
- * descriptor list and the atomically published events. A descriptor closed
- * and reused meanwhile costs at most one early or late wake-up, which the
- * caller's bounded timeout absorbs. */
-static void tcp_sleep(struct weft_comm *c, int timeout_ms)
+/* Called without the lock (transport.h): reads only the fixed descriptor
+ * list and the atomically published events. A descriptor closed and reused
+ * meanwhile costs at most one early or late wake-up, which the caller's
+ * bounded timeout absorbs. */
+static void tcp_sleep(void *ctx, int timeout_ms)
 {
-    const struct tcp_state *st = tcp_state_of(c);
+    const struct tcp_state *st = ctx;
     if (st == NULL || st->sleep_n == 0)
         return;
     struct pollfd stack_pfds[128];
@@ -1395,9 +1524,9 @@ static void tcp_sleep(struct weft_comm *c, int timeout_ms)
 }
 
 /* Control bytes accepted by ctrl_send that the kernel has not taken yet. */
-static int tcp_busy(const struct weft_comm *c)
+static int tcp_busy(void *ctx)
 {
-    const struct tcp_state *st = tcp_state_of(c);
+    const struct tcp_state *st = ctx;
     if (st == NULL)
         return 0;
     for (int i = 0; i < st->nactive; i++) {
@@ -1410,17 +1539,25 @@ static int tcp_busy(const struct weft_comm *c)
 
 const struct weft_transport weft_transport_tcp = {
     .name = "tcp",
-    .id = WEFT_TP_TCP,
-    .card_fill = tcp_card_fill,
+    .ctrl = 1,
+    .scope = WEFT_TP_SCOPE_ANY,
+    .sure = 0,
+    .card_bytes = TCP_CARD_BYTES,
+    .create = tcp_create,
+    .reach = tcp_reach,
     .connect = tcp_connect,
-    .disconnect = tcp_disconnect,
+    .destroy = tcp_destroy,
     .eager_limit = tcp_eager_limit,
     .ctrl_send = tcp_ctrl_send,
     .progress = tcp_progress,
+    .rndv_mem = tcp_rndv_mem,
     .rndv_get = NULL,
     .rndv_expect = tcp_rndv_expect,
     .rndv_push = tcp_rndv_push,
-    .abort_pipe = tcp_abort_pipe,
+    .abort_peer = tcp_abort_peer,
     .busy = tcp_busy,
+    .wakeless = NULL,
     .sleep = tcp_sleep,
+    .mem_pin = NULL,
+    .mem_unpin = NULL,
 };

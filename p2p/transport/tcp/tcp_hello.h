@@ -2,12 +2,13 @@
  * The first bytes on every new TCP connection between two weft ranks.
  *
  * The connecting rank sends a hello; the accepting rank reads the token
- * first and checks it against its own job token (the one in its rank card,
- * which only ranks of this job received through MPI) before it reads
- * anything else, and closes the connection on a mismatch. Only then is the
- * rest of the hello read and checked (known rank, socket index, same
- * striping settings). The acceptor answers with the connector's token, so
- * the connector knows it reached the right rank and not a stale listener.
+ * first and checks it against its own job token (the one in its rank
+ * card's header, which only ranks of this job received through the comm's
+ * bootstrap) before it reads anything else, and closes the connection on a
+ * mismatch. Only then is the rest of the hello read and checked (known
+ * rank, socket index, same striping settings). The acceptor answers with
+ * the connector's token, so the connector knows it reached the right rank
+ * and not a stale listener.
  */
 #ifndef WEFT_TCP_HELLO_H
 #define WEFT_TCP_HELLO_H
@@ -16,7 +17,7 @@
 #include <stdint.h>
 
 struct weft_tcp_hello {
-    uint64_t token;     /* the acceptor's job token, from its rank card */
+    uint64_t token;     /* the acceptor's job token, from its rank card's header */
     int32_t  rank;      /* connector's rank */
     int32_t  index;     /* 0 = control socket, 1..streams = data socket */
     uint32_t streams;   /* connector's WEFT_TCP_STREAMS */

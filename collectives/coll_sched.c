@@ -1,0 +1,272 @@
+/*
+ * The schedule engine (see coll_sched.h): builds an op, issues its steps in
+ * array order as their dependencies allow, completes them, and reports the
+ * first failure the way every collective did before it had an engine.
+ */
+#include "coll_sched.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core.h"
+#include "devcopy.h"
+#include "log.h"
+#include "p2p.h"
+#include "weft.h"
+
+enum { STEP_NEW = 0, STEP_ISSUED, STEP_DONE };
+
+size_t weft_sched_add(struct weft_sched_build *b, int kind, int num, void *buf, const void *src, size_t bytes,
+                      int peer, int phase, int dep, unsigned flags)
+{
+    size_t i = b->n++;
+    if (b->fence) {
+        dep = WEFT_SCHED_FENCE;
+        b->fence = 0;
+    }
+    if (b->steps) {
+        struct weft_sched_step *s = &b->steps[i];
+        s->buf = buf;
+        s->src = src;
+        s->bytes = bytes;
+        s->peer = peer;
+        s->dep = dep;
+        s->num = num;
+        s->kind = (unsigned char)kind;
+        s->phase = (unsigned char)phase;
+        s->flags = (unsigned char)flags;
+        s->state = STEP_NEW;
+        s->req = NULL;
+    }
+    return i;
+}
+
+/* The p2p layer already recorded why; keep that text after ours. Only the
+ * first failure of an op is recorded: later ones come from the same cause
+ * or from the op giving up. */
+static void op_fail(struct weft_coll_op *op, int err, const struct weft_sched_step *s, const char *verb,
+                    size_t bytes)
+{
+    char cause[512];
+    size_t n;
+    if (op->err != WEFT_SUCCESS)
+        return;
+    pthread_mutex_lock(&op->core->err_lock);
+    for (n = 0; n < sizeof cause - 1 && op->core->last_error[n]; n++) {}
+    memcpy(cause, op->core->last_error, n);
+    pthread_mutex_unlock(&op->core->err_lock);
+    cause[n] = '\0';
+    op->err = weft_set_error(op->core, err, "%s step %d: %s of %zu B with peer %d failed (%s): %s",
+                             op->what, s->num, verb, bytes, s->peer, weft_err_str(err), cause);
+}
+
+static const char *done_verb(const struct weft_sched_step *s)
+{
+    return (s->flags & WEFT_SCHED_F_RECEIVE) ? "receive" : "wait";
+}
+
+/* Issues step i (its dependency is met). A step that cannot start is
+ * complete at once, with the op failed. */
+static void step_issue(struct weft_coll_op *op, size_t i)
+{
+    struct weft_sched_step *s = &op->steps[i];
+    int rc;
+
+    switch (s->kind) {
+    case WEFT_SCHED_SEND:
+        rc = weft_p2p_isend(op->p2p, s->src, s->bytes, s->peer, op->tag(op->seq, s->phase), &s->req, "weft_isend");
+        if (rc != WEFT_SUCCESS) {
+            s->state = STEP_DONE;
+            op_fail(op, rc, s, "isend", s->bytes);
+            return;
+        }
+        s->state = STEP_ISSUED;
+        return;
+    case WEFT_SCHED_RECV:
+        rc = weft_p2p_irecv(op->p2p, s->buf, s->bytes, s->peer, op->tag(op->seq, s->phase), &s->req, "weft_irecv");
+        if (rc != WEFT_SUCCESS) {
+            s->state = STEP_DONE;
+            op_fail(op, rc, s, "irecv", s->bytes);
+            return;
+        }
+        s->state = STEP_ISSUED;
+        return;
+    default:
+        /* weft_devcopy records its own message (naming the op). */
+        rc = weft_devcopy(op->core, s->buf, s->src, s->bytes, op->what);
+        s->state = STEP_DONE;
+        if (rc != WEFT_SUCCESS && op->err == WEFT_SUCCESS)
+            op->err = rc;
+        return;
+    }
+}
+
+/* 1 when step i is complete (collecting its result if it just completed).
+ * drive: test it even if it does not look complete yet, which runs a
+ * progress pass of the pipes; otherwise only a completed request is
+ * touched. */
+static int step_complete(struct weft_coll_op *op, size_t i, int drive)
+{
+    struct weft_sched_step *s = &op->steps[i];
+    weft_status_t st;
+    int done = 0, rc;
+
+    if (s->state == STEP_DONE)
+        return 1;
+    if (s->state != STEP_ISSUED)
+        return 0;
+    if (!drive && !weft_p2p_done(s->req))
+        return 0;
+    memset(&st, 0, sizeof st);
+    rc = weft_p2p_test(s->req, &done, &st);
+    if (!done)
+        return 0;
+    s->req = NULL;
+    s->state = STEP_DONE;
+    if (rc != WEFT_SUCCESS)
+        op_fail(op, rc, s, done_verb(s), st.bytes);
+    return 1;
+}
+
+/* Completes what completed, issues what may go. 1 when the op is over:
+ * every step complete, or it failed and nothing it issued is in flight. */
+static int op_advance(struct weft_coll_op *op)
+{
+    if (op->lo < op->next)
+        step_complete(op, op->lo, 1);
+    for (;;) {
+        while (op->lo < op->next && step_complete(op, op->lo, 0))
+            op->lo++;
+        if (op->err != WEFT_SUCCESS || op->next == op->nsteps)
+            return op->lo == op->next;
+        const struct weft_sched_step *s = &op->steps[op->next];
+        if (s->dep == WEFT_SCHED_FENCE) {
+            if (op->lo < op->next)
+                return 0;
+        } else if (s->dep >= 0) {
+            if (!step_complete(op, (size_t)s->dep, 0))
+                return 0;
+            if (op->err != WEFT_SUCCESS)
+                continue;   /* its dependency failed: issue nothing more */
+        }
+        step_issue(op, op->next++);
+    }
+}
+
+int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const char *what, weft_coll_tag_fn tag,
+                     uint32_t seq, size_t scratch_bytes, weft_sched_build_fn build, const void *args,
+                     struct weft_coll_op **out)
+{
+    struct weft_sched_build b = { NULL, 0, 0, NULL };
+    struct weft_coll_op *op;
+    size_t head, n;
+
+    *out = NULL;
+    build(&b, args);
+    n = b.n;
+    /* op + steps, rounded up so the scratch is aligned for any copy. */
+    if (n > (SIZE_MAX - sizeof *op - 64) / sizeof op->steps[0])
+        goto nomem;
+    head = (sizeof *op + n * sizeof op->steps[0] + 63) & ~(size_t)63;
+    if (scratch_bytes > SIZE_MAX - head)
+        goto nomem;
+    op = malloc(head + scratch_bytes);
+    if (op == NULL)
+        goto nomem;
+    op->p2p = p2p;
+    op->core = core;
+    op->what = what;
+    op->tag = tag;
+    op->seq = seq;
+    op->err = WEFT_SUCCESS;
+    op->nsteps = n;
+    op->next = 0;
+    op->lo = 0;
+    op->scratch = scratch_bytes ? (char *)op + head : NULL;
+
+    b.steps = op->steps;
+    b.n = 0;
+    b.fence = 0;
+    b.scratch = op->scratch;
+    build(&b, args);
+    if (b.n != n) {
+        free(op);
+        return weft_set_error(core, WEFT_ERR_INTERNAL, "%s: schedule has %zu steps, counted %zu", what, b.n, n);
+    }
+    (void)op_advance(op);
+    *out = op;
+    return WEFT_SUCCESS;
+
+nomem:
+    return weft_set_error(core, WEFT_ERR_NO_MEMORY, "%s: no memory for %zu schedule steps and %zu bytes of scratch",
+                          what, n, scratch_bytes);
+}
+
+int weft_coll_op_test(struct weft_coll_op *op, int *done)
+{
+    int rc;
+    if (op == NULL) {
+        *done = 1;
+        return WEFT_SUCCESS;
+    }
+    if (!op_advance(op)) {
+        *done = 0;
+        return WEFT_SUCCESS;
+    }
+    rc = op->err;
+    free(op);
+    *done = 1;
+    return rc;
+}
+
+int weft_coll_op_wait(struct weft_coll_op *op)
+{
+    int rc;
+    if (op == NULL)
+        return WEFT_SUCCESS;
+    while (!op_advance(op)) {
+        /* Not over, so some issued step is in flight (lo < next). Wait for
+         * what holds up the next step, else for the oldest in flight. */
+        size_t t = op->lo;
+        if (op->err == WEFT_SUCCESS && op->next < op->nsteps) {
+            int d = op->steps[op->next].dep;
+            if (d >= 0 && op->steps[d].state == STEP_ISSUED)
+                t = (size_t)d;
+        }
+        struct weft_sched_step *s = &op->steps[t];
+        struct weft_request *r = s->req;
+        int wrc = weft_p2p_wait_done(r, op->what);
+        if (wrc != WEFT_SUCCESS && !weft_p2p_done(r)) {
+            /* Not completed by the timeout: wait the request out (bounded,
+             * it breaks its pipe) and free it. */
+            weft_status_t st;
+            memset(&st, 0, sizeof st);
+            int rc2 = weft_p2p_wait(r, &st);
+            s->req = NULL;
+            s->state = STEP_DONE;
+            op_fail(op, rc2 != WEFT_SUCCESS ? rc2 : wrc, s, done_verb(s), st.bytes);
+        }
+    }
+    rc = op->err;
+    free(op);
+    return rc;
+}
+
+void weft_coll_op_abandon(struct weft_coll_op *op)
+{
+    int in_flight = 0;
+    if (op == NULL)
+        return;
+    op->err = WEFT_ERR_TIMEOUT;   /* given up: later failures are not news */
+    for (size_t i = op->lo; i < op->next; i++) {
+        if (op->steps[i].state != STEP_ISSUED)
+            continue;
+        if (!step_complete(op, i, 0))
+            in_flight = 1;
+    }
+    /* A request still in flight may yet write into the op's scratch or read
+     * its steps: left to the pipes on purpose. */
+    if (!in_flight)
+        free(op);
+}

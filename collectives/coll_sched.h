@@ -1,0 +1,134 @@
+/*
+ * The schedule engine of the collectives (private to collectives/).
+ *
+ * (Not "sched.h": every file built with -Icollectives would then get it for
+ * the system's <sched.h>, which <pthread.h> includes.)
+ *
+ * A collective call is an op: an ordered array of steps, built once at the
+ * start by the algorithm, then run by the engine (coll_sched.c):
+ *
+ *   SEND  bytes from src to peer        (weft_p2p_isend on the call's lane `phase`)
+ *   RECV  bytes from peer into buf      (weft_p2p_irecv, same lane)
+ *   COPY  bytes from src to buf         (weft_devcopy, run when issued: host or device)
+ *
+ * Steps are issued strictly in array order, so every lane sees its messages
+ * in the same order on both sides whatever the timing (the lanes are FIFO:
+ * that order is what pairs a send with its receive). A step may wait for
+ * one earlier step (WEFT_SCHED dep = its index: forward chunk k once
+ * receive k is in) or for a fence (every earlier step complete: the rounds
+ * of recursive doubling, Bruck, the barrier); while it waits, no later step
+ * is issued either. Messages name `num`, the algorithm's step number.
+ *
+ * Errors: the first step that fails records "<what> step <num>: <verb> of
+ * <bytes> B with peer <p> failed (<why>): <the p2p layer's last error>"
+ * (a COPY: weft_devcopy's own message), and the op stops issuing, waits
+ * for what it already issued (ignoring their results), then completes with
+ * that code.
+ *
+ * Memory: one allocation per op holds the op, its steps and its scratch
+ * (Bruck's rotated blocks), freed when the op completes. Latency of small
+ * allgathers and barriers is benchmarked: nothing is allocated per step.
+ */
+#ifndef WEFT_COLL_SCHED_H
+#define WEFT_COLL_SCHED_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "coll.h"
+
+struct weft_p2p;
+struct weft_core;
+struct weft_request;
+
+enum weft_sched_kind { WEFT_SCHED_SEND = 1, WEFT_SCHED_RECV, WEFT_SCHED_COPY };
+
+#define WEFT_SCHED_NODEP (-1)   /* issued as soon as its turn comes */
+#define WEFT_SCHED_FENCE (-2)   /* issued once every earlier step completed */
+
+/* Flags. RECEIVE: a failed completion says "receive" (a receive something
+ * waits on by itself: ring chunks, the tree's parent) instead of "wait". */
+#define WEFT_SCHED_F_RECEIVE 1u
+
+struct weft_sched_step {
+    void                *buf;    /* RECV, COPY: destination */
+    const void          *src;    /* SEND, COPY: source */
+    size_t               bytes;
+    int                  peer;   /* SEND, RECV */
+    int                  dep;    /* index of an earlier step, WEFT_SCHED_NODEP or WEFT_SCHED_FENCE */
+    int                  num;    /* the algorithm's step number (messages) */
+    unsigned char        kind;   /* enum weft_sched_kind */
+    unsigned char        phase;  /* lane within the call: tag(seq, phase) */
+    unsigned char        flags;
+    unsigned char        state;  /* engine: not issued, in flight, complete */
+    struct weft_request *req;    /* engine: in flight */
+};
+
+struct weft_coll_op {
+    struct weft_p2p        *p2p;
+    struct weft_core       *core;
+    const char             *what;    /* "allgather ring", "bcast binomial", ... */
+    weft_coll_tag_fn        tag;
+    uint32_t                seq;     /* the call's sequence number (its lanes) */
+    int                     err;     /* first failure; WEFT_SUCCESS so far */
+    size_t                  nsteps;
+    size_t                  next;    /* next step to issue */
+    size_t                  lo;      /* every step before lo is complete */
+    void                   *scratch; /* scratch_bytes, in the op's allocation */
+    struct weft_sched_step  steps[];
+};
+
+/* ---- building a schedule ----
+ * A builder runs twice: once counting (steps == NULL, scratch == NULL),
+ * once filling; it must add the same steps both times and may not
+ * allocate. */
+struct weft_sched_build {
+    struct weft_sched_step *steps;   /* NULL: counting pass */
+    size_t                  n;       /* steps added so far */
+    int                     fence;   /* the next step added waits for a fence */
+    char                   *scratch; /* the op's scratch (NULL while counting) */
+};
+
+typedef void (*weft_sched_build_fn)(struct weft_sched_build *b, const void *args);
+
+/* Adds a step; returns its index (for a later step's dep). A pending fence
+ * (weft_sched_fence) replaces dep on the next step added. */
+size_t weft_sched_add(struct weft_sched_build *b, int kind, int num, void *buf, const void *src, size_t bytes,
+                      int peer, int phase, int dep, unsigned flags);
+
+/* The next step added waits until every earlier one completed (no-op if
+ * no step follows). */
+static inline void weft_sched_fence(struct weft_sched_build *b) { b->fence = 1; }
+
+static inline size_t weft_sched_send(struct weft_sched_build *b, int num, const void *src, size_t bytes, int peer,
+                                     int phase, int dep)
+{
+    return weft_sched_add(b, WEFT_SCHED_SEND, num, NULL, src, bytes, peer, phase, dep, 0);
+}
+static inline size_t weft_sched_recv(struct weft_sched_build *b, int num, void *buf, size_t bytes, int peer,
+                                     int phase, int dep, unsigned flags)
+{
+    return weft_sched_add(b, WEFT_SCHED_RECV, num, buf, NULL, bytes, peer, phase, dep, flags);
+}
+static inline size_t weft_sched_copy(struct weft_sched_build *b, void *dst, const void *src, size_t bytes)
+{
+    return weft_sched_add(b, WEFT_SCHED_COPY, 0, dst, src, bytes, -1, 0, WEFT_SCHED_NODEP, 0);
+}
+/* scratch + off, NULL while counting (no arithmetic on NULL). */
+static inline char *weft_sched_scratch(const struct weft_sched_build *b, size_t off)
+{
+    return b->scratch ? b->scratch + off : NULL;
+}
+
+/* Builds the op (counting pass, one allocation of the op, its steps and
+ * scratch_bytes of scratch, filling pass) and issues what can go at once.
+ * *out is the op in progress. WEFT_ERR_NO_MEMORY (last error set) with
+ * *out = NULL when it cannot be allocated; issue failures are the op's
+ * result (test / wait). */
+int  weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const char *what, weft_coll_tag_fn tag,
+                      uint32_t seq, size_t scratch_bytes, weft_sched_build_fn build, const void *args,
+                      struct weft_coll_op **out);
+
+/* weft_coll_op_test / weft_coll_op_wait / weft_coll_op_abandon (coll.h)
+ * are the engine's other entry points. */
+
+#endif

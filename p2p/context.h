@@ -1,0 +1,53 @@
+/*
+ * The p2p context of one comm (private to p2p/): pipes, the transports in
+ * use, requests, progress counters. The comm creates it (p2p/setup.c) and
+ * the layers above reach it through p2p/p2p.h.
+ */
+#ifndef WEFT_P2P_CONTEXT_H
+#define WEFT_P2P_CONTEXT_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include "core.h"
+#include "pipe.h"
+#include "request.h"
+#include "transport.h"
+
+#define WEFT_P2P_MAX_TRANSPORTS 16
+
+/* One registry entry as this comm uses it. */
+struct weft_p2p_tp {
+    const struct weft_transport *tp;
+    void                        *ctx;    /* NULL: not offered here */
+    struct weft_tp_env           env;
+    unsigned char               *uses;   /* [size] */
+    int                          used;   /* some pipe of this rank uses it (carrier or mover) */
+};
+
+struct stage_state;
+
+struct weft_p2p {
+    struct weft_core        *core;
+    pthread_mutex_t          lock;       /* guards everything here and in the transports */
+    int                      rank, size;
+    struct weft_pipe        *pipes;      /* [size]; pipes[rank] is the self pipe */
+    struct weft_p2p_tp       tps[WEFT_P2P_MAX_TRANSPORTS];   /* registry order */
+    int                      ntps;
+    struct weft_tp_upcalls   up;
+    struct weft_req_pool     reqs;
+    struct stage_state      *stage;      /* staged device transfers (p2p/stage.c) */
+    uint64_t                 events;     /* progress events so far */
+    size_t                   out_queued; /* outbound frames queued on all pipes */
+    int                      waiters;    /* threads inside wait */
+};
+
+/* One progress pass: every transport in use, the rendezvous paths, queued
+ * outbound frames. Lock held. Returns the number of events. */
+int  weft_p2p_progress(struct weft_p2p *p);
+/* Waits, bounded by WEFT_TIMEOUT, until every request in reqs[0..n) is
+ * DONE (NULL entries count as done). Lock held; released while sleeping.
+ * On timeout the pipes of the requests still pending break (they complete
+ * with WEFT_ERR_TIMEOUT) and WEFT_ERR_TIMEOUT is returned. */
+int  weft_p2p_progress_wait(struct weft_p2p *p, struct weft_request **reqs, size_t n, const char *what);
+
+#endif

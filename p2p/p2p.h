@@ -1,0 +1,86 @@
+/*
+ * The pipe layer as the layers above see it (comm, stream, collectives,
+ * api): a p2p context per comm, requests, and calls that take its lock
+ * themselves. Everything else in p2p/ is private to p2p/.
+ *
+ * Tags: user tags are >= 0; negative tags are the library's own lanes,
+ * allocated in one table (p2p/tags.h), so internal traffic never matches a
+ * user receive. These calls accept both; src/api/ refuses negative user tags.
+ */
+#ifndef WEFT_P2P_H
+#define WEFT_P2P_H
+
+#include <stddef.h>
+#include "weft.h"   /* weft_status_t, weft_request_t */
+
+struct weft_core;
+struct weft_p2p;
+struct weft_request;
+
+/* Starts a send/receive on the pipe to peer. The buffer's memory kind (host
+ * or CUDA device) is looked up here; device memory on a comm without CUDA
+ * is refused with WEFT_ERR_UNSUPPORTED. fn names the public call in errors. */
+int  weft_p2p_isend(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag,
+                    struct weft_request **req, const char *fn);
+int  weft_p2p_irecv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag,
+                    struct weft_request **req, const char *fn);
+/* Start + wait + free under one lock hold. */
+int  weft_p2p_send(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag, const char *fn);
+int  weft_p2p_recv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag, weft_status_t *status,
+                   const char *fn);
+
+/* Completion. test: *done = 1 once complete, then the request is freed and
+ * its code returned; wait: bounded by WEFT_TIMEOUT, frees; waitall: every
+ * request (NULL entries count as done), frees them, sets reqs[i] = NULL,
+ * returns the first error. statuses may be NULL. */
+int  weft_p2p_test(struct weft_request *r, int *done, weft_status_t *status);
+int  weft_p2p_wait(struct weft_request *r, weft_status_t *status);
+int  weft_p2p_waitall(size_t n, struct weft_request **reqs, weft_status_t *statuses);
+
+/* One progress pass (takes the lock): for a thread that drives requests of
+ * its own between tests (the stream engine). Returns the number of events. */
+int  weft_p2p_poll(struct weft_p2p *p);
+
+/* Nonzero once r completed (r stays valid until test/wait frees it). */
+int  weft_p2p_done(const struct weft_request *r);
+/* Waits until r completed, bounded by WEFT_TIMEOUT (the pipe of a stuck r
+ * breaks: r completes with WEFT_ERR_TIMEOUT); does not free r. WEFT_SUCCESS
+ * or WEFT_ERR_TIMEOUT. what names the caller in the timeout message. */
+int  weft_p2p_wait_done(struct weft_request *r, const char *what);
+
+/* The core context the p2p context was made with; the p2p context of a request. */
+struct weft_core *weft_p2p_core(struct weft_p2p *p);
+struct weft_p2p  *weft_p2p_of(const struct weft_request *r);
+
+/* RDMA memory registration through every transport of the comm that pins
+ * memory (weft_mem_register / weft_mem_deregister); others succeed doing nothing. */
+int  weft_p2p_mem_pin(struct weft_p2p *p, const void *buf, size_t bytes);
+int  weft_p2p_mem_unpin(struct weft_p2p *p, const void *buf, size_t bytes);
+
+
+
+/* ---- set-up, driven by the comm (src/comm/comm.c) ---- */
+
+struct weft_tp_collective;
+
+/* The pipes, the request pool, the upcalls. */
+int    weft_p2p_create(struct weft_core *core, struct weft_p2p **out);
+/* Bytes of one rank card (header + every transport's blob). */
+size_t weft_p2p_card_bytes(void);
+/* Before the card exchange: cards holds every rank's header (card i at
+ * cards + i * card_bytes, node already numbered). Creates the transports
+ * this rank offers (allowed, and some peer may need them) and writes their
+ * blobs into this rank's card. */
+int    weft_p2p_offer(struct weft_p2p *p, unsigned char *cards);
+/* After the exchange: picks each pair's carrier and mover (registry order,
+ * reach()), connects every transport (collective: coll, agreed after each
+ * transport), logs the choices at info level. cards stays valid until
+ * weft_p2p_destroy. */
+int    weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struct weft_tp_collective *coll);
+/* weft_comm_destroy: progress until no transport or path holds anything a
+ * peer may wait for (bounded by WEFT_TIMEOUT); warns about requests still
+ * in flight. */
+int    weft_p2p_drain(struct weft_p2p *p);
+/* After the final barrier (or to unwind a failed create): everything. */
+void   weft_p2p_destroy(struct weft_p2p *p);
+#endif

@@ -1,0 +1,77 @@
+/*
+ * Requests: one per send or receive, from a per-comm pool.
+ *
+ * The pool hands out requests from chunks that are never moved or freed
+ * before the comm is destroyed, so a request's address is stable. Each slot
+ * has an index and a generation that changes every time the slot is freed;
+ * the id a request carries on the wire is (generation << 32 | index), and an
+ * id that comes back from a peer is looked up (weft_req_lookup), never cast
+ * to a pointer: an unknown or stale id is a protocol error of that pipe.
+ */
+#ifndef WEFT_REQUEST_H
+#define WEFT_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "list.h"
+#include "transport.h"
+#include "weft.h"
+
+struct weft_p2p;
+struct weft_pipe;
+
+enum weft_req_type { WEFT_REQ_SEND = 1, WEFT_REQ_RECV = 2 };
+enum weft_req_state {
+    WEFT_REQ_FREE = 0,     /* in the pool */
+    WEFT_REQ_QUEUED,       /* send waiting in the pipe's outbound queue */
+    WEFT_REQ_POSTED,       /* recv posted / send's RTS out, waiting for the peer */
+    WEFT_REQ_ACTIVE,       /* rendezvous data moving */
+    WEFT_REQ_DONE
+};
+
+struct weft_request {
+    struct weft_p2p     *p2p;
+    struct weft_pipe    *pipe;
+    uint32_t             index;    /* pool slot */
+    uint32_t             gen;      /* slot generation (never 0 while in use) */
+    int                  type;     /* enum weft_req_type */
+    int                  state;    /* enum weft_req_state */
+    int                  tag;
+    int                  rndv;     /* send: went out as RTS */
+    size_t               bytes;    /* send: message size; recv: buffer size */
+    size_t               msg_bytes;/* recv: size of the matched message */
+    uint64_t             seq;
+    uint64_t             peer_req; /* rendezvous: the peer's request id */
+    weft_status_t        status;
+    int                  path;     /* rendezvous path taken (p2p/rndv.h), 0 = none yet */
+    void                *path_state; /* that path's per-request state (p2p/stage.c) */
+    struct weft_list     link;     /* a lane's posted queue, or the pipe's inflight list */
+    struct weft_qnode    free_link;/* the pool's free list */
+    /* What a transport or mover sees: buffer, bytes to move, memory kind,
+     * its private per-transfer area. buf and mem_kind are set at the start. */
+    struct weft_tp_xfer  xfer;
+};
+
+static inline uint64_t weft_req_id(const struct weft_request *r)
+{
+    return ((uint64_t)r->gen << 32) | r->index;
+}
+
+/* A zeroed request from the pool (state QUEUED), or NULL: no memory. */
+struct weft_request *weft_req_alloc(struct weft_p2p *p);
+/* Back to the pool; its id stops being valid. */
+void weft_req_free(struct weft_request *r);
+/* The live request of pipe with that wire id and type, or NULL. */
+struct weft_request *weft_req_lookup(struct weft_p2p *p, const struct weft_pipe *pipe, uint64_t id, int type);
+/* Frees every chunk (destroy). */
+void weft_req_pool_fini(struct weft_p2p *p);
+
+/* The pool itself, inside struct weft_p2p. */
+struct weft_req_pool {
+    struct weft_request **chunks;   /* each WEFT_REQ_CHUNK requests */
+    uint32_t              nchunks, cap;
+    struct weft_queue     free;
+};
+#define WEFT_REQ_CHUNK 256
+
+#endif

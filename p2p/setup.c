@@ -1,0 +1,330 @@
+/*
+ * Setting up the pipes of a comm (the comm drives the steps, p2p.h):
+ *
+ *   offer    from every rank's card header: which transports this rank may
+ *            need (a peer its scope reaches that no earlier "sure" carrier
+ *            covers), create them, write their blobs into this rank's card
+ *   connect  from every rank's whole card: each pair's carrier (the first
+ *            registry carrier both allow whose reach() accepts the pair) and
+ *            mover, then every transport's connect in registry order, each
+ *            result agreed by all ranks
+ *
+ * Every rank holds every card, so every rank computes the same choice for
+ * every pair: a transport knows without any message whether some pair of
+ * the comm uses it (used_anywhere) and takes part in its collective set-up
+ * exactly when the others do.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "context.h"
+#include "log.h"
+#include "p2p.h"
+#include "registry.h"
+#include "rndv.h"
+#include "stage.h"
+
+static size_t blob_off[WEFT_P2P_MAX_TRANSPORTS];
+static size_t card_bytes;
+
+size_t weft_p2p_card_bytes(void)
+{
+    /* The same layout in every process of the build: computed once. */
+    if (card_bytes == 0)
+        card_bytes = weft_registry_card_layout(blob_off);
+    return card_bytes;
+}
+
+/* ---- upcalls from the transports ---- */
+
+static void up_on_ctrl(void *arg, int peer, const void *frame, size_t len)
+{
+    struct weft_p2p *p = arg;
+    weft_pipe_on_frame(&p->pipes[peer], frame, len);
+}
+
+static void up_rndv_done(void *arg, struct weft_tp_xfer *x, int err)
+{
+    struct weft_request *r = weft_container_of(x, struct weft_request, xfer);
+    const struct weft_rndv_path *path = weft_rndv_path_of((unsigned)r->path);
+    (void)arg;
+    if (path != NULL && r->pipe != NULL)
+        path->xfer_done(r->pipe, r, err);
+}
+
+static void up_peer_failed(void *arg, int peer, int err)
+{
+    struct weft_p2p *p = arg;
+    weft_pipe_break(&p->pipes[peer], err);
+}
+
+int weft_p2p_create(struct weft_core *core, struct weft_p2p **out)
+{
+    struct weft_p2p *p = calloc(1, sizeof(*p));
+    int rc = WEFT_SUCCESS;
+
+    if (p == NULL)
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory for the pipe layer");
+    p->core = core;
+    p->rank = core->rank;
+    p->size = core->size;
+    pthread_mutex_init(&p->lock, NULL);
+    weft_queue_init(&p->reqs.free);
+    p->up.arg = p;
+    p->up.on_ctrl = up_on_ctrl;
+    p->up.rndv_done = up_rndv_done;
+    p->up.peer_failed = up_peer_failed;
+    p->ntps = weft_registry_count();
+    weft_p2p_card_bytes();
+    p->pipes = calloc((size_t)p->size, sizeof(*p->pipes));
+    if (p->pipes == NULL)
+        rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory for %d peers", p->size);
+    for (int i = 0; i < p->size && rc == WEFT_SUCCESS; i++)
+        if (weft_pipe_init(p, &p->pipes[i], i) != WEFT_SUCCESS)
+            rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory for %d peers", p->size);
+    for (int i = 0; i < p->ntps && rc == WEFT_SUCCESS; i++) {
+        struct weft_p2p_tp *t = &p->tps[i];
+        t->tp = weft_registry_get(i);
+        t->uses = calloc((size_t)p->size, 1);
+        if (t->uses == NULL)
+            rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory for %d peers", p->size);
+        t->env.core = core;
+        t->env.index = i;
+        t->env.up = &p->up;
+        t->env.uses = t->uses;
+        t->env.cards.stride = card_bytes;
+        t->env.cards.blob_off = blob_off[i];
+    }
+    if (rc != WEFT_SUCCESS) {
+        weft_p2p_destroy(p);
+        return rc;
+    }
+    *out = p;
+    return WEFT_SUCCESS;
+}
+
+/* ---- choosing ---- */
+
+static const struct weft_card_hdr *hdr_of(const unsigned char *cards, int rank)
+{
+    return (const struct weft_card_hdr *)(const void *)(cards + (size_t)rank * card_bytes);
+}
+
+/* Whether entry i may connect a and b at all: both allow it, its scope fits. */
+static int allowed(const unsigned char *cards, int i, int a, int b)
+{
+    const struct weft_transport *t = weft_registry_get(i);
+    const struct weft_card_hdr *ha = hdr_of(cards, a), *hb = hdr_of(cards, b);
+    if (!(ha->transports_mask & hb->transports_mask & (1u << i)))
+        return 0;
+    switch (t->scope) {
+    case WEFT_TP_SCOPE_SELF: return a == b;
+    case WEFT_TP_SCOPE_NODE: return a != b && ha->node == hb->node;
+    default:                 return a != b;
+    }
+}
+
+/* The carrier (ctrl) and mover entries for the pair (me, peer), -1 = none;
+ * why collects the refusals of earlier carriers ("; not ib: ..."). */
+static void choose(const unsigned char *cards, int me, int peer, int *carrier, int *mover, char *why, size_t whylen)
+{
+    int n = weft_registry_count();
+    *carrier = *mover = -1;
+    if (why && whylen)
+        why[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        const struct weft_transport *t = weft_registry_get(i);
+        if ((t->ctrl ? *carrier : *mover) >= 0 || !allowed(cards, i, me, peer))
+            continue;
+        struct weft_tp_cards k = { cards, card_bytes, blob_off[i] };
+        char w[160] = "";
+        if (t->reach(&k, me, peer, w, sizeof(w))) {
+            if (t->ctrl)
+                *carrier = i;
+            else
+                *mover = i;
+        } else if (t->ctrl && *carrier < 0 && why && whylen) {
+            size_t l = strlen(why);
+            snprintf(why + l, whylen - l, "; not %s: %s", t->name, w[0] ? w : "refused");
+        }
+    }
+}
+
+int weft_p2p_offer(struct weft_p2p *p, unsigned char *cards)
+{
+    int me = p->rank, rc = WEFT_SUCCESS;
+    unsigned char *covered = calloc((size_t)p->size, 1);
+    unsigned char *mine = cards + (size_t)me * card_bytes;
+
+    if (covered == NULL)
+        return weft_set_error(p->core, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory for %d peers", p->size);
+    for (int i = 0; i < p->ntps && rc == WEFT_SUCCESS; i++) {
+        struct weft_p2p_tp *t = &p->tps[i];
+        int needed = 0;
+        for (int q = 0; q < p->size; q++) {
+            if (!allowed(cards, i, me, q))
+                continue;
+            if (!t->tp->ctrl || !covered[q])
+                needed = 1;
+            if (t->tp->ctrl && t->tp->sure)
+                covered[q] = 1;
+        }
+        if (!needed)
+            continue;
+        t->env.cards.base = cards;
+        rc = t->tp->create(&t->env, mine + blob_off[i], &t->ctx);
+    }
+    free(covered);
+    return rc;
+}
+
+int weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struct weft_tp_collective *coll)
+{
+    struct weft_core *core = p->core;
+    int me = p->rank, rc = WEFT_SUCCESS;
+    int used_anywhere[WEFT_P2P_MAX_TRANSPORTS] = { 0 };
+    char why[512];
+
+    for (int i = 0; i < p->ntps; i++) {
+        p->tps[i].env.cards.base = cards;
+        p->tps[i].env.coll = coll;
+    }
+    /* Every pair's choice (the same on every rank), ours first. */
+    for (int a = 0; a < p->size; a++) {
+        for (int b = a; b < p->size; b++) {
+            int carrier, mover;
+            choose(cards, a, b, &carrier, &mover, NULL, 0);
+            if (carrier >= 0)
+                used_anywhere[carrier] = 1;
+            if (mover >= 0)
+                used_anywhere[mover] = 1;
+        }
+    }
+    for (int peer = 0; peer < p->size && rc == WEFT_SUCCESS; peer++) {
+        struct weft_pipe *pp = &p->pipes[peer];
+        int carrier, mover;
+        choose(cards, me, peer, &carrier, &mover, why, sizeof(why));
+        if (carrier < 0) {
+            const struct weft_card_hdr *h = hdr_of(cards, peer);
+            rc = weft_set_error(core, WEFT_ERR_UNSUPPORTED,
+                                "no transport reaches peer %d (host %s, %s node): WEFT_TRANSPORTS allows 0x%x here "
+                                "and 0x%x there%s", peer, h->hostname,
+                                h->node == hdr_of(cards, me)->node ? "same" : "other",
+                                hdr_of(cards, me)->transports_mask, h->transports_mask, why);
+            break;
+        }
+        pp->carrier.tp = p->tps[carrier].tp;
+        pp->carrier.ctx = p->tps[carrier].ctx;
+        p->tps[carrier].uses[peer] = 1;
+        p->tps[carrier].used = 1;
+        if (mover >= 0) {
+            pp->mover.tp = p->tps[mover].tp;
+            pp->mover.ctx = p->tps[mover].ctx;
+            p->tps[mover].uses[peer] = 1;
+            p->tps[mover].used = 1;
+        }
+    }
+    rc = coll->agree(coll->arg, rc, "choosing transports");
+    if (rc != WEFT_SUCCESS)
+        return rc;
+
+    /* Every rank connects every transport, in one order (collective). */
+    for (int i = 0; i < p->ntps; i++) {
+        struct weft_p2p_tp *t = &p->tps[i];
+        t->env.used_anywhere = used_anywhere[i];
+        rc = t->tp->connect(&t->env, t->ctx);
+        rc = coll->agree(coll->arg, rc, t->tp->name);
+        if (rc != WEFT_SUCCESS)
+            return rc;
+    }
+    for (int peer = 0; peer < p->size; peer++) {
+        struct weft_pipe *pp = &p->pipes[peer];
+        pp->eager_limit = pp->carrier.tp->eager_limit(pp->carrier.ctx, peer, 0);
+        pp->eager_limit_internal = pp->carrier.tp->eager_limit(pp->carrier.ctx, peer, 1);
+    }
+
+    if (weft_log_level() >= WEFT_LOG_INFO) {
+        const struct weft_card_hdr *mh = hdr_of(cards, me);
+        WEFT_INFO(me, "comm of %d ranks on %d node(s)%s; this rank on host %s, node %d", p->size, core->num_nodes,
+                  core->cfg.virtual_nodes ? " (WEFT_VIRTUAL_NODES)" : "", mh->hostname, mh->node);
+        for (int peer = 0; peer < p->size; peer++) {
+            const struct weft_pipe *pp = &p->pipes[peer];
+            const struct weft_card_hdr *h = hdr_of(cards, peer);
+            int carrier, mover;
+            choose(cards, me, peer, &carrier, &mover, why, sizeof(why));
+            WEFT_INFO(me, "peer %d: transport %s (%s, %s%s%s%s, host %s), eager limit %zu", peer,
+                      pp->carrier.tp->name, peer == me ? "this rank" : h->node == mh->node ? "same node" : "other node",
+                      pp->carrier.tp->name, pp->mover.tp ? ", device data also by " : "",
+                      pp->mover.tp ? pp->mover.tp->name : "", why, h->hostname, pp->eager_limit);
+        }
+    }
+    return WEFT_SUCCESS;
+}
+
+/* ---- teardown ---- */
+
+static int anything_busy(struct weft_p2p *p)
+{
+    if (p->out_queued != 0)
+        return 1;
+    for (int i = 0; i < weft_rndv_npaths; i++)
+        if (weft_rndv_paths[i]->busy && weft_rndv_paths[i]->busy(p))
+            return 1;
+    for (int i = 0; i < p->ntps; i++)
+        if (p->tps[i].used && p->tps[i].tp->busy && p->tps[i].tp->busy(p->tps[i].ctx))
+            return 1;
+    return 0;
+}
+
+int weft_p2p_drain(struct weft_p2p *p)
+{
+    const struct weft_core *core = p->core;
+    double start = weft_now();
+    int rc = WEFT_SUCCESS;
+
+    pthread_mutex_lock(&p->lock);
+    while (anything_busy(p)) {
+        if (weft_p2p_progress(p) == 0) {
+            if (core->cfg.timeout_s > 0 && weft_now() - start > core->cfg.timeout_s) {
+                rc = weft_set_error(p->core, WEFT_ERR_TIMEOUT,
+                                    "weft_comm_destroy: outbound messages still queued after %.0f s",
+                                    core->cfg.timeout_s);
+                break;
+            }
+            struct timespec ts = { 0, 50 * 1000 };
+            pthread_mutex_unlock(&p->lock);
+            nanosleep(&ts, NULL);
+            pthread_mutex_lock(&p->lock);
+        }
+    }
+    for (int i = 0; i < p->size; i++)
+        if (p->pipes[i].ninflight)
+            WEFT_WARN(p->rank, "weft_comm_destroy: %zu request(s) with peer %d still in flight",
+                      p->pipes[i].ninflight, i);
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+void weft_p2p_destroy(struct weft_p2p *p)
+{
+    if (p == NULL)
+        return;
+    /* Transports last to first (movers before the carriers they ride on). */
+    for (int i = p->ntps - 1; i >= 0; i--) {
+        if (p->tps[i].ctx)
+            p->tps[i].tp->destroy(p->tps[i].ctx);
+        p->tps[i].ctx = NULL;
+        free(p->tps[i].uses);
+    }
+    weft_stage_fini(p);
+    if (p->pipes) {
+        for (int i = 0; i < p->size; i++)
+            weft_pipe_fini(&p->pipes[i]);
+        free(p->pipes);
+    }
+    weft_req_pool_fini(p);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}

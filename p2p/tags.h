@@ -1,0 +1,58 @@
+/*
+ * Internal tags: the one table of the library's own lanes.
+ *
+ * User tags are >= 0. Every lane the library uses for itself has a negative
+ * tag from one of the ranges below, so internal traffic never matches a user
+ * receive, and two internal users never share a lane. Each range is
+ * [-(base + count - 1), -base]; the asserts keep them apart.
+ *
+ *   range                    owner                     lanes
+ *   -(0x10000 .. 0x100ff)    collectives/ (coll.c)     16 call slots x 16 phases
+ *   -(0x10100 .. 0x101ff)    stream-ordered collectives 16 call slots x 16 phases
+ *                            (src/stream/: numbered at the call, started
+ *                            whenever their CUDA events pass, so they get
+ *                            lanes of their own)
+ *   -(0x200000 .. 0x2fffff)  staged device transfers   one per message in flight
+ *                            (p2p/stage.c)             (index mod 2^20)
+ */
+#ifndef WEFT_TAGS_H
+#define WEFT_TAGS_H
+
+/* Collectives: a call takes slot seq % SLOTS; its tags are
+ * -(BASE + slot * PHASES + phase), phase in [0, PHASES). */
+#define WEFT_TAG_COLL_BASE   0x10000
+#define WEFT_TAG_COLL_SLOTS  16
+#define WEFT_TAG_COLL_PHASES 16
+#define WEFT_TAG_COLL_COUNT  (WEFT_TAG_COLL_SLOTS * WEFT_TAG_COLL_PHASES)
+
+/* Stream-ordered collectives: the same layout on their own range. */
+#define WEFT_TAG_SCOLL_BASE  (WEFT_TAG_COLL_BASE + WEFT_TAG_COLL_COUNT)
+
+/* Staged transfers: chunks of message k travel on -(BASE + k % COUNT). */
+#define WEFT_TAG_STAGE_BASE  0x200000
+#define WEFT_TAG_STAGE_COUNT 0x100000
+
+_Static_assert(WEFT_TAG_COLL_BASE > 0, "internal tags are negative");
+_Static_assert(WEFT_TAG_COLL_BASE + WEFT_TAG_COLL_COUNT <= WEFT_TAG_SCOLL_BASE,
+               "collective and stream collective lanes overlap");
+_Static_assert(WEFT_TAG_SCOLL_BASE + WEFT_TAG_COLL_COUNT <= WEFT_TAG_STAGE_BASE,
+               "stream collective and staging lanes overlap");
+_Static_assert((long long)WEFT_TAG_STAGE_BASE + WEFT_TAG_STAGE_COUNT <= 0x7fffffffLL,
+               "staging lanes overflow int");
+
+static inline int weft_tag_coll(unsigned slot, int phase)
+{
+    return -(WEFT_TAG_COLL_BASE + (int)(slot % WEFT_TAG_COLL_SLOTS) * WEFT_TAG_COLL_PHASES + phase);
+}
+
+static inline int weft_tag_scoll(unsigned slot, int phase)
+{
+    return -(WEFT_TAG_SCOLL_BASE + (int)(slot % WEFT_TAG_COLL_SLOTS) * WEFT_TAG_COLL_PHASES + phase);
+}
+
+static inline int weft_tag_stage(unsigned k)
+{
+    return -(int)(WEFT_TAG_STAGE_BASE + (k % WEFT_TAG_STAGE_COUNT));
+}
+
+#endif

@@ -1,0 +1,62 @@
+/*
+ * The pipe's wire format: the header of every control frame two pipes
+ * exchange. Transports carry these frames as opaque bytes
+ * (p2p/transport/transport.h); only p2p/ reads them.
+ *
+ *   EAGER_SMALL  16-byte header + payload     sender -> receiver  eager message, no extras
+ *   EAGER        full header + payload        sender -> receiver  eager message with flags/status
+ *   RTS          full header                  sender -> receiver  a large message is announced
+ *   CTS          full header + path key       receiver -> sender  "move it by this path, to this key"
+ *   FIN          full header                  receiver -> sender  the receiver pulled it, or refused it;
+ *                (flag TO_RECV)               sender -> receiver  a mover put it in place (or failed)
+ *
+ * A small eager message fits one cache line with its header, which is why
+ * EAGER_SMALL exists. Request ids are pool index + generation (p2p/request.h):
+ * an id that names no live request of the pipe is a protocol error.
+ */
+#ifndef WEFT_WIRE_H
+#define WEFT_WIRE_H
+
+#include <stdint.h>
+#include "transport.h"
+
+enum weft_wire_type {
+    WEFT_WIRE_EAGER_SMALL = 1,
+    WEFT_WIRE_EAGER       = 2,
+    WEFT_WIRE_RTS         = 3,
+    WEFT_WIRE_CTS         = 4,
+    WEFT_WIRE_FIN         = 5
+};
+
+/* flags */
+#define WEFT_WIRE_F_DEVICE  0x01  /* EAGER/RTS: the sender's buffer is CUDA device memory */
+#define WEFT_WIRE_F_TO_RECV 0x02  /* FIN sent by the sender: rreq names the receive it completes */
+
+struct weft_wire_small {
+    uint8_t  type;        /* WEFT_WIRE_EAGER_SMALL */
+    uint8_t  flags;
+    uint16_t reserved;
+    int32_t  tag;
+    uint64_t seq;
+};
+
+struct weft_wire_hdr {
+    uint8_t  type;
+    uint8_t  flags;
+    uint16_t device;      /* RTS with F_DEVICE: the sender's CUDA device ordinal (its numbering) */
+    int32_t  status;      /* EAGER/CTS/FIN: WEFT_* code */
+    int32_t  tag;
+    uint32_t aux;         /* RTS: the sender's staging chunk (p2p/stage.c), 0 = any; CTS: rendezvous path id */
+    uint64_t seq;         /* per-pipe send sequence of the message */
+    uint64_t bytes;       /* message size */
+    uint64_t sreq;        /* sender's request id */
+    uint64_t rreq;        /* receiver's request id */
+    uint64_t addr;        /* RTS: the sender's buffer address (pulls) */
+};
+
+_Static_assert(sizeof(struct weft_wire_small) == 16, "small eager header is 16 bytes");
+_Static_assert(sizeof(struct weft_wire_hdr) == 56, "wire header layout");
+_Static_assert(sizeof(struct weft_wire_hdr) <= WEFT_TP_CTRL_HDR_MAX, "header exceeds what transports carry");
+_Static_assert(WEFT_WIRE_FIN < WEFT_TP_FRAME_TYPE_LIMIT, "frame types must stay below the transports' own");
+
+#endif

@@ -1,0 +1,33 @@
+/*
+ * Argument checks of the public calls, one set for every entry point of
+ * src/api/ (p2p.c, coll.c, stream.c), so a call and its stream-ordered or
+ * non-blocking twin refuse the same arguments with the same words. Each
+ * records the failure as the comm's last error (NULL comm: logged only)
+ * naming fn, and returns WEFT_ERR_INVALID_ARG; WEFT_SUCCESS otherwise.
+ */
+#ifndef WEFT_CHECK_H
+#define WEFT_CHECK_H
+
+#include <stddef.h>
+
+struct weft_comm;
+
+/* Point-to-point: comm, request output, buffer, peer in range, tag >= 0
+ * (negative tags are the library's own lanes). req_out is the caller's
+ * request output (weft_isend's req), refused when NULL; a call that has
+ * none (weft_send, weft_recv, the stream-ordered calls) passes
+ * WEFT_CHECK_NO_REQ (or any other non-NULL pointer), which skips the check. */
+#define WEFT_CHECK_NO_REQ ((const void *)"no request output")
+int weft_check_p2p(struct weft_comm *c, const void *buf, size_t bytes, int peer, int tag, const void *req_out,
+                   const char *fn);
+
+/* Allgather: comm, buffers non-NULL when bytes_per_rank > 0, size *
+ * bytes_per_rank fits size_t, sendbuf in place (recvbuf +
+ * rank*bytes_per_rank) or not overlapping recvbuf. */
+int weft_check_allgather(struct weft_comm *c, const void *sendbuf, const void *recvbuf, size_t bytes_per_rank,
+                         const char *fn);
+
+/* Bcast: comm, root in range, buf non-NULL when bytes > 0. */
+int weft_check_bcast(struct weft_comm *c, const void *buf, size_t bytes, int root, const char *fn);
+
+#endif

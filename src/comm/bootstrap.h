@@ -1,0 +1,37 @@
+/*
+ * Bootstrap: how the ranks of a comm meet and exchange their set-up data,
+ * behind one interface so that comm assembly (comm.c) does not care how the
+ * ranks were started. MPI (bootstrap_mpi.c) is the only implementation now;
+ * a unique id over TCP (ranks launched without MPI) comes next.
+ *
+ * Every call is a collective over all ranks of the comm and is only used
+ * inside weft_comm_create / weft_comm_destroy. Failures are recorded in the
+ * core's last error and returned as WEFT_* codes.
+ */
+#ifndef WEFT_BOOTSTRAP_H
+#define WEFT_BOOTSTRAP_H
+
+#include <stddef.h>
+
+struct weft_core;
+struct weft_bootstrap;
+
+struct weft_bootstrap_ops {
+    const char *name;
+    /* all[r * bytes .. +bytes) = rank r's record. */
+    int  (*allgather)(struct weft_bootstrap *b, const void *mine, void *all, size_t bytes);
+    /* Record i of send goes to rank i; recv[i] is rank i's record for me. */
+    int  (*alltoall)(struct weft_bootstrap *b, const void *send, void *recv, size_t bytes);
+    int  (*barrier)(struct weft_bootstrap *b);
+    /* Agreement: *value becomes the largest of every rank's *value. */
+    int  (*max)(struct weft_bootstrap *b, long long *value);
+    void (*destroy)(struct weft_bootstrap *b);
+};
+
+struct weft_bootstrap {
+    const struct weft_bootstrap_ops *ops;
+    struct weft_core                *core;   /* errors go here */
+    int                              rank, size;
+};
+
+#endif
