@@ -1,13 +1,13 @@
 # ctest "docs_config": every WEFT_* variable the library reads is described in
 # docs/configuration.md, and the defaults written there for the variables of
-# src/config.c match the values the code sets.
+# src/core/config.c match the values the code sets.
 cmake_minimum_required(VERSION 3.18)
 if(NOT SOURCE_DIR)
   message(FATAL_ERROR "check_docs_config: -DSOURCE_DIR=... is required")
 endif()
 file(READ ${SOURCE_DIR}/docs/configuration.md doc)
 
-# Names the code reads: quoted in src/config.c (the lookup table), or passed
+# Names the code reads: quoted in src/core/config.c (the lookup table), or passed
 # to getenv() anywhere in the library.
 file(GLOB_RECURSE srcs ${SOURCE_DIR}/src/*.c ${SOURCE_DIR}/p2p/*.c ${SOURCE_DIR}/collectives/*.c)
 set(names "")
@@ -39,7 +39,7 @@ if(missing)
   message(FATAL_ERROR "read by the library but not documented in docs/configuration.md: ${m}")
 endif()
 
-# Defaults: "cfg->FIELD = VALUE;" in src/config.c against the table row
+# Defaults: "cfg->FIELD = VALUE;" in src/core/config.c against the table row
 # "| `VAR` | `DEFAULT` ...". Fields map to variables through config.h's comments.
 file(READ ${SOURCE_DIR}/src/core/config.h hdr)
 file(READ ${SOURCE_DIR}/src/core/config.c cfgc)
@@ -78,9 +78,9 @@ foreach(p IN LISTS pairs)
   endif()
   if(NOT doc_value EQUAL code_value)
     message(FATAL_ERROR "docs/configuration.md says ${var} defaults to ${doc_value} bytes/units, "
-                        "src/config.c sets ${code_value}")
+                        "src/core/config.c sets ${code_value}")
   endif()
   math(EXPR checked "${checked} + 1")
 endforeach()
 list(LENGTH names n)
-message(STATUS "docs/configuration.md documents all ${n} WEFT_* variables; ${checked} numeric defaults match src/config.c")
+message(STATUS "docs/configuration.md documents all ${n} WEFT_* variables; ${checked} numeric defaults match src/core/config.c")

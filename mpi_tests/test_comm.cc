@@ -34,7 +34,7 @@ protected:
 class CommWorld : public WeftMpiTest {};
 
 /* /dev/shm entries of segments this process created: weft names them
- * "/weft-<pid>-..." (p2p/shm.c), i.e. files "weft-<pid>-*". */
+ * "/weft-<pid>-..." (p2p/transport/shm/shm.c), i.e. files "weft-<pid>-*". */
 std::vector<std::string> my_shm_segments()
 {
     std::vector<std::string> found;

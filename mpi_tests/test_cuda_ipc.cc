@@ -1,4 +1,4 @@
-// CUDA IPC between ranks of one node (p2p/cuda_ipc.c), over the emulated
+// CUDA IPC between ranks of one node (p2p/transport/cuda_ipc/cuda_ipc.c), over the emulated
 // CUDA runtime (tests/emu/cuda), which this binary links directly; weft
 // loads the same file (WEFT_CUDA_LIB), so both share one emulated GPU state
 // and the emulator's counters ("ipc_open", "ipc_close", "ipc_get",

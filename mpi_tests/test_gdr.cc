@@ -1,5 +1,5 @@
 /*
- * GPUDirect RDMA over the ib transport (p2p/ib_gdr.c, docs/ib.md) and the
+ * GPUDirect RDMA over the ib transport (p2p/transport/ib/ib_gdr.c, docs/ib.md) and the
  * NIC each GPU uses, over the emulated verbs device and the emulated CUDA
  * runtime (the binary links it; weft loads the same file through
  * WEFT_CUDA_LIB), between two virtual nodes (shm inside, ib across).

@@ -431,7 +431,7 @@ TEST_F(StreamNoCuda, EveryCallUnsupported)
 }
 
 /* weft_comm_destroy waits for operations still queued on streams (the
- * quiesce call at the start of weft_comm_destroy, src/comm.c). */
+ * quiesce call at the start of weft_comm_destroy, src/comm/comm.c). */
 TEST_F(StreamTest, DestroyWaitsForQueuedOps)
 {
     const size_t n = 1 << 16;

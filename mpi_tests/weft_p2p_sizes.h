@@ -2,7 +2,7 @@
  * Message sizes the p2p tests cover: the fixed edge sizes of the issue plus
  * every protocol boundary of the configuration the library will read
  * (eager thresholds of each transport, chunk sizes, the CMA switch-over),
- * each -1, exact and +1. The thresholds come from weft_config_load (src/config.c
+ * each -1, exact and +1. The thresholds come from weft_config_load (src/core/config.c
  * is compiled into the test binary), so the tests follow the defaults and
  * any WEFT_* override in the environment.
  */

@@ -1,4 +1,4 @@
-// The CUDA IPC mapping cache (p2p/cuda_ipc_cache.c) with fake open/close
+// The CUDA IPC mapping cache (p2p/transport/cuda_ipc/cuda_ipc_cache.c) with fake open/close
 // operations: no CUDA needed. Checks hits, the stale buffer id rule (the
 // exporter freed and reallocated at the same address), LRU eviction at the
 // cap, and that entries with copies in flight are never closed.

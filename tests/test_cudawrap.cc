@@ -1,5 +1,5 @@
 /*
- * src/cudawrap.c against the emulated CUDA runtime (tests/emu/cuda): the
+ * src/core/cudawrap.c against the emulated CUDA runtime (tests/emu/cuda): the
  * load (good path, bad path and why), memory kinds (host, pinned, device),
  * allocation base/size and buffer ids (a new id when an address is reused),
  * and device pointers of an application runtime when weft's own load

@@ -1,6 +1,6 @@
 /*
  * How the ib transport cuts a rendezvous message into RDMA writes
- * (p2p/ib_chunk.h): the writes tile the message exactly, none is larger
+ * (p2p/transport/ib/ib_chunk.h): the writes tile the message exactly, none is larger
  * than the chunk size or smaller than 32 bytes, and the number of QPs that
  * end with an immediate is what the receiver waits for.
  */

@@ -1,7 +1,7 @@
 /*
- * The RDMA registration cache (src/regcache.c) against a fake NIC that
+ * The RDMA registration cache (src/core/regcache.c) against a fake NIC that
  * counts registrations and hands out keys, and the argument checks and
- * cache hand-over of weft_mem_register / weft_mem_deregister (src/mem.c) on
+ * cache hand-over of weft_mem_register / weft_mem_deregister (src/api/mem.c) on
  * a hand-built comm -- no MPI, no verbs. Tests with a real comm and the ib
  * transport are in mpi_tests/.
  */

@@ -1,4 +1,4 @@
-// Unit tests of the shared-memory SPSC ring (p2p/shm_ring.c), in one process.
+// Unit tests of the shared-memory SPSC ring (p2p/transport/shm/shm_ring.c), in one process.
 #include <gtest/gtest.h>
 
 #include <atomic>

@@ -1,4 +1,4 @@
-// Striping math of the TCP transport (p2p/tcp_stripe.h): which bytes of a
+// Striping math of the TCP transport (p2p/transport/tcp/tcp_stripe.h): which bytes of a
 // message each data socket carries, in which order.
 #include <gtest/gtest.h>
 

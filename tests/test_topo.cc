@@ -1,5 +1,5 @@
 /*
- * GPU-NIC affinity (src/topo.c) over the hand-written hwloc XML topologies
+ * GPU-NIC affinity (src/core/topo.c) over the hand-written hwloc XML topologies
  * of tests/topo/: the exact GPU -> NIC map and distance of every file, the
  * spreading rule, errors, weft_topo_find_gpu, weft_topo_describe, and this
  * machine's own topology.

@@ -29,7 +29,7 @@ struct weft_config {
     size_t   self_eager_limit; /* WEFT_SELF_EAGER: sends to self up to this size complete at once */
     int      spin_us;          /* WEFT_SPIN_US: busy-poll time before a waiter yields/sleeps */
 
-    /* InfiniBand verbs (p2p/ib.c) */
+    /* InfiniBand verbs (p2p/transport/ib/ib.c) */
     char     ibverbs_lib[256]; /* WEFT_IBVERBS_LIB: library to dlopen ("libibverbs.so.1") */
     char     ib_hca[256];      /* WEFT_IB_HCA: "dev[:port],..." allowed ports; "" = every ACTIVE port */
     int      ib_gid_index;     /* WEFT_IB_GID_INDEX: RoCE GID index; -1 = first RoCEv2 IPv4-mapped */
@@ -44,11 +44,11 @@ struct weft_config {
     int      ib_gdr;           /* WEFT_IB_GDR: -1 auto, 0 off (device data staged), 1 required (create fails without) */
     char     topo_xml[256];    /* WEFT_TOPO_XML: hwloc XML to use instead of this machine's topology */
 
-    /* CUDA (src/cudawrap.c) */
+    /* CUDA (src/core/cudawrap.c) */
     char     cuda_lib[256];    /* WEFT_CUDA_LIB: CUDA runtime to dlopen ("libcudart.so") */
     size_t   cuda_stage_chunk; /* WEFT_CUDA_STAGE_CHUNK: bytes per chunk of a staged device transfer (p2p/stage.c) */
     int      cuda_stage_slots; /* WEFT_CUDA_STAGE_SLOTS: pinned chunks in flight per side (sends, receives) */
-    int      cuda_ipc_cache;   /* WEFT_CUDA_IPC_CACHE: CUDA IPC mappings kept open per comm (p2p/cuda_ipc.c) */
+    int      cuda_ipc_cache;   /* WEFT_CUDA_IPC_CACHE: CUDA IPC mappings kept open per comm (p2p/transport/cuda_ipc/cuda_ipc.c) */
 
     /* Collectives (collectives/) */
     char     allgather_algo[16]; /* WEFT_ALLGATHER_ALGO: auto|ring|rd|bruck|direct|hier ("auto": the selector) */

@@ -97,7 +97,7 @@ struct weft_cuda {
     cudaError_t (*GetDriverEntryPointByVersion)(const char *symbol, void **fn, unsigned int version,
                                                 unsigned long long flags,
                                                 enum cudaDriverEntryPointQueryResult *status);
-    /* stream-ordered calls (src/stream.c): completion counters in mapped pinned memory */
+    /* stream-ordered calls (src/stream/stream.c): completion counters in mapped pinned memory */
     cudaError_t (*HostAlloc)(void **ptr, size_t size, unsigned int flags);
     cudaError_t (*HostGetDevicePointer)(void **dptr, void *hptr, unsigned int flags);
     /* driver, through the entry-point query */

@@ -8,7 +8,7 @@
  * equally near NIC serves none; a GPU whose switch holds no NIC takes the
  * least-loaded of its nearest others. The result depends only on the
  * topology (GPUs and NICs are ordered by PCI bus id). docs/design.md,
- * "GPU-NIC affinity", has the rule with a picture; src/topo.c the algorithm.
+ * "GPU-NIC affinity", has the rule with a picture; src/core/topo.c the algorithm.
  *
  * The topology comes from the running machine, or from an hwloc XML file
  * (unit tests: the files of tests/topo/; users: WEFT_TOPO_XML) -- hwloc keeps

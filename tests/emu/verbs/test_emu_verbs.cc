@@ -1,6 +1,6 @@
 // Tests of the emulated verbs device (libweft_emu_verbs.so). The library is
 // loaded with dlopen and its functions resolved with dlsym by name, as weft
-// does (src/ibvwrap.h); the data path goes through the inline functions of
+// does (src/core/ibvwrap.h); the data path goes through the inline functions of
 // <infiniband/verbs.h> (ctx->ops). Two-process cases use fork() and pipes.
 #include <gtest/gtest.h>
 
