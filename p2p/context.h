@@ -33,9 +33,13 @@ struct weft_p2p {
     struct weft_pipe        *pipes;      /* [size]; pipes[rank] is the self pipe */
     struct weft_p2p_tp       tps[WEFT_P2P_MAX_TRANSPORTS];   /* registry order */
     int                      ntps;
+    int                      used[WEFT_P2P_MAX_TRANSPORTS];   /* indices into tps of those some pipe uses */
+    int                      nused;
     struct weft_tp_upcalls   up;
     struct weft_req_pool     reqs;
     struct stage_state      *stage;      /* staged device transfers (p2p/stage.c) */
+    size_t                   path_ops;   /* transfers the rendezvous paths drive themselves: their
+                                            progress hooks run only while this is nonzero */
     uint64_t                 events;     /* progress events so far */
     size_t                   out_queued; /* outbound frames queued on all pipes */
     int                      waiters;    /* threads inside wait */

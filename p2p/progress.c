@@ -35,16 +35,16 @@ int weft_p2p_progress(struct weft_p2p *p)
 {
     int n = 0;
 
-    for (int i = 0; i < p->ntps; i++) {
-        if (p->tps[i].used) {
-            int k = p->tps[i].tp->progress(p->tps[i].ctx);
-            if (k > 0)
-                n += k;
-        }
+    for (int i = 0; i < p->nused; i++) {
+        const struct weft_p2p_tp *t = &p->tps[p->used[i]];
+        int k = t->tp->progress(t->ctx);
+        if (k > 0)
+            n += k;
     }
-    for (int i = 0; i < weft_rndv_npaths; i++)
-        if (weft_rndv_paths[i]->progress)
-            n += weft_rndv_paths[i]->progress(p);
+    if (p->path_ops)
+        for (int i = 0; i < weft_rndv_npaths; i++)
+            if (weft_rndv_paths[i]->progress)
+                n += weft_rndv_paths[i]->progress(p);
     if (p->out_queued) {
         for (int i = 0; i < p->size; i++)
             if (!weft_queue_empty(&p->pipes[i].out))

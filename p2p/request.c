@@ -3,6 +3,7 @@
  */
 #include "request.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,10 +38,11 @@ struct weft_request *weft_req_alloc(struct weft_p2p *p)
     if (weft_queue_empty(&pl->free) && pool_grow(pl) != 0)
         return NULL;
     struct weft_request *r = weft_container_of(weft_queue_pop(&pl->free), struct weft_request, free_link);
-    uint32_t index = r->index, gen = r->gen;
-    memset(r, 0, sizeof(*r));
-    r->index = index;
-    r->gen = gen;
+    /* Everything after the slot's identity up to the transport's private
+     * area, which its owner initialises (a memset of it cost ~15% of a
+     * small message). */
+    memset((char *)r + offsetof(struct weft_request, pipe), 0,
+           offsetof(struct weft_request, xfer.priv) - offsetof(struct weft_request, pipe));
     r->p2p = p;
     r->state = WEFT_REQ_QUEUED;
     weft_list_init(&r->link);
@@ -56,7 +58,8 @@ void weft_req_free(struct weft_request *r)
      * that a zero id never names a request. */
     if (++r->gen == 0)
         r->gen = 1;
-    weft_queue_push(&p->reqs.free, &r->free_link);
+    /* LIFO: the next request reuses the one still in cache. */
+    weft_queue_push_head(&p->reqs.free, &r->free_link);
 }
 
 struct weft_request *weft_req_lookup(struct weft_p2p *p, const struct weft_pipe *pipe, uint64_t id, int type)

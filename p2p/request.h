@@ -30,10 +30,13 @@ enum weft_req_state {
 };
 
 struct weft_request {
+    /* The slot's identity: kept across uses (weft_req_alloc clears from pipe on). */
     struct weft_p2p     *p2p;
-    struct weft_pipe    *pipe;
     uint32_t             index;    /* pool slot */
     uint32_t             gen;      /* slot generation (never 0 while in use) */
+    struct weft_qnode    free_link;/* the pool's free list */
+    /* One use. */
+    struct weft_pipe    *pipe;
     int                  type;     /* enum weft_req_type */
     int                  state;    /* enum weft_req_state */
     int                  tag;
@@ -46,7 +49,6 @@ struct weft_request {
     int                  path;     /* rendezvous path taken (p2p/rndv.h), 0 = none yet */
     void                *path_state; /* that path's per-request state (p2p/stage.c) */
     struct weft_list     link;     /* a lane's posted queue, or the pipe's inflight list */
-    struct weft_qnode    free_link;/* the pool's free list */
     /* What a transport or mover sees: buffer, bytes to move, memory kind,
      * its private per-transfer area. buf and mem_kind are set at the start. */
     struct weft_tp_xfer  xfer;

@@ -40,8 +40,10 @@ struct weft_rndv_path {
                        const void *key, size_t keylen);
     /* A transport finished r's transfer (its rndv_done upcall). */
     void (*xfer_done)(struct weft_pipe *p, struct weft_request *r, int err);
-    /* Optional, per comm: progress, busy (destroy drains), wakeless (waiters
-     * poll), and the pipe broke (let go of its requests before they fail). */
+    /* Optional, per comm: progress (called only while p2p->path_ops counts
+     * transfers a path drives itself: a path counts its own), busy (destroy
+     * drains), wakeless (waiters poll), and the pipe broke (let go of its
+     * requests before they fail). */
     int  (*progress)(struct weft_p2p *p2p);
     int  (*busy)(struct weft_p2p *p2p);
     int  (*wakeless)(struct weft_p2p *p2p);

@@ -239,6 +239,10 @@ int weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struc
         if (rc != WEFT_SUCCESS)
             return rc;
     }
+    p->nused = 0;
+    for (int i = 0; i < p->ntps; i++)
+        if (p->tps[i].used && p->tps[i].tp->progress)
+            p->used[p->nused++] = i;
     for (int peer = 0; peer < p->size; peer++) {
         struct weft_pipe *pp = &p->pipes[peer];
         pp->eager_limit = pp->carrier.tp->eager_limit(pp->carrier.ctx, peer, 0);

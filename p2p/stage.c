@@ -390,6 +390,7 @@ static struct stage_op *op_new(struct stage_state *st, struct weft_pipe *p, stru
     user->path_state = op;
     weft_list_add_tail(&st->ops, &op->link);
     st->nops++;
+    st->p2p->path_ops++;
     return op;
 }
 
@@ -403,6 +404,7 @@ static void op_unlink_free(struct stage_state *st, struct stage_op *op)
     }
     weft_list_del(&op->link);
     st->nops--;
+    st->p2p->path_ops--;
     if (op->user)
         op->user->path_state = NULL;
     free(op);

@@ -11,8 +11,8 @@
 #include "log.h"
 #include "weft.h"
 
-int weft_check_p2p(struct weft_comm *c, const void *buf, size_t bytes, int peer, int tag, const void *req_out,
-                   const char *fn)
+int weft_check_p2p_fail(struct weft_comm *c, const void *buf, size_t bytes, int peer, int tag, const void *req_out,
+                        const char *fn)
 {
     if (c == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: comm is NULL", fn);

@@ -174,16 +174,17 @@ static const char *mem_kind_name(int kind)
     }
 }
 
+int weft_cuda_in_process_state = -1;
+
 /* Is there any CUDA in this process (weft's or the application's)? Looked
  * up once: a host-only process then pays one load per call. A comm with
  * CUDA knows it already (core->cuda). */
 static int cuda_in_process(void)
 {
-    static int state = -1;   /* -1: not looked up yet */
-    int s = __atomic_load_n(&state, __ATOMIC_RELAXED);
+    int s = __atomic_load_n(&weft_cuda_in_process_state, __ATOMIC_RELAXED);
     if (s < 0) {
         s = weft_cuda_present() ? 1 : 0;
-        __atomic_store_n(&state, s, __ATOMIC_RELAXED);
+        __atomic_store_n(&weft_cuda_in_process_state, s, __ATOMIC_RELAXED);
     }
     return s;
 }
@@ -208,8 +209,8 @@ __attribute__((noinline)) static int classify_cuda(struct weft_core *core, const
     return WEFT_SUCCESS;
 }
 
-int weft_mem_classify(struct weft_core *core, const void *buf, size_t bytes, int peer, int tag, const char *fn,
-                      int *kind, int *device)
+int weft_mem_classify_cuda(struct weft_core *core, const void *buf, size_t bytes, int peer, int tag,
+                           const char *fn, int *kind, int *device)
 {
     *kind = WEFT_MEM_HOST;
     *device = -1;

@@ -9,8 +9,7 @@
 #define WEFT_DEVCOPY_H
 
 #include <stddef.h>
-
-struct weft_core;
+#include "core.h"
 
 /* At comm create, after CUDA was loaded (core->cuda): weft's non-blocking
  * stream. Allocates the helper state in any case (core->devcopy). A CUDA
@@ -43,7 +42,21 @@ void *weft_devcopy_stream(struct weft_core *core);
  * process without CUDA this returns at once. Device (or managed) memory on
  * a comm without CUDA is refused with WEFT_ERR_UNSUPPORTED naming fn, the
  * buffer, peer and tag, never read as host memory. */
-int  weft_mem_classify(struct weft_core *core, const void *buf, size_t bytes, int peer, int tag, const char *fn,
-                       int *kind, int *device);
+int  weft_mem_classify_cuda(struct weft_core *core, const void *buf, size_t bytes, int peer, int tag,
+                            const char *fn, int *kind, int *device);
+/* Whether CUDA is in this process (weft's or the application's): -1 not
+ * looked up yet, 0 no, 1 yes. Set once by weft_mem_classify_cuda. */
+extern int weft_cuda_in_process_state;
+
+/* Inline so that a host-only process pays two loads per call. */
+static inline int weft_mem_classify(struct weft_core *core, const void *buf, size_t bytes, int peer, int tag,
+                                    const char *fn, int *kind, int *device)
+{
+    *kind = 0;      /* WEFT_MEM_HOST */
+    *device = -1;
+    if (bytes == 0 || (!core->cuda && __atomic_load_n(&weft_cuda_in_process_state, __ATOMIC_RELAXED) == 0))
+        return 0;   /* WEFT_SUCCESS */
+    return weft_mem_classify_cuda(core, buf, bytes, peer, tag, fn, kind, device);
+}
 
 #endif

@@ -71,6 +71,15 @@ static inline void weft_queue_push(struct weft_queue *q, struct weft_qnode *n)
     *q->tailp = n;
     q->tailp = &n->next;
 }
+/* At the head: a LIFO (free lists, where the most recently freed object is
+ * the one still in cache). */
+static inline void weft_queue_push_head(struct weft_queue *q, struct weft_qnode *n)
+{
+    n->next = q->head;
+    if (q->head == NULL)
+        q->tailp = &n->next;
+    q->head = n;
+}
 static inline struct weft_qnode *weft_queue_pop(struct weft_queue *q)
 {
     struct weft_qnode *n = q->head;

@@ -91,13 +91,6 @@ void weft_core_fini(struct weft_core *core)
     pthread_mutex_destroy(&core->err_lock);
 }
 
-double weft_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 int weft_set_error(struct weft_core *c, int err, const char *fmt, ...)
 {
     char msg[900];

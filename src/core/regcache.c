@@ -15,11 +15,10 @@
  * no rebalancing cases: insert and remove are a few rotations, and the
  * augmentation is recomputed at each node touched.
  *
- * Lists. Idle cached entries (refs 0, live, not user-pinned) are on a
- * doubly linked LRU list through lru_prev/lru_next, least recently released
- * first; eviction takes its head. Every registered entry -- live or dead --
- * is on the list through `next` (and a back pointer kept here) so destroy
- * finds the in-flight dead ones too, and unlinking is O(1).
+ * Lists (core/list.h). Idle cached entries (refs 0, live, not user-pinned)
+ * are on the LRU list, least recently released first; eviction takes its
+ * head. Every registered entry -- live or dead -- is on the all-entries list
+ * so destroy finds the in-flight dead ones too; unlinking is O(1).
  */
 #include "regcache.h"
 
@@ -28,6 +27,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "list.h"
 #include "weft.h"
 
 struct rc_entry {
@@ -36,8 +36,8 @@ struct rc_entry {
     uintptr_t         max_end;    /* largest addr + len in this subtree */
     uint32_t          prio;       /* treap heap priority (max at the root) */
     int               in_tree;    /* live: acquire may return it */
-    int               in_lru;
-    struct weft_reg **all_pprev;  /* the pointer that points at us on the all-entries list */
+    struct weft_list  lru;        /* on rc->lru while idle (linked = on it) */
+    struct weft_list  all;        /* on rc->all while registered */
 };
 
 struct weft_regcache {
@@ -45,8 +45,8 @@ struct weft_regcache {
     size_t                     cap;
     uintptr_t                  page;
     struct rc_entry           *root;
-    struct weft_reg           *lru_head, *lru_tail;
-    struct weft_reg           *all;
+    struct weft_list           lru;   /* idle entries, least recently released first */
+    struct weft_list           all;   /* every registered entry */
     uint32_t                   seed;
     struct weft_regcache_stats st;
 };
@@ -245,32 +245,14 @@ static struct rc_entry *find_inside(struct rc_entry *n, uintptr_t s, uintptr_t e
 
 static void lru_unlink(struct weft_regcache *rc, struct rc_entry *n)
 {
-    struct weft_reg *r = &n->r;
-    if (!n->in_lru)
-        return;
-    if (r->lru_prev != NULL)
-        r->lru_prev->lru_next = r->lru_next;
-    else
-        rc->lru_head = r->lru_next;
-    if (r->lru_next != NULL)
-        r->lru_next->lru_prev = r->lru_prev;
-    else
-        rc->lru_tail = r->lru_prev;
-    r->lru_prev = r->lru_next = NULL;
-    n->in_lru = 0;
+    (void)rc;
+    if (weft_list_linked(&n->lru))
+        weft_list_del(&n->lru);
 }
 
 static void lru_push_tail(struct weft_regcache *rc, struct rc_entry *n)
 {
-    struct weft_reg *r = &n->r;
-    r->lru_next = NULL;
-    r->lru_prev = rc->lru_tail;
-    if (rc->lru_tail != NULL)
-        rc->lru_tail->lru_next = r;
-    else
-        rc->lru_head = r;
-    rc->lru_tail = r;
-    n->in_lru = 1;
+    weft_list_add_tail(&rc->lru, &n->lru);
 }
 
 static void untree(struct weft_regcache *rc, struct rc_entry *n)
@@ -289,9 +271,7 @@ static void entry_free(struct weft_regcache *rc, struct rc_entry *n)
     lru_unlink(rc, n);
     if (rc->ops.dereg != NULL)
         rc->ops.dereg(rc->ops.ctx, n->r.handle);
-    *n->all_pprev = n->r.next;
-    if (n->r.next != NULL)
-        E(n->r.next)->all_pprev = n->all_pprev;
+    weft_list_del(&n->all);
     rc->st.pinned_bytes -= n->r.len;
     rc->st.entries--;
     free(n);
@@ -301,9 +281,9 @@ static void entry_free(struct weft_regcache *rc, struct rc_entry *n)
  * fit under the cap or nothing is evictable. need 0: back under the cap. */
 static void evict_for(struct weft_regcache *rc, size_t need)
 {
-    while (rc->lru_head != NULL &&
+    while (!weft_list_empty(&rc->lru) &&
            (rc->st.pinned_bytes > rc->cap || need > rc->cap - rc->st.pinned_bytes)) {
-        entry_free(rc, E(rc->lru_head));
+        entry_free(rc, weft_container_of(weft_list_first(&rc->lru), struct rc_entry, lru));
         rc->st.evictions++;
     }
 }
@@ -331,11 +311,8 @@ static int entry_new(struct weft_regcache *rc, uintptr_t s, uintptr_t e, struct 
     n->r.len = (size_t)(e - s);
     n->max_end = e;
     n->prio = next_prio(rc);
-    n->r.next = rc->all;
-    if (rc->all != NULL)
-        E(rc->all)->all_pprev = &n->r.next;
-    rc->all = &n->r;
-    n->all_pprev = &rc->all;
+    weft_list_init(&n->lru);
+    weft_list_add_head(&rc->all, &n->all);
     rc->st.pinned_bytes += n->r.len;
     rc->st.entries++;
     *out = n;
@@ -383,6 +360,8 @@ int weft_regcache_create(const struct weft_reg_ops *ops, size_t cap_bytes, struc
         return WEFT_ERR_NO_MEMORY;
     rc->ops = *ops;
     rc->cap = cap_bytes;
+    weft_list_init(&rc->lru);
+    weft_list_init(&rc->all);
     rc->page = (pg > 0 && ((unsigned long)pg & ((unsigned long)pg - 1)) == 0) ? (uintptr_t)pg : 4096;
     rc->seed = 0x9e3779b9u ^ (uint32_t)((uintptr_t)rc >> 4);
     if (rc->seed == 0)
@@ -395,8 +374,8 @@ void weft_regcache_destroy(struct weft_regcache *rc)
 {
     if (rc == NULL)
         return;
-    while (rc->all != NULL)
-        entry_free(rc, E(rc->all));
+    while (!weft_list_empty(&rc->all))
+        entry_free(rc, weft_container_of(weft_list_first(&rc->all), struct rc_entry, all));
     free(rc);
 }
 

@@ -75,8 +75,6 @@ struct weft_reg {
     int       dead;      /* in no index, never returned by acquire again, deregistered at its
                           * last release: invalidated or retired while in flight, or uncached
                           * (cap 0) */
-    struct weft_reg *lru_prev, *lru_next;   /* LRU list of idle cached entries */
-    struct weft_reg *next;   /* list of all registered entries, dead ones included */
 };
 
 /* hits/misses: acquires and pins that found / did not find a live entry
