@@ -6,7 +6,7 @@
  *     out), for the sizes, chunk sizes and ring sizes the shm transport may
  *     use. Standalone (no MPI, not built by CMake):
  *
- *   gcc -O2 -std=c11 -D_GNU_SOURCE -Ip2p bench/probes/shm_copy_probe.c p2p/transport/shm/shm_ring.c -o shm_copy_probe
+ *   gcc -O2 -std=c11 -D_GNU_SOURCE -Ip2p/transport/shm bench/probes/shm_copy_probe.c p2p/transport/shm/shm_ring.c -o shm_copy_probe
  *   ./shm_copy_probe [reps] [cold]
  *
  * Each transfer is timed at the receiver from "sender announces" to "last
