@@ -23,36 +23,42 @@ struct weft_p2p *weft_p2p_of(const struct weft_request *r)
     return r->p2p;
 }
 
-int weft_p2p_isend(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag,
-                   struct weft_request **req, const char *fn)
+/* Starts a send (send = 1) or receive of a classified buffer on the pipe
+ * to peer. Lock held. */
+static int start(struct weft_p2p *p, int send, void *buf, size_t bytes, int peer, int tag, int kind, int dev,
+                 struct weft_request **r)
+{
+    return send ? weft_pipe_isend(&p->pipes[peer], buf, bytes, tag, kind, dev, r)
+                : weft_pipe_irecv(&p->pipes[peer], buf, bytes, tag, kind, dev, r);
+}
+
+static int start_locked(struct weft_p2p *p, int send, void *buf, size_t bytes, int peer, int tag,
+                        struct weft_request **req, const char *fn)
 {
     struct weft_request *r;
     int kind, dev;
+    /* Classified outside the lock: CUDA may be asked. */
     int rc = weft_mem_classify(p->core, buf, bytes, peer, tag, fn, &kind, &dev);
     if (rc != WEFT_SUCCESS)
         return rc;
     pthread_mutex_lock(&p->lock);
-    rc = weft_pipe_isend(&p->pipes[peer], buf, bytes, tag, kind, dev, &r);
+    rc = start(p, send, buf, bytes, peer, tag, kind, dev, &r);
     pthread_mutex_unlock(&p->lock);
     if (rc == WEFT_SUCCESS)
         *req = r;
     return rc;
 }
 
+int weft_p2p_isend(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag,
+                   struct weft_request **req, const char *fn)
+{
+    return start_locked(p, 1, (void *)buf, bytes, peer, tag, req, fn);
+}
+
 int weft_p2p_irecv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag,
                    struct weft_request **req, const char *fn)
 {
-    struct weft_request *r;
-    int kind, dev;
-    int rc = weft_mem_classify(p->core, buf, bytes, peer, tag, fn, &kind, &dev);
-    if (rc != WEFT_SUCCESS)
-        return rc;
-    pthread_mutex_lock(&p->lock);
-    rc = weft_pipe_irecv(&p->pipes[peer], buf, bytes, tag, kind, dev, &r);
-    pthread_mutex_unlock(&p->lock);
-    if (rc == WEFT_SUCCESS)
-        *req = r;
-    return rc;
+    return start_locked(p, 0, buf, bytes, peer, tag, req, fn);
 }
 
 /* Copies out the status of a completed request, recycles it, returns its
@@ -161,7 +167,8 @@ int weft_p2p_waitall(size_t n, struct weft_request **reqs, weft_status_t *status
 }
 
 /* Blocking send/recv: one lock hold for start, wait and completion. */
-int weft_p2p_send(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag, const char *fn)
+static int blocking(struct weft_p2p *p, int send, void *buf, size_t bytes, int peer, int tag,
+                    weft_status_t *status, const char *fn)
 {
     struct weft_request *r;
     int kind, dev;
@@ -169,26 +176,7 @@ int weft_p2p_send(struct weft_p2p *p, const void *buf, size_t bytes, int peer, i
     if (rc != WEFT_SUCCESS)
         return rc;
     pthread_mutex_lock(&p->lock);
-    rc = weft_pipe_isend(&p->pipes[peer], buf, bytes, tag, kind, dev, &r);
-    if (rc == WEFT_SUCCESS) {
-        if (r->state != WEFT_REQ_DONE)
-            weft_p2p_progress_wait(p, &r, 1, fn);
-        rc = finish(r, NULL);
-    }
-    pthread_mutex_unlock(&p->lock);
-    return rc;
-}
-
-int weft_p2p_recv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag, weft_status_t *status,
-                  const char *fn)
-{
-    struct weft_request *r;
-    int kind, dev;
-    int rc = weft_mem_classify(p->core, buf, bytes, peer, tag, fn, &kind, &dev);
-    if (rc != WEFT_SUCCESS)
-        return rc;
-    pthread_mutex_lock(&p->lock);
-    rc = weft_pipe_irecv(&p->pipes[peer], buf, bytes, tag, kind, dev, &r);
+    rc = start(p, send, buf, bytes, peer, tag, kind, dev, &r);
     if (rc == WEFT_SUCCESS) {
         if (r->state != WEFT_REQ_DONE)
             weft_p2p_progress_wait(p, &r, 1, fn);
@@ -196,6 +184,17 @@ int weft_p2p_recv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag
     }
     pthread_mutex_unlock(&p->lock);
     return rc;
+}
+
+int weft_p2p_send(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag, const char *fn)
+{
+    return blocking(p, 1, (void *)buf, bytes, peer, tag, NULL, fn);
+}
+
+int weft_p2p_recv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag, weft_status_t *status,
+                  const char *fn)
+{
+    return blocking(p, 0, buf, bytes, peer, tag, status, fn);
 }
 
 int weft_p2p_mem_pin(struct weft_p2p *p, const void *buf, size_t bytes)
