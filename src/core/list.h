@@ -42,7 +42,6 @@ static inline void weft_list_del(struct weft_list *n)
     n->prev = n->next = n;
 }
 static inline struct weft_list *weft_list_first(const struct weft_list *head) { return weft_list_empty(head) ? NULL : head->next; }
-static inline struct weft_list *weft_list_last(const struct weft_list *head) { return weft_list_empty(head) ? NULL : head->prev; }
 /* Unlinks and returns the first node, NULL when empty. */
 static inline struct weft_list *weft_list_pop(struct weft_list *head)
 {
@@ -90,15 +89,6 @@ static inline struct weft_qnode *weft_queue_pop(struct weft_queue *q)
         n->next = NULL;
     }
     return n;
-}
-/* Removes n, found after prev (NULL: n is the head). */
-static inline void weft_queue_remove_after(struct weft_queue *q, struct weft_qnode *prev, struct weft_qnode *n)
-{
-    struct weft_qnode **link = prev ? &prev->next : &q->head;
-    *link = n->next;
-    if (q->tailp == &n->next)
-        q->tailp = link;
-    n->next = NULL;
 }
 
 #define weft_queue_for_each(node, q) for (struct weft_qnode *node = (q)->head; node; node = node->next)
