@@ -41,7 +41,9 @@ enum {
     WEFT_ERR_TRANSPORT,     /* a transport failed (peer gone, connection reset, ...) */
     WEFT_ERR_TIMEOUT,       /* WEFT_TIMEOUT seconds passed with no progress */
     WEFT_ERR_MPI,           /* an MPI call inside create/destroy failed */
-    WEFT_ERR_INTERNAL
+    WEFT_ERR_INTERNAL,
+    WEFT_ERR_MISMATCH,      /* ranks called different collectives (kind, size, root or order) */
+    WEFT_ERR_ABORTED        /* weft_comm_abort was called on this comm (or on a peer's, for its pipe) */
 };
 
 /* Completion status of a request. bytes: size of the message (for a
@@ -50,8 +52,18 @@ typedef struct { size_t bytes; int peer; int tag; int error; } weft_status_t;
 
 /* Collective over mpi_comm: dups it, exchanges rank cards, connects peers. */
 WEFT_API int  weft_comm_create(MPI_Comm mpi_comm, weft_comm_t **comm);
-/* Collective: every rank must have completed its requests. */
+/* Collective: every rank should have completed its requests first. Requests
+ * still outstanding are failed and freed (their handles become invalid) and
+ * destroy returns WEFT_ERR_INVALID_ARG saying how many; the comm is freed
+ * either way. After weft_comm_abort, destroy is local (no peer is waited
+ * for), frees everything and returns WEFT_ERR_ABORTED. */
 WEFT_API int  weft_comm_destroy(weft_comm_t *comm);
+/* Local, callable from any thread (a watchdog) while other threads are
+ * inside calls on comm: every pending and later call on comm returns
+ * WEFT_ERR_ABORTED promptly, and connected peers are told, so their pipes
+ * to this rank break at once (their calls fail naming this rank) instead
+ * of timing out. Call weft_comm_destroy afterwards to free the comm. */
+WEFT_API int  weft_comm_abort(weft_comm_t *comm);
 /* Rank and size; -1 when comm is NULL. */
 WEFT_API int  weft_comm_rank(const weft_comm_t *comm);
 WEFT_API int  weft_comm_size(const weft_comm_t *comm);
@@ -61,13 +73,24 @@ WEFT_API int  weft_comm_size(const weft_comm_t *comm);
  * tag >= 0. buf may be NULL only when bytes == 0. */
 WEFT_API int  weft_isend(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag, weft_request_t **req);
 WEFT_API int  weft_irecv(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_request_t **req);
-/* *done = 1 once the request completed; the request is then freed and the
+/* Requests are handles with a generation: once a request completed in
+ * weft_test/weft_wait/weft_waitall it is freed, and any later use of that
+ * handle (a second wait, a test, a copy of it, even after its slot was
+ * reused by a newer request) returns WEFT_ERR_INVALID_ARG and touches no
+ * other request.
+ * *done = 1 once the request completed; the request is then freed and the
  * return value is its completion code (also in status->error). status may be NULL. */
 WEFT_API int  weft_test(weft_request_t *req, int *done, weft_status_t *status);
-/* Waits for completion (bounded by WEFT_TIMEOUT), frees req. */
+/* Waits for completion, frees req. WEFT_TIMEOUT bounds how long the request
+ * goes without progress (its pipe moving data), whatever other traffic does;
+ * the error then names the peer that stopped or died. */
 WEFT_API int  weft_wait(weft_request_t *req, weft_status_t *status);
 /* Waits for all n requests and frees them; statuses may be NULL. Returns the
- * first error met (WEFT_SUCCESS if none); each status tells its own. */
+ * first error met (WEFT_SUCCESS if none); each status tells its own.
+ * Requests may belong to several comms (each is progressed). NULL entries
+ * count as done. Every handle is checked first: a completed or unknown
+ * request, or the same request twice, returns WEFT_ERR_INVALID_ARG before
+ * anything is waited for or freed. */
 WEFT_API int  weft_waitall(size_t n, weft_request_t **reqs, weft_status_t *statuses);
 WEFT_API int  weft_send(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag);
 WEFT_API int  weft_recv(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_status_t *status);

@@ -74,6 +74,8 @@ const char *weft_err_str(int err)
     case WEFT_ERR_TIMEOUT:      return "timed out (no progress within WEFT_TIMEOUT)";
     case WEFT_ERR_MPI:          return "MPI call failed";
     case WEFT_ERR_INTERNAL:     return "internal error";
+    case WEFT_ERR_MISMATCH:     return "collective mismatch: ranks called different collectives";
+    case WEFT_ERR_ABORTED:      return "comm aborted (weft_comm_abort)";
     default:                    return "unknown weft error code";
     }
 }
