@@ -419,7 +419,8 @@ int coll_allgather_op(struct weft_coll *cc, int algo, weft_coll_tag_fn tag, uint
     default:
         return weft_set_error(cc->core, WEFT_ERR_INTERNAL, "weft_allgather: selector returned algorithm %d", algo);
     }
-    rc = weft_sched_start(cc->p2p, cc->core, what, tag, seq, scratch, build, &a, op);
+    struct weft_coll_sig sig = { WEFT_COLL_ALLGATHER, -1, bytes };
+    rc = weft_sched_start(cc->p2p, cc->core, what, &sig, tag, seq, scratch, build, &a, op);
     free(layout);
     return rc;
 }

@@ -38,7 +38,8 @@ int weft_coll_barrier_start(struct weft_coll *cc, struct weft_coll_op **op)
     *op = NULL;
     if (cc->core->size == 1)
         return WEFT_SUCCESS;
-    return weft_sched_start(cc->p2p, cc->core, "barrier dissemination", weft_tag_coll, coll_seq_next(cc), 0,
+    struct weft_coll_sig sig = { WEFT_COLL_BARRIER, -1, 0 };
+    return weft_sched_start(cc->p2p, cc->core, "barrier dissemination", &sig, weft_tag_coll, coll_seq_next(cc), 0,
                             build_barrier, cc, op);
 }
 

@@ -106,10 +106,11 @@ int weft_coll_bcast_start(struct weft_coll *cc, void *buf, size_t bytes, int roo
     *op = NULL;
     if (bytes == 0 || cc->core->size == 1)
         return WEFT_SUCCESS;
+    struct weft_coll_sig sig = { WEFT_COLL_BCAST, root, bytes };
     if (bytes >= WEFT_BCAST_LARGE && cc->core->size > 2)
-        return weft_sched_start(cc->p2p, cc->core, "bcast scatter+ring", weft_tag_coll, coll_seq_next(cc), 0,
+        return weft_sched_start(cc->p2p, cc->core, "bcast scatter+ring", &sig, weft_tag_coll, coll_seq_next(cc), 0,
                                 build_scatter_ring, &a, op);
-    return weft_sched_start(cc->p2p, cc->core, "bcast binomial", weft_tag_coll, coll_seq_next(cc), 0,
+    return weft_sched_start(cc->p2p, cc->core, "bcast binomial", &sig, weft_tag_coll, coll_seq_next(cc), 0,
                             build_binomial, &a, op);
 }
 

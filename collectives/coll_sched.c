@@ -42,6 +42,8 @@ size_t weft_sched_add(struct weft_sched_build *b, int kind, int num, void *buf, 
     return i;
 }
 
+static void op_withdraw(struct weft_coll_op *op, int err);
+
 /* The p2p layer already recorded why; keep that text after ours. Only the
  * first failure of an op is recorded: later ones come from the same cause
  * or from the op giving up. */
@@ -59,6 +61,109 @@ static void op_fail(struct weft_coll_op *op, int err, const struct weft_sched_st
     cause[n] = '\0';
     op->err = weft_set_error(op->core, err, "%s step %d: %s of %zu B with peer %d failed (%s): %s",
                              op->what, s->num, verb, bytes, s->peer, weft_err_str(err), cause);
+    /* Decided here (a peer alive but not serving, a mismatch seen by the
+     * sender): the other ranks' waits in this call end now too. A rank
+     * failure was announced by p2p already. */
+    if ((err == WEFT_ERR_TIMEOUT || err == WEFT_ERR_MISMATCH) && !weft_p2p_any_failed(op->p2p)) {
+        char text[240];
+        snprintf(text, sizeof text, "rank %d: %.200s", op->core->rank, op->core->last_error);
+        weft_p2p_coll_failed(op->p2p, op->seq, err, text);
+    }
+    op_withdraw(op, err);
+}
+
+/* "allgather(8 B/rank)", "bcast(64 B, root 0)", "barrier". */
+static void sig_describe(const struct weft_coll_sig *sig, char *out, size_t n)
+{
+    switch (sig->kind) {
+    case WEFT_COLL_ALLGATHER:
+        snprintf(out, n, "allgather(%llu B/rank)", (unsigned long long)sig->param);
+        break;
+    case WEFT_COLL_BCAST:
+        snprintf(out, n, "bcast(%llu B, root %d)", (unsigned long long)sig->param, sig->root);
+        break;
+    case WEFT_COLL_BARRIER:
+        snprintf(out, n, "barrier");
+        break;
+    default:
+        snprintf(out, n, "a collective of unknown kind %d", sig->kind);
+        break;
+    }
+}
+
+static struct weft_p2p_check sig_check(const struct weft_coll_sig *sig, uint32_t seq)
+{
+    struct weft_p2p_check c;
+    c.w[0] = ((uint64_t)seq << 32) | (uint32_t)sig->kind;
+    c.w[1] = (uint64_t)(int64_t)sig->root;
+    c.w[2] = sig->param;
+    return c;
+}
+
+static void check_sig(const struct weft_p2p_check *c, struct weft_coll_sig *sig, uint32_t *seq)
+{
+    *seq = (uint32_t)(c->w[0] >> 32);
+    sig->kind = (int)(uint32_t)c->w[0];
+    sig->root = (int)(int64_t)c->w[1];
+    sig->param = c->w[2];
+}
+
+/* Withdraws what the op has in flight that nothing of a peer's is bound
+ * to yet (posted receives, unanswered RTS): after a failure the op then
+ * completes without waiting for messages that will never come. */
+static void op_withdraw(struct weft_coll_op *op, int err)
+{
+    for (size_t i = op->lo; i < op->next; i++)
+        if (op->steps[i].state == 1 /* STEP_ISSUED */ && op->steps[i].req)
+            (void)weft_p2p_cancel(op->steps[i].req, err);
+}
+
+/* The op cannot go on because of something decided elsewhere (a rank
+ * failed, another rank saw this call mismatch, abort). */
+static int op_check_fault(struct weft_coll_op *op)
+{
+    char why[512];
+    uint64_t e = weft_p2p_fault_epoch(op->p2p);
+    if (e == op->epoch && op->err == WEFT_SUCCESS)
+        return 0;
+    op->epoch = e;
+    if (op->err != WEFT_SUCCESS)
+        return 1;
+    int code = weft_p2p_fault(op->p2p, op->seq, why, sizeof why);
+    if (code == WEFT_SUCCESS)
+        return 0;
+    op->err = weft_set_error(op->core, code, "%s: %s", op->what, why);
+    op_withdraw(op, code);
+    return 1;
+}
+
+/* A receive met a message of another call: a stale one (an earlier call
+ * that failed, re-posted for) returns 1; else the op fails with
+ * WEFT_ERR_MISMATCH naming both sides and tells every peer. */
+static int op_mismatch(struct weft_coll_op *op, const struct weft_sched_step *s, const struct weft_p2p_check *peer)
+{
+    struct weft_coll_sig theirs;
+    uint32_t their_seq;
+    char mine_s[64], theirs_s[64], text[240];
+
+    check_sig(peer, &theirs, &their_seq);
+    if (theirs.kind != 0 && (int32_t)(their_seq - op->seq) < 0)
+        return 1;
+    if (op->err != WEFT_SUCCESS)
+        return 0;
+    sig_describe(&op->sig, mine_s, sizeof mine_s);
+    if (theirs.kind == 0)
+        snprintf(theirs_s, sizeof theirs_s, "something that is not a collective");
+    else
+        sig_describe(&theirs, theirs_s, sizeof theirs_s);
+    if (theirs.kind != 0 && their_seq != op->seq && memcmp(&theirs, &op->sig, sizeof theirs) == 0)
+        snprintf(theirs_s + strlen(theirs_s), sizeof theirs_s - strlen(theirs_s), " as call %u (this is call %u)",
+                 their_seq, op->seq);
+    snprintf(text, sizeof text, "rank %d called %s, rank %d called %s", op->core->rank, mine_s, s->peer, theirs_s);
+    op->err = weft_set_error(op->core, WEFT_ERR_MISMATCH, "%s: collective mismatch: %s", op->what, text);
+    weft_p2p_coll_failed(op->p2p, op->seq, WEFT_ERR_MISMATCH, text);
+    op_withdraw(op, WEFT_ERR_MISMATCH);
+    return 0;
 }
 
 static const char *done_verb(const struct weft_sched_step *s)
@@ -75,7 +180,8 @@ static void step_issue(struct weft_coll_op *op, size_t i)
 
     switch (s->kind) {
     case WEFT_SCHED_SEND:
-        rc = weft_p2p_isend(op->p2p, s->src, s->bytes, s->peer, op->tag(op->seq, s->phase), &s->req, "weft_isend");
+        rc = weft_p2p_isend_checked(op->p2p, s->src, s->bytes, s->peer, op->tag(op->seq, s->phase), &op->check,
+                                    &s->req, "weft_isend");
         if (rc != WEFT_SUCCESS) {
             s->state = STEP_DONE;
             op_fail(op, rc, s, "isend", s->bytes);
@@ -84,7 +190,8 @@ static void step_issue(struct weft_coll_op *op, size_t i)
         s->state = STEP_ISSUED;
         return;
     case WEFT_SCHED_RECV:
-        rc = weft_p2p_irecv(op->p2p, s->buf, s->bytes, s->peer, op->tag(op->seq, s->phase), &s->req, "weft_irecv");
+        rc = weft_p2p_irecv_checked(op->p2p, s->buf, s->bytes, s->peer, op->tag(op->seq, s->phase), &op->check,
+                                    &s->req, "weft_irecv");
         if (rc != WEFT_SUCCESS) {
             s->state = STEP_DONE;
             op_fail(op, rc, s, "irecv", s->bytes);
@@ -119,11 +226,19 @@ static int step_complete(struct weft_coll_op *op, size_t i, int drive)
     if (!drive && !weft_p2p_done(s->req))
         return 0;
     memset(&st, 0, sizeof st);
-    rc = weft_p2p_test(s->req, &done, &st);
+    struct weft_p2p_check peer;
+    rc = weft_p2p_test_check(s->req, &done, &st, &peer);
     if (!done)
         return 0;
     s->req = NULL;
     s->state = STEP_DONE;
+    if (rc == WEFT_ERR_MISMATCH && s->kind == WEFT_SCHED_RECV) {
+        if (op_mismatch(op, s, &peer) && op->err == WEFT_SUCCESS) {
+            step_issue(op, i);   /* a stale message of an earlier failed call: dropped, receive again */
+            return s->state == STEP_DONE;
+        }
+        return 1;
+    }
     if (rc != WEFT_SUCCESS)
         op_fail(op, rc, s, done_verb(s), st.bytes);
     return 1;
@@ -154,9 +269,9 @@ static int op_advance(struct weft_coll_op *op)
     }
 }
 
-int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const char *what, weft_coll_tag_fn tag,
-                     uint32_t seq, size_t scratch_bytes, weft_sched_build_fn build, const void *args,
-                     struct weft_coll_op **out)
+int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const char *what,
+                     const struct weft_coll_sig *sig, weft_coll_tag_fn tag, uint32_t seq, size_t scratch_bytes,
+                     weft_sched_build_fn build, const void *args, struct weft_coll_op **out)
 {
     struct weft_sched_build b = { NULL, 0, 0, NULL };
     struct weft_coll_op *op;
@@ -180,6 +295,9 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const char *w
     op->tag = tag;
     op->seq = seq;
     op->err = WEFT_SUCCESS;
+    op->sig = *sig;
+    op->check = sig_check(sig, seq);
+    op->epoch = (uint64_t)-1;   /* looked at before anything is issued */
     op->nsteps = n;
     op->next = 0;
     op->lo = 0;
@@ -194,7 +312,10 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const char *w
         free(op);
         return weft_set_error(core, WEFT_ERR_INTERNAL, "%s: schedule has %zu steps, counted %zu", what, b.n, n);
     }
-    (void)op_advance(op);
+    /* A rank that failed earlier, or this very call already failed on a
+     * rank that got further: nothing is issued. */
+    if (!op_check_fault(op))
+        (void)op_advance(op);
     *out = op;
     return WEFT_SUCCESS;
 
@@ -210,6 +331,7 @@ int weft_coll_op_test(struct weft_coll_op *op, int *done)
         *done = 1;
         return WEFT_SUCCESS;
     }
+    op_check_fault(op);
     if (!op_advance(op)) {
         *done = 0;
         return WEFT_SUCCESS;
@@ -236,7 +358,11 @@ int weft_coll_op_wait(struct weft_coll_op *op)
         }
         struct weft_sched_step *s = &op->steps[t];
         struct weft_request *r = s->req;
-        int wrc = weft_p2p_wait_done(r, op->what);
+        int wrc = weft_p2p_wait_done_until(r, op->what, &op->epoch);
+        if (wrc == WEFT_P2P_FAULT) {
+            op_check_fault(op);
+            continue;
+        }
         if (wrc != WEFT_SUCCESS && !weft_p2p_done(r)) {
             /* Not completed by the timeout: wait the request out (bounded,
              * it breaks its pipe) and free it. */

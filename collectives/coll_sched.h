@@ -35,6 +35,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "coll.h"
+#include "p2p.h"
 
 struct weft_p2p;
 struct weft_core;
@@ -63,6 +64,17 @@ struct weft_sched_step {
     struct weft_request *req;    /* engine: in flight */
 };
 
+/* What a call is, the same on every rank that calls it: carried by every
+ * message of the call as its fingerprint (struct weft_p2p_check), so ranks
+ * that called different collectives (kind, size, root, order) fail with
+ * WEFT_ERR_MISMATCH naming both sides instead of pairing wrong messages. */
+enum weft_coll_kind { WEFT_COLL_ALLGATHER = 1, WEFT_COLL_BCAST, WEFT_COLL_BARRIER };
+struct weft_coll_sig {
+    int      kind;    /* enum weft_coll_kind */
+    int      root;    /* bcast; -1 otherwise */
+    uint64_t param;   /* allgather: bytes per rank; bcast: bytes; barrier: 0 */
+};
+
 struct weft_coll_op {
     struct weft_p2p        *p2p;
     struct weft_core       *core;
@@ -70,6 +82,9 @@ struct weft_coll_op {
     weft_coll_tag_fn        tag;
     uint32_t                seq;     /* the call's sequence number (its lanes) */
     int                     err;     /* first failure; WEFT_SUCCESS so far */
+    struct weft_coll_sig    sig;
+    struct weft_p2p_check   check;   /* sig + seq as it travels */
+    uint64_t                epoch;   /* the p2p fault epoch last looked at */
     size_t                  nsteps;
     size_t                  next;    /* next step to issue */
     size_t                  lo;      /* every step before lo is complete */
@@ -124,9 +139,9 @@ static inline char *weft_sched_scratch(const struct weft_sched_build *b, size_t 
  * *out is the op in progress. WEFT_ERR_NO_MEMORY (last error set) with
  * *out = NULL when it cannot be allocated; issue failures are the op's
  * result (test / wait). */
-int  weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const char *what, weft_coll_tag_fn tag,
-                      uint32_t seq, size_t scratch_bytes, weft_sched_build_fn build, const void *args,
-                      struct weft_coll_op **out);
+int  weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const char *what,
+                      const struct weft_coll_sig *sig, weft_coll_tag_fn tag, uint32_t seq, size_t scratch_bytes,
+                      weft_sched_build_fn build, const void *args, struct weft_coll_op **out);
 
 /* weft_coll_op_test / weft_coll_op_wait / weft_coll_op_abandon (coll.h)
  * are the engine's other entry points. */

@@ -1,8 +1,11 @@
 /*
  * Communicator life cycle: a comm over MPI_COMM_SELF, over a split
  * communicator, next to another comm, created and destroyed 100 times
- * without leaking shm segments, file descriptors or mappings, and
- * WEFT_TIMEOUT ending a wait on a silent peer with an error that says who.
+ * without leaking shm segments, file descriptors or mappings,
+ * WEFT_TIMEOUT ending a wait on a silent peer with an error that says who,
+ * and configuration failures: settings that differ between ranks fail
+ * create on every rank at once, and a refused configuration is printed
+ * once at the default log level (also when WEFT_DEBUG is what was refused).
  */
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -119,6 +122,166 @@ TEST_F(Comm, UnknownTransportNameFailsCreate)
     EXPECT_EQ(c, nullptr);
     if (rc == WEFT_SUCCESS && c)
         weft_comm_destroy(c);
+}
+
+/* Sets a variable for the scope (nullptr: unsets it), then puts back what
+ * was there. */
+class ScopedEnv {
+public:
+    ScopedEnv(const char *name, const char *value) : name_(name)
+    {
+        const char *old = std::getenv(name);
+        had_ = old != nullptr;
+        if (had_)
+            old_ = old;
+        if (value)
+            setenv(name, value, 1);
+        else
+            unsetenv(name);
+    }
+    ~ScopedEnv()
+    {
+        if (had_)
+            setenv(name_.c_str(), old_.c_str(), 1);
+        else
+            unsetenv(name_.c_str());
+    }
+
+private:
+    std::string name_, old_;
+    bool had_ = false;
+};
+
+size_t count_of(const std::string &text, const std::string &what)
+{
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size()))
+        n++;
+    return n;
+}
+
+/* Creates a comm over the world with name=value on this rank only (the
+ * others as the caller set them); expects it to fail with INVALID_ARG within
+ * 10 s (the tests run with WEFT_TIMEOUT=60) and returns what this rank
+ * printed on stderr. */
+std::string create_expecting_refusal(const char *name, const char *value)
+{
+    weft_comm_t *c = nullptr;
+    int rc = WEFT_SUCCESS;
+    double took = 0;
+    std::string log;
+    {
+        ScopedEnv env(name, value);
+        log = capture_stderr([&] {
+            auto t0 = std::chrono::steady_clock::now();
+            rc = weft_comm_create(MPI_COMM_WORLD, &c);
+            took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        });
+    }
+    EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG) << weft_strerror(rc) << "; stderr:\n" << log;
+    EXPECT_EQ(c, nullptr);
+    if (rc == WEFT_SUCCESS && c)
+        weft_comm_destroy(c);
+    EXPECT_LT(took, 10.0) << "a refused configuration took " << took << " s to fail create";
+    return log;
+}
+
+/* Makes the process-wide log level WEFT_DEBUG=level's (the level of the last
+ * comm created), so a test can start from "none". Collective. */
+void set_log_level(const char *level)
+{
+    ScopedEnv env("WEFT_DEBUG", level);
+    weft_comm_t *c = nullptr;
+    ASSERT_EQ(weft_comm_create(MPI_COMM_WORLD, &c), WEFT_SUCCESS);
+    ASSERT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
+}
+
+/* WEFT_TCP_STREAMS=2 on rank 0, 4 on the others: every rank fails at once
+ * (not rank 0 at once and the others after WEFT_TIMEOUT), all with the same
+ * message naming the variable and two ranks' values, printed once per rank.
+ * In the shm configurations tcp is not even used: only the comparison at
+ * create can find the difference. */
+TEST_F(Comm, SettingThatDiffersFailsCreateOnEveryRank)
+{
+    if (size < 2)
+        GTEST_SKIP() << "needs 2 ranks";
+    const std::string log = create_expecting_refusal("WEFT_TCP_STREAMS", rank == 0 ? "2" : "4");
+    const std::string want = "weft_comm_create: WEFT_TCP_STREAMS differs between ranks: 2 on rank 0, 4 on rank 1 "
+                             "(settings that shape the protocol must be equal on every rank)";
+    EXPECT_EQ(count_of(log, want), 1u) << "expected once: " << want << "\nstderr:\n" << log;
+    EXPECT_NE(log.find("weft[rank " + std::to_string(rank) + "] WARN: " + want), std::string::npos) << log;
+
+    /* Only the last rank differs, in a size: the lowest differing rank is
+     * named, the value as a size. */
+    const std::string log2 = create_expecting_refusal("WEFT_EAGER_WINDOW", rank == size - 1 ? "1m" : nullptr);
+    const std::string want2 = "WEFT_EAGER_WINDOW differs between ranks: 4m on rank 0, 1m on rank " +
+                              std::to_string(size - 1);
+    EXPECT_EQ(count_of(log2, want2), 1u) << "expected once: " << want2 << "\nstderr:\n" << log2;
+
+    /* The comms made after a refusal are fine. */
+    weft_comm_t *c = nullptr;
+    ASSERT_EQ(weft_comm_create(MPI_COMM_WORLD, &c), WEFT_SUCCESS);
+    ring_exchange(c, 7, 0);
+    EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
+}
+
+/* WEFT_TRANSPORTS is compared as the set of transports allowed: the same
+ * names in another order agree, a different set does not. tcp reaches every
+ * pair in every configuration of this suite. */
+TEST_F(Comm, TransportsCompareAsSets)
+{
+    if (size < 2)
+        GTEST_SKIP() << "needs 2 ranks";
+    {
+        ScopedEnv env("WEFT_TRANSPORTS", rank == 0 ? "tcp,self" : "self,TCP,tcp");
+        weft_comm_t *c = nullptr;
+        ASSERT_EQ(weft_comm_create(MPI_COMM_WORLD, &c), WEFT_SUCCESS);
+        ring_exchange(c, 8, 0);
+        EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
+    }
+    const std::string log = create_expecting_refusal("WEFT_TRANSPORTS", rank == 0 ? "tcp" : "tcp,shm");
+    const std::string want = "WEFT_TRANSPORTS differs between ranks: self,tcp on rank 0, self,shm,tcp on rank 1";
+    EXPECT_EQ(count_of(log, want), 1u) << "expected once: " << want << "\nstderr:\n" << log;
+}
+
+/* Settings that may differ between ranks (how long this rank waits, how
+ * much it logs) do not fail create. */
+TEST_F(Comm, LocalSettingsMayDiffer)
+{
+    ScopedEnv timeout("WEFT_TIMEOUT", rank == 0 ? "60" : "45.5");
+    ScopedEnv spin("WEFT_SPIN_US", rank == 0 ? "0" : "20");
+    weft_comm_t *c = nullptr;
+    ASSERT_EQ(weft_comm_create(MPI_COMM_WORLD, &c), WEFT_SUCCESS);
+    ring_exchange(c, 9, 0);
+    EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
+}
+
+/* Without WEFT_DEBUG a refused value is printed (warn is the default), once,
+ * even when the last comm made the level "none". */
+TEST_F(Comm, RefusedValueSaysWhyAtDefaultLevel)
+{
+    set_log_level("none");
+    std::string log;
+    {
+        ScopedEnv debug("WEFT_DEBUG", nullptr);
+        log = create_expecting_refusal("WEFT_TIMEOUT", "0x10");
+    }
+    const std::string want = "WEFT_TIMEOUT=0x10: hexadecimal is not accepted (expected ";
+    EXPECT_EQ(count_of(log, want), 1u) << "expected once: " << want << "\nstderr:\n" << log;
+    EXPECT_NE(log.find("weft[rank " + std::to_string(rank) + "] WARN: weft_comm_create: bad configuration: "),
+              std::string::npos) << log;
+    set_log_level(std::getenv("WEFT_DEBUG"));
+}
+
+/* WEFT_DEBUG=loud used to fail create printing nothing: the level it asks
+ * for is refused, so the refusal is printed at warn. */
+TEST_F(Comm, RefusedDebugLevelSaysWhy)
+{
+    set_log_level("none");
+    const std::string log = create_expecting_refusal("WEFT_DEBUG", "loud");
+    const std::string want = "WEFT_DEBUG=loud: unknown level (expected ";
+    EXPECT_EQ(count_of(log, want), 1u) << "expected once: " << want << "\nstderr:\n" << log;
+    set_log_level(std::getenv("WEFT_DEBUG"));
 }
 
 TEST_F(Comm, OnCommSelf)

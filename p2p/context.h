@@ -12,6 +12,7 @@
 #include "pipe.h"
 #include "request.h"
 #include "transport.h"
+#include "wire.h"
 
 #define WEFT_P2P_MAX_TRANSPORTS 16
 
@@ -28,6 +29,7 @@ struct stage_state;
 
 struct weft_p2p {
     struct weft_core        *core;
+    int                      table_slot; /* entry in the handle table (request.c), -1: none */
     pthread_mutex_t          lock;       /* guards everything here and in the transports */
     int                      rank, size;
     struct weft_pipe        *pipes;      /* [size]; pipes[rank] is the self pipe */
@@ -43,6 +45,18 @@ struct weft_p2p {
     uint64_t                 events;     /* progress events so far */
     size_t                   out_queued; /* outbound frames queued on all pipes */
     int                      waiters;    /* threads inside wait */
+
+    /* Failures (p2p/health.c): ranks known failed, bumped epoch on each. */
+    int                      nfailed;
+    uint64_t                 fault_epoch;
+    int                      fault_rank;        /* the first rank known failed, -1: none */
+    int                      fault_code;
+    char                     fault_why[384];    /* "rank 2 failed: ..." */
+    double                   health_at;         /* last health pass */
+    /* Collectives that failed elsewhere (NOTICE COLL_FAILED), newest last. */
+    struct weft_coll_note { uint32_t seq; int code; int from; char text[WEFT_WIRE_NOTICE_TEXT_MAX]; } cnotes[8];
+    unsigned                 ncnotes;
+    size_t                   user_reqs;         /* requests handed out as handles, not yet freed */
 };
 
 /* One progress pass: every transport in use, the rendezvous paths, queued
@@ -50,8 +64,15 @@ struct weft_p2p {
 int  weft_p2p_progress(struct weft_p2p *p);
 /* Waits, bounded by WEFT_TIMEOUT, until every request in reqs[0..n) is
  * DONE (NULL entries count as done). Lock held; released while sleeping.
- * On timeout the pipes of the requests still pending break (they complete
- * with WEFT_ERR_TIMEOUT) and WEFT_ERR_TIMEOUT is returned. */
+ * A request whose pipe shows no activity for WEFT_TIMEOUT fails (see
+ * p2p/health.h: whom it blames, what breaks); the first such code is
+ * returned, else WEFT_SUCCESS. */
 int  weft_p2p_progress_wait(struct weft_p2p *p, struct weft_request **reqs, size_t n, const char *what);
+/* The same, returning WEFT_P2P_FAULT as soon as p->fault_epoch differs
+ * from *stop_epoch (a rank failed, a collective failed elsewhere). */
+/* Looks at r's clock once (a test loop, a waitall over several comms). */
+void weft_p2p_watch_one(struct weft_p2p *p, struct weft_request *r, const char *what);
+int  weft_p2p_progress_wait_until(struct weft_p2p *p, struct weft_request **reqs, size_t n, const char *what,
+                                  const uint64_t *stop_epoch);
 
 #endif

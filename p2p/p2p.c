@@ -11,7 +11,11 @@
 #include "context.h"
 #include "devcopy.h"
 #include "log.h"
+#include "health.h"
 #include "pipe.h"
+
+#include <stdio.h>
+#include <stdlib.h>
 
 struct weft_core *weft_p2p_core(struct weft_p2p *p)
 {
@@ -28,12 +32,22 @@ struct weft_p2p *weft_p2p_of(const struct weft_request *r)
 static int start(struct weft_p2p *p, int send, void *buf, size_t bytes, int peer, int tag, int kind, int dev,
                  struct weft_request **r)
 {
-    return send ? weft_pipe_isend(&p->pipes[peer], buf, bytes, tag, kind, dev, r)
-                : weft_pipe_irecv(&p->pipes[peer], buf, bytes, tag, kind, dev, r);
+    return send ? weft_pipe_isend(&p->pipes[peer], buf, bytes, tag, kind, dev, NULL, r)
+                : weft_pipe_irecv(&p->pipes[peer], buf, bytes, tag, kind, dev, NULL, r);
+}
+
+static int aborted(const struct weft_p2p *p)
+{
+    return __atomic_load_n(&p->core->aborted, __ATOMIC_ACQUIRE);
+}
+
+static int aborted_error(struct weft_p2p *p, const char *fn)
+{
+    return weft_set_error(p->core, WEFT_ERR_ABORTED, "%s: the comm was aborted (weft_comm_abort)", fn);
 }
 
 static int start_locked(struct weft_p2p *p, int send, void *buf, size_t bytes, int peer, int tag,
-                        struct weft_request **req, const char *fn)
+                        const struct weft_p2p_check *check, int user, struct weft_request **req, const char *fn)
 {
     struct weft_request *r;
     int kind, dev;
@@ -42,7 +56,13 @@ static int start_locked(struct weft_p2p *p, int send, void *buf, size_t bytes, i
     if (rc != WEFT_SUCCESS)
         return rc;
     pthread_mutex_lock(&p->lock);
-    rc = start(p, send, buf, bytes, peer, tag, kind, dev, &r);
+    if (aborted(p))
+        rc = aborted_error(p, fn);
+    else
+        rc = send ? weft_pipe_isend(&p->pipes[peer], buf, bytes, tag, kind, dev, check, &r)
+                  : weft_pipe_irecv(&p->pipes[peer], buf, bytes, tag, kind, dev, check, &r);
+    if (rc == WEFT_SUCCESS && user)
+        r->user = 1;
     pthread_mutex_unlock(&p->lock);
     if (rc == WEFT_SUCCESS)
         *req = r;
@@ -52,13 +72,84 @@ static int start_locked(struct weft_p2p *p, int send, void *buf, size_t bytes, i
 int weft_p2p_isend(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag,
                    struct weft_request **req, const char *fn)
 {
-    return start_locked(p, 1, (void *)buf, bytes, peer, tag, req, fn);
+    return start_locked(p, 1, (void *)buf, bytes, peer, tag, NULL, 0, req, fn);
 }
 
 int weft_p2p_irecv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag,
                    struct weft_request **req, const char *fn)
 {
-    return start_locked(p, 0, buf, bytes, peer, tag, req, fn);
+    return start_locked(p, 0, buf, bytes, peer, tag, NULL, 0, req, fn);
+}
+
+int weft_p2p_isend_checked(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag,
+                           const struct weft_p2p_check *check, struct weft_request **req, const char *fn)
+{
+    return start_locked(p, 1, (void *)buf, bytes, peer, tag, check, 0, req, fn);
+}
+
+int weft_p2p_irecv_checked(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag,
+                           const struct weft_p2p_check *check, struct weft_request **req, const char *fn)
+{
+    return start_locked(p, 0, buf, bytes, peer, tag, check, 0, req, fn);
+}
+
+void weft_p2p_peer_check(const struct weft_request *r, struct weft_p2p_check *out)
+{
+    *out = r->check;
+}
+
+/* ---- the user's requests: handles (request.h) ---- */
+
+static weft_request_t *handle_of(struct weft_request *r)
+{
+    return (weft_request_t *)(uintptr_t)weft_req_handle(r);
+}
+
+int weft_p2p_user_isend(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag, weft_request_t **h,
+                        const char *fn)
+{
+    struct weft_request *r;
+    int rc = start_locked(p, 1, (void *)buf, bytes, peer, tag, NULL, 1, &r, fn);
+    if (rc == WEFT_SUCCESS)
+        *h = handle_of(r);
+    return rc;
+}
+
+int weft_p2p_user_irecv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag, weft_request_t **h,
+                        const char *fn)
+{
+    struct weft_request *r;
+    int rc = start_locked(p, 0, buf, bytes, peer, tag, NULL, 1, &r, fn);
+    if (rc == WEFT_SUCCESS)
+        *h = handle_of(r);
+    return rc;
+}
+
+static int bad_handle(struct weft_p2p *p, const char *fn, const char *which, const void *h)
+{
+    return weft_set_error(p ? p->core : NULL, WEFT_ERR_INVALID_ARG,
+                          "%s: %s %p names no outstanding request (it already completed and was freed by an "
+                          "earlier test/wait, or it was never returned by weft_isend/weft_irecv)", fn, which, h);
+}
+
+/* The request of handle h, locked (p->lock held on success). */
+static struct weft_request *handle_lock(weft_request_t *h, struct weft_p2p **pp, const char *fn)
+{
+    struct weft_p2p *p = weft_req_handle_p2p((uint64_t)(uintptr_t)h);
+    struct weft_request *r;
+    if (p == NULL) {
+        bad_handle(NULL, fn, "request", h);
+        return NULL;
+    }
+    pthread_mutex_lock(&p->lock);
+    r = weft_req_handle_lookup(p, (uint64_t)(uintptr_t)h);
+    if (r == NULL || r->claimed) {
+        pthread_mutex_unlock(&p->lock);
+        bad_handle(p, fn, "request", h);
+        return NULL;
+    }
+    *pp = p;
+    return r;
 }
 
 /* Copies out the status of a completed request, recycles it, returns its
@@ -72,6 +163,237 @@ static int finish(struct weft_request *r, weft_status_t *status)
     return err;
 }
 
+int weft_p2p_user_test(weft_request_t *h, int *done, weft_status_t *status)
+{
+    struct weft_p2p *p;
+    struct weft_request *r = handle_lock(h, &p, "weft_test");
+    int rc = WEFT_SUCCESS;
+    if (r == NULL)
+        return WEFT_ERR_INVALID_ARG;
+    if (r->state != WEFT_REQ_DONE) {
+        weft_p2p_progress(p);
+        if (r->state != WEFT_REQ_DONE)
+            weft_p2p_watch_one(p, r, "weft_test");   /* a test loop is a wait too: the same clock */
+    }
+    *done = r->state == WEFT_REQ_DONE;
+    if (*done)
+        rc = finish(r, status);
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+int weft_p2p_user_wait(weft_request_t *h, weft_status_t *status)
+{
+    struct weft_p2p *p;
+    struct weft_request *r = handle_lock(h, &p, "weft_wait");
+    int rc;
+    if (r == NULL)
+        return WEFT_ERR_INVALID_ARG;
+    if (r->state != WEFT_REQ_DONE)
+        weft_p2p_progress_wait(p, &r, 1, "weft_wait");
+    rc = finish(r, status);
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+/* ---- waitall over handles of one or several comms ---- */
+
+struct wa_comm {
+    struct weft_p2p *p;
+};
+
+/* Claims every handle (refusing unknown, completed and repeated ones)
+ * before anything is waited for; on a bad one, releases the claims. */
+static int waitall_claim(size_t n, weft_request_t **hs, struct weft_request **rs, struct weft_p2p **ps)
+{
+    for (size_t i = 0; i < n; i++) {
+        rs[i] = NULL;
+        ps[i] = NULL;
+        if (hs[i] == NULL)
+            continue;
+        struct weft_p2p *p;
+        struct weft_request *r = handle_lock(hs[i], &p, "weft_waitall");
+        if (r == NULL) {
+            char which[48];
+            int dup = 0;
+            for (size_t j = 0; j < i; j++) {
+                if (hs[j] == hs[i])
+                    dup = 1;
+                if (rs[j] == NULL)
+                    continue;
+                pthread_mutex_lock(&ps[j]->lock);
+                rs[j]->claimed = 0;
+                pthread_mutex_unlock(&ps[j]->lock);
+            }
+            if (dup)
+                return weft_set_error(weft_req_handle_p2p((uint64_t)(uintptr_t)hs[i])->core, WEFT_ERR_INVALID_ARG,
+                                      "weft_waitall: reqs[%zu] repeats an earlier entry (the same request twice); "
+                                      "nothing was waited for or freed", i);
+            snprintf(which, sizeof(which), "reqs[%zu]", i);
+            return bad_handle(weft_req_handle_p2p((uint64_t)(uintptr_t)hs[i]), "weft_waitall", which, hs[i]);
+        }
+        r->claimed = 1;
+        rs[i] = r;
+        ps[i] = p;
+        pthread_mutex_unlock(&p->lock);
+    }
+    return WEFT_SUCCESS;
+}
+
+int weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses)
+{
+    struct weft_request *rs_small[16], **rs = rs_small;
+    struct weft_p2p *ps_small[16], **ps = ps_small;
+    int first_err = WEFT_SUCCESS, rc;
+
+    if (n > 16) {
+        rs = malloc(n * sizeof(*rs));
+        ps = malloc(n * sizeof(*ps));
+        if (rs == NULL || ps == NULL) {
+            free(rs);
+            free(ps);
+            return weft_set_error(NULL, WEFT_ERR_NO_MEMORY, "weft_waitall: no memory for %zu requests", n);
+        }
+    }
+    rc = waitall_claim(n, hs, rs, ps);
+    if (rc != WEFT_SUCCESS)
+        goto out;
+
+    /* One comm (the usual case): one wait under its lock. Several: take
+     * turns, one progress pass of each in turn, so a request of one comm
+     * that needs a peer to progress another comm cannot deadlock. */
+    struct weft_p2p *only = NULL;
+    int several = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ps[i] == NULL)
+            continue;
+        if (only == NULL)
+            only = ps[i];
+        else if (ps[i] != only)
+            several = 1;
+    }
+    if (only != NULL && !several) {
+        pthread_mutex_lock(&only->lock);
+        weft_p2p_progress_wait(only, rs, n, "weft_waitall");
+        pthread_mutex_unlock(&only->lock);
+    } else if (several) {
+        for (;;) {
+            size_t pending = 0;
+            int events = 0;
+            for (size_t i = 0; i < n; i++) {
+                if (ps[i] == NULL)
+                    continue;
+                /* Each comm once per round: at its first pending entry. */
+                int seen = 0;
+                for (size_t j = 0; j < i && !seen; j++)
+                    seen = ps[j] == ps[i] && rs[j]->state != WEFT_REQ_DONE;
+                if (seen)
+                    continue;
+                struct weft_p2p *p = ps[i];
+                pthread_mutex_lock(&p->lock);
+                events += weft_p2p_progress(p);
+                for (size_t j = i; j < n; j++)
+                    if (ps[j] == p && rs[j]->state != WEFT_REQ_DONE) {
+                        weft_p2p_watch_one(p, rs[j], "weft_waitall");
+                        if (rs[j]->state != WEFT_REQ_DONE)
+                            pending++;
+                    }
+                pthread_mutex_unlock(&p->lock);
+            }
+            if (pending == 0)
+                break;
+            if (events == 0) {
+                struct timespec ts = { 0, 20 * 1000 };
+                nanosleep(&ts, NULL);
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        weft_status_t st = { 0, -1, -1, WEFT_SUCCESS };
+        int err = WEFT_SUCCESS;
+        if (rs[i]) {
+            pthread_mutex_lock(&ps[i]->lock);
+            err = finish(rs[i], &st);
+            pthread_mutex_unlock(&ps[i]->lock);
+            hs[i] = NULL;
+        }
+        if (statuses)
+            statuses[i] = st;
+        if (err != WEFT_SUCCESS && first_err == WEFT_SUCCESS)
+            first_err = err;
+    }
+    rc = first_err;
+out:
+    if (rs != rs_small) {
+        free(rs);
+        free(ps);
+    }
+    return rc;
+}
+
+int weft_p2p_cancel(struct weft_request *r, int err)
+{
+    struct weft_p2p *p = r->p2p;
+    pthread_mutex_lock(&p->lock);
+    int done = weft_pipe_cancel(r, err);
+    pthread_mutex_unlock(&p->lock);
+    return done;
+}
+
+int weft_p2p_wait_done_until(struct weft_request *r, const char *what, const uint64_t *stop_epoch)
+{
+    struct weft_p2p *p = r->p2p;
+    int rc = WEFT_SUCCESS;
+
+    pthread_mutex_lock(&p->lock);
+    if (r->state != WEFT_REQ_DONE)
+        rc = weft_p2p_progress_wait_until(p, &r, 1, what, stop_epoch);
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+uint64_t weft_p2p_fault_epoch(struct weft_p2p *p)
+{
+    pthread_mutex_lock(&p->lock);
+    uint64_t e = p->fault_epoch;
+    pthread_mutex_unlock(&p->lock);
+    return e;
+}
+
+int weft_p2p_fault(struct weft_p2p *p, uint32_t coll_seq, char *why, size_t whylen)
+{
+    int code = WEFT_SUCCESS;
+    pthread_mutex_lock(&p->lock);
+    const struct weft_coll_note *c = weft_health_coll_note(p, coll_seq);
+    if (c != NULL) {
+        code = c->code;
+        snprintf(why, whylen, "%s (reported by rank %d)", c->text, c->from);
+    } else if (p->fault_rank >= 0) {
+        code = p->fault_code;
+        snprintf(why, whylen, "%s", p->fault_why);
+    } else if (aborted(p)) {
+        code = WEFT_ERR_ABORTED;
+        snprintf(why, whylen, "the comm was aborted (weft_comm_abort)");
+    }
+    pthread_mutex_unlock(&p->lock);
+    return code;
+}
+
+void weft_p2p_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text)
+{
+    pthread_mutex_lock(&p->lock);
+    weft_health_coll_failed(p, seq, code, text);
+    pthread_mutex_unlock(&p->lock);
+}
+
+void weft_p2p_abort(struct weft_p2p *p)
+{
+    __atomic_store_n(&p->core->aborted, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&p->lock);
+    weft_health_abort(p);
+    pthread_mutex_unlock(&p->lock);
+}
+
 int weft_p2p_poll(struct weft_p2p *p)
 {
     pthread_mutex_lock(&p->lock);
@@ -83,6 +405,24 @@ int weft_p2p_poll(struct weft_p2p *p)
 int weft_p2p_done(const struct weft_request *r)
 {
     return __atomic_load_n(&r->state, __ATOMIC_RELAXED) == WEFT_REQ_DONE;
+}
+
+int weft_p2p_test_check(struct weft_request *r, int *done, weft_status_t *status, struct weft_p2p_check *peer)
+{
+    struct weft_p2p *p = r->p2p;
+    int rc = WEFT_SUCCESS;
+
+    pthread_mutex_lock(&p->lock);
+    if (r->state != WEFT_REQ_DONE)
+        weft_p2p_progress(p);
+    *done = r->state == WEFT_REQ_DONE;
+    if (*done) {
+        if (peer)
+            *peer = r->check;
+        rc = finish(r, status);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return rc;
 }
 
 int weft_p2p_test(struct weft_request *r, int *done, weft_status_t *status)
@@ -176,7 +516,7 @@ static int blocking(struct weft_p2p *p, int send, void *buf, size_t bytes, int p
     if (rc != WEFT_SUCCESS)
         return rc;
     pthread_mutex_lock(&p->lock);
-    rc = start(p, send, buf, bytes, peer, tag, kind, dev, &r);
+    rc = aborted(p) ? aborted_error(p, fn) : start(p, send, buf, bytes, peer, tag, kind, dev, &r);
     if (rc == WEFT_SUCCESS) {
         if (r->state != WEFT_REQ_DONE)
             weft_p2p_progress_wait(p, &r, 1, fn);

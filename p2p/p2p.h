@@ -13,9 +13,17 @@
 #include <stddef.h>
 #include "weft.h"   /* weft_status_t, weft_request_t */
 
+#include <stdint.h>
+
 struct weft_core;
 struct weft_p2p;
 struct weft_request;
+
+/* A collective's fingerprint: opaque to p2p, compared for equality. A
+ * checked send carries it; a checked receive that meets a message whose
+ * fingerprint differs completes with WEFT_ERR_MISMATCH (the message is
+ * consumed) and weft_p2p_peer_check gives the sender's. */
+struct weft_p2p_check { uint64_t w[3]; };
 
 /* Starts a send/receive on the pipe to peer. The buffer's memory kind (host
  * or CUDA device) is looked up here; device memory on a comm without CUDA
@@ -36,6 +44,45 @@ int  weft_p2p_recv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int ta
 int  weft_p2p_test(struct weft_request *r, int *done, weft_status_t *status);
 int  weft_p2p_wait(struct weft_request *r, weft_status_t *status);
 int  weft_p2p_waitall(size_t n, struct weft_request **reqs, weft_status_t *statuses);
+
+/* The user's requests (src/api/): the same, through handles (request.h):
+ * a handle that names no outstanding request of a live comm, or one
+ * repeated in a waitall, is refused with WEFT_ERR_INVALID_ARG before
+ * anything is touched. waitall progresses every comm involved. */
+int  weft_p2p_user_isend(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag, weft_request_t **h,
+                         const char *fn);
+int  weft_p2p_user_irecv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag, weft_request_t **h,
+                         const char *fn);
+int  weft_p2p_user_test(weft_request_t *h, int *done, weft_status_t *status);
+int  weft_p2p_user_wait(weft_request_t *h, weft_status_t *status);
+int  weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses);
+
+/* Collectives' messages carry a fingerprint (struct weft_p2p_check). */
+int  weft_p2p_isend_checked(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag,
+                            const struct weft_p2p_check *check, struct weft_request **req, const char *fn);
+int  weft_p2p_irecv_checked(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag,
+                            const struct weft_p2p_check *check, struct weft_request **req, const char *fn);
+/* A receive that completed with WEFT_ERR_MISMATCH: the sender's fingerprint
+ * (all zero: an unchecked message). */
+void weft_p2p_peer_check(const struct weft_request *r, struct weft_p2p_check *out);
+/* weft_p2p_test that also gives the sender's fingerprint of a receive that
+ * completed with WEFT_ERR_MISMATCH (peer may be NULL). */
+int  weft_p2p_test_check(struct weft_request *r, int *done, weft_status_t *status, struct weft_p2p_check *peer);
+/* Withdraws r with err when nothing of the peer's is bound to it yet (see
+ * weft_pipe_cancel): 1 done (r stays to be freed by test/wait), 0 not. */
+int  weft_p2p_cancel(struct weft_request *r, int err);
+/* wait_done that returns WEFT_P2P_FAULT (-12) as soon as the fault epoch
+ * moves past *stop_epoch (a rank failed, a collective failed elsewhere). */
+#define WEFT_P2P_FAULT (-12)
+int  weft_p2p_wait_done_until(struct weft_request *r, const char *what, const uint64_t *stop_epoch);
+uint64_t weft_p2p_fault_epoch(struct weft_p2p *p);
+/* Why the comm cannot run collective coll_seq: a notice about that call
+ * from another rank, a failed rank, or abort; WEFT_SUCCESS: none. */
+int  weft_p2p_fault(struct weft_p2p *p, uint32_t coll_seq, char *why, size_t whylen);
+/* Collective seq failed here (code, text): tell every live peer. */
+void weft_p2p_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text);
+/* weft_comm_abort: any thread. */
+void weft_p2p_abort(struct weft_p2p *p);
 
 /* One progress pass (takes the lock): for a thread that drives requests of
  * its own between tests (the stream engine). Returns the number of events. */
@@ -81,6 +128,9 @@ int    weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const st
  * peer may wait for (bounded by WEFT_TIMEOUT); warns about requests still
  * in flight. */
 int    weft_p2p_drain(struct weft_p2p *p);
+/* Whether some rank failed or this comm was aborted: destroy is then local
+ * (no final barrier a failed rank would never join). */
+int    weft_p2p_any_failed(struct weft_p2p *p);
 /* After the final barrier (or to unwind a failed create): everything. */
 void   weft_p2p_destroy(struct weft_p2p *p);
 #endif

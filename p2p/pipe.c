@@ -39,6 +39,7 @@
 #include "cudawrap.h"
 #include "devcopy.h"
 #include "log.h"
+#include "health.h"
 #include "rndv.h"
 
 _Static_assert(WEFT_MEM_DEVICE == 2 && WEFT_MEM_MANAGED == 3 && WEFT_MEM_PINNED < 2,
@@ -113,6 +114,7 @@ int weft_pipe_init(struct weft_p2p *p2p, struct weft_pipe *p, int peer)
     memset(p, 0, sizeof(*p));
     p->p2p = p2p;
     p->peer = peer;
+    p->pidfd = -1;
     weft_queue_init(&p->out);
     weft_list_init(&p->inflight);
     p->nbuckets = 16;
@@ -215,6 +217,87 @@ static int send_full(struct weft_pipe *p, const struct weft_wire_hdr *h, const v
     return carrier_send(p, h, sizeof(*h), payload, len);
 }
 
+int weft_pipe_send_oob(struct weft_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len)
+{
+    if (p->carrier.tp == NULL)
+        return WEFT_ERR_TRANSPORT;
+    return send_full(p, h, payload, len);
+}
+
+/* A message's first frame: the header, the request's fingerprint when it
+ * carries one (flag CHECK), the payload. */
+static int send_msg(struct weft_pipe *p, const struct weft_request *r, struct weft_wire_hdr *h, const void *payload,
+                    size_t len)
+{
+    unsigned char hb[sizeof(*h) + WEFT_WIRE_CHECK_BYTES];
+    if (!r->checked)
+        return send_full(p, h, payload, len);
+    h->flags |= WEFT_WIRE_F_CHECK;
+    memcpy(hb, h, sizeof(*h));
+    memcpy(hb + sizeof(*h), &r->check, WEFT_WIRE_CHECK_BYTES);
+    return carrier_send(p, hb, sizeof(hb), payload, len);
+}
+
+/* ---- flow control (wire.h) ---- */
+
+static int fc_on(const struct weft_pipe *p)
+{
+    return p->peer != p->p2p->rank;   /* self: the process's own memory either way */
+}
+
+/* Whether a message of this cost may go now: within the window, or alone
+ * on the wire (one larger than the window still goes, by itself). */
+static int fc_may_send(const struct weft_pipe *p, uint64_t cost)
+{
+    uint64_t out = p->fc_sent - p->fc_granted;
+    return !fc_on(p) || out == 0 || out + cost <= p->p2p->core->cfg.eager_window;
+}
+
+static uint64_t fc_cost_of(const struct weft_request *r)
+{
+    return (r->rndv ? 0 : r->bytes) + WEFT_WIRE_MSG_COST;
+}
+
+static int credit_send(struct weft_pipe *p)
+{
+    struct weft_wire_hdr h;
+    memset(&h, 0, sizeof(h));
+    h.type = WEFT_WIRE_CREDIT;
+    h.bytes = p->fc_consumed;
+    int rc = send_full(p, &h, NULL, 0);
+    if (rc == WEFT_SUCCESS)
+        p->fc_reported = p->fc_consumed;
+    return rc;
+}
+
+/* A message of ours... of the peer's was consumed: report every quarter window. */
+static void fc_consume(struct weft_pipe *p, uint64_t cost)
+{
+    if (!fc_on(p))
+        return;
+    p->fc_consumed += cost;
+    if (p->credit_owed || p->fc_consumed - p->fc_reported < p->p2p->core->cfg.eager_window / 4)
+        return;
+    int rc = credit_send(p);
+    if (rc == WEFT_EAGAIN) {
+        p->credit_owed = 1;          /* flush retries it before anything queued */
+        p->p2p->out_queued++;
+    } else if (rc != WEFT_SUCCESS) {
+        weft_pipe_break(p, rc);
+    }
+}
+
+/* Whether id is a send we withdrew (and forget it: one answer each). */
+static int withdrawn_take(struct weft_pipe *p, uint64_t id)
+{
+    for (unsigned i = 0; i < p->nwithdrawn && i < 16; i++)
+        if (p->withdrawn[i] == id) {
+            p->withdrawn[i] = 0;
+            return 1;
+        }
+    return 0;
+}
+
 /* An EAGER message from a device buffer: the data goes through a host
  * bounce (synchronous D2H). If the copy fails, the message still goes out
  * (its sequence number is taken) as a 0-byte EAGER whose status tells the
@@ -244,19 +327,36 @@ __attribute__((noinline)) static int send_eager_device(struct weft_pipe *p, stru
         h->status = err;
         data = NULL;
     }
-    rc = send_full(p, h, data, err == WEFT_SUCCESS ? r->bytes : 0);
+    rc = send_msg(p, r, h, data, err == WEFT_SUCCESS ? r->bytes : 0);
     if (rc == WEFT_SUCCESS)
         weft_pipe_complete(r, err);
     return rc;
 }
 
-/* Hands a send's first frame (EAGER with data, or RTS) to the carrier. */
+static int send_req_first(struct weft_pipe *p, struct weft_request *r);
+
+/* Hands a send's first frame (EAGER with data, or RTS) to the carrier,
+ * within the flow-control window. */
 static int send_req_now(struct weft_pipe *p, struct weft_request *r)
+{
+    uint64_t cost = fc_cost_of(r);
+    int rc;
+
+    if (!fc_may_send(p, cost))
+        return WEFT_EAGAIN;   /* queued until the peer reports credit */
+    p->fc_sent += cost;   /* taken back below if the carrier has no room */
+    rc = send_req_first(p, r);
+    if (rc != WEFT_SUCCESS)
+        p->fc_sent -= cost;
+    return rc;
+}
+
+static int send_req_first(struct weft_pipe *p, struct weft_request *r)
 {
     struct weft_wire_hdr h;
     int rc;
 
-    if (!r->rndv && !weft_mem_is_device(r->xfer.mem_kind)) {
+    if (!r->rndv && !r->checked && !weft_mem_is_device(r->xfer.mem_kind)) {
         /* The common small message: the 16-byte header. */
         struct weft_wire_small s = { WEFT_WIRE_EAGER_SMALL, 0, 0, r->tag, r->seq };
         rc = carrier_send(p, &s, sizeof(s), r->xfer.buf, r->bytes);
@@ -270,6 +370,12 @@ static int send_req_now(struct weft_pipe *p, struct weft_request *r)
     h.bytes = r->bytes;
     if (!r->rndv) {
         h.type = WEFT_WIRE_EAGER;
+        if (!weft_mem_is_device(r->xfer.mem_kind)) {
+            rc = send_msg(p, r, &h, r->xfer.buf, r->bytes);
+            if (rc == WEFT_SUCCESS)
+                weft_pipe_complete(r, WEFT_SUCCESS);
+            return rc;
+        }
         return send_eager_device(p, r, &h);
     }
     h.type = WEFT_WIRE_RTS;
@@ -280,7 +386,7 @@ static int send_req_now(struct weft_pipe *p, struct weft_request *r)
         h.device = (uint16_t)(r->xfer.device >= 0 ? r->xfer.device : 0);
     }
     weft_rndv_rts_fill(p, r, &h);
-    rc = send_full(p, &h, NULL, 0);
+    rc = send_msg(p, r, &h, NULL, 0);
     if (rc == WEFT_SUCCESS) {
         r->state = WEFT_REQ_POSTED;
         weft_list_add_tail(&p->inflight, &r->link);
@@ -326,6 +432,20 @@ int weft_pipe_flush(struct weft_pipe *p)
 {
     int n = 0;
 
+    if (p->credit_owed && !p->broken) {
+        /* Credit first: the peer's queue may wait for it (never behind
+         * our own sends, which may wait for the peer's credit). */
+        int rc = credit_send(p);
+        if (rc == WEFT_EAGAIN)
+            return 0;
+        p->credit_owed = 0;
+        p->p2p->out_queued--;
+        if (rc != WEFT_SUCCESS) {
+            weft_pipe_break(p, rc);
+            return 0;
+        }
+        n++;
+    }
     while (!weft_queue_empty(&p->out) && !p->broken) {
         struct weft_outbound *o = weft_container_of(weft_queue_head(&p->out), struct weft_outbound, qn);
         int rc = o->req ? send_req_now(p, o->req) : send_full(p, &o->hdr, o->payload, o->len);
@@ -347,11 +467,15 @@ int weft_pipe_flush(struct weft_pipe *p)
 }
 
 static struct weft_request *req_new(struct weft_pipe *p, int type, void *buf, size_t bytes, int tag, int mem_kind,
-                                    int device)
+                                    int device, const struct weft_p2p_check *check)
 {
     struct weft_request *r = weft_req_alloc(p->p2p);
     if (r == NULL)
         return NULL;
+    if (check) {
+        r->checked = 1;
+        r->check = *check;
+    }
     r->pipe = p;
     r->type = type;
     r->tag = tag;
@@ -369,7 +493,7 @@ static struct weft_request *req_new(struct weft_pipe *p, int type, void *buf, si
 }
 
 int weft_pipe_isend(struct weft_pipe *p, const void *buf, size_t bytes, int tag, int mem_kind, int device,
-                    struct weft_request **out)
+                    const struct weft_p2p_check *check, struct weft_request **out)
 {
     struct weft_core *core = p->p2p->core;
     struct weft_request *r;
@@ -378,7 +502,7 @@ int weft_pipe_isend(struct weft_pipe *p, const void *buf, size_t bytes, int tag,
     if (p->broken)
         return weft_set_error(core, p->broken, "send to peer %d tag %d: the pipe over %s failed earlier (%s)",
                               p->peer, tag, weft_pipe_tp_name(p), weft_err_str(p->broken));
-    r = req_new(p, WEFT_REQ_SEND, (void *)buf, bytes, tag, mem_kind, device);
+    r = req_new(p, WEFT_REQ_SEND, (void *)buf, bytes, tag, mem_kind, device, check);
     if (r == NULL)
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory for a request", p->peer,
                               tag);
@@ -419,6 +543,30 @@ __attribute__((noinline)) static void deliver_eager_device(struct weft_pipe *p, 
     weft_pipe_complete(r, weft_devcopy_sync(p->p2p->core, r->xfer.buf, payload, m->bytes, what));
 }
 
+/* Whether a message (fingerprint mcheck when its flag CHECK is set) may
+ * meet receive r. On a mismatch r completes with WEFT_ERR_MISMATCH holding
+ * the sender's fingerprint (zero for an unchecked message); the caller
+ * consumes the message. */
+static int check_ok(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m,
+                    const struct weft_p2p_check *mcheck)
+{
+    int mchecked = (m->flags & WEFT_WIRE_F_CHECK) != 0;
+    if (!r->checked && !mchecked)
+        return 1;
+    if (r->checked && mchecked && memcmp(&r->check, mcheck, sizeof(*mcheck)) == 0)
+        return 1;
+    r->msg_bytes = m->bytes;
+    if (mchecked)
+        r->check = *mcheck;
+    else
+        memset(&r->check, 0, sizeof(r->check));
+    weft_set_error(p->p2p->core, WEFT_ERR_MISMATCH,
+                   "recv from peer %d tag %d: the message (%llu B) belongs to a different %s", p->peer, r->tag,
+                   (unsigned long long)m->bytes, mchecked ? "collective call" : "kind of call (point-to-point)");
+    weft_pipe_complete(r, WEFT_ERR_MISMATCH);
+    return 0;
+}
+
 /* EAGER message meets its receive: copy, or fail with TRUNCATE. */
 static void deliver_eager(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m,
                           const void *payload)
@@ -444,8 +592,9 @@ static void deliver_eager(struct weft_pipe *p, struct weft_request *r, const str
         deliver_eager_device(p, r, m, payload);
         return;
     }
+    /* memmove: a send to self may overlap its own receive buffer. */
     if (m->bytes)
-        memcpy(r->xfer.buf, payload, m->bytes);
+        memmove(r->xfer.buf, payload, m->bytes);
     weft_pipe_complete(r, WEFT_SUCCESS);
 }
 
@@ -490,8 +639,24 @@ static void match_rts(struct weft_pipe *p, struct weft_request *r, const struct 
     weft_pipe_complete(r, rc);
 }
 
+/* A message meets receive r: fingerprint, then delivery. */
+static void match_msg(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m,
+                      const struct weft_p2p_check *mcheck, const void *payload)
+{
+    fc_consume(p, (m->type == WEFT_WIRE_EAGER ? m->bytes : 0) + WEFT_WIRE_MSG_COST);
+    if (!check_ok(p, r, m, mcheck)) {
+        if (m->type == WEFT_WIRE_RTS)
+            weft_rndv_send_fin(p, m, WEFT_ERR_MISMATCH);   /* its sender fails too */
+        return;
+    }
+    if (m->type == WEFT_WIRE_EAGER)
+        deliver_eager(p, r, m, payload);
+    else
+        match_rts(p, r, m);
+}
+
 int weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
-                    struct weft_request **out)
+                    const struct weft_p2p_check *check, struct weft_request **out)
 {
     struct weft_core *core = p->p2p->core;
     struct weft_request *r;
@@ -500,7 +665,7 @@ int weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int m
     if (p->broken)
         return weft_set_error(core, p->broken, "recv from peer %d tag %d: the pipe over %s failed earlier (%s)",
                               p->peer, tag, weft_pipe_tp_name(p), weft_err_str(p->broken));
-    r = req_new(p, WEFT_REQ_RECV, buf, bytes, tag, mem_kind, device);
+    r = req_new(p, WEFT_REQ_RECV, buf, bytes, tag, mem_kind, device, check);
     l = r ? lane_get(p, tag, 1) : NULL;
     if (l == NULL) {
         if (r)
@@ -511,10 +676,7 @@ int weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int m
     *out = r;
     if (!weft_queue_empty(&l->unexp)) {
         struct weft_unexpected *u = weft_container_of(weft_queue_pop(&l->unexp), struct weft_unexpected, qn);
-        if (u->hdr.type == WEFT_WIRE_EAGER)
-            deliver_eager(p, r, &u->hdr, u->payload);
-        else
-            match_rts(p, r, &u->hdr);
+        match_msg(p, r, &u->hdr, &u->check, u->payload);
         unexpected_free(u);
     } else {
         weft_list_add_tail(&l->posted, &r->link);
@@ -523,7 +685,7 @@ int weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int m
 }
 
 static void unexpected_add(struct weft_pipe *p, struct weft_lane *l, const struct weft_wire_hdr *m,
-                           const void *payload, size_t len)
+                           const struct weft_p2p_check *mcheck, const void *payload, size_t len)
 {
     struct weft_unexpected *u = calloc(1, sizeof(*u));
     if (u && len) {
@@ -539,11 +701,14 @@ static void unexpected_add(struct weft_pipe *p, struct weft_lane *l, const struc
         return;
     }
     u->hdr = *m;
+    if (m->flags & WEFT_WIRE_F_CHECK)
+        u->check = *mcheck;
     weft_queue_push(&l->unexp, &u->qn);
 }
 
 /* EAGER or RTS: in sequence, then matched on its lane. */
-static void on_message(struct weft_pipe *p, const struct weft_wire_hdr *m, const void *payload, size_t len)
+static void on_message(struct weft_pipe *p, const struct weft_wire_hdr *m, const struct weft_p2p_check *mcheck,
+                       const void *payload, size_t len)
 {
     struct weft_request *r = NULL;
     struct weft_lane *l;
@@ -571,11 +736,9 @@ static void on_message(struct weft_pipe *p, const struct weft_wire_hdr *m, const
             r = weft_container_of(n, struct weft_request, link);
     }
     if (r == NULL)
-        unexpected_add(p, l, m, payload, m->type == WEFT_WIRE_EAGER ? len : 0);
-    else if (m->type == WEFT_WIRE_EAGER)
-        deliver_eager(p, r, m, payload);
+        unexpected_add(p, l, m, mcheck, payload, m->type == WEFT_WIRE_EAGER ? len : 0);
     else
-        match_rts(p, r, m);
+        match_msg(p, r, m, mcheck, payload);
 }
 
 static void on_cts(struct weft_pipe *p, const struct weft_wire_hdr *m, const void *key, size_t keylen)
@@ -583,6 +746,20 @@ static void on_cts(struct weft_pipe *p, const struct weft_wire_hdr *m, const voi
     struct weft_request *s = weft_req_lookup(p->p2p, p, m->sreq, WEFT_REQ_SEND);
     const struct weft_rndv_path *path;
 
+    if (s == NULL && withdrawn_take(p, m->sreq)) {
+        /* A send we withdrew (weft_pipe_cancel) while its RTS was out:
+         * tell the receiver, whose receive then fails instead of waiting. */
+        struct weft_wire_hdr f;
+        memset(&f, 0, sizeof(f));
+        f.type = WEFT_WIRE_FIN;
+        f.flags = WEFT_WIRE_F_TO_RECV;
+        f.status = WEFT_ERR_TRANSPORT;
+        f.tag = m->tag;
+        f.sreq = m->sreq;
+        f.rreq = m->rreq;
+        weft_pipe_send_ctrl(p, &f, NULL, 0);
+        return;
+    }
     if (s == NULL || s->state != WEFT_REQ_POSTED) {
         protocol_error(p, "CTS names send request %#llx, which is not waiting for one (state %llu)",
                        (unsigned long long)m->sreq, s ? (unsigned long long)s->state : 0ull);
@@ -609,6 +786,8 @@ static void on_fin(struct weft_pipe *p, const struct weft_wire_hdr *m)
     int to_recv = (m->flags & WEFT_WIRE_F_TO_RECV) != 0;
     struct weft_request *r = weft_req_lookup(p->p2p, p, to_recv ? m->rreq : m->sreq,
                                              to_recv ? WEFT_REQ_RECV : WEFT_REQ_SEND);
+    if (r == NULL && !to_recv && withdrawn_take(p, m->sreq))
+        return;   /* our withdrawn send (weft_pipe_cancel): nothing waits for this FIN */
     if (r == NULL || !weft_list_linked(&r->link)) {
         protocol_error(p, to_recv ? "FIN names receive request %#llx, which is not in flight (%llu)"
                                   : "FIN names send request %#llx, which is not in flight (%llu)",
@@ -634,9 +813,10 @@ static int deliver_small(struct weft_pipe *p, const struct weft_wire_small *s, c
         !weft_queue_empty(&l->unexp) || weft_list_empty(&l->posted))
         return 0;
     r = weft_container_of(weft_list_first(&l->posted), struct weft_request, link);
-    if (len > r->bytes || weft_mem_is_device(r->xfer.mem_kind))
+    if (len > r->bytes || r->checked || weft_mem_is_device(r->xfer.mem_kind))
         return 0;
     p->recv_seq++;
+    fc_consume(p, len + WEFT_WIRE_MSG_COST);
     weft_list_del(&r->link);
     r->msg_bytes = len;
     if (len)
@@ -652,7 +832,9 @@ void weft_pipe_on_frame(struct weft_pipe *p, const void *frame, size_t len)
 
     if (p->broken)
         return;   /* a broken pipe ignores what still trickles in */
+    p->heard++;
     if (len >= sizeof(struct weft_wire_small) && b[0] == WEFT_WIRE_EAGER_SMALL) {
+        p->activity++;
         struct weft_wire_small s;
         memcpy(&s, b, sizeof(s));
         if (deliver_small(p, &s, b + sizeof(s), len - sizeof(s)))
@@ -663,7 +845,7 @@ void weft_pipe_on_frame(struct weft_pipe *p, const void *frame, size_t len)
         m.tag = s.tag;
         m.seq = s.seq;
         m.bytes = len - sizeof(s);
-        on_message(p, &m, b + sizeof(s), len - sizeof(s));
+        on_message(p, &m, NULL, b + sizeof(s), len - sizeof(s));
         return;
     }
     if (len < sizeof(m)) {
@@ -672,10 +854,33 @@ void weft_pipe_on_frame(struct weft_pipe *p, const void *frame, size_t len)
         return;
     }
     memcpy(&m, b, sizeof(m));
+    if (m.type != WEFT_WIRE_HEARTBEAT && m.type != WEFT_WIRE_NOTICE)
+        p->activity++;
     switch (m.type) {
     case WEFT_WIRE_EAGER:
-    case WEFT_WIRE_RTS:
-        on_message(p, &m, b + sizeof(m), len - sizeof(m));
+    case WEFT_WIRE_RTS: {
+        struct weft_p2p_check ck;
+        size_t off = sizeof(m);
+        if (m.flags & WEFT_WIRE_F_CHECK) {
+            if (len < off + WEFT_WIRE_CHECK_BYTES) {
+                protocol_error(p, "checked message of %llu bytes is too short (%llu)", (unsigned long long)len,
+                               (unsigned long long)off);
+                return;
+            }
+            memcpy(&ck, b + off, sizeof(ck));
+            off += WEFT_WIRE_CHECK_BYTES;
+        }
+        on_message(p, &m, &ck, b + off, len - off);
+        break;
+    }
+    case WEFT_WIRE_CREDIT:
+        if (m.bytes > p->fc_granted)
+            p->fc_granted = m.bytes;
+        break;
+    case WEFT_WIRE_HEARTBEAT:
+        break;   /* heard: counted above */
+    case WEFT_WIRE_NOTICE:
+        weft_health_on_notice(p, &m, (const char *)b + sizeof(m), len - sizeof(m));
         break;
     case WEFT_WIRE_CTS:
         on_cts(p, &m, b + sizeof(m), len - sizeof(m));
@@ -688,6 +893,32 @@ void weft_pipe_on_frame(struct weft_pipe *p, const void *frame, size_t len)
                        (unsigned long long)len);
         break;
     }
+}
+
+/* ---------------------------------------------------------------- withdrawing */
+
+int weft_pipe_cancel(struct weft_request *r, int err)
+{
+    struct weft_pipe *p = r->pipe;
+
+    if (r->state == WEFT_REQ_DONE)
+        return 1;
+    if (r->type == WEFT_REQ_RECV && r->state == WEFT_REQ_POSTED && weft_list_linked(&r->link)) {
+        /* Still in its lane's posted list: nothing of the peer's is bound to it. */
+        weft_list_del(&r->link);
+        weft_pipe_complete(r, err);
+        return 1;
+    }
+    if (r->type == WEFT_REQ_SEND && r->state == WEFT_REQ_POSTED && !r->path && r->path_state == NULL) {
+        /* RTS out, no CTS yet: the receiver's CTS, if it comes, gets a
+         * failing FIN (on_cts). */
+        p->withdrawn[p->nwithdrawn++ % 16] = weft_req_id(r);
+        inflight_remove(p, r);
+        weft_pipe_complete(r, err);
+        return 1;
+    }
+    (void)p;
+    return 0;
 }
 
 /* ---------------------------------------------------------------- breaking */

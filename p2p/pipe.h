@@ -20,7 +20,8 @@ struct weft_p2p;
 /* A received message no receive was posted for yet. */
 struct weft_unexpected {
     struct weft_qnode        qn;
-    struct weft_wire_hdr     hdr;      /* EAGER or RTS header */
+    struct weft_wire_hdr     hdr;      /* EAGER or RTS header (flag CHECK: check is set) */
+    struct weft_p2p_check    check;
     void                    *payload;  /* EAGER: copy of the data (malloc), else NULL */
 };
 
@@ -65,6 +66,26 @@ struct weft_pipe {
     size_t                   ninflight;
 
     int                      broken;       /* WEFT_* code once the pipe failed, else 0 */
+
+    /* Flow control (wire.h): cost of messages sent / the peer reported
+     * consumed; cost of the peer's messages we consumed / reported. */
+    uint64_t                 fc_sent, fc_granted;
+    uint64_t                 fc_consumed, fc_reported;
+    int                      credit_owed;  /* a CREDIT could not go out yet (counted in out_queued) */
+    /* Ids of sends withdrawn with their RTS unanswered (weft_pipe_cancel):
+     * a late CTS/FIN naming one is expected, any other unknown id is a
+     * protocol error. */
+    uint64_t                 withdrawn[16];
+    unsigned                 nwithdrawn;
+
+    /* Liveness (p2p/health.c). activity: frames other than heartbeats and
+     * notices, and rendezvous data moved: what per-request timeouts watch.
+     * heard: every frame, heartbeats too: whether the peer is alive. */
+    uint64_t                 activity, heard, heard_seen;
+    double                   heard_at, hb_at;
+    int                      pid, pidfd;   /* same-host peers: their process (pidfd -1: none) */
+    int                      same_host;
+    int                      failed;       /* the peer is known failed (died, stopped, silent, aborted) */
     uint32_t                 stage_lane_next; /* next staged-transfer lane index (receiver side) */
 };
 
@@ -74,9 +95,19 @@ void weft_pipe_fini(struct weft_pipe *p);
 /* Starts a send/recv on the pipe (negative tags: internal lanes). mem_kind
  * and device describe buf (classified by the caller). */
 int  weft_pipe_isend(struct weft_pipe *p, const void *buf, size_t bytes, int tag, int mem_kind, int device,
-                     struct weft_request **out);
+                     const struct weft_p2p_check *check, struct weft_request **out);
 int  weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
-                     struct weft_request **out);
+                     const struct weft_p2p_check *check, struct weft_request **out);
+
+/* Completes r with err without breaking the pipe when that is safe: a
+ * receive not matched yet, or a send whose RTS is still unanswered (a late
+ * CTS for it is answered with a failing FIN). 1: done; 0: r is moving data
+ * (or queued for sending) and cannot be withdrawn. */
+int  weft_pipe_cancel(struct weft_request *r, int err);
+
+/* Sends a frame that takes no part in ordering or flow control (CREDIT,
+ * HEARTBEAT, NOTICE) now; 0 or WEFT_EAGAIN / an error (nothing queued). */
+int  weft_pipe_send_oob(struct weft_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len);
 
 /* Retries queued outbound frames; returns the number sent. */
 int  weft_pipe_flush(struct weft_pipe *p);

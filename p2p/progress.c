@@ -8,8 +8,11 @@
  * ranks than cores, where spinning only steals the peer's time slice), then
  * yields the CPU for a while, then sleeps in a transport (futex on the shm
  * doorbell, poll on sockets) until a peer wakes it or a short timeout.
- * WEFT_TIMEOUT bounds the time without any progress; then the pipes of the
- * requests still waiting are broken so nothing waits forever.
+ * WEFT_TIMEOUT bounds, per request, the time its pipe shows no activity
+ * (frames from the peer other than heartbeats, rendezvous data); then
+ * p2p/health.c decides whom to blame and fails the request (and, for a
+ * peer that died or stopped, its pipe), so nothing waits forever and a
+ * busy neighbour does not keep a wait on a stopped peer alive.
  *
  * Work that completes with no knock (completion queues, copies on a CUDA
  * stream: a transport's or path's wakeless()) makes a waiter nap briefly
@@ -22,6 +25,7 @@
 #include <time.h>
 
 #include "context.h"
+#include "health.h"
 #include "log.h"
 #include "pipe.h"
 #include "rndv.h"
@@ -47,7 +51,7 @@ int weft_p2p_progress(struct weft_p2p *p)
                 n += weft_rndv_paths[i]->progress(p);
     if (p->out_queued) {
         for (int i = 0; i < p->size; i++)
-            if (!weft_queue_empty(&p->pipes[i].out))
+            if (!weft_queue_empty(&p->pipes[i].out) || p->pipes[i].credit_owed)
                 n += weft_pipe_flush(&p->pipes[i]);
     }
     p->events += (uint64_t)n;
@@ -96,21 +100,54 @@ static void wait_sleep(struct weft_p2p *p, int timeout_ms)
     pthread_mutex_lock(&p->lock);
 }
 
-static const char *req_what(const struct weft_request *r)
+/* The per-request clocks (and the peers' health) of reqs[first..n): 0, or
+ * the code of a request that just failed for making no progress. */
+static int watch(struct weft_p2p *p, struct weft_request **reqs, size_t first, size_t n, double now,
+                 const char *what)
 {
-    return r->type == WEFT_REQ_SEND ? "send to" : "recv from";
+    double timeout = p->core->cfg.timeout_s;
+    int rc = WEFT_SUCCESS;
+
+    weft_health_tick(p, now);
+    if (timeout <= 0)
+        return rc;
+    for (size_t i = first; i < n; i++) {
+        struct weft_request *r = reqs[i];
+        if (r == NULL || r->state == WEFT_REQ_DONE)
+            continue;
+        if (r->idle_since == 0 || r->activity != r->pipe->activity) {
+            r->activity = r->pipe->activity;
+            r->idle_since = now;
+            continue;
+        }
+        if (now - r->idle_since >= timeout && weft_health_stuck(p, r, now, now - r->idle_since, what) &&
+            rc == WEFT_SUCCESS)
+            rc = r->status.error != WEFT_SUCCESS ? r->status.error : WEFT_ERR_TIMEOUT;
+    }
+    return rc;
+}
+
+void weft_p2p_watch_one(struct weft_p2p *p, struct weft_request *r, const char *what)
+{
+    (void)watch(p, &r, 0, 1, weft_now(), what);
 }
 
 int weft_p2p_progress_wait(struct weft_p2p *p, struct weft_request **reqs, size_t n, const char *what)
 {
+    return weft_p2p_progress_wait_until(p, reqs, n, what, NULL);
+}
+
+int weft_p2p_progress_wait_until(struct weft_p2p *p, struct weft_request **reqs, size_t n, const char *what,
+                                 const uint64_t *stop_epoch)
+{
     const struct weft_core *core = p->core;
-    double last = weft_now();
+    double last = weft_now(), watched = 0;
     double spin_s = core->oversubscribed ? 0.0 : 1e-6 * core->cfg.spin_us;
     size_t first = 0;   /* reqs before this index are done */
     int rc = WEFT_SUCCESS;
 
     p->waiters++;
-    for (unsigned polls = 0;; polls++) {
+    for (unsigned polls = 0, busy = 0;; polls++) {
         while (first < n && (reqs[first] == NULL || reqs[first]->state == WEFT_REQ_DONE))
             first++;
         if (first == n)
@@ -119,6 +156,21 @@ int weft_p2p_progress_wait(struct weft_p2p *p, struct weft_request **reqs, size_
         if (weft_p2p_progress(p) > 0) {
             polls = 0;
             last = -1.0;   /* read the clock lazily: only when idle */
+            /* Traffic of other requests must not hide one that makes no
+             * progress: its clock is looked at while busy too. */
+            if (++busy % 64 == 0) {
+                double now = weft_now();
+                if (now - watched >= 0.05) {
+                    watched = now;
+                    int wrc = watch(p, reqs, first, n, now, what);
+                    if (wrc != WEFT_SUCCESS && rc == WEFT_SUCCESS)
+                        rc = wrc;
+                }
+                if (stop_epoch && p->fault_epoch != *stop_epoch) {
+                    rc = WEFT_P2P_FAULT;
+                    break;
+                }
+            }
             continue;
         }
         if (reqs[first]->state == WEFT_REQ_DONE)
@@ -134,17 +186,20 @@ int weft_p2p_progress_wait(struct weft_p2p *p, struct weft_request **reqs, size_
         if (last < 0)
             last = now;
         double idle = now - last;
-        if (core->cfg.timeout_s > 0 && idle >= core->cfg.timeout_s) {
-            struct weft_request *r = reqs[first];
-            weft_set_error(p->core, WEFT_ERR_TIMEOUT,
-                           "%s timed out after %.0f s with no progress: %s peer %d tag %d bytes %zu over %s", what,
-                           core->cfg.timeout_s, req_what(r), r->pipe->peer, r->tag, r->bytes,
-                           weft_pipe_tp_name(r->pipe));
-            for (size_t i = first; i < n; i++)
-                if (reqs[i] && reqs[i]->state != WEFT_REQ_DONE)
-                    weft_pipe_break(reqs[i]->pipe, WEFT_ERR_TIMEOUT);
-            rc = WEFT_ERR_TIMEOUT;
+        if (stop_epoch && p->fault_epoch != *stop_epoch) {
+            rc = WEFT_P2P_FAULT;
             break;
+        }
+        if (now - watched >= 0.05) {
+            watched = now;
+            int wrc = watch(p, reqs, first, n, now, what);
+            if (wrc != WEFT_SUCCESS && rc == WEFT_SUCCESS)
+                rc = wrc;
+            if (stop_epoch && p->fault_epoch != *stop_epoch) {
+                rc = WEFT_P2P_FAULT;
+                break;
+            }
+            continue;
         }
         if (idle < spin_s) {
             /* Spin, but let other threads of this process at the lock. */
@@ -155,13 +210,8 @@ int weft_p2p_progress_wait(struct weft_p2p *p, struct weft_request **reqs, size_
             sched_yield();
             pthread_mutex_lock(&p->lock);
         } else {
-            int ms = WEFT_SLEEP_MAX_MS;
-            if (core->cfg.timeout_s > 0) {
-                double left_ms = (core->cfg.timeout_s - idle) * 1e3;
-                if (left_ms < ms)
-                    ms = left_ms < 1 ? 1 : (int)left_ms;
-            }
-            wait_sleep(p, ms);
+            /* Short enough for the per-request clocks and heartbeats. */
+            wait_sleep(p, core->cfg.timeout_s > 0 ? 50 : WEFT_SLEEP_MAX_MS);
         }
     }
     p->waiters--;

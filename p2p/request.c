@@ -5,12 +5,17 @@
 
 #include <stddef.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "context.h"
 
+_Static_assert(sizeof(void *) == 8, "request handles pack 64 bits into a pointer");
+
 static int pool_grow(struct weft_req_pool *pl)
 {
+    if ((uint64_t)(pl->nchunks + 1) * WEFT_REQ_CHUNK > (UINT64_C(1) << WEFT_REQ_INDEX_BITS))
+        return -1;   /* a handle cannot name more slots */
     if (pl->nchunks == pl->cap) {
         uint32_t cap = pl->cap ? 2 * pl->cap : 4;
         struct weft_request **c = realloc(pl->chunks, cap * sizeof(*c));
@@ -71,6 +76,69 @@ struct weft_request *weft_req_lookup(struct weft_p2p *p, const struct weft_pipe 
     struct weft_request *r = &pl->chunks[index / WEFT_REQ_CHUNK][index % WEFT_REQ_CHUNK];
     if (r->gen != gen || r->state == WEFT_REQ_FREE || r->state == WEFT_REQ_DONE || r->pipe != pipe ||
         r->type != type)
+        return NULL;
+    return r;
+}
+
+/* ---- handles ----
+ * The table maps a handle's comm entry to its p2p context. Entries are
+ * taken round-robin, so a destroyed comm's entry is not reused by the very
+ * next comm and its stale handles keep resolving to nothing for a while. */
+#define TABLE_SIZE (1u << WEFT_REQ_TABLE_BITS)
+static struct weft_p2p *table[TABLE_SIZE];
+static unsigned table_next;
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int weft_req_table_add(struct weft_p2p *p)
+{
+    int slot = -1;
+    pthread_mutex_lock(&table_lock);
+    for (unsigned i = 0; i < TABLE_SIZE; i++) {
+        unsigned k = (table_next + i) % TABLE_SIZE;
+        if (__atomic_load_n(&table[k], __ATOMIC_RELAXED) == NULL) {
+            __atomic_store_n(&table[k], p, __ATOMIC_RELEASE);
+            table_next = k + 1;
+            slot = (int)k;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&table_lock);
+    p->table_slot = slot;
+    return slot;
+}
+
+void weft_req_table_remove(struct weft_p2p *p)
+{
+    if (p->table_slot < 0)
+        return;
+    pthread_mutex_lock(&table_lock);
+    __atomic_store_n(&table[p->table_slot], NULL, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&table_lock);
+    p->table_slot = -1;
+}
+
+uint64_t weft_req_handle(const struct weft_request *r)
+{
+    return ((uint64_t)r->gen << 32) | ((uint64_t)r->p2p->table_slot << WEFT_REQ_INDEX_BITS) | r->index;
+}
+
+struct weft_p2p *weft_req_handle_p2p(uint64_t h)
+{
+    if ((uint32_t)(h >> 32) == 0)
+        return NULL;
+    unsigned slot = (unsigned)((h >> WEFT_REQ_INDEX_BITS) & (TABLE_SIZE - 1));
+    return __atomic_load_n(&table[slot], __ATOMIC_ACQUIRE);
+}
+
+struct weft_request *weft_req_handle_lookup(struct weft_p2p *p, uint64_t h)
+{
+    uint32_t gen = (uint32_t)(h >> 32);
+    uint32_t index = (uint32_t)h & ((1u << WEFT_REQ_INDEX_BITS) - 1);
+    const struct weft_req_pool *pl = &p->reqs;
+    if (gen == 0 || index / WEFT_REQ_CHUNK >= pl->nchunks)
+        return NULL;
+    struct weft_request *r = &pl->chunks[index / WEFT_REQ_CHUNK][index % WEFT_REQ_CHUNK];
+    if (r->gen != gen || r->state == WEFT_REQ_FREE || !r->user)
         return NULL;
     return r;
 }

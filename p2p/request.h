@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "list.h"
+#include "p2p.h"
 #include "transport.h"
 #include "weft.h"
 
@@ -46,6 +47,14 @@ struct weft_request {
     uint64_t             seq;
     uint64_t             peer_req; /* rendezvous: the peer's request id */
     weft_status_t        status;
+    unsigned char        user;     /* handed to the user as a handle (weft_isend/weft_irecv) */
+    unsigned char        claimed;  /* inside a weft_waitall (a second copy there is refused) */
+    unsigned char        checked;  /* carries a collective fingerprint (check below) */
+    uint64_t             activity; /* the pipe's activity count when last seen (per-request timeout) */
+    double               idle_since; /* when that count last changed; 0 = not watched yet */
+    double               grace_until; /* stuck with a live peer: fails after this (p2p/health.c) */
+    struct weft_p2p_check check;   /* collective fingerprint: sent, or expected; a mismatched
+                                      receive: the sender's */
     int                  path;     /* rendezvous path taken (p2p/rndv.h), 0 = none yet */
     void                *path_state; /* that path's per-request state (p2p/stage.c) */
     struct weft_list     link;     /* a lane's posted queue, or the pipe's inflight list */
@@ -65,6 +74,22 @@ struct weft_request *weft_req_alloc(struct weft_p2p *p);
 void weft_req_free(struct weft_request *r);
 /* The live request of pipe with that wire id and type, or NULL. */
 struct weft_request *weft_req_lookup(struct weft_p2p *p, const struct weft_pipe *pipe, uint64_t id, int type);
+/* Public handles. A handle (what weft_isend gives the user as a
+ * weft_request_t *) is not an address: it packs the slot's generation, the
+ * comm's entry in a process-wide table and the slot index, so a handle
+ * that outlived its request (completed, slot reused, comm destroyed) is
+ * recognised and refused instead of dereferenced. 64-bit only. */
+#define WEFT_REQ_INDEX_BITS 22   /* slots per comm: 4 Mi */
+#define WEFT_REQ_TABLE_BITS 10   /* live comms per process: 1024 */
+uint64_t weft_req_handle(const struct weft_request *r);
+/* The p2p context a handle names, or NULL (no live comm has that entry). */
+struct weft_p2p *weft_req_handle_p2p(uint64_t h);
+/* The live user request of p with handle h, or NULL. Lock of p held. */
+struct weft_request *weft_req_handle_lookup(struct weft_p2p *p, uint64_t h);
+/* The process-wide table: entry at create, left at destroy. -1: full. */
+int  weft_req_table_add(struct weft_p2p *p);
+void weft_req_table_remove(struct weft_p2p *p);
+
 /* Frees every chunk (destroy). */
 void weft_req_pool_fini(struct weft_p2p *p);
 

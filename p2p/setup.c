@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "context.h"
+#include "health.h"
 #include "log.h"
 #include "p2p.h"
 #include "registry.h"
@@ -57,7 +58,21 @@ static void up_rndv_done(void *arg, struct weft_tp_xfer *x, int err)
 static void up_peer_failed(void *arg, int peer, int err)
 {
     struct weft_p2p *p = arg;
-    weft_pipe_break(&p->pipes[peer], err);
+    struct weft_pipe *pp = &p->pipes[peer];
+    char why[160];
+    if (pp->broken)
+        return;
+    /* The transport lost the peer (connection closed, completion error):
+     * every rank should know, not only those whose own link noticed. */
+    snprintf(why, sizeof(why), "its %s connection to this rank was lost (%s)", weft_pipe_tp_name(pp),
+             weft_err_str(err));
+    weft_health_declare(p, peer, err, why, 0);
+}
+
+static void up_on_data(void *arg, int peer)
+{
+    struct weft_p2p *p = arg;
+    p->pipes[peer].activity++;
 }
 
 int weft_p2p_create(struct weft_core *core, struct weft_p2p **out)
@@ -76,6 +91,9 @@ int weft_p2p_create(struct weft_core *core, struct weft_p2p **out)
     p->up.on_ctrl = up_on_ctrl;
     p->up.rndv_done = up_rndv_done;
     p->up.peer_failed = up_peer_failed;
+    p->up.on_data = up_on_data;
+    p->fault_rank = -1;
+    p->table_slot = -1;
     p->ntps = weft_registry_count();
     weft_p2p_card_bytes();
     p->pipes = calloc((size_t)p->size, sizeof(*p->pipes));
@@ -97,6 +115,9 @@ int weft_p2p_create(struct weft_core *core, struct weft_p2p **out)
         t->env.cards.stride = card_bytes;
         t->env.cards.blob_off = blob_off[i];
     }
+    if (rc == WEFT_SUCCESS && weft_req_table_add(p) < 0)
+        rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "weft_comm_create: more than %u comms alive in this process",
+                            1u << WEFT_REQ_TABLE_BITS);
     if (rc != WEFT_SUCCESS) {
         weft_p2p_destroy(p);
         return rc;
@@ -239,6 +260,7 @@ int weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struc
         if (rc != WEFT_SUCCESS)
             return rc;
     }
+    weft_health_connect(p, cards, card_bytes);
     p->nused = 0;
     for (int i = 0; i < p->ntps; i++)
         if (p->tps[i].used && p->tps[i].tp->progress)
@@ -303,6 +325,28 @@ int weft_p2p_drain(struct weft_p2p *p)
             pthread_mutex_lock(&p->lock);
         }
     }
+    /* The user's requests still outstanding: failed and freed (their
+     * handles stop resolving with the comm's table entry). */
+    size_t left = 0;
+    for (uint32_t c = 0; c < p->reqs.nchunks; c++)
+        for (uint32_t i = 0; i < WEFT_REQ_CHUNK; i++) {
+            struct weft_request *r = &p->reqs.chunks[c][i];
+            if (r->state == WEFT_REQ_FREE || !r->user)
+                continue;
+            left++;
+            if (r->state != WEFT_REQ_DONE && !weft_pipe_cancel(r, WEFT_ERR_INVALID_ARG))
+                weft_pipe_break(r->pipe, WEFT_ERR_INVALID_ARG);
+        }
+    for (uint32_t c = 0; c < p->reqs.nchunks; c++)
+        for (uint32_t i = 0; i < WEFT_REQ_CHUNK; i++) {
+            struct weft_request *r = &p->reqs.chunks[c][i];
+            if (r->state == WEFT_REQ_DONE && r->user)
+                weft_req_free(r);
+        }
+    if (left)
+        rc = weft_set_error(p->core, WEFT_ERR_INVALID_ARG,
+                            "weft_comm_destroy: %zu request(s) were still outstanding (never completed by "
+                            "weft_test/weft_wait/weft_waitall); they were failed and freed", left);
     for (int i = 0; i < p->size; i++)
         if (p->pipes[i].ninflight)
             WEFT_WARN(p->rank, "weft_comm_destroy: %zu request(s) with peer %d still in flight",
@@ -311,10 +355,20 @@ int weft_p2p_drain(struct weft_p2p *p)
     return rc;
 }
 
+int weft_p2p_any_failed(struct weft_p2p *p)
+{
+    pthread_mutex_lock(&p->lock);
+    int n = p->nfailed || __atomic_load_n(&p->core->aborted, __ATOMIC_ACQUIRE);
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
+
 void weft_p2p_destroy(struct weft_p2p *p)
 {
     if (p == NULL)
         return;
+    weft_req_table_remove(p);
+    weft_health_fini(p);
     /* Transports last to first (movers before the carriers they ride on). */
     for (int i = p->ntps - 1; i >= 0; i--) {
         if (p->tps[i].ctx)

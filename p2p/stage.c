@@ -440,8 +440,8 @@ static void chunk_retire(struct stage_state *st, struct stage_op *op, struct sta
 static int chunk_net(struct stage_op *op, struct stage_chunk *e, void *buf, size_t len)
 {
     struct weft_pipe *p = op->p;
-    int rc = op->send ? weft_pipe_isend(p, buf, len, op->tag, WEFT_MEM_HOST, -1, &e->req)
-                      : weft_pipe_irecv(p, buf, len, op->tag, WEFT_MEM_HOST, -1, &e->req);
+    int rc = op->send ? weft_pipe_isend(p, buf, len, op->tag, WEFT_MEM_HOST, -1, NULL, &e->req)
+                      : weft_pipe_irecv(p, buf, len, op->tag, WEFT_MEM_HOST, -1, NULL, &e->req);
     if (rc != WEFT_SUCCESS) {
         e->req = NULL;
         weft_pipe_break(p, rc);

@@ -9,6 +9,20 @@
  *   CTS          full header + path key       receiver -> sender  "move it by this path, to this key"
  *   FIN          full header                  receiver -> sender  the receiver pulled it, or refused it;
  *                (flag TO_RECV)               sender -> receiver  a mover put it in place (or failed)
+ *   CREDIT       full header                  receiver -> sender  flow control: bytes (cumulative) of the
+ *                                                                 sender's messages consumed so far
+ *   HEARTBEAT    full header                  either way          "still here" while waiting (other-host peers)
+ *   NOTICE       full header + text           either way          a rank failed / aborted / a collective
+ *                                                                 failed (aux = enum weft_wire_notice)
+ *
+ * EAGER and RTS with flag CHECK carry a 24-byte collective fingerprint
+ * (struct weft_p2p_check, p2p/p2p.h) right after the header, before the
+ * payload: the receive it meets compares it with its own.
+ *
+ * Flow control: every EAGER/RTS costs its payload + WEFT_WIRE_MSG_COST at
+ * the receiver until a receive consumes it; a sender keeps what it sent
+ * minus what the peer reported consumed (CREDIT) within WEFT_EAGER_WINDOW
+ * and queues later messages until credit comes back.
  *
  * A small eager message fits one cache line with its header, which is why
  * EAGER_SMALL exists. Request ids are pool index + generation (p2p/request.h):
@@ -25,12 +39,28 @@ enum weft_wire_type {
     WEFT_WIRE_EAGER       = 2,
     WEFT_WIRE_RTS         = 3,
     WEFT_WIRE_CTS         = 4,
-    WEFT_WIRE_FIN         = 5
+    WEFT_WIRE_FIN         = 5,
+    WEFT_WIRE_CREDIT      = 6,
+    WEFT_WIRE_HEARTBEAT   = 7,
+    WEFT_WIRE_NOTICE      = 8
 };
+
+/* NOTICE kinds (hdr.aux). addr = the rank it is about; status = WEFT_* code;
+ * seq = the collective's sequence (COLL_FAILED); payload = text. */
+enum weft_wire_notice {
+    WEFT_NOTICE_RANK_FAILED = 1,   /* a rank died, stopped or went silent */
+    WEFT_NOTICE_ABORTED     = 2,   /* the sender called weft_comm_abort */
+    WEFT_NOTICE_COLL_FAILED = 3    /* a collective failed on the sender (mismatch) */
+};
+#define WEFT_WIRE_NOTICE_TEXT_MAX 240
+
+/* What an EAGER/RTS costs the receiver while unexpected, besides its payload. */
+#define WEFT_WIRE_MSG_COST 128
 
 /* flags */
 #define WEFT_WIRE_F_DEVICE  0x01  /* EAGER/RTS: the sender's buffer is CUDA device memory */
 #define WEFT_WIRE_F_TO_RECV 0x02  /* FIN sent by the sender: rreq names the receive it completes */
+#define WEFT_WIRE_F_CHECK   0x04  /* EAGER/RTS: a collective fingerprint follows the header */
 
 struct weft_wire_small {
     uint8_t  type;        /* WEFT_WIRE_EAGER_SMALL */
@@ -56,7 +86,9 @@ struct weft_wire_hdr {
 
 _Static_assert(sizeof(struct weft_wire_small) == 16, "small eager header is 16 bytes");
 _Static_assert(sizeof(struct weft_wire_hdr) == 56, "wire header layout");
-_Static_assert(sizeof(struct weft_wire_hdr) <= WEFT_TP_CTRL_HDR_MAX, "header exceeds what transports carry");
-_Static_assert(WEFT_WIRE_FIN < WEFT_TP_FRAME_TYPE_LIMIT, "frame types must stay below the transports' own");
+_Static_assert(sizeof(struct weft_wire_hdr) + 24 <= WEFT_TP_CTRL_HDR_MAX, "header + fingerprint exceed what transports carry");
+_Static_assert(WEFT_WIRE_NOTICE_TEXT_MAX <= WEFT_TP_CTRL_PAYLOAD_MIN, "notice text exceeds what transports carry");
+#define WEFT_WIRE_CHECK_BYTES 24
+_Static_assert(WEFT_WIRE_NOTICE < WEFT_TP_FRAME_TYPE_LIMIT, "frame types must stay below the transports' own");
 
 #endif

@@ -1,13 +1,19 @@
 /*
  * weft_config_load through a lookup function (no real environment): the
  * defaults, every variable parsed, malformed values refused with a message
- * that names the variable, size suffixes, WEFT_TRANSPORTS and WEFT_DEBUG.
+ * "WEFT_X=value: why (expected ...)" (strictness: spaces, '+', hex, empty,
+ * 0 where it means nothing), size suffixes, WEFT_TRANSPORTS, WEFT_DEBUG and
+ * the default log level, WEFT_EAGER_WINDOW, and the settings that must agree
+ * between ranks.
  */
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 #include <string>
+#include <vector>
 
 extern "C" {
 #include "config.h"
@@ -35,23 +41,52 @@ struct weft_config load_ok(const Env &env)
     return cfg;
 }
 
-/* Loads {name=value}; expects refusal with a message naming the variable. */
-void expect_rejected(const std::string &name, const std::string &value)
+/* Loads {name=value}; expects refusal with a message of the form
+ * "NAME=value: why (expected ...)". Returns the message. */
+std::string expect_rejected(const std::string &name, const std::string &value)
 {
     Env env = {{name, value}};
     struct weft_config cfg;
-    char err[256] = "";
+    char err[512] = "";
     int rc = weft_config_load(&cfg, lookup_map, &env, err, sizeof(err));
     EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG) << name << "=\"" << value << "\" accepted";
-    EXPECT_NE(std::string(err).find(name), std::string::npos)
-        << name << "=\"" << value << "\": message \"" << err << "\" does not name the variable";
+    const std::string msg = err;
+    const bool quoted = value.empty() || value.find_first_of(" \t\r\n\v\f") != std::string::npos;
+    const std::string head = name + "=" + (quoted ? "\"" + value + "\"" : value) + ": ";
+    EXPECT_EQ(msg.rfind(head, 0), 0u)
+        << name << "=\"" << value << "\": message \"" << msg << "\" does not start with " << head;
+    EXPECT_NE(msg.find(" (expected "), std::string::npos)
+        << name << "=\"" << value << "\": message \"" << msg << "\" does not say what was expected";
+    EXPECT_TRUE(!msg.empty() && msg.back() == ')') << msg;
+    return msg;
+}
+
+/* Every numeric variable (integers, sizes, seconds) with a value it accepts. */
+const std::vector<std::pair<std::string, std::string>> &numeric_variables()
+{
+    static const std::vector<std::pair<std::string, std::string>> v = {
+        {"WEFT_TIMEOUT", "5"},          {"WEFT_VIRTUAL_NODES", "2"},       {"WEFT_SHM_CMA", "1"},
+        {"WEFT_SHM_EAGER", "1024"},     {"WEFT_SHM_COLL_EAGER", "1024"},   {"WEFT_SHM_RING_KB", "1024"},
+        {"WEFT_SHM_CHUNK_KB", "64"},    {"WEFT_SHM_CMA_MIN_KB", "64"},     {"WEFT_TCP_STREAMS", "2"},
+        {"WEFT_TCP_EAGER", "1024"},     {"WEFT_TCP_CHUNK_KB", "64"},       {"WEFT_SELF_EAGER", "1024"},
+        {"WEFT_EAGER_WINDOW", "1048576"}, {"WEFT_SPIN_US", "10"},          {"WEFT_IB_GID_INDEX", "3"},
+        {"WEFT_IB_QPS_PER_PEER", "2"},  {"WEFT_IB_TIMEOUT", "14"},         {"WEFT_IB_RETRY_CNT", "3"},
+        {"WEFT_IB_CHUNK", "65536"},     {"WEFT_IB_EAGER", "4096"},         {"WEFT_IB_RECV_DEPTH", "16"},
+        {"WEFT_IB_SQ_DEPTH", "16"},     {"WEFT_IB_REG_CACHE_MB", "64"},    {"WEFT_IB_GDR", "1"},
+        {"WEFT_CUDA_STAGE_CHUNK", "65536"}, {"WEFT_CUDA_STAGE_SLOTS", "2"}, {"WEFT_CUDA_IPC_CACHE", "16"},
+        {"WEFT_ALLGATHER_CHUNK_KB", "64"},
+    };
+    return v;
 }
 
 TEST(Config, Defaults)
 {
     struct weft_config cfg = load_ok({});
     EXPECT_EQ(cfg.timeout_s, 300.0);
-    EXPECT_EQ(cfg.log_level, WEFT_LOG_NONE);
+    EXPECT_EQ(cfg.log_level, WEFT_LOG_WARN) << "a failed create must say why without WEFT_DEBUG";
+    EXPECT_EQ(cfg.eager_window, 4u << 20);
+    EXPECT_STREQ(cfg.allgather_algo, "auto");
+    EXPECT_EQ(cfg.allgather_chunk, 1u << 20);
     EXPECT_STREQ(cfg.transports, "") << "every transport allowed";
     EXPECT_STREQ(cfg.ibverbs_lib, "libibverbs.so.1");
     EXPECT_STREQ(cfg.ib_hca, "");
@@ -102,6 +137,26 @@ TEST(Config, EveryVariableParsed)
         {"WEFT_TCP_CHUNK_KB", "64"},
         {"WEFT_SELF_EAGER", "1m"},
         {"WEFT_SPIN_US", "0"},
+        {"WEFT_EAGER_WINDOW", "8m"},
+        {"WEFT_IBVERBS_LIB", "/opt/my libs/libibverbs.so.1"},
+        {"WEFT_IB_HCA", "mlx5_0:1,mlx5_1,roce-dev.2:2"},
+        {"WEFT_IB_GID_INDEX", "3"},
+        {"WEFT_IB_QPS_PER_PEER", "2"},
+        {"WEFT_IB_TIMEOUT", "14"},
+        {"WEFT_IB_RETRY_CNT", "0"},
+        {"WEFT_IB_CHUNK", "64k"},
+        {"WEFT_IB_EAGER", "64"},
+        {"WEFT_IB_RECV_DEPTH", "2"},
+        {"WEFT_IB_SQ_DEPTH", "16384"},
+        {"WEFT_IB_REG_CACHE_MB", "0"},
+        {"WEFT_IB_GDR", "auto"},
+        {"WEFT_TOPO_XML", "/tmp/topo.xml"},
+        {"WEFT_CUDA_LIB", "libcudart.so.12"},
+        {"WEFT_CUDA_STAGE_CHUNK", "256k"},
+        {"WEFT_CUDA_STAGE_SLOTS", "8"},
+        {"WEFT_CUDA_IPC_CACHE", "1"},
+        {"WEFT_ALLGATHER_ALGO", "Bruck"},
+        {"WEFT_ALLGATHER_CHUNK_KB", "256"},
     });
     EXPECT_EQ(cfg.timeout_s, 2.5);
     EXPECT_EQ(cfg.log_level, WEFT_LOG_INFO);
@@ -118,6 +173,162 @@ TEST(Config, EveryVariableParsed)
     EXPECT_EQ(cfg.tcp_chunk, 64u * 1024);
     EXPECT_EQ(cfg.self_eager_limit, 1u << 20);
     EXPECT_EQ(cfg.spin_us, 0);
+    EXPECT_EQ(cfg.eager_window, 8u << 20);
+    EXPECT_STREQ(cfg.ibverbs_lib, "/opt/my libs/libibverbs.so.1");
+    EXPECT_STREQ(cfg.ib_hca, "mlx5_0:1,mlx5_1,roce-dev.2:2");
+    EXPECT_EQ(cfg.ib_gid_index, 3);
+    EXPECT_EQ(cfg.ib_qps_per_peer, 2);
+    EXPECT_EQ(cfg.ib_timeout, 14);
+    EXPECT_EQ(cfg.ib_retry_cnt, 0);
+    EXPECT_EQ(cfg.ib_chunk, 64u << 10);
+    EXPECT_EQ(cfg.ib_eager_limit, 64u);
+    EXPECT_EQ(cfg.ib_recv_depth, 2);
+    EXPECT_EQ(cfg.ib_sq_depth, 16384);
+    EXPECT_EQ(cfg.ib_reg_cache, 0u);
+    EXPECT_EQ(cfg.ib_gdr, -1);
+    EXPECT_STREQ(cfg.topo_xml, "/tmp/topo.xml");
+    EXPECT_STREQ(cfg.cuda_lib, "libcudart.so.12");
+    EXPECT_EQ(cfg.cuda_stage_chunk, 256u << 10);
+    EXPECT_EQ(cfg.cuda_stage_slots, 8);
+    EXPECT_EQ(cfg.cuda_ipc_cache, 1);
+    EXPECT_STREQ(cfg.allgather_algo, "bruck") << "stored in the spelling the collectives compare";
+    EXPECT_EQ(cfg.allgather_chunk, 256u << 10);
+}
+
+/* The cases of issue 10 that used to be accepted, with the exact message. */
+TEST(Config, KnownBadValuesRefused)
+{
+    EXPECT_EQ(expect_rejected("WEFT_ALLGATHER_CHUNK_KB", "abc"),
+              "WEFT_ALLGATHER_CHUNK_KB=abc: not a size (expected a size from 1k to 1g: a number of KiB, "
+              "or one with suffix k, m or g)");
+    EXPECT_EQ(expect_rejected("WEFT_ALLGATHER_CHUNK_KB", "0"),
+              "WEFT_ALLGATHER_CHUNK_KB=0: 0 is not allowed here (expected a size from 1k to 1g: a number of "
+              "KiB, or one with suffix k, m or g)");
+    EXPECT_EQ(expect_rejected("WEFT_TIMEOUT", " 5"),
+              "WEFT_TIMEOUT=\" 5\": leading or trailing space (expected seconds from 0 to 1000000000, "
+              "fractions allowed, 0 = never)");
+    EXPECT_EQ(expect_rejected("WEFT_TIMEOUT", "0x10"),
+              "WEFT_TIMEOUT=0x10: hexadecimal is not accepted (expected seconds from 0 to 1000000000, "
+              "fractions allowed, 0 = never)");
+    EXPECT_EQ(expect_rejected("WEFT_TCP_STREAMS", "0"),
+              "WEFT_TCP_STREAMS=0: 0 is not allowed here (expected an integer in [1, 64])");
+}
+
+/* One rule for every number: the digits and nothing else. */
+TEST(Config, EveryNumberIsStrict)
+{
+    for (const auto &var : numeric_variables()) {
+        const std::string &name = var.first, &good = var.second;
+        (void)load_ok({{name, good}});
+        const std::vector<std::string> bads = {"", " " + good, good + " ", "\t" + good, good + "\n", "+" + good,
+                                               "0x10", "0X1f", "abc", good + "x", "1e3", "--1", "-"};
+        for (const std::string &bad : bads)
+            expect_rejected(name, bad);
+        const std::string msg = expect_rejected(name, " " + good);
+        EXPECT_NE(msg.find("leading or trailing space"), std::string::npos) << msg;
+        EXPECT_NE(expect_rejected(name, "0x10").find("hexadecimal"), std::string::npos) << name;
+        EXPECT_NE(expect_rejected(name, "").find(": empty ("), std::string::npos) << name;
+    }
+}
+
+/* 0 is refused where it would mean nothing... */
+TEST(Config, ZeroRefusedWhereMeaningless)
+{
+    for (const char *name : {"WEFT_SHM_RING_KB", "WEFT_SHM_CHUNK_KB", "WEFT_TCP_STREAMS", "WEFT_TCP_CHUNK_KB",
+                             "WEFT_EAGER_WINDOW", "WEFT_IB_QPS_PER_PEER", "WEFT_IB_TIMEOUT", "WEFT_IB_CHUNK",
+                             "WEFT_IB_EAGER", "WEFT_IB_RECV_DEPTH", "WEFT_IB_SQ_DEPTH", "WEFT_CUDA_STAGE_CHUNK",
+                             "WEFT_CUDA_STAGE_SLOTS", "WEFT_CUDA_IPC_CACHE", "WEFT_ALLGATHER_CHUNK_KB"}) {
+        expect_rejected(name, "0");
+        expect_rejected(name, "0k");
+    }
+}
+
+/* ...and accepted where it is documented to mean something. */
+TEST(Config, ZeroAcceptedWhereMeaningful)
+{
+    EXPECT_EQ(load_ok({{"WEFT_VIRTUAL_NODES", "0"}}).virtual_nodes, 0);      /* off */
+    EXPECT_EQ(load_ok({{"WEFT_SHM_CMA", "0"}}).shm_cma, 0);                  /* bounce buffers only */
+    EXPECT_EQ(load_ok({{"WEFT_SHM_EAGER", "0"}}).shm_eager_limit, 0u);       /* every message rendezvous */
+    EXPECT_EQ(load_ok({{"WEFT_SHM_COLL_EAGER", "0"}}).shm_coll_eager, 0u);
+    EXPECT_EQ(load_ok({{"WEFT_SHM_CMA_MIN_KB", "0"}}).shm_cma_min, 0u);      /* CMA from any size */
+    EXPECT_EQ(load_ok({{"WEFT_TCP_EAGER", "0"}}).tcp_eager_limit, 0u);
+    EXPECT_EQ(load_ok({{"WEFT_SELF_EAGER", "0"}}).self_eager_limit, 0u);
+    EXPECT_EQ(load_ok({{"WEFT_SPIN_US", "0"}}).spin_us, 0);                  /* never spin */
+    EXPECT_EQ(load_ok({{"WEFT_IB_RETRY_CNT", "0"}}).ib_retry_cnt, 0);
+    EXPECT_EQ(load_ok({{"WEFT_IB_REG_CACHE_MB", "0"}}).ib_reg_cache, 0u);    /* no caching */
+    EXPECT_EQ(load_ok({{"WEFT_IB_GID_INDEX", "0"}}).ib_gid_index, 0);
+    EXPECT_EQ(load_ok({{"WEFT_IB_GDR", "0"}}).ib_gdr, 0);
+    EXPECT_EQ(load_ok({{"WEFT_DEBUG", "0"}}).log_level, WEFT_LOG_NONE);
+}
+
+TEST(Config, OutOfRangeIsRefusedNotClamped)
+{
+    EXPECT_NE(expect_rejected("WEFT_TCP_STREAMS", "65").find("above the maximum"), std::string::npos);
+    EXPECT_NE(expect_rejected("WEFT_IB_GID_INDEX", "-2").find("below the minimum"), std::string::npos);
+    EXPECT_NE(expect_rejected("WEFT_SHM_RING_KB", "63").find("below the minimum"), std::string::npos);
+    EXPECT_NE(expect_rejected("WEFT_VIRTUAL_NODES", "99999999999999999999").find("above the maximum"),
+              std::string::npos);
+    EXPECT_NE(expect_rejected("WEFT_SHM_CMA_MIN_KB", "99999999999999999999").find("above the maximum"),
+              std::string::npos);
+    EXPECT_NE(expect_rejected("WEFT_TIMEOUT", "1000000001").find("above the maximum"), std::string::npos);
+    /* Bounds are exact. */
+    EXPECT_EQ(load_ok({{"WEFT_TCP_STREAMS", "64"}}).tcp_streams, 64);
+    EXPECT_EQ(load_ok({{"WEFT_TCP_STREAMS", "1"}}).tcp_streams, 1);
+    EXPECT_EQ(load_ok({{"WEFT_ALLGATHER_CHUNK_KB", "1"}}).allgather_chunk, 1024u);
+    EXPECT_EQ(load_ok({{"WEFT_ALLGATHER_CHUNK_KB", "1g"}}).allgather_chunk, 1u << 30);
+    expect_rejected("WEFT_ALLGATHER_CHUNK_KB", "1048577");
+    EXPECT_EQ(load_ok({{"WEFT_ALLGATHER_CHUNK_KB", "010"}}).allgather_chunk, 10u << 10) << "decimal, not octal";
+}
+
+TEST(Config, TimeoutForms)
+{
+    EXPECT_EQ(load_ok({{"WEFT_TIMEOUT", "0.25"}}).timeout_s, 0.25);
+    EXPECT_EQ(load_ok({{"WEFT_TIMEOUT", "1000000000"}}).timeout_s, 1e9);
+    for (const char *bad : {".5", "5.", "1e2", "inf", "nan", "5,5", "1.2.3", "- 1", "5 s"})
+        expect_rejected("WEFT_TIMEOUT", bad);
+}
+
+TEST(Config, EagerWindow)
+{
+    EXPECT_EQ(load_ok({}).eager_window, 4u << 20);
+    EXPECT_EQ(load_ok({{"WEFT_EAGER_WINDOW", "64k"}}).eager_window, 64u << 10);
+    EXPECT_EQ(load_ok({{"WEFT_EAGER_WINDOW", "65536"}}).eager_window, 65536u) << "a plain number is bytes";
+    EXPECT_EQ(load_ok({{"WEFT_EAGER_WINDOW", "1G"}}).eager_window, 1u << 30);
+    EXPECT_EQ(expect_rejected("WEFT_EAGER_WINDOW", "65535"),
+              "WEFT_EAGER_WINDOW=65535: below the minimum (expected a size from 64k to 1g: a number of bytes, "
+              "or one with suffix k, m or g)");
+    expect_rejected("WEFT_EAGER_WINDOW", "63k");
+    expect_rejected("WEFT_EAGER_WINDOW", "2g");
+    expect_rejected("WEFT_EAGER_WINDOW", "4 m");
+}
+
+TEST(Config, NamesAndPaths)
+{
+    const std::string too_long(300, 'x');
+    /* Empty means the default where the default is "unset". */
+    EXPECT_STREQ(load_ok({{"WEFT_TCP_IF", ""}}).tcp_if, "");
+    EXPECT_STREQ(load_ok({{"WEFT_IB_HCA", ""}}).ib_hca, "");
+    EXPECT_STREQ(load_ok({{"WEFT_TOPO_XML", ""}}).topo_xml, "");
+    EXPECT_STREQ(load_ok({{"WEFT_ALLGATHER_ALGO", ""}}).allgather_algo, "auto");
+    EXPECT_STREQ(load_ok({{"WEFT_TCP_IF", "10.1.0.7"}}).tcp_if, "10.1.0.7");
+    for (const char *ok : {"mlx5_0", "mlx5_0:1", "mlx5_0:1,mlx5_1:2", "emu_2,mlx5_1", "dev:255"})
+        EXPECT_STREQ(load_ok({{"WEFT_IB_HCA", ok}}).ib_hca, ok);
+    const std::pair<const char *, const char *> bad[] = {
+        {"WEFT_TCP_IF", " eth0"},          {"WEFT_TCP_IF", "eth0 "},        {"WEFT_TCP_IF", "eth 0"},
+        {"WEFT_IB_HCA", "mlx5_0:"},        {"WEFT_IB_HCA", "mlx5_0:0"},     {"WEFT_IB_HCA", "mlx5_0:256"},
+        {"WEFT_IB_HCA", "mlx5_0:x"},       {"WEFT_IB_HCA", "mlx5_0,"},      {"WEFT_IB_HCA", ",mlx5_0"},
+        {"WEFT_IB_HCA", "mlx5_0;mlx5_1"},  {"WEFT_IB_HCA", "mlx5_0, mlx5_1"}, {"WEFT_IB_HCA", ":1"},
+        {"WEFT_IB_HCA", "mlx5_0:0x1"},     {"WEFT_IBVERBS_LIB", ""},        {"WEFT_IBVERBS_LIB", " libx.so"},
+        {"WEFT_CUDA_LIB", ""},             {"WEFT_CUDA_LIB", "libcudart.so "}, {"WEFT_TOPO_XML", " /t.xml"},
+        {"WEFT_ALLGATHER_ALGO", "ringg"},  {"WEFT_ALLGATHER_ALGO", " ring"}, {"WEFT_ALLGATHER_ALGO", "ring,rd"},
+        {"WEFT_IB_GDR", "yes"},            {"WEFT_IB_GDR", " auto"},        {"WEFT_IB_GDR", ""},
+        {"WEFT_TRANSPORTS", " shm"},       {"WEFT_TRANSPORTS", "shm, tcp"},
+        {"WEFT_TOPO_XML", too_long.c_str()},
+    };
+    for (const auto &b : bad)
+        expect_rejected(b.first, b.second);
+    EXPECT_NE(expect_rejected("WEFT_ALLGATHER_ALGO", "ringg").find("auto, ring, rd, bruck, direct or hier"),
+              std::string::npos);
 }
 
 TEST(Config, TimeoutZeroMeansNever)
@@ -233,7 +444,9 @@ TEST(Config, Transports)
 
 TEST(Config, DebugLevels)
 {
+    EXPECT_EQ(load_ok({}).log_level, WEFT_LOG_WARN);
     EXPECT_EQ(load_ok({{"WEFT_DEBUG", "none"}}).log_level, WEFT_LOG_NONE);
+    EXPECT_EQ(load_ok({{"WEFT_DEBUG", "0"}}).log_level, WEFT_LOG_NONE);
     EXPECT_EQ(load_ok({{"WEFT_DEBUG", "warn"}}).log_level, WEFT_LOG_WARN);
     EXPECT_EQ(load_ok({{"WEFT_DEBUG", "info"}}).log_level, WEFT_LOG_INFO);
     EXPECT_EQ(load_ok({{"WEFT_DEBUG", "trace"}}).log_level, WEFT_LOG_TRACE);
@@ -242,6 +455,74 @@ TEST(Config, DebugLevels)
     EXPECT_LT(WEFT_LOG_NONE, WEFT_LOG_WARN);
     EXPECT_LT(WEFT_LOG_WARN, WEFT_LOG_INFO);
     EXPECT_LT(WEFT_LOG_INFO, WEFT_LOG_TRACE);
+    for (const char *bad : {"loud", " warn", "warn ", "1", "warning"})
+        expect_rejected("WEFT_DEBUG", bad);
+}
+
+/* The level used before any comm, or when create refuses the configuration:
+ * warn unless WEFT_DEBUG names a valid level, so a refused WEFT_DEBUG=loud is
+ * still printed. */
+TEST(Config, LogLevelFromEnvironment)
+{
+    const char *old = getenv("WEFT_DEBUG");
+    const std::string saved = old ? old : "";
+    const std::pair<const char *, int> cases[] = {
+        {nullptr, WEFT_LOG_WARN}, {"loud", WEFT_LOG_WARN}, {" info", WEFT_LOG_WARN}, {"none", WEFT_LOG_NONE},
+        {"", WEFT_LOG_NONE},      {"info", WEFT_LOG_INFO}, {"TRACE", WEFT_LOG_TRACE}, {"warn", WEFT_LOG_WARN},
+    };
+    for (const auto &c : cases) {
+        if (c.first)
+            setenv("WEFT_DEBUG", c.first, 1);
+        else
+            unsetenv("WEFT_DEBUG");
+        EXPECT_EQ(weft_config_log_level_env(), c.second) << "WEFT_DEBUG=" << (c.first ? c.first : "(unset)");
+    }
+    if (old)
+        setenv("WEFT_DEBUG", saved.c_str(), 1);
+    else
+        unsetenv("WEFT_DEBUG");
+}
+
+/* The settings compared between ranks at create: each is read from its own
+ * variable (changing the variable changes that value and no other), and
+ * formats as a user would write it. */
+TEST(Config, AgreedSettings)
+{
+    const std::map<std::string, std::pair<std::string, std::string>> change = {
+        /* variable: a value other than the default, and how it formats */
+        {"WEFT_VIRTUAL_NODES", {"3", "3"}},           {"WEFT_SHM_RING_KB", {"2048", "2m"}},
+        {"WEFT_SHM_EAGER", {"1000", "1000"}},         {"WEFT_SHM_COLL_EAGER", {"16k", "16k"}},
+        {"WEFT_SHM_CHUNK_KB", {"128", "128k"}},       {"WEFT_TCP_STREAMS", {"2", "2"}},
+        {"WEFT_TCP_EAGER", {"32k", "32k"}},           {"WEFT_TCP_CHUNK_KB", {"256", "256k"}},
+        {"WEFT_IB_EAGER", {"4k", "4k"}},              {"WEFT_EAGER_WINDOW", {"1g", "1g"}},
+        {"WEFT_ALLGATHER_ALGO", {"RING", "ring"}},    {"WEFT_ALLGATHER_CHUNK_KB", {"64", "64k"}},
+    };
+    ASSERT_EQ((size_t)WEFT_CONFIG_AGREED_COUNT, change.size());
+    std::set<std::string> names;
+    for (int i = 0; i < WEFT_CONFIG_AGREED_COUNT; i++)
+        names.insert(weft_config_agreed_name(i));
+    EXPECT_EQ(names.size(), change.size()) << "a setting listed twice";
+
+    int64_t base[WEFT_CONFIG_AGREED_COUNT];
+    struct weft_config dflt = load_ok({});
+    weft_config_agreed_values(&dflt, base);
+    char buf[64];
+    for (int i = 0; i < WEFT_CONFIG_AGREED_COUNT; i++) {
+        const std::string name = weft_config_agreed_name(i);
+        ASSERT_TRUE(change.count(name)) << name << " is compared but not covered here";
+        const auto &c = change.at(name);
+        struct weft_config cfg = load_ok({{name, c.first}});
+        int64_t v[WEFT_CONFIG_AGREED_COUNT];
+        weft_config_agreed_values(&cfg, v);
+        for (int j = 0; j < WEFT_CONFIG_AGREED_COUNT; j++)
+            EXPECT_EQ(v[j] != base[j], j == i) << name << "=" << c.first << " and " << weft_config_agreed_name(j);
+        weft_config_agreed_format(i, v[i], buf, sizeof(buf));
+        EXPECT_EQ(std::string(buf), c.second) << name;
+    }
+    /* Per-host and per-rank settings are not compared. */
+    for (const char *local : {"WEFT_TIMEOUT", "WEFT_DEBUG", "WEFT_TCP_IF", "WEFT_TOPO_XML", "WEFT_IBVERBS_LIB",
+                              "WEFT_CUDA_LIB", "WEFT_IB_HCA", "WEFT_SPIN_US", "WEFT_SHM_CMA"})
+        EXPECT_FALSE(names.count(local)) << local << " may differ between ranks";
 }
 
 TEST(Config, ErrorMessageFitsSmallBuffers)

@@ -51,7 +51,7 @@
  * ctrl_send accepts payloads of up to max(eager_limit, WEFT_TP_CTRL_PAYLOAD_MIN)
  * bytes (rendezvous keys travel as CTS payloads). */
 #define WEFT_TP_FRAME_TYPE_LIMIT 16
-#define WEFT_TP_CTRL_HDR_MAX     64
+#define WEFT_TP_CTRL_HDR_MAX     96
 #define WEFT_TP_CTRL_PAYLOAD_MIN 256
 /* A rendezvous key (rndv_expect -> the CTS -> rndv_push) is at most this long. */
 #define WEFT_TP_KEY_MAX          192
@@ -147,6 +147,10 @@ struct weft_tp_upcalls {
     /* The connection to peer failed (the transport recorded why): the pipe
      * breaks, which calls abort_peer. */
     void (*peer_failed)(void *arg, int peer, int err);
+    /* Bytes of a rendezvous transfer with peer moved (a chunk landed or
+     * left): the pipe's requests are making progress, so their WEFT_TIMEOUT
+     * clocks restart. Cheap; call it per chunk, not per byte. */
+    void (*on_data)(void *arg, int peer);
 };
 
 /* Collective services for connect only, forwarded to the comm's bootstrap

@@ -69,3 +69,9 @@ int weft_check_bcast(struct weft_comm *c, const void *buf, size_t bytes, int roo
         return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG, "%s: buf is NULL with bytes %zu", fn, bytes);
     return WEFT_SUCCESS;
 }
+
+int weft_check_aborted_fail(struct weft_comm *c, const char *fn)
+{
+    return weft_set_error(&c->core, WEFT_ERR_ABORTED, "%s: rank %d aborted this comm (weft_comm_abort)", fn,
+                          c->core.rank);
+}

@@ -32,6 +32,15 @@ static inline int weft_check_p2p(struct weft_comm *c, const void *buf, size_t by
     return weft_check_p2p_fail(c, buf, bytes, peer, tag, req_out, fn);
 }
 
+/* After weft_comm_abort every call on the comm fails at once. */
+int weft_check_aborted_fail(struct weft_comm *c, const char *fn);
+static inline int weft_check_live(struct weft_comm *c, const char *fn)
+{
+    if (c == NULL || !__atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE))
+        return 0;   /* WEFT_SUCCESS */
+    return weft_check_aborted_fail(c, fn);
+}
+
 /* Allgather: comm, buffers non-NULL when bytes_per_rank > 0, size *
  * bytes_per_rank fits size_t, sendbuf in place (recvbuf +
  * rank*bytes_per_rank) or not overlapping recvbuf. */

@@ -11,6 +11,8 @@
 int weft_allgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank)
 {
     int rc = weft_check_allgather(c, sendbuf, recvbuf, bytes_per_rank, "weft_allgather");
+    if (rc == WEFT_SUCCESS)
+        rc = weft_check_live(c, "weft_allgather");
     if (rc != WEFT_SUCCESS)
         return rc;
     return weft_coll_allgather(&c->coll, sendbuf, recvbuf, bytes_per_rank);
@@ -20,12 +22,16 @@ int weft_barrier(weft_comm_t *c)
 {
     if (c == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_barrier: comm is NULL");
+    if (weft_check_live(c, "weft_barrier") != WEFT_SUCCESS)
+        return WEFT_ERR_ABORTED;
     return weft_coll_barrier(&c->coll);
 }
 
 int weft_bcast(weft_comm_t *c, void *buf, size_t bytes, int root)
 {
     int rc = weft_check_bcast(c, buf, bytes, root, "weft_bcast");
+    if (rc == WEFT_SUCCESS)
+        rc = weft_check_live(c, "weft_bcast");
     if (rc != WEFT_SUCCESS)
         return rc;
     return weft_coll_bcast(&c->coll, buf, bytes, root);

@@ -21,6 +21,13 @@ int weft_comm_destroy(weft_comm_t *c)
     return weft_comm_destroy_all(c);
 }
 
+int weft_comm_abort(weft_comm_t *c)
+{
+    if (c == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_abort: comm is NULL");
+    return weft_comm_abort_all(c);
+}
+
 int weft_comm_rank(const weft_comm_t *c) { return c ? c->core.rank : -1; }
 int weft_comm_size(const weft_comm_t *c) { return c ? c->core.size : -1; }
 

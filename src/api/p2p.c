@@ -14,7 +14,7 @@ int weft_isend(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag,
     int rc = weft_check_p2p(c, buf, bytes, peer, tag, req, "weft_isend");
     if (rc != WEFT_SUCCESS)
         return rc;
-    return weft_p2p_isend(c->p2p, buf, bytes, peer, tag, req, "weft_isend");
+    return weft_p2p_user_isend(c->p2p, buf, bytes, peer, tag, req, "weft_isend");
 }
 
 int weft_irecv(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_request_t **req)
@@ -22,7 +22,7 @@ int weft_irecv(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_
     int rc = weft_check_p2p(c, buf, bytes, peer, tag, req, "weft_irecv");
     if (rc != WEFT_SUCCESS)
         return rc;
-    return weft_p2p_irecv(c->p2p, buf, bytes, peer, tag, req, "weft_irecv");
+    return weft_p2p_user_irecv(c->p2p, buf, bytes, peer, tag, req, "weft_irecv");
 }
 
 int weft_send(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag)
@@ -46,16 +46,15 @@ int weft_recv(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_s
 int weft_test(weft_request_t *req, int *done, weft_status_t *status)
 {
     if (req == NULL || done == NULL)
-        return weft_set_error(req ? weft_p2p_core(weft_p2p_of(req)) : NULL, WEFT_ERR_INVALID_ARG,
-                              "weft_test: %s is NULL", req ? "done" : "req");
-    return weft_p2p_test(req, done, status);
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_test: %s is NULL", req ? "done" : "req");
+    return weft_p2p_user_test(req, done, status);
 }
 
 int weft_wait(weft_request_t *req, weft_status_t *status)
 {
     if (req == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_wait: req is NULL");
-    return weft_p2p_wait(req, status);
+    return weft_p2p_user_wait(req, status);
 }
 
 int weft_waitall(size_t n, weft_request_t **reqs, weft_status_t *statuses)
@@ -64,5 +63,5 @@ int weft_waitall(size_t n, weft_request_t **reqs, weft_status_t *statuses)
         return WEFT_SUCCESS;
     if (reqs == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_waitall: reqs is NULL with n = %zu", n);
-    return weft_p2p_waitall(n, reqs, statuses);
+    return weft_p2p_user_waitall(n, reqs, statuses);
 }

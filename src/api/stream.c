@@ -11,12 +11,16 @@
 int weft_send_on_stream(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream)
 {
     int rc = weft_check_p2p(c, buf, bytes, peer, tag, WEFT_CHECK_NO_REQ, "weft_send_on_stream");
+    if (rc == WEFT_SUCCESS)
+        rc = weft_check_live(c, "weft_send_on_stream");
     return rc != WEFT_SUCCESS ? rc : weft_stream_send(c->stream, buf, bytes, peer, tag, stream);
 }
 
 int weft_recv_on_stream(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream)
 {
     int rc = weft_check_p2p(c, buf, bytes, peer, tag, WEFT_CHECK_NO_REQ, "weft_recv_on_stream");
+    if (rc == WEFT_SUCCESS)
+        rc = weft_check_live(c, "weft_recv_on_stream");
     return rc != WEFT_SUCCESS ? rc : weft_stream_recv(c->stream, buf, bytes, peer, tag, stream);
 }
 
@@ -24,6 +28,8 @@ int weft_allgather_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf,
                              struct CUstream_st *stream)
 {
     int rc = weft_check_allgather(c, sendbuf, recvbuf, bytes_per_rank, "weft_allgather_on_stream");
+    if (rc == WEFT_SUCCESS)
+        rc = weft_check_live(c, "weft_allgather_on_stream");
     return rc != WEFT_SUCCESS ? rc : weft_stream_allgather(c->stream, sendbuf, recvbuf, bytes_per_rank, stream);
 }
 

@@ -74,6 +74,58 @@ static int coll_agree(void *arg, int rc, const char *stage)
     return agree(arg, rc, stage);
 }
 
+/* Settings that shape the wire or the protocol must be equal on every rank
+ * (docs/configuration.md, "Settings that must agree"). Checked here, once,
+ * because a difference otherwise shows late and on one rank only: a tcp
+ * hello refused by one side while the other waits out WEFT_TIMEOUT. Every
+ * rank gathers every rank's values (one int64 per setting: the allowed
+ * transports, then src/core/config.c's list) and runs the same comparison,
+ * so all fail at once with the same message: the first differing setting,
+ * its value on rank 0 and on the lowest rank that differs from it. */
+static int check_settings_agree(struct weft_comm *c, unsigned mask)
+{
+    enum { N = 1 + WEFT_CONFIG_AGREED_COUNT };
+    int64_t mine[N], *all;
+    int rc, size = c->core.size;
+
+    mine[0] = (int64_t)mask;
+    weft_config_agreed_values(&c->core.cfg, mine + 1);
+    all = calloc((size_t)size, sizeof(mine));
+    rc = all ? WEFT_SUCCESS
+             : weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory to compare settings");
+    rc = agree(c, rc, "comparing settings");
+    if (rc == WEFT_SUCCESS)
+        rc = c->boot->ops->allgather(c->boot, mine, all, sizeof(mine));
+    for (int i = 0; rc == WEFT_SUCCESS && i < N; i++) {
+        int r = 1;
+        while (r < size && all[(size_t)r * N + i] == all[i])
+            r++;
+        if (r == size)
+            continue;
+        char v0[160] = "", vr[160] = "";
+        const char *name = i == 0 ? "WEFT_TRANSPORTS" : weft_config_agreed_name(i - 1);
+        for (int k = 0; k < 2; k++) {
+            int64_t v = all[(size_t)(k ? r : 0) * N + i];
+            char *buf = k ? vr : v0;
+            if (i > 0) {
+                weft_config_agreed_format(i - 1, v, buf, sizeof(v0));
+                continue;
+            }
+            /* The carriers allowed, by name (movers are always allowed). */
+            for (int t = 0; t < weft_registry_count(); t++) {
+                const struct weft_transport *tp = weft_registry_get(t);
+                if (tp && tp->ctrl && ((v >> t) & 1))
+                    snprintf(buf + strlen(buf), sizeof(v0) - strlen(buf), "%s%s", buf[0] ? "," : "", tp->name);
+            }
+        }
+        rc = weft_set_error(&c->core, WEFT_ERR_INVALID_ARG,
+                            "weft_comm_create: %s differs between ranks: %s on rank 0, %s on rank %d "
+                            "(settings that shape the protocol must be equal on every rank)", name, v0, vr, r);
+    }
+    free(all);
+    return rc;
+}
+
 /* Host identity: host name and boot id (two containers of one kernel that
  * report the same host name share /dev/shm and can reach each other by CMA). */
 static uint64_t host_key(const char *hostname)
@@ -185,13 +237,17 @@ int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
         snprintf(cfg_err, sizeof(cfg_err), "%s", why);
         rc = WEFT_ERR_INVALID_ARG;
     }
+    /* Refused: the level is WEFT_DEBUG's if that one is valid, else warn
+     * (weft_config_log_level_env), so the refusal is printed even when
+     * WEFT_DEBUG itself is what was refused. */
+    weft_log_set_level(rc != WEFT_SUCCESS ? weft_config_log_level_env() : c->core.cfg.log_level);
     if (rc != WEFT_SUCCESS)
         weft_set_error(&c->core, rc, "weft_comm_create: bad configuration: %s", cfg_err);
-    else
-        weft_log_set_level(c->core.cfg.log_level);
     if (c->core.cfg.transports[0] == '\0')
         mask = weft_registry_mask_all();
     rc = agree(c, rc, "reading the WEFT_* configuration");
+    if (rc == WEFT_SUCCESS)
+        rc = check_settings_agree(c, mask);
     if (rc != WEFT_SUCCESS)
         goto fail;
 
@@ -273,8 +329,11 @@ int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
     return WEFT_SUCCESS;
 
 fail:
-    /* Keep the message visible: the comm is gone, so log it once more. */
-    WEFT_WARN(c->core.rank, "weft_comm_create failed: %s", c->core.last_error);
+    /* The step that failed logged its message at warn (weft_set_error), on
+     * every rank (agree); logging it again would print each failure twice.
+     * Only a path that recorded nothing is said here. */
+    if (c->core.last_error[0] == '\0')
+        WEFT_WARN(c->core.rank, "weft_comm_create failed: %s", weft_err_str(rc));
     {
         int rc2 = rc;
         comm_free(c);
@@ -284,7 +343,8 @@ fail:
 
 int weft_comm_destroy_all(struct weft_comm *c)
 {
-    int rc, qrc, brc;
+    int rc, qrc, brc = WEFT_SUCCESS;
+    int was_aborted = __atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE);
 
     /* Stream-ordered operations still queued finish (or time out) first:
      * the progress thread must be gone before pipes are torn down. */
@@ -292,9 +352,27 @@ int weft_comm_destroy_all(struct weft_comm *c)
     rc = weft_p2p_drain(c->p2p);
     if (rc == WEFT_SUCCESS)
         rc = qrc;
-    brc = c->boot->ops->barrier(c->boot);
+    /* The final barrier keeps a rank from tearing down what a peer still
+     * reads; a failed rank would never join it, and after an abort peers
+     * are not waited for: then destroy is local. */
+    if (!was_aborted && !weft_p2p_any_failed(c->p2p))
+        brc = c->boot->ops->barrier(c->boot);
+    else
+        WEFT_INFO(c->core.rank, "weft_comm_destroy: local (%s), no final barrier",
+                  was_aborted ? "the comm was aborted" : "a rank of the comm failed");
     if (rc == WEFT_SUCCESS)
         rc = brc;
+    if (was_aborted)
+        rc = WEFT_ERR_ABORTED;
     comm_free(c);
     return rc;
+}
+
+int weft_comm_abort_all(struct weft_comm *c)
+{
+    /* The stream engine's thread sees the pipes break like any waiter. */
+    weft_p2p_abort(c->p2p);
+    weft_set_error(&c->core, WEFT_ERR_ABORTED, "weft_comm_abort: rank %d aborted the comm; every call on it now "
+                   "returns WEFT_ERR_ABORTED", c->core.rank);
+    return WEFT_SUCCESS;
 }

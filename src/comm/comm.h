@@ -32,7 +32,9 @@ struct weft_comm {
 
 /* Collective over mpi_comm (see weft_comm_create in weft.h). */
 int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out);
-/* Collective (see weft_comm_destroy). */
+/* Collective (see weft_comm_destroy); local once a rank failed or after abort. */
 int weft_comm_destroy_all(struct weft_comm *c);
+/* weft_comm_abort: local, any thread. */
+int weft_comm_abort_all(struct weft_comm *c);
 
 #endif

@@ -1,14 +1,26 @@
 /*
  * WEFT_* environment variables -> struct weft_config.
  *
- * All parsing is strict: a value that does not parse is an error naming the
- * variable, never a silent default, so a typo in a job script shows at once.
+ * Parsing is strict, and every variable goes through the same few helpers
+ * below (strict_long, strict_size, strict_seconds, strict_name,
+ * strict_string), so one kind of value follows one set of rules
+ * (docs/configuration.md, "Values"):
+ *  - the value is the number or name and nothing else: no leading or
+ *    trailing space, no '+', no hexadecimal, no exponent;
+ *  - a value out of range is refused, never clamped, and 0 is refused
+ *    where it would mean nothing;
+ *  - an empty value is refused except where it is documented to mean the
+ *    default (WEFT_DEBUG, and the names and paths whose default is unset).
+ * A value that does not pass is an error naming the variable, never a silent
+ * default, so a typo in a job script shows at once:
+ * "WEFT_X=value: why (expected ...)".
  */
 #include "config.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,26 +32,84 @@
 /* collectives/coll_impl.h enum weft_allgather_algo is in this order. */
 const char *const weft_allgather_algo_names[] = { "auto", "ring", "rd", "bruck", "direct", "hier", NULL };
 
+/* WEFT_DEBUG names, indexed by enum weft_log_level. */
+static const char *const log_level_names[] = { "none", "warn", "info", "trace", NULL };
+
+/* ------------------------------------------------------------ helpers */
+
+/* The problems every kind of value shares; NULL if none. */
+static const char *blank_problem(const char *v)
+{
+    size_t n = strlen(v);
+    if (n == 0)
+        return "empty";
+    if (isspace((unsigned char)v[0]) || isspace((unsigned char)v[n - 1]))
+        return "leading or trailing space";
+    return NULL;
+}
+
+/* "0x10" would read as 0 followed by junk; say what it is instead. */
+static int looks_hex(const char *v)
+{
+    if (*v == '-')
+        v++;
+    return v[0] == '0' && (v[1] == 'x' || v[1] == 'X');
+}
+
+static int all_digits(const char *s)
+{
+    if (*s == '\0')
+        return 0;
+    for (; *s; s++)
+        if (!isdigit((unsigned char)*s))
+            return 0;
+    return 1;
+}
+
+/* Decimal integer in [lo, hi]: digits, with one leading '-' only for a
+ * negative value. NULL on success, else why not. */
+static const char *strict_long(const char *v, long lo, long hi, long *out)
+{
+    const char *why = blank_problem(v);
+    long n;
+    if (why)
+        return why;
+    if (looks_hex(v))
+        return "hexadecimal is not accepted";
+    if (!all_digits(v + (*v == '-')))
+        return "not an integer";
+    errno = 0;
+    n = strtol(v, NULL, 10);
+    if (errno == ERANGE)
+        return *v == '-' ? "below the minimum" : "above the maximum";
+    if (n > hi)
+        return "above the maximum";
+    if (n < lo)
+        return n == 0 ? "0 is not allowed here" : "below the minimum";
+    *out = n;
+    return NULL;
+}
 
 int weft_parse_size(const char *s, size_t *out)
 {
     char *end;
     unsigned long long v, mult = 1;
 
-    if (s == NULL || *s == '\0' || *s == '-')
+    /* A digit first: strtoull alone would take " 5", "+5" and "-5". */
+    if (s == NULL || !isdigit((unsigned char)*s))
         return -1;
     errno = 0;
     v = strtoull(s, &end, 10);
     if (errno != 0 || end == s)
         return -1;
-    switch (tolower((unsigned char)*end)) {
+    switch (*end) {
     case '\0': break;
-    case 'k': mult = 1ull << 10; end++; break;
-    case 'm': mult = 1ull << 20; end++; break;
-    case 'g': mult = 1ull << 30; end++; break;
+    case 'k': case 'K': mult = 1ull << 10; end++; break;
+    case 'm': case 'M': mult = 1ull << 20; end++; break;
+    case 'g': case 'G': mult = 1ull << 30; end++; break;
     default: return -1;
     }
-    if (*end == 'b' || *end == 'B')
+    if (mult > 1 && (*end == 'b' || *end == 'B'))
         end++;
     if (*end != '\0')
         return -1;
@@ -47,6 +117,140 @@ int weft_parse_size(const char *s, size_t *out)
         return -1;
     *out = (size_t)(v * mult);
     return 0;
+}
+
+/* "64k" for a multiple of 1 KiB, else the plain number of bytes. */
+static void format_size(size_t v, char *buf, size_t len)
+{
+    if (v != 0 && v % ((size_t)1 << 30) == 0)
+        snprintf(buf, len, "%zug", v >> 30);
+    else if (v != 0 && v % ((size_t)1 << 20) == 0)
+        snprintf(buf, len, "%zum", v >> 20);
+    else if (v != 0 && v % ((size_t)1 << 10) == 0)
+        snprintf(buf, len, "%zuk", v >> 10);
+    else
+        snprintf(buf, len, "%zu", v);
+}
+
+/* A size: a plain number is in the variable's unit (bytes, KiB for *_KB, MiB
+ * for *_MB), a k/m/g suffix is absolute. Within [lo, hi] bytes. */
+static const char *strict_size(const char *v, size_t unit, size_t lo, size_t hi, size_t *out)
+{
+    const char *why = blank_problem(v);
+    size_t s;
+    if (why)
+        return why;
+    if (looks_hex(v))
+        return "hexadecimal is not accepted";
+    if (weft_parse_size(v, &s) != 0)
+        return all_digits(v) ? "above the maximum" : "not a size";
+    if (isdigit((unsigned char)v[strlen(v) - 1])) {
+        if (s > SIZE_MAX / unit)
+            return "above the maximum";
+        s *= unit;
+    }
+    if (s > hi)
+        return "above the maximum";
+    if (s < lo)
+        return s == 0 ? "0 is not allowed here" : "below the minimum";
+    *out = s;
+    return NULL;
+}
+
+/* What strict_size accepts, in words, for the message. */
+static void size_expected(size_t unit, size_t lo, size_t hi, char *buf, size_t len)
+{
+    char l[32], h[32];
+    const char *u = unit == 1 ? "bytes" : unit == 1024 ? "KiB" : "MiB";
+    format_size(lo, l, sizeof(l));
+    format_size(hi, h, sizeof(h));
+    if (hi == SIZE_MAX && lo == 0)
+        snprintf(buf, len, "a size: a number of %s, or one with suffix k, m or g", u);
+    else if (hi == SIZE_MAX)
+        snprintf(buf, len, "a size of at least %s: a number of %s, or one with suffix k, m or g", l, u);
+    else
+        snprintf(buf, len, "a size from %s to %s: a number of %s, or one with suffix k, m or g", l, h, u);
+}
+
+/* Seconds: digits with an optional decimal fraction ("2", "0.5"), at most
+ * hi. Parsed here rather than by strtod, which also takes hex, exponents,
+ * "inf", leading space, and depends on the locale's decimal point. */
+static const char *strict_seconds(const char *v, double hi, double *out)
+{
+    const char *why = blank_problem(v);
+    const char *p = v;
+    double t = 0.0, scale = 0.1;
+    if (why)
+        return why;
+    if (looks_hex(v))
+        return "hexadecimal is not accepted";
+    if (!isdigit((unsigned char)*p))
+        return "not a number of seconds";
+    for (; isdigit((unsigned char)*p); p++)
+        t = t * 10.0 + (*p - '0');
+    if (*p == '.') {
+        p++;
+        if (!isdigit((unsigned char)*p))
+            return "not a number of seconds";
+        for (; isdigit((unsigned char)*p); p++, scale /= 10.0)
+            t += (*p - '0') * scale;
+    }
+    if (*p != '\0')
+        return "not a number of seconds";
+    if (t > hi)
+        return "above the maximum";
+    *out = t;
+    return NULL;
+}
+
+/* One of names (case-insensitive); *index is its position. */
+static const char *strict_name(const char *v, const char *const *names, int *index)
+{
+    const char *why = blank_problem(v);
+    if (why)
+        return why;
+    for (int i = 0; names[i]; i++)
+        if (strcasecmp(v, names[i]) == 0) {
+            *index = i;
+            return NULL;
+        }
+    return "unknown name";
+}
+
+/* "a, b or c" */
+static void names_expected(const char *const *names, char *buf, size_t len)
+{
+    size_t n = 0, used = 0;
+    while (names[n])
+        n++;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && used < len; i++) {
+        int w = snprintf(buf + used, len - used, "%s%s", i == 0 ? "" : i + 1 == n ? " or " : ", ", names[i]);
+        if (w < 0)
+            break;
+        used += (size_t)w;
+    }
+}
+
+/* A name or path copied into a field of cap bytes. empty_ok: "" means the
+ * default (the field stays ""). inner_space_ok: paths may hold spaces,
+ * interface and device names cannot. */
+static const char *strict_string(const char *v, size_t cap, int empty_ok, int inner_space_ok)
+{
+    const char *why;
+    if (*v == '\0')
+        return empty_ok ? NULL : "empty";
+    if ((why = blank_problem(v)) != NULL)
+        return why;
+    for (const char *p = v; *p; p++) {
+        if (iscntrl((unsigned char)*p))
+            return "contains a control character";
+        if (!inner_space_ok && isspace((unsigned char)*p))
+            return "contains a space";
+    }
+    if (strlen(v) >= cap)
+        return "too long";
+    return NULL;
 }
 
 int weft_parse_transports(const char *s)
@@ -70,15 +274,51 @@ int weft_parse_transports(const char *s)
     return 0;
 }
 
+/* WEFT_IB_HCA: "device[:port],..."; device names as the kernel gives them
+ * (letters, digits, '_', '-', '.'), ports 1 .. 255. */
+static int parse_hca_list(const char *s)
+{
+    const char *p = s;
+    while (*p) {
+        size_t n = strcspn(p, ","), name = strcspn(p, ",:");
+        if (name == 0)
+            return -1;
+        for (size_t i = 0; i < name; i++)
+            if (!isalnum((unsigned char)p[i]) && p[i] != '_' && p[i] != '-' && p[i] != '.')
+                return -1;
+        if (name < n) {
+            char port[8];
+            long v;
+            size_t pl = n - name - 1;
+            if (pl == 0 || pl >= sizeof(port))
+                return -1;
+            memcpy(port, p + name + 1, pl);
+            port[pl] = '\0';
+            if (strict_long(port, 1, 255, &v) != NULL)
+                return -1;
+        }
+        p += n;
+        if (*p == ',' && *++p == '\0')
+            return -1;
+    }
+    return 0;
+}
+
+/* WEFT_DEBUG: a level name, "0" or "" (none). -1 if neither. */
+static int parse_log_level(const char *v)
+{
+    int level;
+    if (*v == '\0' || strcmp(v, "0") == 0)
+        return WEFT_LOG_NONE;
+    return strict_name(v, log_level_names, &level) == NULL ? level : -1;
+}
+
 int weft_config_log_level_env(void)
 {
     const char *v = getenv("WEFT_DEBUG");
-    if (v == NULL)
-        return WEFT_LOG_NONE;
-    if (strcasecmp(v, "warn") == 0) return WEFT_LOG_WARN;
-    if (strcasecmp(v, "info") == 0) return WEFT_LOG_INFO;
-    if (strcasecmp(v, "trace") == 0) return WEFT_LOG_TRACE;
-    return WEFT_LOG_NONE;
+    int level = v ? parse_log_level(v) : WEFT_LOG_WARN;
+    /* A value create will refuse still logs that refusal: at warn. */
+    return level >= 0 ? level : WEFT_LOG_WARN;
 }
 
 static const char *lookup_getenv(const char *name, void *ctx)
@@ -87,38 +327,37 @@ static const char *lookup_getenv(const char *name, void *ctx)
     return getenv(name);
 }
 
-static int config_error(char *err, size_t errlen, const char *name, const char *value, const char *why)
+/* "WEFT_X=value: why (expected ...)"; the value quoted when it is empty or
+ * has spaces, which would not show otherwise. */
+static int refuse(char *err, size_t errlen, const char *name, const char *value, const char *why,
+                  const char *expected)
 {
-    if (err && errlen)
-        snprintf(err, errlen, "%s=%s: %s", name, value, why);
+    if (err && errlen) {
+        int quote = *value == '\0' || strpbrk(value, " \t\r\n\v\f") != NULL;
+        snprintf(err, errlen, "%s=%s%s%s: %s (expected %s)", name, quote ? "\"" : "", value,
+                 quote ? "\"" : "", why, expected);
+    }
     return WEFT_ERR_INVALID_ARG;
 }
 
-/* Integer in [lo, hi]. */
-static int parse_int(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    long v;
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
-}
+/* ------------------------------------------------------------ load */
 
 int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *ctx,
                      char *err, size_t errlen)
 {
-    const char *v;
+    const char *v, *why;
+    char expected[160];
     long n;
+    int idx;
 
     if (lookup == NULL)
         lookup = lookup_getenv;
 
     memset(cfg, 0, sizeof(*cfg));
     cfg->timeout_s        = 300.0;
-    cfg->log_level        = WEFT_LOG_NONE;
+    /* Warnings are errors where they start: shown unless asked not to
+     * (a failed weft_comm_create has no comm to read the message from). */
+    cfg->log_level        = WEFT_LOG_WARN;
     cfg->virtual_nodes    = 0;
     cfg->shm_cma          = 1;
     /* 4 KiB: above it a lone message is faster by single-copy CMA than by
@@ -134,6 +373,11 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     cfg->tcp_eager_limit  = 64 << 10;
     cfg->tcp_chunk        = 512 << 10;
     cfg->self_eager_limit = 64 << 10;
+    /* 4 MiB per peer pair: above every default eager limit (a sender always
+     * gets at least one eager message out) and a few dozen of the common
+     * small ones, while a receiver that falls behind holds at most 4 MiB of
+     * unmatched messages per sender. */
+    cfg->eager_window     = 4 << 20;
     cfg->spin_us          = 50;
     strcpy(cfg->ibverbs_lib, "libibverbs.so.1");
     cfg->ib_gid_index     = -1;
@@ -160,156 +404,219 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     /* 1 MiB ring chunks: docs/benchmarks.md ("## Allgather"). */
     cfg->allgather_chunk  = 1 << 20;
 
+    /* Seconds. */
     if ((v = lookup("WEFT_TIMEOUT", ctx)) != NULL) {
-        char *end;
-        double t;
-        errno = 0;
-        t = strtod(v, &end);
-        if (errno != 0 || end == v || *end != '\0' || !(t >= 0.0) || t > 1e9)
-            return config_error(err, errlen, "WEFT_TIMEOUT", v, "expected seconds >= 0 (0 = never)");
-        cfg->timeout_s = t;
-    }
-    if ((v = lookup("WEFT_DEBUG", ctx)) != NULL) {
-        if (*v == '\0' || strcasecmp(v, "none") == 0 || strcmp(v, "0") == 0)
-            cfg->log_level = WEFT_LOG_NONE;
-        else if (strcasecmp(v, "warn") == 0)
-            cfg->log_level = WEFT_LOG_WARN;
-        else if (strcasecmp(v, "info") == 0)
-            cfg->log_level = WEFT_LOG_INFO;
-        else if (strcasecmp(v, "trace") == 0)
-            cfg->log_level = WEFT_LOG_TRACE;
-        else
-            return config_error(err, errlen, "WEFT_DEBUG", v, "expected none, warn, info or trace");
-    }
-    if ((v = lookup("WEFT_TRANSPORTS", ctx)) != NULL) {
-        if (weft_parse_transports(v) != 0 || strlen(v) >= sizeof(cfg->transports))
-            return config_error(err, errlen, "WEFT_TRANSPORTS", v,
-                                "expected a comma-separated list of self, shm, tcp, ib");
-        strcpy(cfg->transports, v);
-    }
-    if ((v = lookup("WEFT_VIRTUAL_NODES", ctx)) != NULL) {
-        if (parse_int(v, 0, 1 << 20, &n) != 0)
-            return config_error(err, errlen, "WEFT_VIRTUAL_NODES", v, "expected an integer >= 0");
-        cfg->virtual_nodes = (int)n;
-    }
-    if ((v = lookup("WEFT_SHM_CMA", ctx)) != NULL) {
-        if (parse_int(v, 0, 1, &n) != 0)
-            return config_error(err, errlen, "WEFT_SHM_CMA", v, "expected 0 or 1");
-        cfg->shm_cma = (int)n;
+        if ((why = strict_seconds(v, 1e9, &cfg->timeout_s)) != NULL)
+            return refuse(err, errlen, "WEFT_TIMEOUT", v, why,
+                          "seconds from 0 to 1000000000, fractions allowed, 0 = never");
     }
 
-    /* Sizes: name, field, lower bound, upper bound, unit multiplier of a plain number. */
+    /* Names. */
+    if ((v = lookup("WEFT_DEBUG", ctx)) != NULL) {
+        if ((cfg->log_level = parse_log_level(v)) < 0) {
+            why = blank_problem(v);
+            return refuse(err, errlen, "WEFT_DEBUG", v, why ? why : "unknown level",
+                          "none (or 0, or empty), warn, info or trace");
+        }
+    }
+    if ((v = lookup("WEFT_ALLGATHER_ALGO", ctx)) != NULL) {
+        /* "" is the default (auto), as when unset. */
+        if (*v != '\0') {
+            if ((why = strict_name(v, weft_allgather_algo_names, &idx)) != NULL) {
+                names_expected(weft_allgather_algo_names, expected, sizeof(expected));
+                return refuse(err, errlen, "WEFT_ALLGATHER_ALGO", v, why, expected);
+            }
+            /* The canonical spelling: the collectives compare it exactly. */
+            strcpy(cfg->allgather_algo, weft_allgather_algo_names[idx]);
+        }
+    }
+    if ((v = lookup("WEFT_IB_GDR", ctx)) != NULL) {
+        if (strcasecmp(v, "auto") == 0)
+            cfg->ib_gdr = -1;
+        else if ((why = strict_long(v, 0, 1, &n)) == NULL)
+            cfg->ib_gdr = (int)n;
+        else
+            return refuse(err, errlen, "WEFT_IB_GDR", v, why, "auto, 0 or 1");
+    }
+    if ((v = lookup("WEFT_TRANSPORTS", ctx)) != NULL) {
+        why = blank_problem(v);
+        if (why == NULL && weft_parse_transports(v) != 0)
+            why = "not a comma-separated list of names";
+        if (why == NULL && strlen(v) >= sizeof(cfg->transports))
+            why = "too long";
+        if (why)
+            return refuse(err, errlen, "WEFT_TRANSPORTS", v, why, "a comma-separated list of self, shm, tcp, ib");
+        strcpy(cfg->transports, v);
+    }
+
+    /* Integers: name, field, bounds, what is expected when the bounds alone
+     * do not say it (NULL: "an integer in [lo, hi]"). */
+    struct { const char *name; int *field; long lo, hi; const char *expected; } ints[] = {
+        { "WEFT_VIRTUAL_NODES",   &cfg->virtual_nodes,    0, 1 << 20,  "an integer in [0, 1048576], 0 = off" },
+        { "WEFT_SHM_CMA",         &cfg->shm_cma,          0, 1,        "0 or 1" },
+        { "WEFT_TCP_STREAMS",     &cfg->tcp_streams,      1, 64,       NULL },
+        { "WEFT_SPIN_US",         &cfg->spin_us,          0, 10000000, "microseconds in [0, 10000000]" },
+        { "WEFT_IB_GID_INDEX",    &cfg->ib_gid_index,    -1, 255,      "-1 (auto) or a GID index in [0, 255]" },
+        { "WEFT_IB_QPS_PER_PEER", &cfg->ib_qps_per_peer,  1, 16,       NULL },
+        { "WEFT_IB_TIMEOUT",      &cfg->ib_timeout,       1, 31,       "an exponent in [1, 31]" },
+        { "WEFT_IB_RETRY_CNT",    &cfg->ib_retry_cnt,     0, 7,        NULL },
+        { "WEFT_IB_RECV_DEPTH",   &cfg->ib_recv_depth,    2, 4096,     NULL },
+        { "WEFT_IB_SQ_DEPTH",     &cfg->ib_sq_depth,      2, 16384,    NULL },
+        { "WEFT_CUDA_STAGE_SLOTS",&cfg->cuda_stage_slots, 1, 64,       NULL },
+        { "WEFT_CUDA_IPC_CACHE",  &cfg->cuda_ipc_cache,   1, 1 << 20,  "a number of mappings in [1, 1048576]" },
+    };
+    for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
+        if ((v = lookup(ints[i].name, ctx)) == NULL)
+            continue;
+        if ((why = strict_long(v, ints[i].lo, ints[i].hi, &n)) != NULL) {
+            if (ints[i].expected)
+                snprintf(expected, sizeof(expected), "%s", ints[i].expected);
+            else
+                snprintf(expected, sizeof(expected), "an integer in [%ld, %ld]", ints[i].lo, ints[i].hi);
+            return refuse(err, errlen, ints[i].name, v, why, expected);
+        }
+        *ints[i].field = (int)n;
+    }
+
+    /* Sizes: name, field, bounds in bytes, unit of a plain number. */
     struct { const char *name; size_t *field; size_t lo, hi, unit; } sizes[] = {
-        { "WEFT_SHM_EAGER",      &cfg->shm_eager_limit,  0,         1u << 20,      1 },
-        { "WEFT_SHM_COLL_EAGER", &cfg->shm_coll_eager,   0,         1u << 20,      1 },
-        { "WEFT_SHM_RING_KB",    &cfg->shm_ring_bytes,   64 << 10,  (size_t)1 << 30, 1024 },
-        { "WEFT_SHM_CHUNK_KB",   &cfg->shm_chunk,        4 << 10,   64u << 20,     1024 },
-        { "WEFT_SHM_CMA_MIN_KB", &cfg->shm_cma_min,      0,         SIZE_MAX,      1024 },
-        { "WEFT_TCP_EAGER",      &cfg->tcp_eager_limit,  0,         4u << 20,      1 },
-        { "WEFT_TCP_CHUNK_KB",   &cfg->tcp_chunk,        4 << 10,   (size_t)1 << 30, 1024 },
-        { "WEFT_SELF_EAGER",     &cfg->self_eager_limit, 0,         64u << 20,     1 },
-        { "WEFT_IB_CHUNK",       &cfg->ib_chunk,         4 << 10,   (size_t)1 << 30, 1 },
-        { "WEFT_IB_EAGER",       &cfg->ib_eager_limit,   64,         1u << 20,      1 },
-        { "WEFT_IB_REG_CACHE_MB",&cfg->ib_reg_cache,     0,         SIZE_MAX,      1u << 20 },
-        { "WEFT_CUDA_STAGE_CHUNK",&cfg->cuda_stage_chunk, 4 << 10,  (size_t)1 << 30, 1 },
-        { "WEFT_ALLGATHER_CHUNK_KB",&cfg->allgather_chunk, 1 << 10, SIZE_MAX,     1024 },
+        { "WEFT_SHM_EAGER",          &cfg->shm_eager_limit,  0,         1u << 20,        1 },
+        { "WEFT_SHM_COLL_EAGER",     &cfg->shm_coll_eager,   0,         1u << 20,        1 },
+        { "WEFT_SHM_RING_KB",        &cfg->shm_ring_bytes,   64 << 10,  (size_t)1 << 30, 1024 },
+        { "WEFT_SHM_CHUNK_KB",       &cfg->shm_chunk,        4 << 10,   64u << 20,       1024 },
+        { "WEFT_SHM_CMA_MIN_KB",     &cfg->shm_cma_min,      0,         SIZE_MAX,        1024 },
+        { "WEFT_TCP_EAGER",          &cfg->tcp_eager_limit,  0,         4u << 20,        1 },
+        { "WEFT_TCP_CHUNK_KB",       &cfg->tcp_chunk,        4 << 10,   (size_t)1 << 30, 1024 },
+        { "WEFT_SELF_EAGER",         &cfg->self_eager_limit, 0,         64u << 20,       1 },
+        { "WEFT_EAGER_WINDOW",       &cfg->eager_window,     64 << 10,  (size_t)1 << 30, 1 },
+        { "WEFT_IB_CHUNK",           &cfg->ib_chunk,         4 << 10,   (size_t)1 << 30, 1 },
+        { "WEFT_IB_EAGER",           &cfg->ib_eager_limit,   64,        1u << 20,        1 },
+        { "WEFT_IB_REG_CACHE_MB",    &cfg->ib_reg_cache,     0,         SIZE_MAX,        1u << 20 },
+        { "WEFT_CUDA_STAGE_CHUNK",   &cfg->cuda_stage_chunk, 4 << 10,   (size_t)1 << 30, 1 },
+        { "WEFT_ALLGATHER_CHUNK_KB", &cfg->allgather_chunk,  1 << 10,   (size_t)1 << 30, 1024 },
     };
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
-        size_t s;
         if ((v = lookup(sizes[i].name, ctx)) == NULL)
             continue;
-        if (weft_parse_size(v, &s) != 0)
-            return config_error(err, errlen, sizes[i].name, v, "expected a size (suffix k, m or g allowed)");
-        /* A plain number is in the variable's unit (KB for *_KB); a suffix is absolute. */
-        if (isdigit((unsigned char)v[strlen(v) - 1])) {
-            if (s > SIZE_MAX / sizes[i].unit)
-                return config_error(err, errlen, sizes[i].name, v, "too large");
-            s *= sizes[i].unit;
+        if ((why = strict_size(v, sizes[i].unit, sizes[i].lo, sizes[i].hi, sizes[i].field)) != NULL) {
+            size_expected(sizes[i].unit, sizes[i].lo, sizes[i].hi, expected, sizeof(expected));
+            return refuse(err, errlen, sizes[i].name, v, why, expected);
         }
-        if (s < sizes[i].lo || s > sizes[i].hi) {
-            char why[128];
-            snprintf(why, sizeof(why), "out of range [%zu, %zu] bytes", sizes[i].lo, sizes[i].hi);
-            return config_error(err, errlen, sizes[i].name, v, why);
-        }
-        *sizes[i].field = s;
     }
     /* An eager message must fit a ring record with room to spare. */
-    if (cfg->shm_eager_limit + 256 > cfg->shm_ring_bytes / 4)
-        return config_error(err, errlen, "WEFT_SHM_EAGER", lookup("WEFT_SHM_EAGER", ctx) ? lookup("WEFT_SHM_EAGER", ctx) : "default",
-                            "must be below a quarter of the ring (WEFT_SHM_RING_KB)");
+    {
+        char ring[32];
+        format_size(cfg->shm_ring_bytes, ring, sizeof(ring));
+        snprintf(expected, sizeof(expected), "at most %zu bytes: a quarter of the ring (WEFT_SHM_RING_KB, %s) "
+                 "less 256", cfg->shm_ring_bytes / 4 - 256, ring);
+    }
+    if (cfg->shm_eager_limit + 256 > cfg->shm_ring_bytes / 4) {
+        v = lookup("WEFT_SHM_EAGER", ctx);
+        return refuse(err, errlen, "WEFT_SHM_EAGER", v ? v : "default", "does not fit the ring", expected);
+    }
     if (cfg->shm_coll_eager + 256 > cfg->shm_ring_bytes / 4) {
         /* A value the user set must fit; the default shrinks with the ring. */
         if ((v = lookup("WEFT_SHM_COLL_EAGER", ctx)) != NULL)
-            return config_error(err, errlen, "WEFT_SHM_COLL_EAGER", v,
-                                "must be below a quarter of the ring (WEFT_SHM_RING_KB)");
+            return refuse(err, errlen, "WEFT_SHM_COLL_EAGER", v, "does not fit the ring", expected);
         cfg->shm_coll_eager = cfg->shm_ring_bytes / 4 - 256;
     }
     if (cfg->shm_chunk + 256 > cfg->shm_ring_bytes / 2)
         cfg->shm_chunk = cfg->shm_ring_bytes / 4;
 
-    if ((v = lookup("WEFT_IB_GDR", ctx)) != NULL) {
-        if (strcasecmp(v, "auto") == 0)
-            cfg->ib_gdr = -1;
-        else if (parse_int(v, 0, 1, &n) == 0)
-            cfg->ib_gdr = (int)n;
-        else
-            return config_error(err, errlen, "WEFT_IB_GDR", v, "expected auto, 0 or 1");
-    }
-    if ((v = lookup("WEFT_TCP_STREAMS", ctx)) != NULL) {
-        if (parse_int(v, 1, 64, &n) != 0)
-            return config_error(err, errlen, "WEFT_TCP_STREAMS", v, "expected an integer in [1, 64]");
-        cfg->tcp_streams = (int)n;
-    }
-    if ((v = lookup("WEFT_TCP_IF", ctx)) != NULL) {
-        if (strlen(v) >= sizeof(cfg->tcp_if))
-            return config_error(err, errlen, "WEFT_TCP_IF", v, "name too long");
-        strcpy(cfg->tcp_if, v);
-    }
-    /* Strings. */
-    struct { const char *name; char *field; size_t size; } strs[] = {
-        { "WEFT_IBVERBS_LIB", cfg->ibverbs_lib, sizeof(cfg->ibverbs_lib) },
-        { "WEFT_IB_HCA",      cfg->ib_hca,      sizeof(cfg->ib_hca) },
-        { "WEFT_TOPO_XML",    cfg->topo_xml,    sizeof(cfg->topo_xml) },
-        { "WEFT_CUDA_LIB",    cfg->cuda_lib,    sizeof(cfg->cuda_lib) },
+    /* Names and paths: name, field, "" allowed (= the default), spaces inside allowed, what is expected. */
+    struct { const char *name; char *field; size_t size; int empty_ok, spaces_ok; const char *expected; } strs[] = {
+        { "WEFT_TCP_IF",      cfg->tcp_if,      sizeof(cfg->tcp_if),      1, 0,
+          "an interface name or IPv4 address, at most 63 characters" },
+        { "WEFT_IB_HCA",      cfg->ib_hca,      sizeof(cfg->ib_hca),      1, 0,
+          "a comma-separated list of device[:port], e.g. mlx5_0:1,mlx5_1" },
+        { "WEFT_IBVERBS_LIB", cfg->ibverbs_lib, sizeof(cfg->ibverbs_lib), 0, 1,
+          "a library name or path, at most 255 characters" },
+        { "WEFT_TOPO_XML",    cfg->topo_xml,    sizeof(cfg->topo_xml),    1, 1,
+          "the path of an hwloc XML file, at most 255 characters" },
+        { "WEFT_CUDA_LIB",    cfg->cuda_lib,    sizeof(cfg->cuda_lib),    0, 1,
+          "a library name or path, at most 255 characters" },
     };
     for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
         if ((v = lookup(strs[i].name, ctx)) == NULL)
             continue;
-        if (strlen(v) >= strs[i].size)
-            return config_error(err, errlen, strs[i].name, v, "too long");
+        why = strict_string(v, strs[i].size, strs[i].empty_ok, strs[i].spaces_ok);
+        if (why == NULL && strs[i].field == cfg->ib_hca && *v != '\0' && parse_hca_list(v) != 0)
+            why = "not a list of device[:port]";
+        if (why)
+            return refuse(err, errlen, strs[i].name, v, why, strs[i].expected);
         strcpy(strs[i].field, v);
     }
-    /* Integers: name, field, bounds. */
-    struct { const char *name; int *field; long lo, hi; const char *why; } ints[] = {
-        { "WEFT_IB_GID_INDEX",    &cfg->ib_gid_index,    -1, 255,   "expected -1 (auto) or a GID index in [0, 255]" },
-        { "WEFT_IB_QPS_PER_PEER", &cfg->ib_qps_per_peer,  1, 16,    "expected an integer in [1, 16]" },
-        { "WEFT_IB_TIMEOUT",      &cfg->ib_timeout,       1, 31,    "expected an exponent in [1, 31]" },
-        { "WEFT_IB_RETRY_CNT",    &cfg->ib_retry_cnt,     0, 7,     "expected an integer in [0, 7]" },
-        { "WEFT_IB_RECV_DEPTH",   &cfg->ib_recv_depth,    2, 4096,  "expected an integer in [2, 4096]" },
-        { "WEFT_IB_SQ_DEPTH",     &cfg->ib_sq_depth,      2, 16384, "expected an integer in [2, 16384]" },
-        { "WEFT_CUDA_STAGE_SLOTS",&cfg->cuda_stage_slots, 1, 64,    "expected an integer in [1, 64]" },
-        { "WEFT_CUDA_IPC_CACHE",  &cfg->cuda_ipc_cache,   1, 1 << 20, "expected a number of mappings in [1, 1048576]" },
-    };
-    for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
-        if ((v = lookup(ints[i].name, ctx)) == NULL)
-            continue;
-        if (parse_int(v, ints[i].lo, ints[i].hi, &n) != 0)
-            return config_error(err, errlen, ints[i].name, v, ints[i].why);
-        *ints[i].field = (int)n;
-    }
-    if ((v = lookup("WEFT_ALLGATHER_ALGO", ctx)) != NULL) {
-        /* Exact names, as the collectives compare them; "" means auto. */
-        size_t i;
-        for (i = 0; weft_allgather_algo_names[i] && strcmp(v, weft_allgather_algo_names[i]) != 0; i++) {}
-        if (*v != '\0' && weft_allgather_algo_names[i] == NULL)
-            return config_error(err, errlen, "WEFT_ALLGATHER_ALGO", v,
-                                "expected auto, ring, rd, bruck, direct or hier");
-        strcpy(cfg->allgather_algo, *v ? v : "auto");
-    }
-    if ((v = lookup("WEFT_SPIN_US", ctx)) != NULL) {
-        if (parse_int(v, 0, 10000000, &n) != 0)
-            return config_error(err, errlen, "WEFT_SPIN_US", v, "expected microseconds >= 0");
-        cfg->spin_us = (int)n;
-    }
     return WEFT_SUCCESS;
+}
+
+/* ------------------------------------------------------------ agreement */
+
+/* The settings that must be equal on every rank, with how each is read
+ * from the config; docs/configuration.md ("Settings that must agree") says
+ * why these and not the others. */
+enum agreed_kind { AGREED_INT, AGREED_SIZE, AGREED_ALGO };
+static const struct { const char *name; enum agreed_kind kind; size_t off; } agreed[WEFT_CONFIG_AGREED_COUNT] = {
+    { "WEFT_VIRTUAL_NODES",      AGREED_INT,  offsetof(struct weft_config, virtual_nodes) },
+    { "WEFT_SHM_RING_KB",        AGREED_SIZE, offsetof(struct weft_config, shm_ring_bytes) },
+    { "WEFT_SHM_EAGER",          AGREED_SIZE, offsetof(struct weft_config, shm_eager_limit) },
+    { "WEFT_SHM_COLL_EAGER",     AGREED_SIZE, offsetof(struct weft_config, shm_coll_eager) },
+    { "WEFT_SHM_CHUNK_KB",       AGREED_SIZE, offsetof(struct weft_config, shm_chunk) },
+    { "WEFT_TCP_STREAMS",        AGREED_INT,  offsetof(struct weft_config, tcp_streams) },
+    { "WEFT_TCP_EAGER",          AGREED_SIZE, offsetof(struct weft_config, tcp_eager_limit) },
+    { "WEFT_TCP_CHUNK_KB",       AGREED_SIZE, offsetof(struct weft_config, tcp_chunk) },
+    { "WEFT_IB_EAGER",           AGREED_SIZE, offsetof(struct weft_config, ib_eager_limit) },
+    { "WEFT_EAGER_WINDOW",       AGREED_SIZE, offsetof(struct weft_config, eager_window) },
+    { "WEFT_ALLGATHER_ALGO",     AGREED_ALGO, offsetof(struct weft_config, allgather_algo) },
+    { "WEFT_ALLGATHER_CHUNK_KB", AGREED_SIZE, offsetof(struct weft_config, allgather_chunk) },
+};
+
+void weft_config_agreed_values(const struct weft_config *cfg, int64_t *values)
+{
+    const char *base = (const char *)cfg;
+    for (int i = 0; i < WEFT_CONFIG_AGREED_COUNT; i++) {
+        const void *field = base + agreed[i].off;
+        switch (agreed[i].kind) {
+        case AGREED_INT:
+            values[i] = *(const int *)field;
+            break;
+        case AGREED_SIZE:
+            values[i] = (int64_t)*(const size_t *)field;
+            break;
+        case AGREED_ALGO: {
+            int k = 0;
+            while (weft_allgather_algo_names[k] && strcmp((const char *)field, weft_allgather_algo_names[k]) != 0)
+                k++;
+            values[i] = k;
+            break;
+        }
+        }
+    }
+}
+
+const char *weft_config_agreed_name(int i)
+{
+    return i >= 0 && i < WEFT_CONFIG_AGREED_COUNT ? agreed[i].name : "?";
+}
+
+void weft_config_agreed_format(int i, int64_t value, char *buf, size_t len)
+{
+    if (i < 0 || i >= WEFT_CONFIG_AGREED_COUNT) {
+        snprintf(buf, len, "%lld", (long long)value);
+        return;
+    }
+    switch (agreed[i].kind) {
+    case AGREED_SIZE:
+        format_size((size_t)value, buf, len);
+        break;
+    case AGREED_ALGO: {
+        int n = 0;
+        while (weft_allgather_algo_names[n])
+            n++;
+        snprintf(buf, len, "%s", value >= 0 && value < n ? weft_allgather_algo_names[value] : "?");
+        break;
+    }
+    default:
+        snprintf(buf, len, "%lld", (long long)value);
+        break;
+    }
 }

@@ -6,13 +6,15 @@
 #define WEFT_CONFIG_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 
 enum weft_log_level { WEFT_LOG_NONE = 0, WEFT_LOG_WARN, WEFT_LOG_INFO, WEFT_LOG_TRACE };
 
 struct weft_config {
     double   timeout_s;        /* WEFT_TIMEOUT: seconds without progress before a wait fails; 0 = never */
-    int      log_level;        /* WEFT_DEBUG: none|warn|info|trace */
+    int      log_level;        /* WEFT_DEBUG: none|warn|info|trace; warn by default, so a failed create
+                                  always says why on stderr */
     char     transports[128];  /* WEFT_TRANSPORTS: carriers allowed, "shm,tcp"; "" = every one (names are
                                   resolved by the transport registry at create) */
     int      virtual_nodes;    /* WEFT_VIRTUAL_NODES: 0 = off, k = split ranks into k fake nodes */
@@ -27,6 +29,12 @@ struct weft_config {
     size_t   tcp_eager_limit;  /* WEFT_TCP_EAGER: largest message sent eagerly on the control socket */
     size_t   tcp_chunk;        /* WEFT_TCP_CHUNK_KB: striping unit across data sockets */
     size_t   self_eager_limit; /* WEFT_SELF_EAGER: sends to self up to this size complete at once */
+    size_t   eager_window;     /* WEFT_EAGER_WINDOW: flow control (p2p/): most bytes of eager and
+                                  rendezvous-announcement messages a sender may have outstanding at one
+                                  receiver, not yet matched with a receive there (per peer pair); a
+                                  sender beyond it waits, its request pending, until the receiver
+                                  consumes messages. Bounds what a slow receiver must buffer per sender.
+                                  Default 4 MiB, at least 64 KiB. Equal on every rank (checked at create). */
     int      spin_us;          /* WEFT_SPIN_US: busy-poll time before a waiter yields/sleeps */
 
     /* InfiniBand verbs (p2p/transport/ib/ib.c) */
@@ -68,14 +76,30 @@ typedef const char *(*weft_env_lookup_fn)(const char *name, void *ctx);
 int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *ctx,
                      char *err, size_t errlen);
 
-/* Parses a size with an optional k/m/g suffix (powers of 1024). 0 on success. */
+/* Parses a size with an optional k/m/g suffix (powers of 1024, an optional
+ * 'b' after it): digits first, nothing else around. 0 on success (out
+ * written only then). */
 int weft_parse_size(const char *s, size_t *out);
 
 /* Checks the form of a WEFT_TRANSPORTS value: comma-separated names. 0 if well formed. */
 int weft_parse_transports(const char *s);
 
 /* WEFT_DEBUG read straight from the environment, for log lines before any
- * comm exists (an unknown value reads as none; weft_config_load rejects it). */
+ * comm exists: warn when unset, and warn for a value weft_config_load
+ * rejects, so that rejection is printed. */
 int weft_config_log_level_env(void);
+
+/* Settings that must be equal on every rank of a comm because they shape
+ * the wire or the protocol (docs/configuration.md, "Settings that must
+ * agree"); WEFT_TRANSPORTS, which needs the transport registry to compare,
+ * is checked by the comm itself. weft_comm_create gathers every rank's
+ * values and fails on every rank, naming the setting, when they differ. */
+#define WEFT_CONFIG_AGREED_COUNT 12
+/* values[0 .. WEFT_CONFIG_AGREED_COUNT) = this config's effective values. */
+void weft_config_agreed_values(const struct weft_config *cfg, int64_t *values);
+/* The variable of value i ("WEFT_TCP_STREAMS"). */
+const char *weft_config_agreed_name(int i);
+/* Value i as a user would write it ("4", "64k", "ring"). */
+void weft_config_agreed_format(int i, int64_t value, char *buf, size_t len);
 
 #endif

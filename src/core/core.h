@@ -22,6 +22,8 @@ struct weft_core {
     int                  cuda;           /* CUDA loaded and a device present: device buffers allowed */
     struct weft_devcopy *devcopy;        /* weft's CUDA stream and bounce (core/devcopy.c); NULL without CUDA */
 
+    int                  aborted;        /* weft_comm_abort was called (atomic access) */
+
     pthread_mutex_t      err_lock;       /* guards last_error only */
     char                 last_error[1024];
 };

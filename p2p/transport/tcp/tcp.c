@@ -18,6 +18,8 @@
  * elsewhere; the lower rank of a pair connects to the higher one. Every new
  * connection starts with a hello whose job token (from the rank card's
  * header) the acceptor checks before it reads anything else (tcp_hello.h).
+ * Connections that fail to present one in time are closed and counted, and
+ * a bounded number of them may wait at once (tcp_listen.h).
  *
  * Every function here but sleep runs under the pipe layer's lock
  * (transport.h), so per-comm state needs no locking of its own. Nothing
@@ -30,6 +32,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +45,7 @@
 #include "list.h"
 #include "log.h"
 #include "tcp_hello.h"
+#include "tcp_listen.h"
 #include "tcp_stripe.h"
 #include "transport.h"
 #include "weft.h"
@@ -138,6 +142,7 @@ struct tcp_state {
     int                 nactive;
     struct pollfd      *pfds;        /* progress poll array */
     size_t              pfds_cap;
+    struct weft_tcp_listen_stats listen; /* what the listener met during connect (tcp_listen.h) */
 
     /* What sleep polls. It runs without the lock, so it reads only these:
      * descriptors fixed at connect, and per-descriptor poll events that
@@ -438,9 +443,21 @@ struct tcp_conn {
     int                   peer;       /* outgoing: known; incoming: from the hello */
     int                   index;      /* 0 = control, 1..streams = data */
     size_t                done;       /* bytes moved in the current stage */
+    double                deadline;   /* incoming: its hello is due by then (weft_now) */
     struct weft_tcp_hello hello;
     struct weft_tcp_ack   ack;
     char                  where[64];  /* remote address, for messages */
+};
+
+/* The handshakes of one tcp_connect: outgoing ones first, then incoming
+ * ones in the order they were accepted (so the first pending one is the
+ * oldest). Entries whose fd is -1 are finished and compacted away. */
+struct tcp_handshakes {
+    struct tcp_conn *v;
+    size_t           n, cap;
+    size_t           done;              /* connections now in a peer's socket slot */
+    double           accept_rest_until; /* listener left alone until then (weft_now) */
+    int              short_logged;      /* the out-of-descriptors warning was given */
 };
 
 enum { CONN_CONNECTING = 0, CONN_SEND_HELLO, CONN_READ_ACK,   /* outgoing */
@@ -467,10 +484,30 @@ static int conn_send(struct tcp_conn *k, const void *buf, size_t len)
     return 1;
 }
 
+/* Turns an incoming connection away: closed at once, counted under
+ * *reason, and one warning that names the remote address and why, so that
+ * whoever runs the job can find the stranger (or the misconfigured rank). */
+static void conn_reject(struct tcp_state *st, struct tcp_conn *k, size_t *reason, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void conn_reject(struct tcp_state *st, struct tcp_conn *k, size_t *reason, const char *fmt, ...)
+{
+    char why[320];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    WEFT_WARN(st->env->core->rank, "tcp: rejected connection from %s: %s", k->where, why);
+    (*reason)++;
+    if (k->fd >= 0)
+        close(k->fd);
+    k->fd = -1;
+    k->stage = CONN_DROPPED;
+}
+
 /* Advances one handshake. Returns WEFT_SUCCESS (step taken or nothing to
  * do yet), or an error for an outgoing connection that failed (fatal for
- * connect). Incoming connections that fail a check are dropped with a
- * warning: a stranger or a stale process must not stop the job. */
+ * connect). Incoming connections that fail a check are rejected
+ * (conn_reject): a stranger or a stale process must not stop the job. */
 static int conn_step(const struct weft_tp_env *env, struct tcp_state *st, struct tcp_conn *k)
 {
     struct weft_core *core = env->core;
@@ -530,24 +567,35 @@ static int conn_step(const struct weft_tp_env *env, struct tcp_state *st, struct
             int r = weft_tcp_hello_recv(k->fd, &k->hello, &k->done, my_token, why, sizeof(why));
             if (r == WEFT_EAGAIN)
                 return WEFT_SUCCESS;
-            if (r == WEFT_SUCCESS)
-                r = weft_tcp_hello_check(&k->hello, core->rank, core->size, st->streams, st->chunk,
-                                         (uint32_t)st->eager_limit, why, sizeof(why));
-            if (r == WEFT_SUCCESS) {
-                struct tcp_peer *pe = &st->peers[k->hello.rank];
-                if (!pe->used || k->hello.rank > core->rank) {
-                    snprintf(why, sizeof(why), "rank %d is not a tcp peer that connects to this rank",
-                             (int)k->hello.rank);
-                    r = WEFT_ERR_TRANSPORT;
-                } else if (*peer_slot(pe, k->hello.index) >= 0) {
-                    snprintf(why, sizeof(why), "rank %d already connected socket %d",
-                             (int)k->hello.rank, (int)k->hello.index);
-                    r = WEFT_ERR_TRANSPORT;
-                }
-            }
             if (r != WEFT_SUCCESS) {
-                WEFT_WARN(core->rank, "tcp: rejected connection from %s: %s", k->where, why);
-                k->stage = CONN_DROPPED;
+                if (k->done >= sizeof(k->hello.token) && k->hello.token != my_token) {
+                    /* The bytes themselves tell a port scanner or an HTTP
+                     * probe ("GET / HT") from a rank of another job. */
+                    const unsigned char *b = (const unsigned char *)&k->hello.token;
+                    conn_reject(st, k, &st->listen.bad_token,
+                                "wrong job token (first bytes %02x %02x %02x %02x %02x %02x %02x %02x):"
+                                " not a rank of this job",
+                                b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]);
+                } else {
+                    conn_reject(st, k, &st->listen.closed, "%s", why);
+                }
+                return WEFT_SUCCESS;
+            }
+            r = weft_tcp_hello_check(&k->hello, core->rank, core->size, st->streams, st->chunk,
+                                     (uint32_t)st->eager_limit, why, sizeof(why));
+            if (r != WEFT_SUCCESS) {
+                conn_reject(st, k, &st->listen.bad_hello, "%s", why);
+                return WEFT_SUCCESS;
+            }
+            struct tcp_peer *pe = &st->peers[k->hello.rank];
+            if (!pe->used || k->hello.rank > core->rank) {
+                conn_reject(st, k, &st->listen.bad_hello, "rank %d is not a tcp peer that connects to this rank",
+                            (int)k->hello.rank);
+                return WEFT_SUCCESS;
+            }
+            if (*peer_slot(pe, k->hello.index) >= 0) {
+                conn_reject(st, k, &st->listen.duplicate, "rank %d already connected socket %d",
+                            (int)k->hello.rank, (int)k->hello.index);
                 return WEFT_SUCCESS;
             }
             k->peer = k->hello.rank;
@@ -560,9 +608,8 @@ static int conn_step(const struct weft_tp_env *env, struct tcp_state *st, struct
         case CONN_SEND_ACK: {
             int r = conn_send(k, &k->ack, sizeof(k->ack));
             if (r < 0) {
-                WEFT_WARN(core->rank, "tcp: answering peer %d at %s failed: %s", k->peer, k->where,
-                          strerror(errno));
-                k->stage = CONN_DROPPED;
+                int e = errno;
+                conn_reject(st, k, &st->listen.closed, "answering rank %d failed: %s", k->peer, strerror(e));
                 return WEFT_SUCCESS;
             }
             if (r == 0)
@@ -634,40 +681,232 @@ static int conn_open(const struct weft_tp_env *env, struct tcp_state *st, int pe
     return WEFT_SUCCESS;
 }
 
-/* Accepts whatever is waiting on the listener as new incoming handshakes. */
-static int accept_pending(struct weft_core *core, struct tcp_state *st, struct tcp_conn **conns,
-                          size_t *n, size_t *cap)
+/* An accepted connection still waiting for (the rest of) its hello. */
+static int conn_pending(const struct tcp_conn *k)
 {
+    return !k->outgoing && k->fd >= 0 && k->stage == CONN_READ_HELLO;
+}
+
+static struct tcp_conn *oldest_pending(struct tcp_handshakes *hs)
+{
+    for (size_t i = 0; i < hs->n; i++)
+        if (conn_pending(&hs->v[i]))
+            return &hs->v[i];
+    return NULL;
+}
+
+static size_t count_pending(const struct tcp_handshakes *hs)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < hs->n; i++)
+        n += (size_t)conn_pending(&hs->v[i]);
+    return n;
+}
+
+/* Drops finished handshakes (fd -1), keeping the order of the rest. */
+static void hs_compact(struct tcp_handshakes *hs)
+{
+    size_t keep = 0;
+    for (size_t i = 0; i < hs->n; i++)
+        if (hs->v[i].fd >= 0)
+            hs->v[keep++] = hs->v[i];
+    hs->n = keep;
+}
+
+/* One step of k, then its bookkeeping: a finished connection moves into
+ * its peer's socket slot. Returns an error only for a failed outgoing one. */
+static int conn_advance(const struct weft_tp_env *env, struct tcp_state *st, struct tcp_handshakes *hs,
+                        struct tcp_conn *k)
+{
+    int rc = conn_step(env, st, k);
+    if (rc != WEFT_SUCCESS || k->stage != CONN_DONE || k->fd < 0)
+        return rc;
+    int *slot = peer_slot(&st->peers[k->peer], k->index);
+    if (!k->outgoing && *slot >= 0) {
+        /* Two connections for one socket passed the hello check before
+         * either finished; the first one keeps the slot. */
+        conn_reject(st, k, &st->listen.duplicate, "rank %d already connected socket %d", k->peer, k->index);
+        return WEFT_SUCCESS;
+    }
+    *slot = k->fd;   /* the peer's socket slot now owns the descriptor */
+    k->fd = -1;
+    hs->done++;
+    if (!k->outgoing)
+        st->listen.peers++;
+    return WEFT_SUCCESS;
+}
+
+/* Errors accept(2) passes on from a connection that already failed: the
+ * next connection may be fine, so accept again. */
+static int accept_error_is_transient(int e)
+{
+    switch (e) {
+    case EINTR: case ECONNABORTED: case EPROTO: case ENETDOWN: case ENETUNREACH: case EHOSTDOWN:
+    case EHOSTUNREACH: case ENOPROTOOPT: case EOPNOTSUPP:
+#ifdef ENONET
+    case ENONET:
+#endif
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* Accept failed for want of descriptors or kernel memory. Strangers must
+ * not make create fail while the ranks' own connections can still get in:
+ * close the oldest unidentified connection and try again, or, with none,
+ * leave the listener alone for a moment (the backlog keeps what arrives).
+ * Returns 1 to accept again, 0 to stop for now. */
+static int accept_short(struct tcp_state *st, struct tcp_handshakes *hs, int e)
+{
+    st->listen.accept_short++;
+    if (!hs->short_logged) {
+        hs->short_logged = 1;
+        WEFT_WARN(st->env->core->rank,
+                  "tcp: accepting on the listener failed: %s%s; closing connections that have sent no"
+                  " hello to make room (logged once per create)",
+                  strerror(e), fd_limit_hint(e));
+    }
+    struct tcp_conn *old = oldest_pending(hs);
+    if (old != NULL) {
+        conn_reject(st, old, &st->listen.fd_evicted,
+                    "closed before a complete hello to free a descriptor (accept: %s)", strerror(e));
+        return 1;
+    }
+    hs->accept_rest_until = weft_now() + TCP_ACCEPT_BACKOFF_MS / 1000.0;
+    return 0;
+}
+
+/* Accepts whatever is waiting on the listener as new incoming handshakes,
+ * keeping at most TCP_PENDING_MAX of them waiting for a hello. */
+static int accept_pending(const struct weft_tp_env *env, struct tcp_state *st, struct tcp_handshakes *hs)
+{
+    struct weft_core *core = env->core;
     for (;;) {
         struct sockaddr_in sa;
         socklen_t alen = sizeof(sa);
         int fd = accept4(st->listen_fd, (struct sockaddr *)&sa, &alen, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED)
+            int e = errno;
+            if (accept_error_is_transient(e))
                 continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
+            if (e == EAGAIN || e == EWOULDBLOCK)
                 return WEFT_SUCCESS;
-            return weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: accept failed: %s%s", strerror(errno),
-                                  fd_limit_hint(errno));
+            if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
+                if (accept_short(st, hs, e))
+                    continue;
+                return WEFT_SUCCESS;
+            }
+            return weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: accept failed: %s%s", strerror(e),
+                                  fd_limit_hint(e));
         }
-        if (*n == *cap) {
-            size_t ncap = *cap * 2 + 8;
-            struct tcp_conn *grown = realloc(*conns, ncap * sizeof(**conns));
+        if (hs->n == hs->cap)
+            hs_compact(hs);
+        if (hs->n == hs->cap) {
+            size_t ncap = hs->cap * 2 + 8;
+            struct tcp_conn *grown = realloc(hs->v, ncap * sizeof(*hs->v));
             if (grown == NULL) {
                 close(fd);
                 return weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory accepting connections");
             }
-            *conns = grown;
-            *cap = ncap;
+            hs->v = grown;
+            hs->cap = ncap;
         }
-        struct tcp_conn *k = &(*conns)[(*n)++];
+        struct tcp_conn *k = &hs->v[hs->n++];
         memset(k, 0, sizeof(*k));
         k->fd = fd;
         k->peer = -1;
         k->stage = CONN_READ_HELLO;
+        k->deadline = weft_now() + TCP_HELLO_DEADLINE_S;
         format_addr(&sa, k->where, sizeof(k->where));
         tune_socket(fd);
+        st->listen.accepted++;
+        /* A rank's hello is normally queued before we accept: take it now,
+         * so that only connections that really are silent count as pending
+         * and the cap below never closes a rank's connection. */
+        int rc = conn_advance(env, st, hs, k);
+        if (rc != WEFT_SUCCESS)
+            return rc;
+        size_t pending = count_pending(hs);
+        for (; pending > TCP_PENDING_MAX; pending--)
+            conn_reject(st, oldest_pending(hs), &st->listen.evicted,
+                        "closed before a complete hello: more than %d connections were waiting for one",
+                        TCP_PENDING_MAX);
+        if (pending > st->listen.pending_max)
+            st->listen.pending_max = pending;
     }
+}
+
+/* Rejects the incoming connections whose hello (or our answer) is overdue. */
+static void expire_pending(struct tcp_state *st, struct tcp_handshakes *hs, double now)
+{
+    for (size_t i = 0; i < hs->n; i++) {
+        struct tcp_conn *k = &hs->v[i];
+        if (k->outgoing || k->fd < 0 || now < k->deadline)
+            continue;
+        if (k->stage == CONN_READ_HELLO)
+            conn_reject(st, k, &st->listen.timed_out,
+                        "no complete hello within %.0f s of accept (%zu of %zu bytes came)",
+                        TCP_HELLO_DEADLINE_S, k->done, sizeof(k->hello));
+        else if (k->stage == CONN_SEND_ACK)
+            conn_reject(st, k, &st->listen.timed_out,
+                        "the answer to rank %d could not be sent within %.0f s of accept",
+                        k->peer, TCP_HELLO_DEADLINE_S);
+    }
+}
+
+/* Closes every handshake still open when connect ends, successful or not:
+ * incoming ones are rejected (warned and counted), outgoing ones only
+ * remain when connect failed, which was reported already. */
+static void hs_close_all(struct tcp_state *st, struct tcp_handshakes *hs)
+{
+    for (size_t i = 0; i < hs->n; i++) {
+        struct tcp_conn *k = &hs->v[i];
+        if (k->fd < 0)
+            continue;
+        if (k->outgoing) {
+            close(k->fd);
+            k->fd = -1;
+        } else if (k->stage == CONN_READ_HELLO) {
+            conn_reject(st, k, &st->listen.unfinished,
+                        "still without a complete hello when this rank stopped listening (%zu of %zu bytes came)",
+                        k->done, sizeof(k->hello));
+        } else {
+            conn_reject(st, k, &st->listen.unfinished,
+                        "the answer to rank %d was not sent when this rank stopped listening", k->peer);
+        }
+    }
+    hs->n = 0;
+}
+
+size_t weft_tcp_listen_rejected(const struct weft_tcp_listen_stats *s)
+{
+    return s->bad_token + s->bad_hello + s->duplicate + s->closed + s->timed_out + s->evicted +
+           s->fd_evicted + s->unfinished;
+}
+
+void weft_tcp_listen_stats_get(const void *ctx, struct weft_tcp_listen_stats *out)
+{
+    const struct tcp_state *st = ctx;
+    if (st == NULL)
+        memset(out, 0, sizeof(*out));
+    else
+        *out = st->listen;
+}
+
+/* One line per connect on what the listener met, so that rejections show
+ * up in an info log even where their warnings were filtered out. */
+static void log_listen_summary(const struct tcp_state *st)
+{
+    const struct weft_tcp_listen_stats *s = &st->listen;
+    WEFT_INFO(st->env->core->rank,
+              "tcp: listener accepted %zu connections: %zu ranks' sockets, %zu rejected (%zu wrong token,"
+              " %zu bad hello, %zu duplicate, %zu closed early, %zu no hello within %.0f s,"
+              " %zu over %d pending, %zu to free descriptors, %zu unfinished at the end);"
+              " at most %zu pending at once; accept short of descriptors %zu times",
+              s->accepted, s->peers, weft_tcp_listen_rejected(s), s->bad_token, s->bad_hello, s->duplicate,
+              s->closed, s->timed_out, TCP_HELLO_DEADLINE_S, s->evicted, TCP_PENDING_MAX, s->fd_evicted,
+              s->unfinished, s->pending_max, s->accept_short);
 }
 
 static int peer_alloc(struct tcp_state *st, struct tcp_peer *pe)
@@ -692,12 +931,12 @@ static int tcp_connect(const struct weft_tp_env *env, void *ctx)
 {
     struct tcp_state *st = ctx;
     struct weft_core *core = env->core;
-    struct tcp_conn *conns = NULL;
-    size_t nconns = 0, cap = 0;
+    struct tcp_handshakes hs = { .v = NULL };
     int rc = WEFT_SUCCESS;
 
     if (st == NULL)
         return WEFT_SUCCESS;   /* tcp not offered by this rank: no pipe can use it */
+    memset(&st->listen, 0, sizeof(st->listen));
 
     int ntcp = 0;
     for (int r = 0; r < core->size; r++)
@@ -740,10 +979,10 @@ static int tcp_connect(const struct weft_tp_env *env, void *ctx)
             nout += 1 + st->streams;
     }
 
-    cap = nout + expected_in + 8;
-    conns = calloc(cap, sizeof(*conns));
-    if (conns == NULL) {
-        rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory for %zu connections", cap);
+    hs.cap = nout + expected_in + 8;
+    hs.v = calloc(hs.cap, sizeof(*hs.v));
+    if (hs.v == NULL) {
+        rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory for %zu connections", hs.cap);
         goto fail;
     }
     /* Lower rank connects: every pair has exactly one connector. */
@@ -751,21 +990,20 @@ static int tcp_connect(const struct weft_tp_env *env, void *ctx)
         if (!st->peers[r].used)
             continue;
         for (unsigned i = 0; i <= st->streams; i++) {
-            rc = conn_open(env, st, r, (int)i, &conns[nconns]);
-            if (conns[nconns].fd >= 0)
-                nconns++;
+            rc = conn_open(env, st, r, (int)i, &hs.v[hs.n]);
+            if (hs.v[hs.n].fd >= 0)
+                hs.n++;
             if (rc != WEFT_SUCCESS)
                 goto fail;
         }
     }
 
     double deadline = core->cfg.timeout_s > 0 ? weft_now() + core->cfg.timeout_s : 0;
-    size_t done = 0;
     struct pollfd *pfds = NULL;
     size_t pfds_cap = 0;
-    while (done < nout + expected_in) {
-        if (pfds_cap < nconns + 1) {
-            pfds_cap = cap + 1;
+    while (hs.done < nout + expected_in) {
+        if (pfds_cap < hs.n + 1) {
+            pfds_cap = hs.cap + 1;
             free(pfds);
             pfds = calloc(pfds_cap, sizeof(*pfds));
             if (pfds == NULL) {
@@ -773,11 +1011,17 @@ static int tcp_connect(const struct weft_tp_env *env, void *ctx)
                 goto fail;
             }
         }
+        double now = weft_now();
+        expire_pending(st, &hs, now);
         size_t np = 0;
-        pfds[np++] = (struct pollfd){ .fd = st->listen_fd, .events = POLLIN };
-        for (size_t i = 0; i < nconns; i++)
-            if (conns[i].stage != CONN_DONE && conns[i].stage != CONN_DROPPED)
-                pfds[np++] = (struct pollfd){ .fd = conns[i].fd, .events = (short)conn_events(&conns[i]) };
+        /* A negative fd is skipped by poll: the listener rests after accept
+         * ran out of descriptors with nothing left to close. */
+        pfds[np++] = (struct pollfd){ .fd = now >= hs.accept_rest_until ? st->listen_fd : -1, .events = POLLIN };
+        for (size_t i = 0; i < hs.n; i++)
+            if (hs.v[i].fd >= 0 && hs.v[i].stage != CONN_DONE && hs.v[i].stage != CONN_DROPPED)
+                pfds[np++] = (struct pollfd){ .fd = hs.v[i].fd, .events = (short)conn_events(&hs.v[i]) };
+        /* At most 100 ms between passes, so an overdue hello is rejected
+         * within that of its deadline. */
         int wait_ms = 100;
         if (deadline > 0) {
             double left = deadline - weft_now();
@@ -786,9 +1030,9 @@ static int tcp_connect(const struct weft_tp_env *env, void *ctx)
                  * connection, else the first lower peer short of sockets. */
                 int missing = -1;
                 const char *what = "connecting to";
-                for (size_t i = 0; i < nconns && missing < 0; i++)
-                    if (conns[i].outgoing && conns[i].stage != CONN_DONE)
-                        missing = conns[i].peer;
+                for (size_t i = 0; i < hs.n && missing < 0; i++)
+                    if (hs.v[i].outgoing && hs.v[i].fd >= 0)
+                        missing = hs.v[i].peer;
                 for (int r = 0; r < core->rank && missing < 0; r++) {
                     if (!st->peers[r].used)
                         continue;
@@ -798,9 +1042,12 @@ static int tcp_connect(const struct weft_tp_env *env, void *ctx)
                     what = "waiting for a connection from";
                 }
                 rc = weft_set_error(core, WEFT_ERR_TIMEOUT,
-                                    "tcp: timed out after %.0f s %s peer %d (%s) (WEFT_TIMEOUT)",
+                                    "tcp: timed out after %.0f s %s peer %d (%s) (WEFT_TIMEOUT)%s",
                                     core->cfg.timeout_s, what, missing,
-                                    missing >= 0 ? st->peers[missing].where : "?");
+                                    missing >= 0 ? st->peers[missing].where : "?",
+                                    st->listen.accept_short > 0
+                                        ? "; accepting ran out of descriptors: raise `ulimit -n`"
+                                        : "");
                 free(pfds);
                 goto fail;
             }
@@ -814,45 +1061,25 @@ static int tcp_connect(const struct weft_tp_env *env, void *ctx)
             goto fail;
         }
         if (pfds[0].revents & POLLIN) {
-            rc = accept_pending(core, st, &conns, &nconns, &cap);
+            rc = accept_pending(env, st, &hs);
             if (rc != WEFT_SUCCESS) {
                 free(pfds);
                 goto fail;
             }
         }
-        for (size_t i = 0; i < nconns; i++) {
-            struct tcp_conn *k = &conns[i];
-            if (k->stage == CONN_DONE || k->stage == CONN_DROPPED)
+        for (size_t i = 0; i < hs.n; i++) {
+            struct tcp_conn *k = &hs.v[i];
+            if (k->fd < 0 || k->stage == CONN_DONE || k->stage == CONN_DROPPED)
                 continue;
-            rc = conn_step(env, st, k);
+            rc = conn_advance(env, st, &hs, k);
             if (rc != WEFT_SUCCESS) {
                 free(pfds);
                 goto fail;
-            }
-            if (k->stage == CONN_DROPPED) {
-                close(k->fd);
-                k->fd = -1;
-            } else if (k->stage == CONN_DONE) {
-                /* The peer's socket slot now owns the descriptor. */
-                int *slot = peer_slot(&st->peers[k->peer], k->index);
-                if (!k->outgoing && *slot >= 0) {   /* raced a duplicate */
-                    close(k->fd);
-                    k->fd = -1;
-                    k->stage = CONN_DROPPED;
-                    continue;
-                }
-                *slot = k->fd;
-                k->fd = -1;
-                done++;
             }
         }
         /* Compact finished handshakes away so rogue connections cannot
          * grow the array without bound. */
-        size_t keep = 0;
-        for (size_t i = 0; i < nconns; i++)
-            if (conns[i].fd >= 0)   /* still handshaking */
-                conns[keep++] = conns[i];
-        nconns = keep;
+        hs_compact(&hs);
     }
     free(pfds);
 
@@ -874,21 +1101,26 @@ static int tcp_connect(const struct weft_tp_env *env, void *ctx)
         WEFT_INFO(core->rank, "tcp: connected to peer %d at %s (1 control + %u data sockets)",
                   pe->rank, pe->where, st->streams);
     }
-    free(conns);
 
 close_listener:
-    /* Every expected connection is in: nobody may connect any more. */
+    /* Every expected connection is in: nobody may connect any more, and
+     * whatever is still handshaking is a stranger (the kernel resets what
+     * sits in the closed listener's backlog, holding no descriptor). */
     if (st->listen_fd >= 0) {
         close(st->listen_fd);
         st->listen_fd = -1;
     }
+    if (hs.v != NULL) {
+        hs_close_all(st, &hs);
+        free(hs.v);
+        log_listen_summary(st);
+    }
     return WEFT_SUCCESS;
 
 fail:
-    for (size_t i = 0; i < nconns; i++)
-        if (conns[i].fd >= 0)
-            close(conns[i].fd);
-    free(conns);
+    hs_close_all(st, &hs);
+    free(hs.v);
+    log_listen_summary(st);
     /* Closes every socket and the listener; ctx stays for destroy. */
     tcp_release(st);
     return rc;

@@ -1,0 +1,81 @@
+# The contracts of issue 10 (include/weft.h): request handles, collective
+# mismatch, waitall over two comms, destroy with requests outstanding,
+# overlapping self transfers, per-request timeout, the eager window, abort;
+# and fault injection (a rank killed or stopped before a collective).
+# Included from mpi_tests/CMakeLists.txt, which defines
+# weft_add_mpi_test_binary / weft_add_mpi_suite / weft_mpi_config_env.
+
+weft_add_mpi_test_binary(weft_mpi_contracts test_contracts.cc)
+
+# A. Handles: second wait/test, stale copy after slot reuse, one handle twice in a waitall.
+weft_add_mpi_suite(NAME contracts_requests BINARY weft_mpi_contracts NPS 2 CONFIGS shm tcp
+                   GTEST_FILTER "Requests.*" LABELS contracts)
+# B. Different collectives on different ranks: an error within WEFT_TIMEOUT + 1 s.
+weft_add_mpi_suite(NAME contracts_mismatch BINARY weft_mpi_contracts NPS 2 4 CONFIGS shm tcp vnodes2
+                   GTEST_FILTER "Mismatch.*" LABELS contracts ENV WEFT_TIMEOUT=5)
+# C. One waitall over two comms; WEFT_TIMEOUT=10 so a waitall that drives only
+# one comm fails in 10 s rather than 60 (the test wants it under 5 s).
+weft_add_mpi_suite(NAME contracts_two_comms BINARY weft_mpi_contracts NPS 4 8 CONFIGS tcp vnodes2 shm_nocma
+                   GTEST_FILTER "TwoComms.*" LABELS contracts ENV WEFT_TIMEOUT=10)
+# D. Destroy with a receive outstanding.
+weft_add_mpi_suite(NAME contracts_destroy BINARY weft_mpi_contracts NPS 2 CONFIGS shm tcp
+                   GTEST_FILTER "DestroyOutstanding.*" LABELS contracts)
+# E. Send to self overlapping the receive (the self path whatever the config).
+weft_add_mpi_suite(NAME contracts_self_overlap BINARY weft_mpi_contracts NPS 1 2 CONFIGS shm
+                   GTEST_FILTER "SelfOverlap.*" LABELS contracts TIMEOUT 60)
+# F. A silent peer's receive times out after WEFT_TIMEOUT while another peer keeps sending.
+weft_add_mpi_suite(NAME contracts_request_timeout BINARY weft_mpi_contracts NPS 3 CONFIGS shm tcp
+                   GTEST_FILTER "RequestTimeout.*" LABELS contracts ENV WEFT_TIMEOUT=3)
+# G. 80 MiB of sends ahead of the receiver: its memory grows by the window, not the backlog.
+weft_add_mpi_suite(NAME contracts_flow_control BINARY weft_mpi_contracts NPS 2 CONFIGS shm tcp
+                   GTEST_FILTER "FlowControl.*" LABELS contracts ENV WEFT_EAGER_WINDOW=1m)
+# H. weft_comm_abort from a second thread (WEFT_TIMEOUT stays 60: the peer must learn at once).
+weft_add_mpi_suite(NAME contracts_abort BINARY weft_mpi_contracts NPS 2 CONFIGS shm tcp vnodes2
+                   GTEST_FILTER "Abort.*" LABELS contracts)
+
+# ---- I. fault injection (docs/testing-faults.md) ----
+# One mpirun per (case, mode, config): rank 2 of 4 raises SIGKILL or SIGSTOP
+# on itself just before the collective; the survivors (0, 1, 3) each print
+# "FAULT-OK rank N ..." or "FAULT-FAIL rank N ...". mpirun runs with recovery
+# on (the survivors outlive the victim) and its exit code is 0 even with a
+# rank killed, so ctest judges by the lines: all three survivors' OK lines,
+# in any order, and no FAIL line. Label: faults.
+add_executable(weft_mpi_faults ${WEFT_MPI_TESTS_DIR}/test_faults.cc)
+target_include_directories(weft_mpi_faults PRIVATE ${WEFT_MPI_TESTS_DIR})
+# GTest only for weft_mpi_test.h (the data patterns); the binary has its own main.
+target_link_libraries(weft_mpi_faults PRIVATE weft MPI::MPI_CXX GTest::gtest Threads::Threads)
+target_compile_options(weft_mpi_faults PRIVATE ${WEFT_C_WARNINGS})
+
+set(WEFT_FAULT_CASES ring rd bruck direct hier bcast barrier)
+set(WEFT_FAULT_MODES kill stop)
+set(WEFT_FAULT_CONFIGS shm shm_nocma tcp vnodes2)
+# Every order of the three survivors' OK lines (a regex cannot count them).
+set(WEFT_FAULT_PASS "")
+foreach(a 0 1 3)
+  foreach(b 0 1 3)
+    foreach(c 0 1 3)
+      if(NOT a EQUAL b AND NOT a EQUAL c AND NOT b EQUAL c)
+        list(APPEND WEFT_FAULT_PASS "FAULT-OK rank ${a} .*FAULT-OK rank ${b} .*FAULT-OK rank ${c} ")
+      endif()
+    endforeach()
+  endforeach()
+endforeach()
+foreach(config IN LISTS WEFT_FAULT_CONFIGS)
+  weft_mpi_config_env(${config} config_env)
+  foreach(fcase IN LISTS WEFT_FAULT_CASES)
+    foreach(mode IN LISTS WEFT_FAULT_MODES)
+      set(test_name faults_${fcase}_${mode}_${config})
+      add_test(NAME ${test_name}
+        COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe --bind-to none
+                --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
+                ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_faults> ${fcase} ${mode} ${MPIEXEC_POSTFLAGS})
+      set_tests_properties(${test_name} PROPERTIES
+        ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=3"
+        PASS_REGULAR_EXPRESSION "${WEFT_FAULT_PASS}"
+        FAIL_REGULAR_EXPRESSION "FAULT-FAIL"
+        TIMEOUT 60
+        PROCESSORS 4
+        LABELS "mpi;faults;np4;${config}")
+    endforeach()
+  endforeach()
+endforeach()

@@ -1,0 +1,356 @@
+/*
+ * Fault injection (issue 10): one rank dies or freezes just before a
+ * collective, and the others must get an error naming it, in bounded time,
+ * with their own pipes still working.
+ *
+ *   weft_mpi_faults <case> <mode>        (or WEFT_FAULT_CASE / WEFT_FAULT_MODE)
+ *     case: ring | rd | bruck | direct | hier   weft_allgather, the algorithm
+ *                                               forced with WEFT_ALLGATHER_ALGO
+ *           bcast                               weft_bcast, root = the victim
+ *           barrier                             weft_barrier
+ *     mode: kill   the victim (rank 2) raises SIGKILL on itself
+ *           stop   it raises SIGSTOP (alive, silent); a survivor SIGKILLs it
+ *                  once the checks are done
+ *
+ * Every rank creates the comm and runs the collective once with verified
+ * data (every pipe the algorithm uses is up); after an MPI_Barrier the
+ * victim signals itself and the survivors call the collective 0.2 s later.
+ * Each survivor checks: the call fails within WEFT_TIMEOUT + 1 s; its last
+ * error names the victim ("rank 2" or "peer 2") and no other rank but its
+ * own; a ring of weft p2p among the survivors (small and rendezvous-size
+ * messages, verified) succeeds; weft_comm_destroy returns within
+ * WEFT_TIMEOUT + 2 s (any code). It then prints one line, "FAULT-OK rank N
+ * ..." or "FAULT-FAIL rank N ...", and _exits: MPI_Finalize would wait for
+ * the dead rank. The survivors talk MPI only on a communicator of their own
+ * (split off before the fault), which keeps working with the victim gone.
+ *
+ * mpirun needs --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
+ * or it kills the survivors when the victim dies. Its exit code then says
+ * nothing about the test (0 even with a rank killed, Open MPI 4.1), so the
+ * ctest entries (contracts.cmake) judge by the FAULT-OK lines.
+ * docs/testing-faults.md has the details and how to run one case by hand.
+ */
+#include <mpi.h>
+
+#include <signal.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "weft.h"
+#include "weft_mpi_test.h"
+
+using namespace weft_mpitest;
+
+namespace {
+
+constexpr int kVictim = 2;
+constexpr size_t kAllgatherBytes = 64 * 1024;   /* per rank */
+constexpr size_t kBcastBytes = 256 * 1024;
+
+/* What the run is about; the watchdog's failure line needs it. */
+struct Run {
+    std::string kase, mode;
+    int rank = -1, size = 0;
+    std::vector<int> pids;   /* every rank's pid (MPI_Allgather at start) */
+    double timeout = 3;      /* WEFT_TIMEOUT */
+};
+Run g_run;
+
+double now_s()
+{
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string read_first_line(const std::string &path)
+{
+    std::ifstream f(path);
+    std::string line;
+    std::getline(f, line);
+    return line;
+}
+
+/* SIGKILLs a stopped victim, so mpirun can finish. Only while its pid is
+ * still this program (same /proc/<pid>/comm): a pid is never killed after
+ * it could have been reused. */
+void kill_stopped_victim()
+{
+    if (g_run.mode != "stop" || (int)g_run.pids.size() <= kVictim || g_run.rank == kVictim)
+        return;
+    const pid_t pid = (pid_t)g_run.pids[kVictim];
+    const std::string theirs = read_first_line("/proc/" + std::to_string(pid) + "/comm");
+    if (!theirs.empty() && theirs == read_first_line("/proc/self/comm"))
+        kill(pid, SIGKILL);
+}
+
+/* Prints one result line and ends the process without MPI_Finalize. */
+[[noreturn]] void finish(bool ok, const std::string &detail)
+{
+    std::printf("%s rank %d %s %s: %s\n", ok ? "FAULT-OK" : "FAULT-FAIL", g_run.rank, g_run.kase.c_str(),
+                g_run.mode.c_str(), detail.c_str());
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(ok ? 0 : 1);
+}
+
+/* A call that does not return in time ends the survivor with a FAULT-FAIL
+ * line (and frees a stopped victim so mpirun can finish). */
+class Watchdog {
+public:
+    Watchdog(double seconds, std::string what) : what_(std::move(what))
+    {
+        thread_ = std::thread([this, seconds] {
+            std::unique_lock<std::mutex> lk(mu_);
+            if (!cv_.wait_for(lk, std::chrono::duration<double>(seconds), [this] { return done_; })) {
+                kill_stopped_victim();
+                char buf[64];
+                std::snprintf(buf, sizeof buf, " did not return within %.1f s", seconds);
+                finish(false, what_ + buf);
+            }
+        });
+    }
+    ~Watchdog()
+    {
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            done_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    Watchdog(const Watchdog &) = delete;
+    Watchdog &operator=(const Watchdog &) = delete;
+
+private:
+    std::string what_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool done_ = false;
+    std::thread thread_;
+};
+
+bool is_allgather_case(const std::string &k)
+{
+    return k == "ring" || k == "rd" || k == "bruck" || k == "direct" || k == "hier";
+}
+
+/* The case's collective once. verify: check the data (the warm-up, where
+ * every rank is alive); problems get what was wrong. */
+int run_collective(weft_comm_t *c, uint64_t index, bool verify, std::vector<std::string> &problems)
+{
+    const int me = g_run.rank, n = g_run.size;
+    if (g_run.kase == "barrier")
+        return weft_barrier(c);
+    if (g_run.kase == "bcast") {
+        std::vector<unsigned char> buf(kBcastBytes);
+        if (me == kVictim)
+            fill_pattern(buf.data(), buf.size(), pattern_seed(kVictim, 701, index));
+        int rc = weft_bcast(c, buf.data(), buf.size(), kVictim);
+        if (rc == WEFT_SUCCESS && verify &&
+            pattern_mismatch(buf.data(), buf.size(), pattern_seed(kVictim, 701, index)) != SIZE_MAX)
+            problems.push_back("bcast delivered wrong data");
+        return rc;
+    }
+    std::vector<unsigned char> out(kAllgatherBytes), in(kAllgatherBytes * (size_t)n);
+    fill_pattern(out.data(), out.size(), pattern_seed(me, 700, index));
+    int rc = weft_allgather(c, out.data(), in.data(), kAllgatherBytes);
+    if (rc == WEFT_SUCCESS && verify)
+        for (int p = 0; p < n; p++)
+            if (pattern_mismatch(in.data() + (size_t)p * kAllgatherBytes, kAllgatherBytes,
+                                 pattern_seed(p, 700, index)) != SIZE_MAX)
+                problems.push_back("allgather: wrong block of rank " + std::to_string(p));
+    return rc;
+}
+
+/* The error must name the victim, and no other rank as the failed one:
+ * besides the victim it may name only the reporting rank itself ("rank
+ * <me>: ...") and ranks that passed the news on ("detected by rank N",
+ * "reported by rank N"). Any "peer N" other than the victim means a step
+ * with a live rank was blamed (e.g. timed out on it). */
+void check_error_names_victim(const std::string &err, std::vector<std::string> &problems)
+{
+    static const std::regex named(R"((by )?(rank|peer) (\d+)\b)");
+    bool victim_named = false;
+    std::string others;
+    for (auto it = std::sregex_iterator(err.begin(), err.end(), named); it != std::sregex_iterator(); ++it) {
+        const int who = std::atoi((*it)[3].str().c_str());
+        const bool is_rank = (*it)[2] == "rank";
+        if (who == kVictim)
+            victim_named = true;
+        else if (is_rank && (who == g_run.rank || (*it)[1].matched))
+            continue;   /* the reporter itself, or who passed the news on */
+        else
+            others += (others.empty() ? "" : ", ") + it->str();
+    }
+    if (!victim_named)
+        problems.push_back("the error does not name rank " + std::to_string(kVictim));
+    if (!others.empty())
+        problems.push_back("the error names another rank as failed (" + others + ")");
+}
+
+/* Ring of weft p2p among the survivors, small and rendezvous-size, verified. */
+void survivor_ring(weft_comm_t *c, const std::vector<int> &survivors, int my_index,
+                   std::vector<std::string> &problems)
+{
+    const int ns = (int)survivors.size();
+    const int right = survivors[(my_index + 1) % ns], left = survivors[(my_index + ns - 1) % ns];
+    int tag = 3000;
+    for (size_t bytes : {(size_t)100, (size_t)(1u << 20) + 3}) {
+        std::vector<unsigned char> out(bytes), in(bytes);
+        fill_pattern(out.data(), bytes, pattern_seed(g_run.rank, tag, 1));
+        weft_request_t *reqs[2] = {nullptr, nullptr};
+        weft_status_t st[2];
+        int rc = weft_irecv(c, in.data(), bytes, left, tag, &reqs[0]);
+        if (rc == WEFT_SUCCESS)
+            rc = weft_isend(c, out.data(), bytes, right, tag, &reqs[1]);
+        if (rc == WEFT_SUCCESS)
+            rc = weft_waitall(2, reqs, st);
+        if (rc != WEFT_SUCCESS) {
+            problems.push_back("survivor p2p of " + std::to_string(bytes) + " B (from rank " + std::to_string(left) +
+                               ", to rank " + std::to_string(right) + "): " + weft_strerror(rc) + ": " +
+                               weft_comm_last_error(c));
+            return;   /* requests may be left posted: the comm is not reused */
+        }
+        if (st[0].bytes != bytes ||
+            pattern_mismatch(in.data(), bytes, pattern_seed(left, tag, 1)) != SIZE_MAX)
+            problems.push_back("survivor p2p of " + std::to_string(bytes) + " B from rank " + std::to_string(left) +
+                               ": wrong data");
+        tag++;
+    }
+}
+
+std::string join(const std::vector<std::string> &v)
+{
+    std::string s;
+    for (const std::string &x : v)
+        s += (s.empty() ? "" : "; ") + x;
+    return s;
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+    if (MPI_Init(&argc, &argv) != MPI_SUCCESS) {
+        std::fprintf(stderr, "MPI_Init failed\n");
+        return 1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &g_run.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &g_run.size);
+    g_run.kase = argc > 1 ? argv[1] : env_or("WEFT_FAULT_CASE", "");
+    g_run.mode = argc > 2 ? argv[2] : env_or("WEFT_FAULT_MODE", "");
+    g_run.timeout = std::atof(env_or("WEFT_TIMEOUT", "60"));
+    const bool known_case = is_allgather_case(g_run.kase) || g_run.kase == "bcast" || g_run.kase == "barrier";
+    if (!known_case || (g_run.mode != "kill" && g_run.mode != "stop") || g_run.size <= kVictim)
+        finish(false, "usage: weft_mpi_faults ring|rd|bruck|direct|hier|bcast|barrier kill|stop, on at least " +
+                          std::to_string(kVictim + 1) + " ranks");
+
+    const bool victim = g_run.rank == kVictim;
+    int pid = (int)getpid();
+    g_run.pids.resize((size_t)g_run.size);
+    MPI_Allgather(&pid, 1, MPI_INT, g_run.pids.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    /* The survivors' own communicator, for their MPI after the fault. */
+    MPI_Comm survivors_comm = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, victim ? MPI_UNDEFINED : 0, g_run.rank, &survivors_comm);
+    std::vector<int> survivors;
+    for (int r = 0; r < g_run.size; r++)
+        if (r != kVictim)
+            survivors.push_back(r);
+    const int my_index = victim ? -1 : (g_run.rank < kVictim ? g_run.rank : g_run.rank - 1);
+
+    std::vector<std::string> problems;
+    if (is_allgather_case(g_run.kase))
+        setenv("WEFT_ALLGATHER_ALGO", g_run.kase.c_str(), 1);
+    weft_comm_t *c = nullptr;
+    int rc = weft_comm_create(MPI_COMM_WORLD, &c);
+    unsetenv("WEFT_ALLGATHER_ALGO");
+    int create_failed = rc != WEFT_SUCCESS, any_create_failed = 0;
+    MPI_Allreduce(&create_failed, &any_create_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any_create_failed) {
+        if (victim)
+            _exit(1);
+        finish(false, std::string("weft_comm_create failed (on this rank: ") + weft_strerror(rc) + ")");
+    }
+
+    /* Warm-up: the same collective with every rank alive, verified. */
+    {
+        Watchdog wd(g_run.timeout + 20, "the warm-up " + g_run.kase);
+        rc = run_collective(c, 0, true, problems);
+        if (rc != WEFT_SUCCESS)
+            problems.push_back(std::string("the warm-up with every rank alive failed: ") + weft_strerror(rc) + ": " +
+                               weft_comm_last_error(c));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);   /* the last MPI call the victim makes */
+
+    if (victim) {
+        raise(g_run.mode == "kill" ? SIGKILL : SIGSTOP);
+        for (;;)
+            pause();   /* stopped, then killed by a survivor */
+    }
+    usleep(200000);   /* the victim's signal was raised by now */
+
+    double took;
+    std::string err;
+    {
+        Watchdog wd(g_run.timeout + 10, "the " + g_run.kase + " with rank 2 gone");
+        const double t0 = now_s();
+        rc = run_collective(c, 1, false, problems);
+        took = now_s() - t0;
+        err = weft_comm_last_error(c);
+    }
+    char line[512];
+    std::snprintf(line, sizeof line, "%s returned %s after %.2f s", g_run.kase.c_str(), weft_strerror(rc), took);
+    const std::string outcome = line;
+    if (rc == WEFT_SUCCESS)
+        problems.push_back(g_run.kase + " succeeded with rank 2 gone");
+    if (took > g_run.timeout + 1)
+        problems.push_back(outcome + ", more than WEFT_TIMEOUT + 1 s");
+    if (rc != WEFT_SUCCESS)
+        check_error_names_victim(err, problems);
+
+    /* Survivors in step (the slowest is out of its failed call), then p2p. */
+    MPI_Barrier(survivors_comm);
+    {
+        Watchdog wd(2 * g_run.timeout + 10, "the survivors' p2p ring");
+        survivor_ring(c, survivors, my_index, problems);
+    }
+    MPI_Barrier(survivors_comm);
+    if (my_index == 0)
+        kill_stopped_victim();
+
+    double destroy_took;
+    {
+        Watchdog wd(g_run.timeout + 10, "weft_comm_destroy with rank 2 gone");
+        const double t0 = now_s();
+        rc = weft_comm_destroy(c);
+        destroy_took = now_s() - t0;
+    }
+    std::snprintf(line, sizeof line, "; destroy returned %s after %.2f s", weft_strerror(rc), destroy_took);
+    if (destroy_took > g_run.timeout + 2)
+        problems.push_back(std::string("destroy took more than WEFT_TIMEOUT + 2 s") + line);
+
+    /* Every survivor's line is out before any survivor exits. */
+    const bool ok = problems.empty();
+    const std::string detail = outcome + line + " | last error: " + err + (ok ? "" : " | " + join(problems));
+    std::printf("%s rank %d %s %s: %s\n", ok ? "FAULT-OK" : "FAULT-FAIL", g_run.rank, g_run.kase.c_str(),
+                g_run.mode.c_str(), detail.c_str());
+    std::fflush(stdout);
+    {
+        Watchdog wd(20, "the survivors' last barrier");
+        MPI_Barrier(survivors_comm);
+    }
+    kill_stopped_victim();   /* in case the first survivor could not */
+    _exit(ok ? 0 : 1);
+}

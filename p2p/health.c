@@ -1,0 +1,325 @@
+/*
+ * Peer health (see health.h).
+ */
+#include "health.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "context.h"
+#include "log.h"
+#include "pipe.h"
+
+/* How often a waiter looks at its peers, and the grace a live peer gets
+ * before a request it does not serve fails (a notice about a third rank
+ * may be on its way: the rank that saw the failure decides at about the
+ * same moment). */
+#define HEALTH_PERIOD_S 0.05
+#define GRACE_S         0.5
+
+enum { LIVE_ALIVE = 0, LIVE_DEAD, LIVE_STOPPED, LIVE_SILENT };
+
+static int pidfd_open_compat(int pid)
+{
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+void weft_health_connect(struct weft_p2p *p, const unsigned char *cards, size_t card_bytes)
+{
+    const struct weft_card_hdr *me = (const void *)(cards + (size_t)p->rank * card_bytes);
+    double now = weft_now();
+    for (int i = 0; i < p->size; i++) {
+        struct weft_pipe *pp = &p->pipes[i];
+        const struct weft_card_hdr *h = (const void *)(cards + (size_t)i * card_bytes);
+        pp->pid = h->pid;
+        pp->pidfd = -1;
+        pp->heard_at = now;
+        pp->hb_at = now;
+        /* Same real host (WEFT_VIRTUAL_NODES splits one host into fake
+         * nodes; the processes are still ours to look at). */
+        pp->same_host = h->node_key == me->node_key && i != p->rank;
+        if (pp->same_host && pp->pid > 0)
+            pp->pidfd = pidfd_open_compat(pp->pid);
+    }
+}
+
+void weft_health_fini(struct weft_p2p *p)
+{
+    for (int i = 0; p->pipes && i < p->size; i++)
+        if (p->pipes[i].pidfd >= 0) {
+            close(p->pipes[i].pidfd);
+            p->pipes[i].pidfd = -1;
+        }
+}
+
+/* The state letter of /proc/<pid>/stat, or 0. */
+static char proc_state(int pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    const char *e = strrchr(buf, ')');   /* the command name may hold spaces */
+    return e && e[1] == ' ' ? e[2] : 0;
+}
+
+static int process_gone(const struct weft_pipe *pp)
+{
+    if (pp->pidfd >= 0) {
+        struct pollfd pf = { pp->pidfd, POLLIN, 0 };
+        return poll(&pf, 1, 0) > 0;
+    }
+    return kill(pp->pid, 0) != 0 && errno == ESRCH;
+}
+
+/* What we know of the peer's liveness; why says how we know. */
+static int probe(struct weft_p2p *p, int peer, double now, char *why, size_t n)
+{
+    struct weft_pipe *pp = &p->pipes[peer];
+    double timeout = p->core->cfg.timeout_s;
+
+    if (pp->same_host && pp->pid > 0) {
+        char st = process_gone(pp) ? 'X' : proc_state(pp->pid);
+        if (st == 'X' || st == 'Z' || st == 0) {
+            snprintf(why, n, "its process (pid %d on this host) died", pp->pid);
+            return LIVE_DEAD;
+        }
+        if (st == 'T' || st == 't') {
+            snprintf(why, n, "its process (pid %d on this host) is stopped (state %c: a signal or a debugger)",
+                     pp->pid, st);
+            return LIVE_STOPPED;
+        }
+        snprintf(why, n, "its process (pid %d) is running (state %c)", pp->pid, st);
+        return LIVE_ALIVE;
+    }
+    if (pp->heard != pp->heard_seen) {
+        pp->heard_seen = pp->heard;
+        pp->heard_at = now;
+    }
+    if (timeout > 0 && now - pp->heard_at >= timeout) {
+        snprintf(why, n, "nothing, not even a heartbeat, came from it (another host) for %.1f s: stopped, hung "
+                 "or unreachable", now - pp->heard_at);
+        return LIVE_SILENT;
+    }
+    snprintf(why, n, "heard from %.1f s ago", now - pp->heard_at);
+    return LIVE_ALIVE;
+}
+
+static void notice_send(struct weft_p2p *p, int to, int kind, int about, int code, uint32_t seq, const char *text)
+{
+    struct weft_pipe *pp = &p->pipes[to];
+    struct weft_wire_hdr h;
+    size_t len = strlen(text) + 1;
+
+    if (to == p->rank || pp->broken || pp->carrier.tp == NULL)
+        return;
+    if (len > WEFT_WIRE_NOTICE_TEXT_MAX)
+        len = WEFT_WIRE_NOTICE_TEXT_MAX;
+    char buf[WEFT_WIRE_NOTICE_TEXT_MAX];
+    memcpy(buf, text, len);
+    buf[len - 1] = '\0';
+    memset(&h, 0, sizeof(h));
+    h.type = WEFT_WIRE_NOTICE;
+    h.aux = (uint32_t)kind;
+    h.status = code;
+    h.addr = (uint64_t)(int64_t)about;
+    h.seq = seq;
+    if (weft_pipe_send_oob(pp, &h, buf, len) == WEFT_EAGAIN)
+        weft_pipe_send_ctrl(pp, &h, buf, len);   /* queued: behind our own frames */
+}
+
+void weft_health_tick(struct weft_p2p *p, double now)
+{
+    double timeout = p->core->cfg.timeout_s;
+    if (now - p->health_at < HEALTH_PERIOD_S)
+        return;
+    p->health_at = now;
+    /* A few heartbeats per timeout, at most one per 100 ms. */
+    double hb = timeout > 0 ? timeout / 4 : 1.0;
+    if (hb < 0.1)
+        hb = 0.1;
+    for (int i = 0; i < p->size; i++) {
+        struct weft_pipe *pp = &p->pipes[i];
+        if (i == p->rank || pp->broken)
+            continue;
+        if (pp->heard != pp->heard_seen) {
+            pp->heard_seen = pp->heard;
+            pp->heard_at = now;
+        }
+        if (pp->same_host) {
+            if (pp->pidfd >= 0 && process_gone(pp)) {
+                char why[128];
+                snprintf(why, sizeof(why), "its process (pid %d on this host) died", pp->pid);
+                weft_health_declare(p, i, WEFT_ERR_TRANSPORT, why, 0);
+            }
+            continue;
+        }
+        if (now - pp->hb_at >= hb) {
+            struct weft_wire_hdr h;
+            memset(&h, 0, sizeof(h));
+            h.type = WEFT_WIRE_HEARTBEAT;
+            pp->hb_at = now;
+            (void)weft_pipe_send_oob(pp, &h, NULL, 0);   /* no room: the next one */
+        }
+    }
+}
+
+void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why, int from_notice)
+{
+    struct weft_pipe *pp = &p->pipes[rank];
+    char text[WEFT_WIRE_NOTICE_TEXT_MAX];
+
+    if (rank == p->rank || pp->failed)
+        return;
+    pp->failed = 1;
+    p->nfailed++;
+    p->fault_epoch++;
+    if (from_notice)
+        snprintf(text, sizeof(text), "%s", why);
+    else
+        snprintf(text, sizeof(text), "%s (detected by rank %d)", why, p->rank);
+    if (p->fault_rank < 0) {
+        p->fault_rank = rank;
+        p->fault_code = code;
+        snprintf(p->fault_why, sizeof(p->fault_why), "rank %d failed: %s", rank, text);
+    }
+    weft_set_error(p->core, code, "rank %d failed: %s", rank, text);
+    if (!from_notice)
+        for (int i = 0; i < p->size; i++)
+            if (i != rank && !p->pipes[i].failed)
+                notice_send(p, i, WEFT_NOTICE_RANK_FAILED, rank, code, 0, text);
+    weft_pipe_break(pp, code);
+}
+
+static const char *req_verb(const struct weft_request *r)
+{
+    return r->type == WEFT_REQ_SEND ? "send to" : "recv from";
+}
+
+int weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, double idle, const char *what)
+{
+    struct weft_pipe *pp = r->pipe;
+    int peer = pp->peer, code;
+    char why[200];
+
+    int live = peer == p->rank ? LIVE_ALIVE : probe(p, peer, now, why, sizeof(why));
+    if (live != LIVE_ALIVE) {
+        code = live == LIVE_DEAD ? WEFT_ERR_TRANSPORT : WEFT_ERR_TIMEOUT;
+        weft_health_declare(p, peer, code, why, 0);
+        weft_set_error(p->core, code, "%s: %s peer %d tag %d (%zu B over %s) made no progress for %.1f s: %s", what,
+                       req_verb(r), peer, r->tag, r->bytes, weft_pipe_tp_name(pp), idle, p->fault_why[0] ? p->fault_why : why);
+        if (r->state != WEFT_REQ_DONE)
+            weft_pipe_break(pp, code);
+        return 1;
+    }
+    if (p->fault_rank < 0 && r->grace_until == 0) {
+        r->grace_until = now + GRACE_S;
+        return 0;
+    }
+    if (p->fault_rank < 0 && now < r->grace_until)
+        return 0;
+    if (p->fault_rank >= 0) {
+        code = p->fault_code;
+        weft_set_error(p->core, code, "%s: %s peer %d tag %d (%zu B over %s) made no progress for %.1f s (peer "
+                       "%d is alive: %s); %s", what, req_verb(r), peer, r->tag, r->bytes, weft_pipe_tp_name(pp), idle, peer, why, p->fault_why);
+    } else {
+        code = WEFT_ERR_TIMEOUT;
+        weft_set_error(p->core, code, "%s: %s peer %d tag %d (%zu B over %s) made no progress for %.1f s; peer "
+                       "%d is alive (%s) but did not serve it (WEFT_TIMEOUT=%g)", what, req_verb(r), peer, r->tag,
+                       r->bytes, weft_pipe_tp_name(pp), idle, peer, why, p->core->cfg.timeout_s);
+    }
+    /* Withdraw the request alone; one that was moving data and stalled
+     * leaves its pipe in an unknown state, which then breaks. */
+    if (!weft_pipe_cancel(r, code))
+        weft_pipe_break(pp, code);
+    return 1;
+}
+
+void weft_health_on_notice(struct weft_pipe *pp, const struct weft_wire_hdr *h, const char *text, size_t len)
+{
+    struct weft_p2p *p = pp->p2p;
+    char msg[WEFT_WIRE_NOTICE_TEXT_MAX + 64];
+    char t[WEFT_WIRE_NOTICE_TEXT_MAX];
+
+    if (len > sizeof(t) - 1)
+        len = sizeof(t) - 1;
+    memcpy(t, text, len);
+    t[len] = '\0';
+    switch (h->aux) {
+    case WEFT_NOTICE_RANK_FAILED: {
+        int about = (int)(int64_t)h->addr;
+        if (about < 0 || about >= p->size)
+            break;
+        if (about == p->rank) {
+            WEFT_WARN(p->rank, "rank %d reports this rank as failed: %s", pp->peer, t);
+            break;
+        }
+        snprintf(msg, sizeof(msg), "%s, as reported by rank %d", t, pp->peer);
+        weft_health_declare(p, about, h->status, msg, 1);
+        break;
+    }
+    case WEFT_NOTICE_ABORTED:
+        weft_health_declare(p, pp->peer, WEFT_ERR_ABORTED, "it called weft_comm_abort", 1);
+        break;
+    case WEFT_NOTICE_COLL_FAILED: {
+        unsigned k = p->ncnotes % (sizeof(p->cnotes) / sizeof(p->cnotes[0]));
+        p->cnotes[k].seq = (uint32_t)h->seq;
+        p->cnotes[k].code = h->status;
+        p->cnotes[k].from = pp->peer;
+        snprintf(p->cnotes[k].text, sizeof(p->cnotes[k].text), "%s", t);
+        p->ncnotes++;
+        p->fault_epoch++;   /* wakes collectives waiting on it */
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+void weft_health_abort(struct weft_p2p *p)
+{
+    for (int i = 0; i < p->size; i++)
+        if (!p->pipes[i].failed)
+            notice_send(p, i, WEFT_NOTICE_ABORTED, p->rank, WEFT_ERR_ABORTED, 0, "weft_comm_abort");
+    for (int i = 0; i < p->size; i++)
+        weft_pipe_break(&p->pipes[i], WEFT_ERR_ABORTED);
+    p->fault_epoch++;
+}
+
+void weft_health_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text)
+{
+    for (int i = 0; i < p->size; i++)
+        if (!p->pipes[i].failed)
+            notice_send(p, i, WEFT_NOTICE_COLL_FAILED, p->rank, code, seq, text);
+}
+
+const struct weft_coll_note *weft_health_coll_note(const struct weft_p2p *p, uint32_t seq)
+{
+    unsigned cap = sizeof(p->cnotes) / sizeof(p->cnotes[0]);
+    unsigned n = p->ncnotes < cap ? p->ncnotes : cap;
+    for (unsigned i = 0; i < n; i++) {
+        const struct weft_coll_note *c = &p->cnotes[(p->ncnotes - 1 - i) % cap];
+        if (c->seq == seq)
+            return c;
+    }
+    return NULL;
+}

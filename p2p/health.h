@@ -1,0 +1,56 @@
+/*
+ * Peer health: who is alive, who failed, and what a stuck request blames.
+ *
+ * A request that made no progress for WEFT_TIMEOUT (its pipe moved nothing:
+ * p2p/progress.c) asks here whom to blame, and the answer comes from the
+ * peer, not from the clock alone:
+ *   same host   the peer's process: a pidfd (or kill 0) says it died;
+ *               /proc/<pid>/stat says it is stopped (SIGSTOP, a debugger)
+ *   other host  what we heard from it: a waiting rank sends a HEARTBEAT to
+ *               every other-host peer a few times per WEFT_TIMEOUT, so a
+ *               peer we heard nothing from for WEFT_TIMEOUT is stopped,
+ *               hung or cut off, while one we did hear is alive and only
+ *               busy waiting for someone else
+ * A failed peer is declared once: its pipe breaks and every other connected
+ * peer gets a NOTICE, so ranks that were waiting on a live rank blocked by
+ * the failed one report the failed rank, not the live one, and no pipe
+ * between live ranks breaks. A live peer that does not serve a request gets
+ * a grace period (a notice about a third rank may be on its way), then the
+ * request alone fails with WEFT_ERR_TIMEOUT; its pipe stays usable.
+ *
+ * Messages name the failed rank as "rank N failed: why" (detected by / as
+ * reported by rank M), the form docs/troubleshooting.md explains.
+ * Everything here runs with the p2p lock held.
+ */
+#ifndef WEFT_HEALTH_H
+#define WEFT_HEALTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct weft_p2p;
+struct weft_pipe;
+struct weft_request;
+struct weft_wire_hdr;
+
+/* After the card exchange: each peer's pid and whether it shares our host. */
+void weft_health_connect(struct weft_p2p *p, const unsigned char *cards, size_t card_bytes);
+void weft_health_fini(struct weft_p2p *p);
+/* While waiting (rate-limited inside): heartbeats, deaths of same-host peers. */
+void weft_health_tick(struct weft_p2p *p, double now);
+/* rank failed (code, why): break its pipe, tell the others (unless the
+ * news came from a notice), bump p->fault_epoch. */
+void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why, int from_notice);
+/* r made no progress for idle seconds (>= WEFT_TIMEOUT). 1: r completed
+ * (failed) now; 0: its live peer gets a grace period first. */
+int  weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, double idle, const char *what);
+/* A NOTICE frame from the pipe's peer. */
+void weft_health_on_notice(struct weft_pipe *pp, const struct weft_wire_hdr *h, const char *text, size_t len);
+/* weft_comm_abort: tell every peer, break every pipe with WEFT_ERR_ABORTED. */
+void weft_health_abort(struct weft_p2p *p);
+/* A collective (seq) failed here with code: tell every live peer. */
+void weft_health_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text);
+/* The notice about collective seq from another rank, or NULL. */
+const struct weft_coll_note *weft_health_coll_note(const struct weft_p2p *p, uint32_t seq);
+
+#endif
