@@ -477,9 +477,11 @@ TEST_F(TwoComms, OneWaitallProgressesBoth)
         ASSERT_EQ(weft_irecv(b, in_b.data(), nb, right, tag, &rb), WEFT_SUCCESS) << weft_comm_last_error(b);
         ASSERT_EQ(weft_isend(a, out_a.data(), na, right, tag, &sa), WEFT_SUCCESS) << weft_comm_last_error(a);
         ASSERT_EQ(weft_isend(b, out_b.data(), nb, left, tag, &sb), WEFT_SUCCESS) << weft_comm_last_error(b);
-        /* Which comm comes first in the array alternates. */
+        /* Neighbours list the comms in opposite orders (and each rank
+         * alternates): a waitall that finishes one comm's requests before
+         * driving the other's would wait on a neighbour doing the reverse. */
         weft_request_t *reqs[4];
-        const bool a_first = it % 4 < 2;
+        const bool a_first = (rank + it) % 2 == 0;
         reqs[0] = a_first ? ra : rb;
         reqs[1] = a_first ? sa : sb;
         reqs[2] = a_first ? rb : ra;
@@ -549,22 +551,28 @@ TEST_F(DestroyOutstanding, ReceiveOutstanding)
 /* ---- E. send to self from a buffer overlapping the receive ---- */
 
 /* 100 bytes sent to self from src, received into dst, dst = src +- 50
- * inside one 200-byte buffer; posted receive-first and send-first. Either
+ * inside one 150-byte buffer; posted receive-first and send-first. Either
  * the receive gets the 100 bytes src held before the calls (memmove
  * semantics) and nothing else in the buffer changed, or the second call
  * returns WEFT_ERR_INVALID_ARG (then the first request is completed with a
- * separate buffer). Anything else fails. */
+ * separate buffer). Anything else fails. The same with a rendezvous-size
+ * message (1 MiB + 3, shifted by 300 KiB + 5): a copy done in chunks
+ * front to back would overwrite source bytes it has not read yet. */
 TEST_F(SelfOverlap, SendAndReceiveBuffersOverlap)
 {
-    constexpr size_t kTotal = 200, kMsg = 100, kShift = 50;
     Watchdog whole(kTestLimit, "SelfOverlap.SendAndReceiveBuffersOverlap");
     int refused = 0, moved = 0;
-    for (int rep = 0; rep < 10; rep++) {
+    /* (message, shift) 10 times small, twice large. */
+    struct Shape { size_t msg, shift; };
+    std::vector<Shape> shapes(10, Shape{100, 50});
+    shapes.insert(shapes.end(), 2, Shape{MiB + 3, 300 * KiB + 5});
+    for (int rep = 0; rep < (int)shapes.size(); rep++) {
         for (int send_first = 0; send_first < 2; send_first++) {
             for (int dst_after_src = 0; dst_after_src < 2; dst_after_src++) {
-                SCOPED_TRACE(std::string(send_first ? "send first" : "receive first") +
-                             (dst_after_src ? ", dst = src + 50" : ", dst = src - 50") + ", rep " +
-                             std::to_string(rep));
+                const size_t kMsg = shapes[rep].msg, kShift = shapes[rep].shift, kTotal = kMsg + kShift;
+                SCOPED_TRACE(std::string(send_first ? "send first" : "receive first") + ", " +
+                             std::to_string(kMsg) + " B" + (dst_after_src ? ", dst = src + " : ", dst = src - ") +
+                             std::to_string(kShift) + ", rep " + std::to_string(rep));
                 const int tag = 60 + 4 * rep + 2 * send_first + dst_after_src;
                 GuardedBuffer g(kTotal);
                 ASSERT_TRUE(g.ok());
@@ -613,12 +621,11 @@ TEST_F(SelfOverlap, SendAndReceiveBuffersOverlap)
                 EXPECT_EQ(st[0].bytes, kMsg);
                 EXPECT_EQ(st[0].peer, rank);
                 EXPECT_EQ(std::memcmp(dst, orig.data() + src_off, kMsg), 0)
-                    << "the receive did not get the 100 bytes the send buffer held before the calls";
-                for (size_t k = 0; k < kTotal; k++) {
-                    if (k < dst_off || k >= dst_off + kMsg) {
-                        ASSERT_EQ(g.data()[k], orig[k]) << "byte " << k << " outside the receive buffer changed";
-                    }
-                }
+                    << "the receive did not get the " << kMsg << " bytes the send buffer held before the calls";
+                /* Outside dst: [0, dst_off) and [dst_off + kMsg, kTotal). */
+                EXPECT_EQ(std::memcmp(g.data(), orig.data(), dst_off), 0) << "bytes before the receive buffer changed";
+                EXPECT_EQ(std::memcmp(g.data() + dst_off + kMsg, orig.data() + dst_off + kMsg, kTotal - dst_off - kMsg), 0)
+                    << "bytes after the receive buffer changed";
                 EXPECT_TRUE(g.GuardsIntact());
             }
         }

@@ -197,6 +197,7 @@ void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why
         snprintf(text, sizeof(text), "%s", why);
     else
         snprintf(text, sizeof(text), "%s (detected by rank %d)", why, p->rank);
+    snprintf(pp->fail_why, sizeof(pp->fail_why), "rank %d failed: %s", rank, text);
     if (p->fault_rank < 0) {
         p->fault_rank = rank;
         p->fault_code = code;

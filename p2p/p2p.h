@@ -131,6 +131,9 @@ int    weft_p2p_drain(struct weft_p2p *p);
 /* Whether some rank failed or this comm was aborted: destroy is then local
  * (no final barrier a failed rank would never join). */
 int    weft_p2p_any_failed(struct weft_p2p *p);
+/* The final barrier of destroy over the pipes to the ranks not known failed
+ * (collective among the survivors, bounded by WEFT_TIMEOUT). */
+int    weft_p2p_survivor_barrier(struct weft_p2p *p);
 /* After the final barrier (or to unwind a failed create): everything. */
 void   weft_p2p_destroy(struct weft_p2p *p);
 #endif

@@ -501,7 +501,7 @@ int weft_pipe_isend(struct weft_pipe *p, const void *buf, size_t bytes, int tag,
 
     if (p->broken)
         return weft_set_error(core, p->broken, "send to peer %d tag %d: the pipe over %s failed earlier (%s)",
-                              p->peer, tag, weft_pipe_tp_name(p), weft_err_str(p->broken));
+                              p->peer, tag, weft_pipe_tp_name(p), p->failed ? p->fail_why : weft_err_str(p->broken));
     r = req_new(p, WEFT_REQ_SEND, (void *)buf, bytes, tag, mem_kind, device, check);
     if (r == NULL)
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory for a request", p->peer,
@@ -664,7 +664,7 @@ int weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int m
 
     if (p->broken)
         return weft_set_error(core, p->broken, "recv from peer %d tag %d: the pipe over %s failed earlier (%s)",
-                              p->peer, tag, weft_pipe_tp_name(p), weft_err_str(p->broken));
+                              p->peer, tag, weft_pipe_tp_name(p), p->failed ? p->fail_why : weft_err_str(p->broken));
     r = req_new(p, WEFT_REQ_RECV, buf, bytes, tag, mem_kind, device, check);
     l = r ? lane_get(p, tag, 1) : NULL;
     if (l == NULL) {

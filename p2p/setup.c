@@ -20,12 +20,14 @@
 #include <time.h>
 
 #include "context.h"
+#include "cudawrap.h"
 #include "health.h"
 #include "log.h"
 #include "p2p.h"
 #include "registry.h"
 #include "rndv.h"
 #include "stage.h"
+#include "tags.h"
 
 static size_t blob_off[WEFT_P2P_MAX_TRANSPORTS];
 static size_t card_bytes;
@@ -352,6 +354,34 @@ int weft_p2p_drain(struct weft_p2p *p)
             WEFT_WARN(p->rank, "weft_comm_destroy: %zu request(s) with peer %d still in flight",
                       p->pipes[i].ninflight, i);
     pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+int weft_p2p_survivor_barrier(struct weft_p2p *p)
+{
+    struct weft_request **rs = calloc(2 * (size_t)p->size, sizeof(*rs));
+    size_t n = 0;
+    int rc = WEFT_SUCCESS;
+
+    if (rs == NULL)
+        return weft_set_error(p->core, WEFT_ERR_NO_MEMORY, "weft_comm_destroy: no memory for the final barrier");
+    pthread_mutex_lock(&p->lock);
+    /* Every live peer: a 0-byte message each way. A peer that failed
+     * meanwhile fails its pair of requests (bounded by WEFT_TIMEOUT). */
+    for (int i = 0; i < p->size; i++) {
+        struct weft_pipe *pp = &p->pipes[i];
+        if (i == p->rank || pp->broken)
+            continue;
+        if (weft_pipe_irecv(pp, NULL, 0, WEFT_TAG_DESTROY, WEFT_MEM_HOST, -1, NULL, &rs[n]) == WEFT_SUCCESS)
+            n++;
+        if (weft_pipe_isend(pp, NULL, 0, WEFT_TAG_DESTROY, WEFT_MEM_HOST, -1, NULL, &rs[n]) == WEFT_SUCCESS)
+            n++;
+    }
+    rc = weft_p2p_progress_wait(p, rs, n, "weft_comm_destroy (final barrier of the surviving ranks)");
+    for (size_t i = 0; i < n; i++)
+        weft_req_free(rs[i]);
+    pthread_mutex_unlock(&p->lock);
+    free(rs);
     return rc;
 }
 

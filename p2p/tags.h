@@ -14,6 +14,8 @@
  *                            lanes of their own)
  *   -(0x200000 .. 0x2fffff)  staged device transfers   one per message in flight
  *                            (p2p/stage.c)             (index mod 2^20)
+ *   -0x300000                destroy after a failure   the survivors' final barrier
+ *                            (p2p/setup.c)
  */
 #ifndef WEFT_TAGS_H
 #define WEFT_TAGS_H
@@ -39,6 +41,10 @@ _Static_assert(WEFT_TAG_SCOLL_BASE + WEFT_TAG_COLL_COUNT <= WEFT_TAG_STAGE_BASE,
                "stream collective and staging lanes overlap");
 _Static_assert((long long)WEFT_TAG_STAGE_BASE + WEFT_TAG_STAGE_COUNT <= 0x7fffffffLL,
                "staging lanes overflow int");
+
+/* The survivors' barrier of weft_comm_destroy (a rank failed: no MPI barrier). */
+#define WEFT_TAG_DESTROY (-0x300000)
+_Static_assert(WEFT_TAG_STAGE_BASE + WEFT_TAG_STAGE_COUNT <= 0x300000, "staging and destroy lanes overlap");
 
 static inline int weft_tag_coll(unsigned slot, int phase)
 {

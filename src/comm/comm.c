@@ -355,11 +355,12 @@ int weft_comm_destroy_all(struct weft_comm *c)
     /* The final barrier keeps a rank from tearing down what a peer still
      * reads; a failed rank would never join it, and after an abort peers
      * are not waited for: then destroy is local. */
-    if (!was_aborted && !weft_p2p_any_failed(c->p2p))
-        brc = c->boot->ops->barrier(c->boot);
+    if (was_aborted)
+        WEFT_INFO(c->core.rank, "weft_comm_destroy: the comm was aborted: local, no final barrier");
+    else if (weft_p2p_any_failed(c->p2p))
+        (void)weft_p2p_survivor_barrier(c->p2p);   /* over the pipes: MPI's would wait for the failed rank */
     else
-        WEFT_INFO(c->core.rank, "weft_comm_destroy: local (%s), no final barrier",
-                  was_aborted ? "the comm was aborted" : "a rank of the comm failed");
+        brc = c->boot->ops->barrier(c->boot);
     if (rc == WEFT_SUCCESS)
         rc = brc;
     if (was_aborted)

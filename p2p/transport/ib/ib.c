@@ -588,6 +588,8 @@ static void on_send_wc(struct ib_state *st, const struct ibv_wc *wc)
         ps->outstanding--;
         if (wc->status != IBV_WC_SUCCESS)
             ps->failed = 1;
+        else if (pe->st->env->up->on_data)
+            pe->st->env->up->on_data(pe->st->env->up->arg, pe->rank);
         push_maybe_finish(ps);
     }
 }
@@ -654,6 +656,8 @@ static void on_imm(struct ib_peer *pe, uint32_t slot)
         return;
     }
     s = &pe->slots[slot];
+    if (up->on_data)
+        up->on_data(up->arg, pe->rank);   /* a chunk landed: the request is progressing */
     if (++s->imm_got < s->imm_expected)
         return;
     x = s->x;

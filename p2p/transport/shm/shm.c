@@ -671,6 +671,8 @@ static void on_data(struct shm_state *st, struct shm_peer *peer, const struct sh
     if (d->len)
         memcpy((char *)x->buf + d->offset, d + 1, d->len);
     sx->done += d->len;
+    if (st->env->up->on_data)
+        st->env->up->on_data(st->env->up->arg, peer->rank);
     if (sx->done >= x->bytes) {
         weft_queue_pop(&peer->expects_q);
         st->env->up->rndv_done(st->env->up->arg, x, WEFT_SUCCESS);
@@ -749,6 +751,8 @@ static int advance_pushes(struct shm_state *st, struct shm_peer *peer)
             sx->done += len;
             sx->sent = 1;
             n++;
+            if (st->env->up->on_data)
+                st->env->up->on_data(st->env->up->arg, peer->rank);
         }
         weft_queue_pop(&peer->pushes_q);
         atomic_fetch_sub_explicit(&peer->pushes, 1, memory_order_relaxed);
@@ -842,7 +846,8 @@ static int help_peer(struct shm_state *st, struct shm_peer *peer)
 /* Receiver side: opens the shared transfer, copies pieces until none are
  * left, then waits for the sender's pieces in flight. Returns 0, an errno
  * from our own copy (nothing of the sender's is still in flight then), or
- * -1 when the sender's pieces did not land within the timeout. */
+ * -1 when the sender's pieces did not land within the timeout, ESRCH when
+ * the sender's process is gone. */
 static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *buf, uint64_t src, size_t total)
 {
     const struct weft_config *cfg = &shm_core(st)->cfg;
@@ -894,7 +899,9 @@ static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *bu
         double now = weft_now();
         if (deadline == 0)
             deadline = now + (cfg->timeout_s > 0 ? cfg->timeout_s : 300.0);
-        else if (now > deadline || (kill(peer->pid, 0) != 0 && errno == ESRCH))
+        else if (kill(peer->pid, 0) != 0 && errno == ESRCH)
+            return ESRCH;   /* the sender died mid-piece: not a timeout */
+        else if (now > deadline)
             return -1;
     }
     if (err)
@@ -938,10 +945,14 @@ static int shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struc
         return weft_set_error(core, WEFT_ERR_TIMEOUT,
                               "shm: peer %d: its share of a %zu-byte copy (tag %d) did not land within %.0f s",
                               peer->rank, total, x->tag, core->cfg.timeout_s > 0 ? core->cfg.timeout_s : 300.0);
-    if (e == ESRCH)
-        return weft_set_error(core, WEFT_ERR_TRANSPORT,
-                              "shm: peer %d: process %d is gone (process_vm_readv of %zu bytes, tag %d)",
-                              peer->rank, (int)peer->pid, total, x->tag);
+    if (e == ESRCH) {
+        weft_set_error(core, WEFT_ERR_TRANSPORT,
+                       "shm: peer %d: process %d is gone (process_vm_readv of %zu bytes, tag %d)",
+                       peer->rank, (int)peer->pid, total, x->tag);
+        /* The whole pipe, not only this message: the peer is dead. */
+        st->env->up->peer_failed(st->env->up->arg, peer->rank, WEFT_ERR_TRANSPORT);
+        return WEFT_ERR_TRANSPORT;
+    }
     if (e == EPERM || e == ENOSYS || (e == EFAULT && !peer->cma_used)) {
         /* Refused (ptrace policy, kernel without CMA, or a buffer CMA
          * cannot read): stop trying with this peer; pushes still work. */
