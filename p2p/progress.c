@@ -120,9 +120,12 @@ static int watch(struct weft_p2p *p, struct weft_request **reqs, size_t first, s
             r->idle_since = now;
             continue;
         }
-        if (now - r->idle_since >= timeout && weft_health_stuck(p, r, now, now - r->idle_since, what) &&
-            rc == WEFT_SUCCESS)
-            rc = r->status.error != WEFT_SUCCESS ? r->status.error : WEFT_ERR_TIMEOUT;
+        if (now - r->idle_since >= timeout && weft_health_stuck(p, r, now, now - r->idle_since, what)) {
+            if (r->state != WEFT_REQ_DONE)
+                r->idle_since = now;   /* held by a path that lets go later: look again after a timeout */
+            else if (rc == WEFT_SUCCESS)
+                rc = r->status.error != WEFT_SUCCESS ? r->status.error : WEFT_ERR_TIMEOUT;
+        }
     }
     return rc;
 }
