@@ -17,6 +17,8 @@
 
 enum { STEP_NEW = 0, STEP_ISSUED, STEP_DONE };
 
+static void op_withdraw(struct weft_coll_op *op, int err);
+
 size_t weft_sched_add(struct weft_sched_build *b, int kind, int num, void *buf, const void *src, size_t bytes,
                       int peer, int phase, int dep, unsigned flags)
 {
@@ -41,8 +43,6 @@ size_t weft_sched_add(struct weft_sched_build *b, int kind, int num, void *buf, 
     }
     return i;
 }
-
-static void op_withdraw(struct weft_coll_op *op, int err);
 
 /* The p2p layer already recorded why; keep that text after ours. Only the
  * first failure of an op is recorded: later ones come from the same cause
@@ -114,8 +114,14 @@ static void check_sig(const struct weft_p2p_check *c, struct weft_coll_sig *sig,
 static void op_withdraw(struct weft_coll_op *op, int err)
 {
     for (size_t i = op->lo; i < op->next; i++)
-        if (op->steps[i].state == 1 /* STEP_ISSUED */ && op->steps[i].req)
+        if (op->steps[i].state == STEP_ISSUED && op->steps[i].req)
             (void)weft_p2p_cancel(op->steps[i].req, err);
+    /* Messages of this call still on their way (a peer's sends, issued
+     * before it learnt of the failure) are dropped on arrival, and an
+     * announced large one is refused, so the peer's send completes. */
+    for (size_t i = 0; i < op->nsteps; i++)
+        if (op->steps[i].kind == WEFT_SCHED_RECV)
+            weft_p2p_refuse_lane(op->p2p, op->steps[i].peer, op->tag(op->seq, op->steps[i].phase), err);
 }
 
 /* The op cannot go on because of something decided elsewhere (a rank

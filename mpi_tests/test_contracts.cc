@@ -33,6 +33,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -343,14 +344,28 @@ TEST_F(Requests, SameHandleTwiceInWaitallIsInvalid)
 
 class Mismatch : public WeftMpiTest {
 protected:
+    void SetUp() override
+    {
+        WeftMpiTest::SetUp();
+        if (size < 2)
+            GTEST_SKIP() << "needs 2 ranks";
+    }
+
     /* Runs `call` on every rank (each rank's own collective), then checks
      * what issue 10 promises, then that the comm still works: every pair
      * exchanges p2p data, and a matching allgather succeeds. `must_name`:
      * what a WEFT_ERR_MISMATCH rank's last error must contain. The guarded
      * receive buffers are those the call used: nothing written past them. */
+    /* may_succeed: ranks whose own part of the call ends without receiving
+     * anything (the rank that believes it is the bcast root only sends), so
+     * nothing of the mismatch reaches them before they return: they may
+     * return WEFT_SUCCESS (docs/api.md, Collectives). require_mismatch:
+     * rank 0 or 1 must see the mismatch itself. */
     void expect_mismatch(const char *what, const std::function<int()> &call,
-                         const std::vector<std::string> &must_name, std::vector<GuardedBuffer *> guarded)
+                         const std::vector<std::string> &must_name, std::vector<GuardedBuffer *> guarded,
+                         const std::vector<int> &may_succeed = {}, bool require_mismatch = true)
     {
+        const bool may = std::find(may_succeed.begin(), may_succeed.end(), rank) != may_succeed.end();
         Watchdog whole(kTestLimit, what);
         const double timeout = weft_timeout_s();
         MPI_Barrier(MPI_COMM_WORLD);
@@ -363,7 +378,11 @@ protected:
             took = now_s() - t0;
         }
         const std::string err = last_error();
-        EXPECT_NE(rc, WEFT_SUCCESS) << what << ": succeeded on rank " << rank;
+        if (!may) {
+            EXPECT_NE(rc, WEFT_SUCCESS) << what << ": succeeded on rank " << rank;
+        } else {
+            EXPECT_TRUE(rc == WEFT_SUCCESS || rc == WEFT_ERR_MISMATCH) << what << ": " << weft_strerror(rc);
+        }
         EXPECT_LE(took, timeout + 1) << what << ": took " << took << " s (WEFT_TIMEOUT " << timeout
                                      << "), " << weft_strerror(rc) << ": " << err;
         if (rc == WEFT_ERR_MISMATCH) {
@@ -379,8 +398,10 @@ protected:
             for (int p = 0; p < size; p++)
                 codes += " " + std::to_string(p) + ":" + weft_strerror(rcs[p]);
             std::printf("%s: codes%s; rank 0: %s\n", what, codes.c_str(), err.c_str());
-            EXPECT_TRUE(rcs[0] == WEFT_ERR_MISMATCH || rcs[1] == WEFT_ERR_MISMATCH)
-                << what << ": neither rank 0 nor rank 1 returned WEFT_ERR_MISMATCH:" << codes;
+            if (require_mismatch) {
+                EXPECT_TRUE(rcs[0] == WEFT_ERR_MISMATCH || rcs[1] == WEFT_ERR_MISMATCH)
+                    << what << ": neither rank 0 nor rank 1 returned WEFT_ERR_MISMATCH:" << codes;
+            }
         } else if (rc != WEFT_ERR_MISMATCH) {
             std::fprintf(stderr, "[rank %d] %s: %s: %s\n", rank, what, weft_strerror(rc), err.c_str());
         }
@@ -427,7 +448,7 @@ TEST_F(Mismatch, BcastVsAllgather)
         [&] {
             return rank == 0 ? weft_bcast(comm, bc.data(), 64, 0) : weft_allgather(comm, out.data(), ag.data(), 16);
         },
-        {"bcast(", "allgather("}, {&bc, &ag});
+        {"bcast(", "allgather("}, {&bc, &ag}, {0});
 }
 
 /* Rank 0: bcast from root 0; the others: barrier. */
@@ -438,19 +459,34 @@ TEST_F(Mismatch, BcastVsBarrier)
     fill_pattern(bc.data(), 64, pattern_seed(0, 3, 1));
     expect_mismatch(
         "bcast vs barrier", [&] { return rank == 0 ? weft_bcast(comm, bc.data(), 64, 0) : weft_barrier(comm); },
-        {"bcast(", "barrier"}, {&bc});
+        {"bcast(", "barrier"}, {&bc}, {0});
 }
 
-/* Rank 0: bcast from root 0; the others: bcast from root 1 (same size). */
-TEST_F(Mismatch, BcastRoots)
+/* Rank 0: bcast from root 0; the others: bcast from root 1 (same size).
+ * Rank 0 believes it is the root and only sends; rank 1 believes the same;
+ * no message of one belief meets a receive of the other, so no rank can see
+ * the mismatch (a known limit, docs/api.md). What must hold: no rank holds
+ * bytes that are not its believed root's, nothing is written past the
+ * buffer, and the comm goes on (rank 0's unreceived messages are stale
+ * later and must not disturb the next calls). */
+TEST_F(Mismatch, BcastRootsThatNeverMeet)
 {
     const int root = rank == 0 ? 0 : 1;
     GuardedBuffer bc(64);
     ASSERT_TRUE(bc.ok());
     fill_pattern(bc.data(), 64, pattern_seed(rank, 4, 1));
+    std::vector<int> everyone(size);
+    for (int p = 0; p < size; p++)
+        everyone[p] = p;
+    int rc = WEFT_SUCCESS;
     expect_mismatch(
-        "bcast with different roots", [&] { return weft_bcast(comm, bc.data(), 64, root); }, {"bcast(", "root"},
-        {&bc});
+        "bcast with different roots", [&] { return rc = weft_bcast(comm, bc.data(), 64, root); },
+        {"bcast(", "root"}, {&bc}, everyone, false);
+    if (rc == WEFT_SUCCESS) {
+        std::vector<unsigned char> want(64);
+        fill_pattern(want.data(), 64, pattern_seed(root, 4, 1));
+        EXPECT_EQ(memcmp(bc.data(), want.data(), 64), 0) << "rank " << rank << " holds bytes of no root";
+    }
 }
 
 /* ---- C. one waitall over two comms ---- */
@@ -718,9 +754,9 @@ TEST_F(RequestTimeout, OtherTrafficDoesNotExtendIt)
             ASSERT_TRUE(HasPattern(buf.data(), kMsg, 1, kChatterTag, (uint64_t)i)) << "message " << i;
         }
     }
-    MPI_Barrier(MPI_COMM_WORLD);
-    if (HasFailure())
-        return;   /* leaked, as the fixture does */
+    /* Destroy is collective: every rank destroys, or none (leaked, as the fixture does). */
+    if (any_rank(HasFailure()))
+        return;
     EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
 }
 
@@ -813,8 +849,8 @@ TEST_F(FlowControl, EagerWindowBoundsReceiverMemory)
             EXPECT_EQ(last, 0x5eedu);
         }
     }
-    if (HasFailure())
-        return;
+    if (any_rank(HasFailure()))
+        return;   /* every rank destroys, or none (leaked, as the fixture does) */
     EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
 }
 

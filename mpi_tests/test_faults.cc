@@ -200,6 +200,34 @@ void check_error_names_victim(const std::string &err, std::vector<std::string> &
         problems.push_back("the error names another rank as failed (" + others + ")");
 }
 
+/* An MPI barrier that keeps weft's progress going while it waits. */
+void progressing_barrier(weft_comm_t *c, MPI_Comm comm, std::vector<std::string> &problems)
+{
+    const int self = weft_comm_rank(c), tag = 77777;
+    unsigned char in = 0, out = 1;
+    weft_request_t *dummy = nullptr;
+    if (weft_irecv(c, &in, 1, self, tag, &dummy) != WEFT_SUCCESS) {
+        problems.push_back(std::string("progressing barrier: irecv from self failed: ") + weft_comm_last_error(c));
+        MPI_Barrier(comm);
+        return;
+    }
+    MPI_Request b;
+    MPI_Ibarrier(comm, &b);
+    for (int flag = 0; !flag;) {
+        int done = 0;
+        weft_status_t st;
+        MPI_Test(&b, &flag, MPI_STATUS_IGNORE);
+        if (weft_test(dummy, &done, &st) != WEFT_SUCCESS || done) {
+            problems.push_back("progressing barrier: the receive from self completed early");
+            MPI_Wait(&b, MPI_STATUS_IGNORE);
+            return;
+        }
+        usleep(200);
+    }
+    if (weft_send(c, &out, 1, self, tag) != WEFT_SUCCESS || weft_wait(dummy, nullptr) != WEFT_SUCCESS || in != 1)
+        problems.push_back(std::string("progressing barrier: self message failed: ") + weft_comm_last_error(c));
+}
+
 /* Ring of weft p2p among the survivors, small and rendezvous-size, verified. */
 void survivor_ring(weft_comm_t *c, const std::vector<int> &survivors, int my_index,
                    std::vector<std::string> &problems)
@@ -320,8 +348,15 @@ int main(int argc, char **argv)
     if (rc != WEFT_SUCCESS)
         check_error_names_victim(err, problems);
 
-    /* Survivors in step (the slowest is out of its failed call), then p2p. */
-    MPI_Barrier(survivors_comm);
+    /* Survivors in step (the slowest is out of its failed call), then p2p.
+     * weft makes progress only inside weft calls: a survivor whose part of
+     * the failed call ended early must keep answering the others' messages
+     * of that call (a large one announced to it is refused, which frees the
+     * sender's call) while it waits, as an application would by calling
+     * weft; a plain MPI_Barrier would leave a slower survivor waiting on it
+     * until WEFT_TIMEOUT. So: MPI_Ibarrier, tested between weft progress
+     * passes (weft_test on a receive from self that a final send matches). */
+    progressing_barrier(c, survivors_comm, problems);
     {
         Watchdog wd(2 * g_run.timeout + 10, "the survivors' p2p ring");
         survivor_ring(c, survivors, my_index, problems);

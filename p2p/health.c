@@ -213,7 +213,12 @@ void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why
 
 static const char *req_verb(const struct weft_request *r)
 {
-    return r->type == WEFT_REQ_SEND ? "send to" : "recv from";
+    switch (r->state) {
+    case WEFT_REQ_QUEUED: return "send (not yet out: no room or no credit) to";
+    case WEFT_REQ_POSTED: return r->type == WEFT_REQ_SEND ? "send (announced, not answered) to" : "recv from";
+    case WEFT_REQ_ACTIVE: return r->type == WEFT_REQ_SEND ? "send (data moving) to" : "recv (data moving) from";
+    default:              return r->type == WEFT_REQ_SEND ? "send to" : "recv from";
+    }
 }
 
 int weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, double idle, const char *what)

@@ -340,6 +340,13 @@ int weft_p2p_cancel(struct weft_request *r, int err)
     return done;
 }
 
+void weft_p2p_refuse_lane(struct weft_p2p *p, int peer, int tag, int err)
+{
+    pthread_mutex_lock(&p->lock);
+    weft_pipe_lane_refuse(&p->pipes[peer], tag, err);
+    pthread_mutex_unlock(&p->lock);
+}
+
 int weft_p2p_wait_done_until(struct weft_request *r, const char *what, const uint64_t *stop_epoch)
 {
     struct weft_p2p *p = r->p2p;

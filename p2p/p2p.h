@@ -71,6 +71,9 @@ int  weft_p2p_test_check(struct weft_request *r, int *done, weft_status_t *statu
 /* Withdraws r with err when nothing of the peer's is bound to it yet (see
  * weft_pipe_cancel): 1 done (r stays to be freed by test/wait), 0 not. */
 int  weft_p2p_cancel(struct weft_request *r, int err);
+/* A failed collective gives up lane (peer, tag): messages on it are dropped
+ * (an RTS answered with a FIN carrying err) until a receive is posted there. */
+void weft_p2p_refuse_lane(struct weft_p2p *p, int peer, int tag, int err);
 /* wait_done that returns WEFT_P2P_FAULT (-12) as soon as the fault epoch
  * moves past *stop_epoch (a rank failed, a collective failed elsewhere). */
 #define WEFT_P2P_FAULT (-12)

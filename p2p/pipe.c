@@ -287,17 +287,6 @@ static void fc_consume(struct weft_pipe *p, uint64_t cost)
     }
 }
 
-/* Whether id is a send we withdrew (and forget it: one answer each). */
-static int withdrawn_take(struct weft_pipe *p, uint64_t id)
-{
-    for (unsigned i = 0; i < p->nwithdrawn && i < 16; i++)
-        if (p->withdrawn[i] == id) {
-            p->withdrawn[i] = 0;
-            return 1;
-        }
-    return 0;
-}
-
 /* An EAGER message from a device buffer: the data goes through a host
  * bounce (synchronous D2H). If the copy fails, the message still goes out
  * (its sequence number is taken) as a 0-byte EAGER whose status tells the
@@ -639,6 +628,16 @@ static void match_rts(struct weft_pipe *p, struct weft_request *r, const struct 
     weft_pipe_complete(r, rc);
 }
 
+/* A message on a refusing lane: dropped; an RTS's sender is told. */
+static void refuse_msg(struct weft_pipe *p, struct weft_lane *l, const struct weft_wire_hdr *m)
+{
+    fc_consume(p, (m->type == WEFT_WIRE_EAGER ? m->bytes : 0) + WEFT_WIRE_MSG_COST);
+    WEFT_TRACE(p->p2p->rank, "peer %d tag %d: refusing a %s of %llu B (lane given up)", p->peer, m->tag,
+               m->type == WEFT_WIRE_RTS ? "large message" : "message", (unsigned long long)m->bytes);
+    if (m->type == WEFT_WIRE_RTS)
+        weft_rndv_send_fin(p, m, l->refuse);
+}
+
 /* A message meets receive r: fingerprint, then delivery. */
 static void match_msg(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m,
                       const struct weft_p2p_check *mcheck, const void *payload)
@@ -674,6 +673,7 @@ int weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int m
     }
     r->state = WEFT_REQ_POSTED;
     *out = r;
+    l->refuse = 0;
     if (!weft_queue_empty(&l->unexp)) {
         struct weft_unexpected *u = weft_container_of(weft_queue_pop(&l->unexp), struct weft_unexpected, qn);
         match_msg(p, r, &u->hdr, &u->check, u->payload);
@@ -735,10 +735,29 @@ static void on_message(struct weft_pipe *p, const struct weft_wire_hdr *m, const
         if (n)
             r = weft_container_of(n, struct weft_request, link);
     }
-    if (r == NULL)
+    if (r == NULL && l->refuse)
+        refuse_msg(p, l, m);
+    else if (r == NULL)
         unexpected_add(p, l, m, mcheck, payload, m->type == WEFT_WIRE_EAGER ? len : 0);
     else
         match_msg(p, r, m, mcheck, payload);
+}
+
+void weft_pipe_lane_refuse(struct weft_pipe *p, int tag, int err)
+{
+    struct weft_lane *l = lane_get(p, tag, 1);
+    struct weft_qnode *q;
+    if (l == NULL || p->broken)
+        return;
+    WEFT_TRACE(p->p2p->rank, "peer %d tag %d: lane given up (%zu posted)", p->peer, tag, (size_t)!weft_list_empty(&l->posted));
+    l->refuse = err ? err : WEFT_ERR_TRANSPORT;
+    if (!weft_list_empty(&l->posted))
+        return;   /* a receive of the lane's next user is posted already */
+    while ((q = weft_queue_pop(&l->unexp)) != NULL) {
+        struct weft_unexpected *u = weft_container_of(q, struct weft_unexpected, qn);
+        refuse_msg(p, l, &u->hdr);
+        unexpected_free(u);
+    }
 }
 
 static void on_cts(struct weft_pipe *p, const struct weft_wire_hdr *m, const void *key, size_t keylen)
@@ -746,20 +765,6 @@ static void on_cts(struct weft_pipe *p, const struct weft_wire_hdr *m, const voi
     struct weft_request *s = weft_req_lookup(p->p2p, p, m->sreq, WEFT_REQ_SEND);
     const struct weft_rndv_path *path;
 
-    if (s == NULL && withdrawn_take(p, m->sreq)) {
-        /* A send we withdrew (weft_pipe_cancel) while its RTS was out:
-         * tell the receiver, whose receive then fails instead of waiting. */
-        struct weft_wire_hdr f;
-        memset(&f, 0, sizeof(f));
-        f.type = WEFT_WIRE_FIN;
-        f.flags = WEFT_WIRE_F_TO_RECV;
-        f.status = WEFT_ERR_TRANSPORT;
-        f.tag = m->tag;
-        f.sreq = m->sreq;
-        f.rreq = m->rreq;
-        weft_pipe_send_ctrl(p, &f, NULL, 0);
-        return;
-    }
     if (s == NULL || s->state != WEFT_REQ_POSTED) {
         protocol_error(p, "CTS names send request %#llx, which is not waiting for one (state %llu)",
                        (unsigned long long)m->sreq, s ? (unsigned long long)s->state : 0ull);
@@ -784,10 +789,10 @@ static void on_fin(struct weft_pipe *p, const struct weft_wire_hdr *m)
 {
     /* FIN from the receiver names our send; with TO_RECV the sender's names our receive. */
     int to_recv = (m->flags & WEFT_WIRE_F_TO_RECV) != 0;
+    WEFT_TRACE(p->p2p->rank, "peer %d tag %d: FIN for %s %#llx status %d", p->peer, m->tag, to_recv ? "recv" : "send",
+               (unsigned long long)(to_recv ? m->rreq : m->sreq), m->status);
     struct weft_request *r = weft_req_lookup(p->p2p, p, to_recv ? m->rreq : m->sreq,
                                              to_recv ? WEFT_REQ_RECV : WEFT_REQ_SEND);
-    if (r == NULL && !to_recv && withdrawn_take(p, m->sreq))
-        return;   /* our withdrawn send (weft_pipe_cancel): nothing waits for this FIN */
     if (r == NULL || !weft_list_linked(&r->link)) {
         protocol_error(p, to_recv ? "FIN names receive request %#llx, which is not in flight (%llu)"
                                   : "FIN names send request %#llx, which is not in flight (%llu)",
@@ -899,8 +904,6 @@ void weft_pipe_on_frame(struct weft_pipe *p, const void *frame, size_t len)
 
 int weft_pipe_cancel(struct weft_request *r, int err)
 {
-    struct weft_pipe *p = r->pipe;
-
     if (r->state == WEFT_REQ_DONE)
         return 1;
     if (r->type == WEFT_REQ_RECV && r->state == WEFT_REQ_POSTED && weft_list_linked(&r->link)) {
@@ -909,15 +912,10 @@ int weft_pipe_cancel(struct weft_request *r, int err)
         weft_pipe_complete(r, err);
         return 1;
     }
-    if (r->type == WEFT_REQ_SEND && r->state == WEFT_REQ_POSTED && !r->path && r->path_state == NULL) {
-        /* RTS out, no CTS yet: the receiver's CTS, if it comes, gets a
-         * failing FIN (on_cts). */
-        p->withdrawn[p->nwithdrawn++ % 16] = weft_req_id(r);
-        inflight_remove(p, r);
-        weft_pipe_complete(r, err);
-        return 1;
-    }
-    (void)p;
+    /* A send whose RTS is out stays: the receiver answers it (CTS, or a
+     * refusing FIN from a lane that refuses: weft_pipe_lane_refuse), or
+     * its pipe breaks. Withdrawing it would leave the receiver's transfer
+     * state (an expected push) dangling. */
     return 0;
 }
 

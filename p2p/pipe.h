@@ -28,6 +28,7 @@ struct weft_unexpected {
 /* Everything for one (peer, tag): posted receives and unexpected messages. */
 struct weft_lane {
     int                      tag;
+    int                      refuse;   /* weft_pipe_lane_refuse: drop what arrives until a receive is posted */
     struct weft_list         posted;   /* requests (link) */
     struct weft_queue        unexp;    /* struct weft_unexpected */
     struct weft_list         hash;     /* bucket chain */
@@ -72,11 +73,6 @@ struct weft_pipe {
     uint64_t                 fc_sent, fc_granted;
     uint64_t                 fc_consumed, fc_reported;
     int                      credit_owed;  /* a CREDIT could not go out yet (counted in out_queued) */
-    /* Ids of sends withdrawn with their RTS unanswered (weft_pipe_cancel):
-     * a late CTS/FIN naming one is expected, any other unknown id is a
-     * protocol error. */
-    uint64_t                 withdrawn[16];
-    unsigned                 nwithdrawn;
 
     /* Liveness (p2p/health.c). activity: frames other than heartbeats and
      * notices, and rendezvous data moved: what per-request timeouts watch.
@@ -101,10 +97,15 @@ int  weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int 
                      const struct weft_p2p_check *check, struct weft_request **out);
 
 /* Completes r with err without breaking the pipe when that is safe: a
- * receive not matched yet, or a send whose RTS is still unanswered (a late
- * CTS for it is answered with a failing FIN). 1: done; 0: r is moving data
- * (or queued for sending) and cannot be withdrawn. */
+ * receive not matched yet. 1: done; 0: r is bound to the peer (a send
+ * announced or moving, a receive moving data) and cannot be withdrawn. */
 int  weft_pipe_cancel(struct weft_request *r, int err);
+
+/* A failed collective gives up its lanes: what waits unexpected on lane
+ * tag, and what arrives there until a receive is posted on it again, is
+ * dropped; an RTS is answered with a FIN carrying err, so the sender's
+ * request completes instead of waiting for a receive that never comes. */
+void weft_pipe_lane_refuse(struct weft_pipe *p, int tag, int err);
 
 /* Sends a frame that takes no part in ordering or flow control (CREDIT,
  * HEARTBEAT, NOTICE) now; 0 or WEFT_EAGAIN / an error (nothing queued). */

@@ -61,14 +61,23 @@ static void up_peer_failed(void *arg, int peer, int err)
 {
     struct weft_p2p *p = arg;
     struct weft_pipe *pp = &p->pipes[peer];
-    char why[160];
+    char why[512];
     if (pp->broken)
         return;
     /* The transport lost the peer (connection closed, completion error):
      * every rank should know, not only those whose own link noticed. */
-    snprintf(why, sizeof(why), "its %s connection to this rank was lost (%s)", weft_pipe_tp_name(pp),
-             weft_err_str(err));
-    weft_health_declare(p, peer, err, why, 0);
+    /* The transport recorded what it saw; keep it. Only this rank's link
+     * is known bad (another rank's link to the peer may be fine: a failed
+     * work request on one QP), so no notice goes to the others: each rank
+     * whose own link to a dead peer closes finds out by itself. */
+    char seen[256];
+    pthread_mutex_lock(&p->core->err_lock);
+    memcpy(seen, p->core->last_error, sizeof(seen) - 1);
+    pthread_mutex_unlock(&p->core->err_lock);
+    seen[sizeof(seen) - 1] = '\0';
+    snprintf(why, sizeof(why), "its %s link to this rank failed (%s): %s", weft_pipe_tp_name(pp), weft_err_str(err),
+             seen);
+    weft_health_declare(p, peer, err, why, 1);
 }
 
 static void up_on_data(void *arg, int peer)
