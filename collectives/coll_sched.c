@@ -54,6 +54,15 @@ static void op_fail(struct weft_coll_op *op, int err, const struct weft_sched_st
     size_t n;
     if (op->err != WEFT_SUCCESS)
         return;
+    /* A step that failed because a rank failed, or because the call failed
+     * elsewhere (a peer refusing this call's messages): say that, not which
+     * step noticed first. */
+    int fc = weft_p2p_fault(op->p2p, op->seq, cause, sizeof cause);
+    if (fc != WEFT_SUCCESS) {
+        op->err = weft_set_error(op->core, fc, "%s: %s", op->what, cause);
+        op_withdraw(op, fc);
+        return;
+    }
     pthread_mutex_lock(&op->core->err_lock);
     for (n = 0; n < sizeof cause - 1 && op->core->last_error[n]; n++) {}
     memcpy(cause, op->core->last_error, n);

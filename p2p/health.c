@@ -211,6 +211,21 @@ void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why
     weft_pipe_break(pp, code);
 }
 
+void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char *why)
+{
+    struct weft_pipe *pp = &p->pipes[rank];
+    if (pp->same_host && pp->pid > 0 && !process_gone(pp)) {
+        char st = proc_state(pp->pid);
+        if (st != 0 && st != 'Z' && st != 'X') {
+            weft_set_error(p->core, code, "peer %d: %s (its process %d still runs: only this link is down)", rank,
+                           why, pp->pid);
+            weft_pipe_break(pp, code);
+            return;
+        }
+    }
+    weft_health_declare(p, rank, code, why, 0);
+}
+
 static const char *req_verb(const struct weft_request *r)
 {
     switch (r->state) {

@@ -38,6 +38,11 @@ void weft_health_connect(struct weft_p2p *p, const unsigned char *cards, size_t 
 void weft_health_fini(struct weft_p2p *p);
 /* While waiting (rate-limited inside): heartbeats, deaths of same-host peers. */
 void weft_health_tick(struct weft_p2p *p, double now);
+/* A transport lost its link to rank (connection closed, work request
+ * failed). A same-host peer whose process still runs is alive: only this
+ * pipe breaks (a link failure, the others are not told). Otherwise the
+ * peer is declared failed (died, or a remote peer that closed on us). */
+void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char *why);
 /* rank failed (code, why): break its pipe, tell the others (unless the
  * news came from a notice), bump p->fault_epoch. */
 void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why, int from_notice);

@@ -66,18 +66,23 @@ static void up_peer_failed(void *arg, int peer, int err)
         return;
     /* The transport lost the peer (connection closed, completion error):
      * every rank should know, not only those whose own link noticed. */
-    /* The transport recorded what it saw; keep it. Only this rank's link
-     * is known bad (another rank's link to the peer may be fine: a failed
-     * work request on one QP), so no notice goes to the others: each rank
-     * whose own link to a dead peer closes finds out by itself. */
+    /* The transport recorded what it saw; keep it. p2p/health.c tells a
+     * link failure (the peer still runs) from a failed peer. */
     char seen[256];
     pthread_mutex_lock(&p->core->err_lock);
     memcpy(seen, p->core->last_error, sizeof(seen) - 1);
     pthread_mutex_unlock(&p->core->err_lock);
     seen[sizeof(seen) - 1] = '\0';
+    /* Without the "rank N: " prefix and the " (code)" suffix it was stored with. */
+    const char *text = seen;
+    if (strncmp(text, "rank ", 5) == 0 && strchr(text, ':'))
+        text = strchr(text, ':') + 2;
+    char *paren = strrchr(seen, '(');
+    if (paren && paren > text && paren[-1] == ' ')
+        paren[-1] = '\0';
     snprintf(why, sizeof(why), "its %s link to this rank failed (%s): %s", weft_pipe_tp_name(pp), weft_err_str(err),
-             seen);
-    weft_health_declare(p, peer, err, why, 1);
+             text);
+    weft_health_link_failed(p, peer, err, why);
 }
 
 static void up_on_data(void *arg, int peer)
