@@ -130,8 +130,10 @@ static int self_rndv_get(void *ctx, int peer, struct weft_tp_xfer *x, const stru
         snprintf(what, sizeof(what), "send to self tag %d", x->tag);
         return weft_devcopy_sync(s->env->core, x->buf, from, x->bytes, what);
     }
+    /* memmove: a send to self may overlap the receive buffer (the
+     * receive then holds exactly the bytes the send had). */
     if (x->bytes)
-        memcpy(x->buf, from, x->bytes);
+        memmove(x->buf, from, x->bytes);
     return WEFT_SUCCESS;
 }
 
