@@ -110,15 +110,21 @@ static void log_shape_once(struct weft_coll *cc, size_t bytes, int algo, int for
                   forced ? "forced by WEFT_ALLGATHER_ALGO" : "selector");
 }
 
-/* seq NULL: the call takes the next value of cc->seq once it knows it
- * sends anything. */
+/* seq NULL: the call takes the next value of cc->seq (also when it moves
+ * nothing, except on one rank). */
 static int allgather_start(struct weft_coll *cc, weft_coll_tag_fn tag, const uint32_t *seq, const void *sendbuf,
                            void *recvbuf, size_t bytes_per_rank, struct weft_coll_op **op)
 {
     int n = cc->core->size, me = cc->core->rank;
     *op = NULL;
-    if (bytes_per_rank == 0)
-        return WEFT_SUCCESS;   /* nothing moves; every rank passes the same 0 */
+    if (bytes_per_rank == 0) {
+        /* Nothing moves, but the call still takes its number: a rank that
+         * passed 0 where the others did not stays in step with them for the
+         * calls that follow (their call fails, later ones match again). */
+        if (seq == NULL && n > 1)
+            (void)coll_seq_next(cc);
+        return WEFT_SUCCESS;
+    }
 
     const char *sb = sendbuf, *mine = (const char *)recvbuf + (size_t)me * bytes_per_rank;
     int algo = cc->ag_algo;

@@ -104,8 +104,11 @@ int weft_coll_bcast_start(struct weft_coll *cc, void *buf, size_t bytes, int roo
 {
     struct bcast_args a = { cc, buf, bytes, root };
     *op = NULL;
-    if (bytes == 0 || cc->core->size == 1)
+    if (bytes == 0 || cc->core->size == 1) {
+        if (cc->core->size > 1)
+            (void)coll_seq_next(cc);   /* in step with ranks that disagree on the size (allgather_select.c) */
         return WEFT_SUCCESS;
+    }
     struct weft_coll_sig sig = { WEFT_COLL_BCAST, root, bytes };
     if (bytes >= WEFT_BCAST_LARGE && cc->core->size > 2)
         return weft_sched_start(cc->p2p, cc->core, "bcast scatter+ring", &sig, weft_tag_coll, coll_seq_next(cc), 0,

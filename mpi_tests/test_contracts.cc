@@ -462,6 +462,20 @@ TEST_F(Mismatch, BcastVsBarrier)
         {"bcast(", "barrier"}, {&bc}, {0});
 }
 
+/* Rank 0: bcast of 0 bytes from root 0 (nothing to send: it returns at
+ * once); the others: 64 bytes from root 0, which never come: they fail
+ * within WEFT_TIMEOUT (+ grace). Every rank counted the call, so the calls
+ * that follow match again (the matching allgathers of expect_mismatch). */
+TEST_F(Mismatch, BcastZeroBytesOnOneRank)
+{
+    GuardedBuffer bc(64);
+    ASSERT_TRUE(bc.ok());
+    fill_pattern(bc.data(), 64, pattern_seed(0, 5, 1));
+    expect_mismatch(
+        "bcast of 0 vs 64 bytes", [&] { return weft_bcast(comm, bc.data(), rank == 0 ? 0 : 64, 0); },
+        {"bcast("}, {&bc}, {0}, false);
+}
+
 /* Rank 0: bcast from root 0; the others: bcast from root 1 (same size).
  * Rank 0 believes it is the root and only sends; rank 1 believes the same;
  * no message of one belief meets a receive of the other, so no rank can see
