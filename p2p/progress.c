@@ -130,6 +130,20 @@ static int watch(struct weft_p2p *p, struct weft_request **reqs, size_t first, s
     return rc;
 }
 
+/* watch() at most every 50 ms of the wait; its first failure kept in *rc.
+ * 1 when it ran. */
+static int watch_due(struct weft_p2p *p, struct weft_request **reqs, size_t first, size_t n, double now,
+                     const char *what, double *watched, int *rc)
+{
+    if (now - *watched < 0.05)
+        return 0;
+    *watched = now;
+    int wrc = watch(p, reqs, first, n, now, what);
+    if (wrc != WEFT_SUCCESS && *rc == WEFT_SUCCESS)
+        *rc = wrc;
+    return 1;
+}
+
 void weft_p2p_watch_one(struct weft_p2p *p, struct weft_request *r, const char *what)
 {
     (void)watch(p, &r, 0, 1, weft_now(), what);
@@ -162,13 +176,7 @@ int weft_p2p_progress_wait_until(struct weft_p2p *p, struct weft_request **reqs,
             /* Traffic of other requests must not hide one that makes no
              * progress: its clock is looked at while busy too. */
             if (++busy % 64 == 0) {
-                double now = weft_now();
-                if (now - watched >= 0.05) {
-                    watched = now;
-                    int wrc = watch(p, reqs, first, n, now, what);
-                    if (wrc != WEFT_SUCCESS && rc == WEFT_SUCCESS)
-                        rc = wrc;
-                }
+                watch_due(p, reqs, first, n, weft_now(), what, &watched, &rc);
                 if (stop_epoch && p->fault_epoch != *stop_epoch) {
                     rc = WEFT_P2P_FAULT;
                     break;
@@ -193,11 +201,7 @@ int weft_p2p_progress_wait_until(struct weft_p2p *p, struct weft_request **reqs,
             rc = WEFT_P2P_FAULT;
             break;
         }
-        if (now - watched >= 0.05) {
-            watched = now;
-            int wrc = watch(p, reqs, first, n, now, what);
-            if (wrc != WEFT_SUCCESS && rc == WEFT_SUCCESS)
-                rc = wrc;
+        if (watch_due(p, reqs, first, n, now, what, &watched, &rc)) {
             if (stop_epoch && p->fault_epoch != *stop_epoch) {
                 rc = WEFT_P2P_FAULT;
                 break;
