@@ -419,8 +419,11 @@ int coll_allgather_op(struct weft_coll *cc, int algo, weft_coll_tag_fn tag, uint
     default:
         return weft_set_error(cc->core, WEFT_ERR_INTERNAL, "weft_allgather: selector returned algorithm %d", algo);
     }
-    struct weft_coll_sig sig = { WEFT_COLL_ALLGATHER, -1, bytes };
-    rc = weft_sched_start(cc->p2p, cc->core, what, &sig, tag, seq, scratch, build, &a, op);
+    struct weft_sched_call call = {
+        .what = what, .sig = { WEFT_COLL_ALLGATHER, -1, bytes, -1, -1 }, .tag = tag, .seq = seq,
+        .scratch_bytes = scratch, .nranks = a.n,
+    };
+    rc = weft_sched_start(cc->p2p, cc->core, &call, build, &a, op);
     free(layout);
     return rc;
 }

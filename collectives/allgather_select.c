@@ -7,6 +7,7 @@
  * ("## Allgather"): keep the two in step when retuning.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "coll_impl.h"
@@ -76,55 +77,17 @@ size_t coll_ring_chunk(const struct weft_coll *cc)
     return v > 0 ? v : 1024u * 1024u;
 }
 
-/* Logs the choice for a new bytes-per-rank value once (WEFT_DEBUG=info). */
-static void log_shape_once(struct weft_coll *cc, size_t bytes, int algo, int forced)
-{
-    int fresh = 0;
-    if (weft_log_level() < WEFT_LOG_INFO)
-        return;
-    pthread_mutex_lock(&cc->shapes_lock);
-    size_t i;
-    for (i = 0; i < cc->nshapes; i++)
-        if (cc->shapes[i].bytes == bytes && cc->shapes[i].algo == algo)
-            break;
-    if (i == cc->nshapes) {
-        if (cc->nshapes == cc->cap_shapes) {
-            size_t cap = cc->cap_shapes ? 2 * cc->cap_shapes : 16;
-            struct weft_coll_shape *p = realloc(cc->shapes, cap * sizeof *p);
-            if (p) {   /* else only the log line is lost */
-                cc->shapes = p;
-                cc->cap_shapes = cap;
-            }
-        }
-        if (cc->nshapes < cc->cap_shapes) {
-            cc->shapes[cc->nshapes].bytes = bytes;
-            cc->shapes[cc->nshapes].algo = algo;
-            cc->nshapes++;
-            fresh = 1;
-        }
-    }
-    pthread_mutex_unlock(&cc->shapes_lock);
-    if (fresh)
-        WEFT_INFO(cc->core->rank, "allgather %zu B per rank x %d ranks (%d nodes): %s (%s)",
-                  bytes, cc->core->size, cc->nnodes, weft_allgather_algo_name(algo),
-                  forced ? "forced by WEFT_ALLGATHER_ALGO" : "selector");
-}
-
-/* seq NULL: the call takes the next value of cc->seq (also when it moves
- * nothing, except on one rank). */
-static int allgather_start(struct weft_coll *cc, weft_coll_tag_fn tag, const uint32_t *seq, const void *sendbuf,
-                           void *recvbuf, size_t bytes_per_rank, struct weft_coll_op **op)
+/* The call's start (see coll_impl.h). */
+int coll_allgather_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
+                         struct weft_coll_op **op)
 {
     int n = cc->core->size, me = cc->core->rank;
+    size_t bytes_per_rank = a->count;
+    const void *sendbuf = a->sendbuf;
+    void *recvbuf = a->recvbuf;
     *op = NULL;
-    if (bytes_per_rank == 0) {
-        /* Nothing moves, but the call still takes its number: a rank that
-         * passed 0 where the others did not stays in step with them for the
-         * calls that follow (their call fails, later ones match again). */
-        if (seq == NULL && n > 1)
-            (void)coll_seq_next(cc);
+    if (bytes_per_rank == 0)
         return WEFT_SUCCESS;
-    }
 
     const char *sb = sendbuf, *mine = (const char *)recvbuf + (size_t)me * bytes_per_rank;
     int algo = cc->ag_algo;
@@ -145,26 +108,11 @@ static int allgather_start(struct weft_coll *cc, weft_coll_tag_fn tag, const uin
     } else {
         algo = weft_allgather_select(n, cc->nnodes, bytes_per_rank);
     }
-    log_shape_once(cc, bytes_per_rank, algo, forced);
-    return coll_allgather_op(cc, algo, tag, seq ? *seq : coll_seq_next(cc), sendbuf, recvbuf, bytes_per_rank, op);
-}
-
-int weft_coll_allgather_start(struct weft_coll *cc, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
-                              struct weft_coll_op **op)
-{
-    return allgather_start(cc, weft_tag_coll, NULL, sendbuf, recvbuf, bytes_per_rank, op);
-}
-
-int weft_coll_allgather_start_tagged(struct weft_coll *cc, weft_coll_tag_fn tag, uint32_t seq,
-                                     const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
-                                     struct weft_coll_op **op)
-{
-    return allgather_start(cc, tag, &seq, sendbuf, recvbuf, bytes_per_rank, op);
-}
-
-int weft_coll_allgather(struct weft_coll *cc, const void *sendbuf, void *recvbuf, size_t bytes_per_rank)
-{
-    struct weft_coll_op *op;
-    int rc = weft_coll_allgather_start(cc, sendbuf, recvbuf, bytes_per_rank, &op);
-    return rc != WEFT_SUCCESS ? rc : weft_coll_op_wait(op);
+    if (weft_log_level() >= WEFT_LOG_INFO) {
+        char what[64];
+        snprintf(what, sizeof what, "allgather %zu B per rank", bytes_per_rank);
+        coll_log_shape_once(cc, WEFT_COLL_ALLGATHER, bytes_per_rank, algo, what, weft_allgather_algo_name(algo),
+                            forced);
+    }
+    return coll_allgather_op(cc, algo, tag, seq, sendbuf, recvbuf, bytes_per_rank, op);
 }

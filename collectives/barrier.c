@@ -33,19 +33,16 @@ static void build_barrier(struct weft_sched_build *b, const void *args)
     }
 }
 
-int weft_coll_barrier_start(struct weft_coll *cc, struct weft_coll_op **op)
+int coll_barrier_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
+                       struct weft_coll_op **op)
 {
+    (void)a;
     *op = NULL;
     if (cc->core->size == 1)
         return WEFT_SUCCESS;
-    struct weft_coll_sig sig = { WEFT_COLL_BARRIER, -1, 0 };
-    return weft_sched_start(cc->p2p, cc->core, "barrier dissemination", &sig, weft_tag_coll, coll_seq_next(cc), 0,
-                            build_barrier, cc, op);
-}
-
-int weft_coll_barrier(struct weft_coll *cc)
-{
-    struct weft_coll_op *op;
-    int rc = weft_coll_barrier_start(cc, &op);
-    return rc != WEFT_SUCCESS ? rc : weft_coll_op_wait(op);
+    struct weft_sched_call call = {
+        .what = "barrier dissemination", .sig = { WEFT_COLL_BARRIER, -1, 0, -1, -1 }, .tag = tag, .seq = seq,
+        .nranks = cc->core->size,
+    };
+    return weft_sched_start(cc->p2p, cc->core, &call, build_barrier, cc, op);
 }

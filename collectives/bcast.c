@@ -100,26 +100,20 @@ static void build_scatter_ring(struct weft_sched_build *b, const void *args)
     coll_ring_build(b, &r);
 }
 
-int weft_coll_bcast_start(struct weft_coll *cc, void *buf, size_t bytes, int root, struct weft_coll_op **op)
+int coll_bcast_start(struct weft_coll *cc, const struct weft_coll_args *ca, weft_coll_tag_fn tag, uint32_t seq,
+                     struct weft_coll_op **op)
 {
-    struct bcast_args a = { cc, buf, bytes, root };
+    struct bcast_args a = { cc, ca->recvbuf, ca->count, ca->root };
     *op = NULL;
-    if (bytes == 0 || cc->core->size == 1) {
-        if (cc->core->size > 1)
-            (void)coll_seq_next(cc);   /* in step with ranks that disagree on the size (allgather_select.c) */
+    if (a.bytes == 0 || cc->core->size == 1)
         return WEFT_SUCCESS;
+    struct weft_sched_call call = {
+        .what = "bcast binomial", .sig = { WEFT_COLL_BCAST, a.root, a.bytes, -1, -1 }, .tag = tag, .seq = seq,
+        .nranks = cc->core->size,
+    };
+    if (a.bytes >= WEFT_BCAST_LARGE && cc->core->size > 2) {
+        call.what = "bcast scatter+ring";
+        return weft_sched_start(cc->p2p, cc->core, &call, build_scatter_ring, &a, op);
     }
-    struct weft_coll_sig sig = { WEFT_COLL_BCAST, root, bytes };
-    if (bytes >= WEFT_BCAST_LARGE && cc->core->size > 2)
-        return weft_sched_start(cc->p2p, cc->core, "bcast scatter+ring", &sig, weft_tag_coll, coll_seq_next(cc), 0,
-                                build_scatter_ring, &a, op);
-    return weft_sched_start(cc->p2p, cc->core, "bcast binomial", &sig, weft_tag_coll, coll_seq_next(cc), 0,
-                            build_binomial, &a, op);
-}
-
-int weft_coll_bcast(struct weft_coll *cc, void *buf, size_t bytes, int root)
-{
-    struct weft_coll_op *op;
-    int rc = weft_coll_bcast_start(cc, buf, bytes, root, &op);
-    return rc != WEFT_SUCCESS ? rc : weft_coll_op_wait(op);
+    return weft_sched_start(cc->p2p, cc->core, &call, build_binomial, &a, op);
 }

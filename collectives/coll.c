@@ -9,7 +9,52 @@
 #include "config.h"
 #include "core.h"
 #include "log.h"
+#include "tags.h"
 #include "weft.h"
+
+int coll_algo_parse(const char *s, const char *const *names)
+{
+    if (!s || !*s)
+        return 0;
+    for (int a = 0; names[a]; a++)
+        if (strcmp(s, names[a]) == 0)
+            return a;
+    return -1;
+}
+
+void coll_log_shape_once(struct weft_coll *cc, int kind, size_t count, int algo, const char *what,
+                         const char *algo_name, int forced)
+{
+    int fresh = 0;
+    if (weft_log_level() < WEFT_LOG_INFO)
+        return;
+    pthread_mutex_lock(&cc->shapes_lock);
+    size_t i;
+    for (i = 0; i < cc->nshapes; i++)
+        if (cc->shapes[i].kind == kind && cc->shapes[i].bytes == count && cc->shapes[i].algo == algo)
+            break;
+    if (i == cc->nshapes) {
+        if (cc->nshapes == cc->cap_shapes) {
+            size_t cap = cc->cap_shapes ? 2 * cc->cap_shapes : 16;
+            struct weft_coll_shape *p = realloc(cc->shapes, cap * sizeof *p);
+            if (p) {   /* else only the log line is lost */
+                cc->shapes = p;
+                cc->cap_shapes = cap;
+            }
+        }
+        if (cc->nshapes < cc->cap_shapes) {
+            cc->shapes[cc->nshapes].kind = kind;
+            cc->shapes[cc->nshapes].bytes = count;
+            cc->shapes[cc->nshapes].algo = algo;
+            cc->nshapes++;
+            fresh = 1;
+        }
+    }
+    pthread_mutex_unlock(&cc->shapes_lock);
+    if (fresh)
+        WEFT_INFO(cc->core->rank, "%s x %d ranks (%d nodes): %s (%s)", what, cc->core->size, cc->nnodes, algo_name,
+                  forced ? "forced by its WEFT_*_ALGO" : "selector");
+}
 
 uint32_t coll_seq_next(struct weft_coll *cc)
 {
@@ -68,11 +113,16 @@ int weft_coll_init(struct weft_coll *cc, struct weft_p2p *p2p, struct weft_core 
     cc->p2p = p2p;
     cc->core = core;
     pthread_mutex_init(&cc->shapes_lock, NULL);
-    cc->ag_algo = weft_allgather_algo_parse(core->cfg.allgather_algo);
-    if (cc->ag_algo < 0)   /* src/core/config.c accepts only the same names */
-        return weft_set_error(core, WEFT_ERR_INVALID_ARG,
-                              "weft_allgather: WEFT_ALLGATHER_ALGO=%s is not one of ring|rd|bruck|direct|hier",
-                              core->cfg.allgather_algo);
+    pthread_mutex_init(&cc->stage_lock, NULL);
+    pthread_mutex_init(&cc->nb_lock, NULL);
+    /* src/core/config.c accepts only the names of these lists. */
+    cc->ag_algo = coll_algo_parse(core->cfg.allgather_algo, weft_allgather_algo_names);
+    cc->ar_algo = coll_algo_parse(core->cfg.allreduce_algo, weft_allreduce_algo_names);
+    cc->rs_algo = coll_algo_parse(core->cfg.reduce_scatter_algo, weft_reduce_scatter_algo_names);
+    cc->red_algo = coll_algo_parse(core->cfg.reduce_algo, weft_reduce_algo_names);
+    cc->a2a_algo = coll_algo_parse(core->cfg.alltoall_algo, weft_alltoall_algo_names);
+    if (cc->ag_algo < 0 || cc->ar_algo < 0 || cc->rs_algo < 0 || cc->red_algo < 0 || cc->a2a_algo < 0)
+        return weft_set_error(core, WEFT_ERR_INVALID_ARG, "collectives: an unknown algorithm name in the config");
     if (coll_topo_build(cc, node) != 0)
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "collectives: no memory for the node layout of %d ranks",
                               core->size);
@@ -87,6 +137,78 @@ void weft_coll_fini(struct weft_coll *cc)
     free(cc->node_first);
     free(cc->node_ranks);
     free(cc->shapes);
+    coll_stage_fini(cc);
     pthread_mutex_destroy(&cc->shapes_lock);
+    pthread_mutex_destroy(&cc->stage_lock);
+    pthread_mutex_destroy(&cc->nb_lock);
     memset(cc, 0, sizeof *cc);
+}
+
+/* ---- calls ---- */
+
+typedef int (*coll_start_fn)(struct weft_coll *, const struct weft_coll_args *, weft_coll_tag_fn, uint32_t,
+                             struct weft_coll_op **);
+static const coll_start_fn starts[WEFT_COLL_KIND_END] = {
+    [WEFT_COLL_ALLGATHER] = coll_allgather_start,
+    [WEFT_COLL_BCAST] = coll_bcast_start,
+    [WEFT_COLL_BARRIER] = coll_barrier_start,
+    [WEFT_COLL_ALLREDUCE] = coll_allreduce_start,
+    [WEFT_COLL_REDUCE_SCATTER] = coll_reduce_scatter_start,
+    [WEFT_COLL_REDUCE] = coll_reduce_start,
+    [WEFT_COLL_ALLTOALL] = coll_alltoall_start,
+};
+
+int weft_coll_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
+                    struct weft_coll_op **op)
+{
+    *op = NULL;
+    if (a->kind <= 0 || a->kind >= WEFT_COLL_KIND_END || starts[a->kind] == NULL)
+        return weft_set_error(cc->core, WEFT_ERR_INTERNAL, "collectives: unknown kind %d", a->kind);
+    if (tag == NULL) {
+        tag = weft_tag_coll;
+        if (cc->core->size == 1)
+            seq = 0;   /* nothing travels */
+        else {
+            seq = coll_seq_next(cc);
+            /* A non-blocking call that still holds this slot's lanes
+             * finishes first (coll_nb.c). */
+            int rc = coll_nb_slot_free(cc, seq);
+            if (rc != WEFT_SUCCESS)
+                return rc;
+        }
+    }
+    return starts[a->kind](cc, a, tag, seq, op);
+}
+
+int weft_coll_run(struct weft_coll *cc, const struct weft_coll_args *a)
+{
+    struct weft_coll_op *op;
+    int rc = weft_coll_start(cc, a, NULL, 0, &op);
+    return rc != WEFT_SUCCESS ? rc : weft_coll_op_wait(op);
+}
+
+int weft_coll_allgather(struct weft_coll *cc, const void *sendbuf, void *recvbuf, size_t bytes_per_rank)
+{
+    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1 };
+    return weft_coll_run(cc, &a);
+}
+
+int weft_coll_bcast(struct weft_coll *cc, void *buf, size_t bytes, int root)
+{
+    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root };
+    return weft_coll_run(cc, &a);
+}
+
+int weft_coll_barrier(struct weft_coll *cc)
+{
+    struct weft_coll_args a = { WEFT_COLL_BARRIER, NULL, NULL, 0, -1, -1, -1 };
+    return weft_coll_run(cc, &a);
+}
+
+int weft_coll_allgather_start_tagged(struct weft_coll *cc, weft_coll_tag_fn tag, uint32_t seq,
+                                     const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                                     struct weft_coll_op **op)
+{
+    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1 };
+    return weft_coll_start(cc, &a, tag, seq, op);
 }

@@ -24,11 +24,34 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "weft.h"   /* weft_request_t */
 
 struct weft_p2p;
 struct weft_core;
 struct weft_coll_op;
 struct weft_coll_shape;
+struct weft_coll_stage;
+struct weft_coll_nb;
+
+/* What a collective call is. The same on every rank that makes the call
+ * (buffers aside); travels in every message of the call as its fingerprint. */
+enum weft_coll_kind {
+    WEFT_COLL_ALLGATHER = 1, WEFT_COLL_BCAST, WEFT_COLL_BARRIER,
+    WEFT_COLL_ALLREDUCE, WEFT_COLL_REDUCE_SCATTER, WEFT_COLL_REDUCE, WEFT_COLL_ALLTOALL,
+    WEFT_COLL_KIND_END
+};
+
+/* One call's arguments, for weft_coll_start (validated by src/api/check.c). */
+struct weft_coll_args {
+    int         kind;     /* enum weft_coll_kind */
+    const void *sendbuf;  /* bcast: unused (buf is recvbuf) */
+    void       *recvbuf;  /* bcast: buf; reduce: significant at root only */
+    size_t      count;    /* reductions: elements (reduce_scatter: per rank); allgather, alltoall: bytes
+                             per rank; bcast: bytes; barrier: 0 */
+    int         dtype;    /* reductions: weft_dtype_t */
+    int         op;       /* reductions: weft_op_t */
+    int         root;     /* bcast, reduce; -1 otherwise */
+};
 
 /* The collectives' context of one comm (embedded in struct weft_comm). */
 struct weft_coll {
@@ -36,6 +59,10 @@ struct weft_coll {
     struct weft_core       *core;      /* rank, size, cfg, errors */
     uint32_t                seq;       /* collectives started (tags of internal lanes) */
     int                     ag_algo;   /* WEFT_ALLGATHER_ALGO mapped to the algorithm (0: selector) */
+    int                     ar_algo;   /* WEFT_ALLREDUCE_ALGO */
+    int                     rs_algo;   /* WEFT_REDUCE_SCATTER_ALGO */
+    int                     red_algo;  /* WEFT_REDUCE_ALGO */
+    int                     a2a_algo;  /* WEFT_ALLTOALL_ALGO */
 
     /* Node layout of the comm, computed once at init (ranks grouped by the
      * effective node of each rank). */
@@ -44,12 +71,24 @@ struct weft_coll {
     int                    *node_first;/* [nnodes+1] offsets into node_ranks */
     int                    *node_ranks;/* [size] ranks of each node, ascending */
 
-    /* Allgather shapes (bytes per rank -> algorithm) already logged at
-     * WEFT_DEBUG=info, so each is logged once. Kept only at info level.
-     * The lock: blocking calls and the stream engine's thread both log. */
+    /* Shapes (kind, size -> algorithm) already logged at WEFT_DEBUG=info,
+     * so each is logged once. Kept only at info level. The lock: blocking
+     * calls and the stream engine's thread both log. */
     pthread_mutex_t         shapes_lock;
     struct weft_coll_shape *shapes;
     size_t                  nshapes, cap_shapes;
+
+    /* Host staging buffers of reductions on device memory that no kernel
+     * can reduce (pinned when CUDA allows), kept for reuse (coll_stage.c). */
+    pthread_mutex_t         stage_lock;
+    struct weft_coll_stage *stages;
+
+    /* Non-blocking collectives in flight (coll_nb.c): advanced by any
+     * wait of the comm (the p2p progress hook), and call seq waits for
+     * call seq - WEFT_TAG_COLL_SLOTS before it starts (their lanes). */
+    pthread_mutex_t         nb_lock;
+    struct weft_coll_nb    *nb_head;
+    int                     nb_count;
 };
 
 /* node[size]: the effective node of each rank (the rank card header's
@@ -60,36 +99,35 @@ struct weft_coll {
 int  weft_coll_init(struct weft_coll *cc, struct weft_p2p *p2p, struct weft_core *core, const int *node);
 void weft_coll_fini(struct weft_coll *cc);
 
-/* Blocking collectives (start + wait). Arguments are validated by src/api/
- * (check.c): buffers non-NULL where bytes > 0, root in range, the allgather
- * total fits size_t and sendbuf is in place or does not overlap recvbuf.
- * A forced algorithm that cannot run on this rank count is still refused
+/* Starts a call. tag NULL: the caller's own lanes (weft_tag_coll) and the
+ * next value of cc->seq, which every call takes (also one that moves
+ * nothing, so a rank passing 0 where others do not stays in step). With
+ * tag (the stream engine: weft_tag_scoll), seq is the call's number on
+ * those lanes; a caller of that form must not start call seq +
+ * WEFT_TAG_COLL_SLOTS before call seq completed (the slot's lanes are
+ * then reused). On WEFT_SUCCESS *op is the call in progress, or NULL when
+ * it completed at the start (one rank, zero bytes). On an error nothing
+ * was started and *op is NULL. The buffers must stay valid until the op
+ * completed. A forced algorithm that cannot run on this shape is refused
  * here with WEFT_ERR_INVALID_ARG. */
+typedef int (*weft_coll_tag_fn)(unsigned seq, int phase);
+int  weft_coll_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
+                     struct weft_coll_op **op);
+/* start + wait. */
+int  weft_coll_run(struct weft_coll *cc, const struct weft_coll_args *a);
+
+/* The former entry points, kept as thin forms of the two above. */
 int  weft_coll_allgather(struct weft_coll *cc, const void *sendbuf, void *recvbuf, size_t bytes_per_rank);
 int  weft_coll_bcast(struct weft_coll *cc, void *buf, size_t bytes, int root);
 int  weft_coll_barrier(struct weft_coll *cc);
-
-/* Non-blocking forms: on WEFT_SUCCESS *op is the call in progress, or NULL
- * when it completed at the start (one rank, zero bytes: nothing to wait
- * for). On an error nothing was started and *op is NULL. The buffers must
- * stay valid until the op completed. */
-int  weft_coll_allgather_start(struct weft_coll *cc, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
-                               struct weft_coll_op **op);
-int  weft_coll_bcast_start(struct weft_coll *cc, void *buf, size_t bytes, int root, struct weft_coll_op **op);
-int  weft_coll_barrier_start(struct weft_coll *cc, struct weft_coll_op **op);
-
-/* The tags of a call: tag(seq, phase), phase in [0, WEFT_TAG_COLL_PHASES).
- * The calls above take cc->seq and weft_tag_coll (p2p/tags.h). The stream
- * engine runs its allgathers on lanes of its own (weft_tag_scoll) numbered
- * by its own counter, in the order they were called: they start later, on
- * its thread, and must never take a sequence number between two blocking
- * collectives of the caller. A caller of this form must not start call
- * seq + WEFT_TAG_COLL_SLOTS before call seq completed (the slot's lanes are
- * then reused; ops of one slot would interleave on them). */
-typedef int (*weft_coll_tag_fn)(unsigned seq, int phase);
 int  weft_coll_allgather_start_tagged(struct weft_coll *cc, weft_coll_tag_fn tag, uint32_t seq,
                                       const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
                                       struct weft_coll_op **op);
+
+/* Non-blocking collectives with a public request handle (coll_nb.c):
+ * starts a (tag NULL form) and hands the op to the p2p layer's handles
+ * (weft_p2p_user_upper), so weft_test/weft_wait/weft_waitall complete it. */
+int  weft_coll_istart(struct weft_coll *cc, const struct weft_coll_args *a, weft_request_t **req);
 
 /* Advances op without blocking. *done = 1 once it completed: op is freed
  * and its code returned. op NULL: done, WEFT_SUCCESS. */

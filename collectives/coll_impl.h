@@ -20,11 +20,86 @@ enum weft_allgather_algo {
     WEFT_AG_COUNT
 };
 
-/* An allgather shape already logged (coll.h: struct weft_coll). */
-struct weft_coll_shape { size_t bytes; int algo; };
+/* The other collectives' algorithms; each enum is in the order of its
+ * WEFT_*_ALGO name list (src/core/config.c), 0 = the selector decides. */
+enum weft_allreduce_algo { WEFT_AR_AUTO = 0, WEFT_AR_RING, WEFT_AR_RD, WEFT_AR_RABENSEIFNER, WEFT_AR_HIER,
+                           WEFT_AR_COUNT };
+enum weft_reduce_scatter_algo { WEFT_RS_AUTO = 0, WEFT_RS_RING, WEFT_RS_HALVING, WEFT_RS_COUNT };
+enum weft_reduce_algo { WEFT_RED_AUTO = 0, WEFT_RED_BINOMIAL, WEFT_RED_RING, WEFT_RED_COUNT };
+enum weft_alltoall_algo { WEFT_A2A_AUTO = 0, WEFT_A2A_PAIRWISE, WEFT_A2A_BRUCK, WEFT_A2A_COUNT };
+
+/* A shape already logged (coll.h: struct weft_coll). */
+struct weft_coll_shape { int kind; size_t bytes; int algo; };
 
 /* The next sequence number of cc (the lanes of a blocking or started call). */
 uint32_t coll_seq_next(struct weft_coll *cc);
+
+/* Index of s in a NULL-terminated name list ("" or NULL: 0 = auto); -1 unknown. */
+int  coll_algo_parse(const char *s, const char *const *names);
+/* Logs at WEFT_DEBUG=info, once per (kind, count, algorithm): "allreduce
+ * 4096 elements of float32 x 4 ranks (1 node): ring (selector)". what is
+ * the line's start ("allreduce 4096 elements of float32"). */
+void coll_log_shape_once(struct weft_coll *cc, int kind, size_t count, int algo, const char *what,
+                         const char *algo_name, int forced);
+
+/* ---- each kind's start (one file each). a is validated; the call has
+ * its lanes (tag, seq) already; size > 1 or not is the kind's business
+ * (one rank: copies only, *op = NULL). Same contract as weft_coll_start. */
+int coll_allgather_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
+                         struct weft_coll_op **op);   /* allgather_select.c */
+int coll_bcast_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
+                     struct weft_coll_op **op);       /* bcast.c */
+int coll_barrier_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
+                       struct weft_coll_op **op);     /* barrier.c */
+int coll_allreduce_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
+                         struct weft_coll_op **op);   /* allreduce.c */
+int coll_reduce_scatter_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag,
+                              uint32_t seq, struct weft_coll_op **op);   /* reduce_scatter.c */
+int coll_reduce_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
+                      struct weft_coll_op **op);      /* reduce.c */
+int coll_alltoall_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
+                        struct weft_coll_op **op);    /* alltoall.c */
+
+/* ---- reductions over any memory (coll_reduce.c) ----
+ * A reducing call's algorithm builds its schedule over host or device
+ * buffers alike; coll_reduce_begin decides where the REDUCE steps run:
+ *   host buffers:                 on the host (reduce_host.c kernels);
+ *   device buffers, kernels load: on the device (reduce_device.c), scratch
+ *                                 in device memory (call->scratch_dev);
+ *   device buffers, no kernel:    staged: the call runs on host copies
+ *                                 (pinned staging of the comm), with a
+ *                                 COPY in before and a COPY out after
+ *                                 (logged once at info).
+ * It fills *call (sig, nranks, scratch placement, stage) and, staged,
+ * replaces *sendbuf / *recvbuf by their host copies. in_bytes: bytes of
+ * sendbuf the call reads; out_bytes: bytes of recvbuf it writes (0: none
+ * on this rank, e.g. reduce off the root). */
+struct coll_reduce_plan {
+    const void *user_send;     /* the caller's buffers */
+    void       *user_recv;
+    size_t      in_bytes, out_bytes;
+    int         staged;        /* 1: wrap the schedule with coll_reduce_build_staged */
+};
+int  coll_reduce_begin(struct weft_coll *cc, const struct weft_coll_args *a, size_t in_bytes, size_t out_bytes,
+                       const void **sendbuf, void **recvbuf, struct weft_sched_call *call,
+                       struct coll_reduce_plan *plan);
+/* Starts the op: weft_sched_start with build/args, wrapped by the stage
+ * copies when plan->staged. Returns the stage on failure. */
+int  coll_reduce_launch(struct weft_coll *cc, struct weft_sched_call *call, const struct coll_reduce_plan *plan,
+                        const void *staged_send, void *staged_recv, weft_sched_build_fn build, const void *args,
+                        struct weft_coll_op **op);
+/* Staging buffers (coll_stage.c): at least bytes of host memory (pinned
+ * when CUDA is in the comm), reused across calls; NULL: no memory. */
+struct weft_coll_stage *coll_stage_get(struct weft_coll *cc, size_t bytes);
+void *coll_stage_ptr(struct weft_coll_stage *st);
+void  coll_stage_put(struct weft_coll *cc, struct weft_coll_stage *st);
+void  coll_stage_fini(struct weft_coll *cc);
+/* Before call seq takes its lanes: a non-blocking call of the same slot
+ * still in flight is driven to completion (its result kept for its
+ * handle). WEFT_SUCCESS (coll_nb.c). */
+int  coll_nb_slot_free(struct weft_coll *cc, uint32_t seq);
+/* Reduction chunk in bytes (WEFT_REDUCE_CHUNK_KB), a multiple of esize. */
+size_t coll_reduce_chunk(const struct weft_coll *cc, size_t esize);
 
 /* ---- allgather algorithms (allgather.c). Arguments are already validated:
  * bytes > 0, size > 1, sendbuf either in place (== recvbuf + rank*bytes) or
@@ -59,7 +134,7 @@ struct coll_ring {
 };
 void coll_ring_build(struct weft_sched_build *b, const struct coll_ring *r);
 
-/* ---- selector (allgather_select.c) ---- */
+/* ---- allgather selector (allgather_select.c) ---- */
 const char *weft_allgather_algo_name(int algo);
 /* Parses "ring|rd|bruck|direct|hier" (or "auto"/""); -1 when unknown. */
 int  weft_allgather_algo_parse(const char *s);

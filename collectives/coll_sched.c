@@ -13,6 +13,8 @@
 #include "devcopy.h"
 #include "log.h"
 #include "p2p.h"
+#include "reduce_kernel.h"
+#include "coll_impl.h"
 #include "weft.h"
 
 enum { STEP_NEW = 0, STEP_ISSUED, STEP_DONE };
@@ -81,18 +83,33 @@ static void op_fail(struct weft_coll_op *op, int err, const struct weft_sched_st
     op_withdraw(op, err);
 }
 
-/* "allgather(8 B/rank)", "bcast(64 B, root 0)", "barrier". */
+/* "allgather(8 B/rank)", "bcast(64 B, root 0)", "allreduce(1024 x float32, sum)", "barrier". */
 static void sig_describe(const struct weft_coll_sig *sig, char *out, size_t n)
 {
+    unsigned long long p = (unsigned long long)sig->param;
     switch (sig->kind) {
     case WEFT_COLL_ALLGATHER:
-        snprintf(out, n, "allgather(%llu B/rank)", (unsigned long long)sig->param);
+        snprintf(out, n, "allgather(%llu B/rank)", p);
         break;
     case WEFT_COLL_BCAST:
-        snprintf(out, n, "bcast(%llu B, root %d)", (unsigned long long)sig->param, sig->root);
+        snprintf(out, n, "bcast(%llu B, root %d)", p, sig->root);
         break;
     case WEFT_COLL_BARRIER:
         snprintf(out, n, "barrier");
+        break;
+    case WEFT_COLL_ALLREDUCE:
+        snprintf(out, n, "allreduce(%llu x %s, %s)", p, weft_dtype_name(sig->dtype), weft_op_name(sig->op));
+        break;
+    case WEFT_COLL_REDUCE_SCATTER:
+        snprintf(out, n, "reduce_scatter(%llu x %s per rank, %s)", p, weft_dtype_name(sig->dtype),
+                 weft_op_name(sig->op));
+        break;
+    case WEFT_COLL_REDUCE:
+        snprintf(out, n, "reduce(%llu x %s, %s, root %d)", p, weft_dtype_name(sig->dtype), weft_op_name(sig->op),
+                 sig->root);
+        break;
+    case WEFT_COLL_ALLTOALL:
+        snprintf(out, n, "alltoall(%llu B/rank)", p);
         break;
     default:
         snprintf(out, n, "a collective of unknown kind %d", sig->kind);
@@ -100,10 +117,12 @@ static void sig_describe(const struct weft_coll_sig *sig, char *out, size_t n)
     }
 }
 
+/* w[0] = seq | dtype+1 (8 bits) | op+1 (8 bits) | kind (16 bits). */
 static struct weft_p2p_check sig_check(const struct weft_coll_sig *sig, uint32_t seq)
 {
     struct weft_p2p_check c;
-    c.w[0] = ((uint64_t)seq << 32) | (uint32_t)sig->kind;
+    c.w[0] = ((uint64_t)seq << 32) | ((uint64_t)(uint8_t)(sig->dtype + 1) << 24) |
+             ((uint64_t)(uint8_t)(sig->op + 1) << 16) | (uint16_t)sig->kind;
     c.w[1] = (uint64_t)(int64_t)sig->root;
     c.w[2] = sig->param;
     return c;
@@ -112,9 +131,17 @@ static struct weft_p2p_check sig_check(const struct weft_coll_sig *sig, uint32_t
 static void check_sig(const struct weft_p2p_check *c, struct weft_coll_sig *sig, uint32_t *seq)
 {
     *seq = (uint32_t)(c->w[0] >> 32);
-    sig->kind = (int)(uint32_t)c->w[0];
+    sig->kind = (int)(uint16_t)c->w[0];
+    sig->op = (int)(uint8_t)(c->w[0] >> 16) - 1;
+    sig->dtype = (int)(uint8_t)(c->w[0] >> 24) - 1;
     sig->root = (int)(int64_t)c->w[1];
     sig->param = c->w[2];
+}
+
+static int sig_equal(const struct weft_coll_sig *a, const struct weft_coll_sig *b)
+{
+    return a->kind == b->kind && a->root == b->root && a->param == b->param && a->dtype == b->dtype &&
+           a->op == b->op;
 }
 
 /* Withdraws what the op has in flight that nothing of a peer's is bound
@@ -171,7 +198,7 @@ static int op_mismatch(struct weft_coll_op *op, const struct weft_sched_step *s,
         snprintf(theirs_s, sizeof theirs_s, "something that is not a collective");
     else
         sig_describe(&theirs, theirs_s, sizeof theirs_s);
-    if (theirs.kind != 0 && their_seq != op->seq && memcmp(&theirs, &op->sig, sizeof theirs) == 0)
+    if (theirs.kind != 0 && their_seq != op->seq && sig_equal(&theirs, &op->sig))
         snprintf(theirs_s + strlen(theirs_s), sizeof theirs_s - strlen(theirs_s), " as call %u (this is call %u)",
                  their_seq, op->seq);
     snprintf(text, sizeof text, "rank %d called %s, rank %d called %s", op->core->rank, mine_s, s->peer, theirs_s);
@@ -184,6 +211,25 @@ static int op_mismatch(struct weft_coll_op *op, const struct weft_sched_step *s,
 static const char *done_verb(const struct weft_sched_step *s)
 {
     return (s->flags & WEFT_SCHED_F_RECEIVE) ? "receive" : "wait";
+}
+
+/* A REDUCE step: on the host, or by kernels on the device (op->dev). */
+static int step_reduce(struct weft_coll_op *op, const struct weft_sched_step *s)
+{
+    size_t es = weft_dtype_size(op->sig.dtype), count = es ? s->bytes / es : 0;
+    int avg = (s->flags & WEFT_SCHED_F_AVG) && op->sig.op == WEFT_AVG;
+    if (count == 0)
+        return WEFT_SUCCESS;
+    if (!op->dev) {
+        weft_reduce_host(s->buf, s->src, s->src2, count, op->sig.dtype, op->sig.op);
+        if (avg)
+            weft_reduce_host_div(s->buf, s->buf, count, op->sig.dtype, op->nranks);
+        return WEFT_SUCCESS;
+    }
+    int rc = weft_reduce_device(op->core, s->buf, s->src, s->src2, count, op->sig.dtype, op->sig.op, op->what);
+    if (rc == WEFT_SUCCESS && avg)
+        rc = weft_reduce_device_div(op->core, s->buf, s->buf, count, op->sig.dtype, op->nranks, op->what);
+    return rc;
 }
 
 /* Issues step i (its dependency is met). A step that cannot start is
@@ -213,6 +259,12 @@ static void step_issue(struct weft_coll_op *op, size_t i)
             return;
         }
         s->state = STEP_ISSUED;
+        return;
+    case WEFT_SCHED_REDUCE:
+        rc = step_reduce(op, s);
+        s->state = STEP_DONE;
+        if (rc != WEFT_SUCCESS && op->err == WEFT_SUCCESS)
+            op->err = rc;
         return;
     default:
         /* weft_devcopy records its own message (naming the op). */
@@ -284,13 +336,23 @@ static int op_advance(struct weft_coll_op *op)
     }
 }
 
-int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const char *what,
-                     const struct weft_coll_sig *sig, weft_coll_tag_fn tag, uint32_t seq, size_t scratch_bytes,
+/* Frees the op and what it holds (device scratch, staging). */
+static void op_free(struct weft_coll_op *op)
+{
+    if (op->scratch_dev)
+        weft_reduce_device_free(op->core, op->scratch_dev);
+    if (op->stage)
+        coll_stage_put(op->stage_cc, op->stage);
+    free(op);
+}
+
+int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct weft_sched_call *call,
                      weft_sched_build_fn build, const void *args, struct weft_coll_op **out)
 {
     struct weft_sched_build b = { NULL, 0, 0, NULL };
     struct weft_coll_op *op;
-    size_t head, n;
+    size_t head, n, host_scratch = call->scratch_dev ? 0 : call->scratch_bytes;
+    const char *what = call->what;
 
     *out = NULL;
     build(&b, args);
@@ -299,24 +361,38 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const char *w
     if (n > (SIZE_MAX - sizeof *op - 64) / sizeof op->steps[0])
         goto nomem;
     head = (sizeof *op + n * sizeof op->steps[0] + 63) & ~(size_t)63;
-    if (scratch_bytes > SIZE_MAX - head)
+    if (host_scratch > SIZE_MAX - head)
         goto nomem;
-    op = malloc(head + scratch_bytes);
+    op = malloc(head + host_scratch);
     if (op == NULL)
         goto nomem;
     op->p2p = p2p;
     op->core = core;
     op->what = what;
-    op->tag = tag;
-    op->seq = seq;
+    op->tag = call->tag;
+    op->seq = call->seq;
     op->err = WEFT_SUCCESS;
-    op->sig = *sig;
-    op->check = sig_check(sig, seq);
+    op->sig = call->sig;
+    op->check = sig_check(&call->sig, call->seq);
+    op->nranks = call->nranks > 0 ? call->nranks : 1;
+    op->dev = call->scratch_dev;
+    op->scratch_dev = NULL;
+    op->stage_cc = call->stage_cc;
+    op->stage = call->stage;
     op->epoch = (uint64_t)-1;   /* looked at before anything is issued */
     op->nsteps = n;
     op->next = 0;
     op->lo = 0;
-    op->scratch = scratch_bytes ? (char *)op + head : NULL;
+    op->scratch = host_scratch ? (char *)op + head : NULL;
+    if (call->scratch_dev && call->scratch_bytes > 0) {
+        op->scratch_dev = weft_reduce_device_alloc(core, call->scratch_bytes);
+        if (op->scratch_dev == NULL) {
+            op->stage = NULL;
+            free(op);
+            goto nomem;
+        }
+        op->scratch = op->scratch_dev;
+    }
 
     b.steps = op->steps;
     b.n = 0;
@@ -324,7 +400,7 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const char *w
     b.scratch = op->scratch;
     build(&b, args);
     if (b.n != n) {
-        free(op);
+        op_free(op);
         return weft_set_error(core, WEFT_ERR_INTERNAL, "%s: schedule has %zu steps, counted %zu", what, b.n, n);
     }
     /* A rank that failed earlier, or this very call already failed on a
@@ -335,8 +411,18 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const char *w
     return WEFT_SUCCESS;
 
 nomem:
-    return weft_set_error(core, WEFT_ERR_NO_MEMORY, "%s: no memory for %zu schedule steps and %zu bytes of scratch",
-                          what, n, scratch_bytes);
+    if (call->stage)
+        coll_stage_put(call->stage_cc, call->stage);
+    return weft_set_error(core, WEFT_ERR_NO_MEMORY, "%s: no memory for %zu schedule steps and %zu bytes of %s scratch",
+                          what, n, call->scratch_bytes, call->scratch_dev ? "device" : "host");
+}
+
+struct weft_request *weft_sched_oldest(const struct weft_coll_op *op)
+{
+    for (size_t i = op->lo; i < op->next; i++)
+        if (op->steps[i].state == STEP_ISSUED && op->steps[i].req)
+            return op->steps[i].req;
+    return NULL;
 }
 
 int weft_coll_op_test(struct weft_coll_op *op, int *done)
@@ -352,7 +438,7 @@ int weft_coll_op_test(struct weft_coll_op *op, int *done)
         return WEFT_SUCCESS;
     }
     rc = op->err;
-    free(op);
+    op_free(op);
     *done = 1;
     return rc;
 }
@@ -390,7 +476,7 @@ int weft_coll_op_wait(struct weft_coll_op *op)
         }
     }
     rc = op->err;
-    free(op);
+    op_free(op);
     return rc;
 }
 
@@ -409,5 +495,5 @@ void weft_coll_op_abandon(struct weft_coll_op *op)
     /* A request still in flight may yet write into the op's scratch or read
      * its steps: left to the pipes on purpose. */
     if (!in_flight)
-        free(op);
+        op_free(op);
 }

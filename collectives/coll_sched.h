@@ -10,6 +10,10 @@
  *   SEND  bytes from src to peer        (weft_p2p_isend on the call's lane `phase`)
  *   RECV  bytes from peer into buf      (weft_p2p_irecv, same lane)
  *   COPY  bytes from src to buf         (weft_devcopy, run when issued: host or device)
+ *   REDUCE buf = src op src2, bytes/size-of-dtype elements of the call's
+ *         type and operation (run when issued, complete at once: on the
+ *         host, or by a CUDA kernel when the op reduces device memory);
+ *         F_AVG: then divided by the number of ranks (avg's one division)
  *
  * Steps are issued strictly in array order, so every lane sees its messages
  * in the same order on both sides whatever the timing (the lanes are FIFO:
@@ -41,7 +45,7 @@ struct weft_p2p;
 struct weft_core;
 struct weft_request;
 
-enum weft_sched_kind { WEFT_SCHED_SEND = 1, WEFT_SCHED_RECV, WEFT_SCHED_COPY };
+enum weft_sched_kind { WEFT_SCHED_SEND = 1, WEFT_SCHED_RECV, WEFT_SCHED_COPY, WEFT_SCHED_REDUCE };
 
 #define WEFT_SCHED_NODEP (-1)   /* issued as soon as its turn comes */
 #define WEFT_SCHED_FENCE (-2)   /* issued once every earlier step completed */
@@ -49,10 +53,14 @@ enum weft_sched_kind { WEFT_SCHED_SEND = 1, WEFT_SCHED_RECV, WEFT_SCHED_COPY };
 /* Flags. RECEIVE: a failed completion says "receive" (a receive something
  * waits on by itself: ring chunks, the tree's parent) instead of "wait". */
 #define WEFT_SCHED_F_RECEIVE 1u
+/* REDUCE: the last reduction of an element under WEFT_AVG: divide by the
+ * comm size after it (ignored for other operations). */
+#define WEFT_SCHED_F_AVG     2u
 
 struct weft_sched_step {
     void                *buf;    /* RECV, COPY: destination */
-    const void          *src;    /* SEND, COPY: source */
+    const void          *src;    /* SEND, COPY: source; REDUCE: left operand */
+    const void          *src2;   /* REDUCE: right operand */
     size_t               bytes;
     int                  peer;   /* SEND, RECV */
     int                  dep;    /* index of an earlier step, WEFT_SCHED_NODEP or WEFT_SCHED_FENCE */
@@ -66,13 +74,15 @@ struct weft_sched_step {
 
 /* What a call is, the same on every rank that calls it: carried by every
  * message of the call as its fingerprint (struct weft_p2p_check), so ranks
- * that called different collectives (kind, size, root, order) fail with
- * WEFT_ERR_MISMATCH naming both sides instead of pairing wrong messages. */
-enum weft_coll_kind { WEFT_COLL_ALLGATHER = 1, WEFT_COLL_BCAST, WEFT_COLL_BARRIER };
+ * that called different collectives (kind, size, type, operation, root,
+ * order) fail with WEFT_ERR_MISMATCH naming both sides instead of pairing
+ * wrong messages. */
 struct weft_coll_sig {
-    int      kind;    /* enum weft_coll_kind */
-    int      root;    /* bcast; -1 otherwise */
-    uint64_t param;   /* allgather: bytes per rank; bcast: bytes; barrier: 0 */
+    int      kind;    /* enum weft_coll_kind (coll.h) */
+    int      root;    /* bcast, reduce; -1 otherwise */
+    uint64_t param;   /* weft_coll_args.count */
+    int      dtype;   /* reductions; -1 otherwise */
+    int      op;      /* reductions; -1 otherwise */
 };
 
 struct weft_coll_op {
@@ -84,6 +94,11 @@ struct weft_coll_op {
     int                     err;     /* first failure; WEFT_SUCCESS so far */
     struct weft_coll_sig    sig;
     struct weft_p2p_check   check;   /* sig + seq as it travels */
+    int                     nranks;  /* REDUCE F_AVG's divisor */
+    int                     dev;     /* REDUCE runs CUDA kernels (device buffers, kernels loaded) */
+    void                   *scratch_dev; /* device scratch of a dev op (freed with the op) */
+    struct weft_coll       *stage_cc;/* host staging taken from stage_cc (returned with the op) */
+    struct weft_coll_stage *stage;
     uint64_t                epoch;   /* the p2p fault epoch last looked at */
     size_t                  nsteps;
     size_t                  next;    /* next step to issue */
@@ -134,14 +149,40 @@ static inline char *weft_sched_scratch(const struct weft_sched_build *b, size_t 
     return b->scratch ? b->scratch + off : NULL;
 }
 
+static inline size_t weft_sched_reduce(struct weft_sched_build *b, int num, void *dst, const void *a,
+                                       const void *bb, size_t bytes, int dep, unsigned flags)
+{
+    size_t i = weft_sched_add(b, WEFT_SCHED_REDUCE, num, dst, a, bytes, -1, 0, dep, flags);
+    if (b->steps)
+        b->steps[i].src2 = bb;
+    return i;
+}
+
+/* What weft_sched_start makes. */
+struct weft_sched_call {
+    const char          *what;          /* "allreduce ring", ... (a string literal) */
+    struct weft_coll_sig sig;
+    weft_coll_tag_fn     tag;
+    uint32_t             seq;
+    size_t               scratch_bytes;
+    int                  scratch_dev;   /* scratch in device memory (the kernel path), REDUCE on device */
+    int                  nranks;        /* the comm size (F_AVG) */
+    struct weft_coll    *stage_cc;      /* with stage: staging to return when the op is freed */
+    struct weft_coll_stage *stage;
+};
+
 /* Builds the op (counting pass, one allocation of the op, its steps and
- * scratch_bytes of scratch, filling pass) and issues what can go at once.
- * *out is the op in progress. WEFT_ERR_NO_MEMORY (last error set) with
- * *out = NULL when it cannot be allocated; issue failures are the op's
- * result (test / wait). */
-int  weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const char *what,
-                      const struct weft_coll_sig *sig, weft_coll_tag_fn tag, uint32_t seq, size_t scratch_bytes,
+ * scratch_bytes of scratch -- or a device allocation with scratch_dev --,
+ * filling pass) and issues what can go at once. *out is the op in
+ * progress. WEFT_ERR_NO_MEMORY (last error set) with *out = NULL when it
+ * cannot be allocated (the stage is then returned too); issue failures are
+ * the op's result (test / wait). */
+int  weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct weft_sched_call *call,
                       weft_sched_build_fn build, const void *args, struct weft_coll_op **out);
+
+/* The op's steps issued so far that are in flight: the oldest (for a
+ * per-request clock), or NULL. */
+struct weft_request *weft_sched_oldest(const struct weft_coll_op *op);
 
 /* weft_coll_op_test / weft_coll_op_wait / weft_coll_op_abandon (coll.h)
  * are the engine's other entry points. */

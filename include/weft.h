@@ -95,10 +95,65 @@ WEFT_API int  weft_waitall(size_t n, weft_request_t **reqs, weft_status_t *statu
 WEFT_API int  weft_send(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag);
 WEFT_API int  weft_recv(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, weft_status_t *status);
 
-/* Collectives: called in the same order on every rank. */
+/* Element types and reduction operations of the reducing collectives.
+ * Values are part of the ABI (programs outside weft are built against
+ * them). Integer arithmetic wraps on overflow (two's complement);
+ * FLOAT16 (IEEE binary16) and BFLOAT16 are reduced in float32 and rounded
+ * back to nearest-even after every step; AVG is a SUM divided once, at the
+ * end, by the number of ranks (integer types: truncated toward zero). */
+typedef enum {
+    WEFT_INT8 = 0, WEFT_UINT8, WEFT_INT32, WEFT_UINT32, WEFT_INT64, WEFT_UINT64,
+    WEFT_FLOAT16, WEFT_BFLOAT16, WEFT_FLOAT32, WEFT_FLOAT64
+} weft_dtype_t;
+#define WEFT_DTYPE_COUNT 10
+typedef enum { WEFT_SUM = 0, WEFT_PROD, WEFT_MIN, WEFT_MAX, WEFT_AVG } weft_op_t;
+#define WEFT_OP_COUNT 5
+
+/* Collectives: called in the same order on every rank, with matching
+ * arguments (kind, size, type, operation, root); ranks that disagree fail
+ * with WEFT_ERR_MISMATCH where their messages meet. Buffers may be host or
+ * CUDA device memory. Reductions are deterministic: for a given algorithm
+ * and rank count, the same inputs give bit-identical results on every rank
+ * and in every run. */
 WEFT_API int  weft_allgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank);
 WEFT_API int  weft_barrier(weft_comm_t *c);
 WEFT_API int  weft_bcast(weft_comm_t *c, void *buf, size_t bytes, int root);
+/* recvbuf[i] = op over ranks of sendbuf[i], count elements, on every rank.
+ * In place when sendbuf == recvbuf; otherwise they must not overlap. */
+WEFT_API int  weft_allreduce(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
+                             weft_op_t op);
+/* sendbuf holds size * recvcount elements; block r of the reduction (elements
+ * [r*recvcount, (r+1)*recvcount)) lands in recvbuf on rank r. In place when
+ * recvbuf == sendbuf + rank * recvcount elements. */
+WEFT_API int  weft_reduce_scatter(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t recvcount,
+                                  weft_dtype_t dtype, weft_op_t op);
+/* The reduction of count elements lands in recvbuf on root only (recvbuf is
+ * not used, and may be NULL, elsewhere). In place at root when sendbuf == recvbuf. */
+WEFT_API int  weft_reduce(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
+                          weft_op_t op, int root);
+/* Block j of sendbuf (bytes_per_rank bytes at sendbuf + j*bytes_per_rank)
+ * goes to rank j, landing at recvbuf + rank*bytes_per_rank there. In place
+ * when sendbuf == recvbuf; otherwise they must not overlap. */
+WEFT_API int  weft_alltoall(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank);
+
+/* Non-blocking collectives: the same arguments, and *req to complete with
+ * weft_test / weft_wait / weft_waitall like a p2p request (status->bytes,
+ * peer and tag are 0, -1, -1). Several may be outstanding on one comm,
+ * mixed with blocking collectives and p2p, started in the same order on
+ * every rank; they progress whenever the rank is inside a weft call. The
+ * buffers must stay untouched until the request completed. */
+WEFT_API int  weft_iallgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                              weft_request_t **req);
+WEFT_API int  weft_ibarrier(weft_comm_t *c, weft_request_t **req);
+WEFT_API int  weft_ibcast(weft_comm_t *c, void *buf, size_t bytes, int root, weft_request_t **req);
+WEFT_API int  weft_iallreduce(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
+                              weft_op_t op, weft_request_t **req);
+WEFT_API int  weft_ireduce_scatter(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t recvcount,
+                                   weft_dtype_t dtype, weft_op_t op, weft_request_t **req);
+WEFT_API int  weft_ireduce(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
+                           weft_op_t op, int root, weft_request_t **req);
+WEFT_API int  weft_ialltoall(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                             weft_request_t **req);
 
 /* Stream-ordered calls (NCCL style); struct CUstream_st * is cudaStream_t.
  * The operation starts after the work queued on `stream` before the call,
@@ -107,11 +162,11 @@ WEFT_API int  weft_bcast(weft_comm_t *c, void *buf, size_t bytes, int root);
  * operation and return; a progress thread of the comm runs it. Call them
  * with the stream's device current. Buffers: device memory (or host memory)
  * that must stay valid until the stream reaches the point after the call.
- * Arguments as for weft_isend/weft_irecv/weft_allgather; stream may be NULL
+ * Arguments as for weft_isend/weft_irecv and the collectives; stream may be NULL
  * (the default stream). Without CUDA in the comm: WEFT_ERR_UNSUPPORTED.
  * Operations of one comm are started in the order they were called (so
- * lanes match as for weft_isend); the allgather is collective and must be
- * called in the same order on every rank.
+ * lanes match as for weft_isend); the collectives must be called in the
+ * same order on every rank.
  * An operation that fails after the call returned (truncation, transport,
  * timeout) records its error in weft_comm_last_error() (rank, peer, why),
  * still releases the stream (its data is then undefined), and the next
@@ -128,6 +183,13 @@ struct CUstream_st;   /* cudaStream_t; no CUDA header needed */
 WEFT_API int  weft_send_on_stream(weft_comm_t *c, const void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream);
 WEFT_API int  weft_recv_on_stream(weft_comm_t *c, void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream);
 WEFT_API int  weft_allgather_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, struct CUstream_st *stream);
+WEFT_API int  weft_allreduce_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
+                                       weft_dtype_t dtype, weft_op_t op, struct CUstream_st *stream);
+WEFT_API int  weft_reduce_scatter_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t recvcount,
+                                            weft_dtype_t dtype, weft_op_t op, struct CUstream_st *stream);
+WEFT_API int  weft_bcast_on_stream(weft_comm_t *c, void *buf, size_t bytes, int root, struct CUstream_st *stream);
+WEFT_API int  weft_alltoall_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                                      struct CUstream_st *stream);
 WEFT_API int  weft_group_start(void);
 WEFT_API int  weft_group_end(void);
 

@@ -496,6 +496,10 @@ TEST(Config, AgreedSettings)
         {"WEFT_TCP_EAGER", {"32k", "32k"}},           {"WEFT_TCP_CHUNK_KB", {"256", "256k"}},
         {"WEFT_IB_EAGER", {"4k", "4k"}},              {"WEFT_EAGER_WINDOW", {"1g", "1g"}},
         {"WEFT_ALLGATHER_ALGO", {"RING", "ring"}},    {"WEFT_ALLGATHER_CHUNK_KB", {"64", "64k"}},
+        {"WEFT_ALLREDUCE_ALGO", {"rabenseifner", "rabenseifner"}},
+        {"WEFT_REDUCE_SCATTER_ALGO", {"Halving", "halving"}},
+        {"WEFT_REDUCE_ALGO", {"binomial", "binomial"}},
+        {"WEFT_ALLTOALL_ALGO", {"bruck", "bruck"}},   {"WEFT_REDUCE_CHUNK_KB", {"64", "64k"}},
     };
     ASSERT_EQ((size_t)WEFT_CONFIG_AGREED_COUNT, change.size());
     std::set<std::string> names;

@@ -29,8 +29,12 @@
 
 #include "weft.h"
 
-/* collectives/coll_impl.h enum weft_allgather_algo is in this order. */
+/* collectives/coll_impl.h: each enum weft_*_algo is in the order of its list. */
 const char *const weft_allgather_algo_names[] = { "auto", "ring", "rd", "bruck", "direct", "hier", NULL };
+const char *const weft_allreduce_algo_names[] = { "auto", "ring", "rd", "rabenseifner", "hier", NULL };
+const char *const weft_reduce_scatter_algo_names[] = { "auto", "ring", "halving", NULL };
+const char *const weft_reduce_algo_names[] = { "auto", "binomial", "ring", NULL };
+const char *const weft_alltoall_algo_names[] = { "auto", "pairwise", "bruck", NULL };
 
 /* WEFT_DEBUG names, indexed by enum weft_log_level. */
 static const char *const log_level_names[] = { "none", "warn", "info", "trace", NULL };
@@ -403,6 +407,12 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     strcpy(cfg->allgather_algo, "auto");
     /* 1 MiB ring chunks: docs/benchmarks.md ("## Allgather"). */
     cfg->allgather_chunk  = 1 << 20;
+    strcpy(cfg->allreduce_algo, "auto");
+    strcpy(cfg->reduce_scatter_algo, "auto");
+    strcpy(cfg->reduce_algo, "auto");
+    strcpy(cfg->alltoall_algo, "auto");
+    /* Reduction pipelines: docs/benchmarks.md ("## Allreduce"). */
+    cfg->reduce_chunk     = 256 << 10;
 
     /* Seconds. */
     if ((v = lookup("WEFT_TIMEOUT", ctx)) != NULL) {
@@ -419,15 +429,24 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
                           "none (or 0, or empty), warn, info or trace");
         }
     }
-    if ((v = lookup("WEFT_ALLGATHER_ALGO", ctx)) != NULL) {
-        /* "" is the default (auto), as when unset. */
-        if (*v != '\0') {
-            if ((why = strict_name(v, weft_allgather_algo_names, &idx)) != NULL) {
-                names_expected(weft_allgather_algo_names, expected, sizeof(expected));
-                return refuse(err, errlen, "WEFT_ALLGATHER_ALGO", v, why, expected);
+    /* Algorithm names: "" is the default (auto), as when unset. */
+    {
+        struct { const char *name; const char *const *names; char *field; } algos[] = {
+            { "WEFT_ALLGATHER_ALGO",      weft_allgather_algo_names,      cfg->allgather_algo },
+            { "WEFT_ALLREDUCE_ALGO",      weft_allreduce_algo_names,      cfg->allreduce_algo },
+            { "WEFT_REDUCE_SCATTER_ALGO", weft_reduce_scatter_algo_names, cfg->reduce_scatter_algo },
+            { "WEFT_REDUCE_ALGO",         weft_reduce_algo_names,         cfg->reduce_algo },
+            { "WEFT_ALLTOALL_ALGO",       weft_alltoall_algo_names,       cfg->alltoall_algo },
+        };
+        for (size_t i = 0; i < sizeof(algos) / sizeof(algos[0]); i++) {
+            if ((v = lookup(algos[i].name, ctx)) == NULL || *v == '\0')
+                continue;
+            if ((why = strict_name(v, algos[i].names, &idx)) != NULL) {
+                names_expected(algos[i].names, expected, sizeof(expected));
+                return refuse(err, errlen, algos[i].name, v, why, expected);
             }
             /* The canonical spelling: the collectives compare it exactly. */
-            strcpy(cfg->allgather_algo, weft_allgather_algo_names[idx]);
+            strcpy(algos[i].field, algos[i].names[idx]);
         }
     }
     if ((v = lookup("WEFT_IB_GDR", ctx)) != NULL) {
@@ -494,6 +513,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
         { "WEFT_IB_REG_CACHE_MB",    &cfg->ib_reg_cache,     0,         SIZE_MAX,        1u << 20 },
         { "WEFT_CUDA_STAGE_CHUNK",   &cfg->cuda_stage_chunk, 4 << 10,   (size_t)1 << 30, 1 },
         { "WEFT_ALLGATHER_CHUNK_KB", &cfg->allgather_chunk,  1 << 10,   (size_t)1 << 30, 1024 },
+        { "WEFT_REDUCE_CHUNK_KB",    &cfg->reduce_chunk,     4 << 10,   (size_t)1 << 30, 1024 },
     };
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         if ((v = lookup(sizes[i].name, ctx)) == NULL)
@@ -555,19 +575,28 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
  * from the config; docs/configuration.md ("Settings that must agree") says
  * why these and not the others. */
 enum agreed_kind { AGREED_INT, AGREED_SIZE, AGREED_ALGO };
-static const struct { const char *name; enum agreed_kind kind; size_t off; } agreed[WEFT_CONFIG_AGREED_COUNT] = {
-    { "WEFT_VIRTUAL_NODES",      AGREED_INT,  offsetof(struct weft_config, virtual_nodes) },
-    { "WEFT_SHM_RING_KB",        AGREED_SIZE, offsetof(struct weft_config, shm_ring_bytes) },
-    { "WEFT_SHM_EAGER",          AGREED_SIZE, offsetof(struct weft_config, shm_eager_limit) },
-    { "WEFT_SHM_COLL_EAGER",     AGREED_SIZE, offsetof(struct weft_config, shm_coll_eager) },
-    { "WEFT_SHM_CHUNK_KB",       AGREED_SIZE, offsetof(struct weft_config, shm_chunk) },
-    { "WEFT_TCP_STREAMS",        AGREED_INT,  offsetof(struct weft_config, tcp_streams) },
-    { "WEFT_TCP_EAGER",          AGREED_SIZE, offsetof(struct weft_config, tcp_eager_limit) },
-    { "WEFT_TCP_CHUNK_KB",       AGREED_SIZE, offsetof(struct weft_config, tcp_chunk) },
-    { "WEFT_IB_EAGER",           AGREED_SIZE, offsetof(struct weft_config, ib_eager_limit) },
-    { "WEFT_EAGER_WINDOW",       AGREED_SIZE, offsetof(struct weft_config, eager_window) },
-    { "WEFT_ALLGATHER_ALGO",     AGREED_ALGO, offsetof(struct weft_config, allgather_algo) },
-    { "WEFT_ALLGATHER_CHUNK_KB", AGREED_SIZE, offsetof(struct weft_config, allgather_chunk) },
+static const struct {
+    const char *name; enum agreed_kind kind; size_t off;
+    const char *const *names;   /* AGREED_ALGO: its list */
+} agreed[WEFT_CONFIG_AGREED_COUNT] = {
+    { "WEFT_VIRTUAL_NODES",      AGREED_INT,  offsetof(struct weft_config, virtual_nodes), NULL },
+    { "WEFT_SHM_RING_KB",        AGREED_SIZE, offsetof(struct weft_config, shm_ring_bytes), NULL },
+    { "WEFT_SHM_EAGER",          AGREED_SIZE, offsetof(struct weft_config, shm_eager_limit), NULL },
+    { "WEFT_SHM_COLL_EAGER",     AGREED_SIZE, offsetof(struct weft_config, shm_coll_eager), NULL },
+    { "WEFT_SHM_CHUNK_KB",       AGREED_SIZE, offsetof(struct weft_config, shm_chunk), NULL },
+    { "WEFT_TCP_STREAMS",        AGREED_INT,  offsetof(struct weft_config, tcp_streams), NULL },
+    { "WEFT_TCP_EAGER",          AGREED_SIZE, offsetof(struct weft_config, tcp_eager_limit), NULL },
+    { "WEFT_TCP_CHUNK_KB",       AGREED_SIZE, offsetof(struct weft_config, tcp_chunk), NULL },
+    { "WEFT_IB_EAGER",           AGREED_SIZE, offsetof(struct weft_config, ib_eager_limit), NULL },
+    { "WEFT_EAGER_WINDOW",       AGREED_SIZE, offsetof(struct weft_config, eager_window), NULL },
+    { "WEFT_ALLGATHER_ALGO",     AGREED_ALGO, offsetof(struct weft_config, allgather_algo), weft_allgather_algo_names },
+    { "WEFT_ALLGATHER_CHUNK_KB", AGREED_SIZE, offsetof(struct weft_config, allgather_chunk), NULL },
+    { "WEFT_ALLREDUCE_ALGO",     AGREED_ALGO, offsetof(struct weft_config, allreduce_algo), weft_allreduce_algo_names },
+    { "WEFT_REDUCE_SCATTER_ALGO", AGREED_ALGO, offsetof(struct weft_config, reduce_scatter_algo),
+      weft_reduce_scatter_algo_names },
+    { "WEFT_REDUCE_ALGO",        AGREED_ALGO, offsetof(struct weft_config, reduce_algo), weft_reduce_algo_names },
+    { "WEFT_ALLTOALL_ALGO",      AGREED_ALGO, offsetof(struct weft_config, alltoall_algo), weft_alltoall_algo_names },
+    { "WEFT_REDUCE_CHUNK_KB",    AGREED_SIZE, offsetof(struct weft_config, reduce_chunk), NULL },
 };
 
 void weft_config_agreed_values(const struct weft_config *cfg, int64_t *values)
@@ -584,7 +613,7 @@ void weft_config_agreed_values(const struct weft_config *cfg, int64_t *values)
             break;
         case AGREED_ALGO: {
             int k = 0;
-            while (weft_allgather_algo_names[k] && strcmp((const char *)field, weft_allgather_algo_names[k]) != 0)
+            while (agreed[i].names[k] && strcmp((const char *)field, agreed[i].names[k]) != 0)
                 k++;
             values[i] = k;
             break;
@@ -610,9 +639,9 @@ void weft_config_agreed_format(int i, int64_t value, char *buf, size_t len)
         break;
     case AGREED_ALGO: {
         int n = 0;
-        while (weft_allgather_algo_names[n])
+        while (agreed[i].names[n])
             n++;
-        snprintf(buf, len, "%s", value >= 0 && value < n ? weft_allgather_algo_names[value] : "?");
+        snprintf(buf, len, "%s", value >= 0 && value < n ? agreed[i].names[value] : "?");
         break;
     }
     default:

@@ -61,11 +61,20 @@ struct weft_config {
     /* Collectives (collectives/) */
     char     allgather_algo[16]; /* WEFT_ALLGATHER_ALGO: auto|ring|rd|bruck|direct|hier ("auto": the selector) */
     size_t   allgather_chunk;  /* WEFT_ALLGATHER_CHUNK_KB: bytes per pipelined message of the ring allgather */
+    char     allreduce_algo[16];      /* WEFT_ALLREDUCE_ALGO: auto|ring|rd|rabenseifner|hier */
+    char     reduce_scatter_algo[16]; /* WEFT_REDUCE_SCATTER_ALGO: auto|ring|halving */
+    char     reduce_algo[16];         /* WEFT_REDUCE_ALGO: auto|binomial|ring */
+    char     alltoall_algo[16];       /* WEFT_ALLTOALL_ALGO: auto|pairwise|bruck */
+    size_t   reduce_chunk;     /* WEFT_REDUCE_CHUNK_KB: bytes per pipelined message of the reducing rings */
 };
 
 /* The names WEFT_ALLGATHER_ALGO accepts, in the collectives' order (their
  * enum maps the same list); NULL-terminated. */
 extern const char *const weft_allgather_algo_names[];
+extern const char *const weft_allreduce_algo_names[];
+extern const char *const weft_reduce_scatter_algo_names[];
+extern const char *const weft_reduce_algo_names[];
+extern const char *const weft_alltoall_algo_names[];
 
 /* Looks up a variable; returns NULL when unset. The process environment is the default. */
 typedef const char *(*weft_env_lookup_fn)(const char *name, void *ctx);
@@ -94,7 +103,7 @@ int weft_config_log_level_env(void);
  * agree"); WEFT_TRANSPORTS, which needs the transport registry to compare,
  * is checked by the comm itself. weft_comm_create gathers every rank's
  * values and fails on every rank, naming the setting, when they differ. */
-#define WEFT_CONFIG_AGREED_COUNT 12
+#define WEFT_CONFIG_AGREED_COUNT 17
 /* values[0 .. WEFT_CONFIG_AGREED_COUNT) = this config's effective values. */
 void weft_config_agreed_values(const struct weft_config *cfg, int64_t *values);
 /* The variable of value i ("WEFT_TCP_STREAMS"). */

@@ -71,6 +71,40 @@ void weft_devcopy_fini(struct weft_core *core)
     core->devcopy = NULL;
 }
 
+void *weft_devcopy_host_alloc(struct weft_core *core, size_t n, int *pinned)
+{
+    *pinned = 0;
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    if (core->cuda && cu() != NULL) {
+        void *p = NULL;
+        if (cu()->MallocHost(&p, n) == cudaSuccess && p != NULL) {
+            *pinned = 1;
+            return p;
+        }
+        cu()->GetLastError();
+    }
+#else
+    (void)core;
+#endif
+    return malloc(n ? n : 1);
+}
+
+void weft_devcopy_host_free(struct weft_core *core, void *p, int pinned)
+{
+    (void)core;
+    if (p == NULL)
+        return;
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    if (pinned && cu() != NULL) {
+        cu()->FreeHost(p);
+        return;
+    }
+#else
+    (void)pinned;
+#endif
+    free(p);
+}
+
 void *weft_devcopy_stream(struct weft_core *core)
 {
     return core->devcopy ? core->devcopy->stream : NULL;

@@ -34,6 +34,11 @@ int  weft_devcopy_sync(struct weft_core *core, void *dst, const void *src, size_
  * (pinned when possible); valid until the next call. NULL: no memory. */
 void *weft_devcopy_bounce(struct weft_core *core, size_t n);
 
+/* Host memory of n bytes, pinned (cudaMallocHost) when the comm has CUDA
+ * and it allows, else malloc; *pinned says which (for _free). NULL: none. */
+void *weft_devcopy_host_alloc(struct weft_core *core, size_t n, int *pinned);
+void  weft_devcopy_host_free(struct weft_core *core, void *p, int pinned);
+
 /* weft's CUDA stream (a cudaStream_t), NULL without CUDA. */
 void *weft_devcopy_stream(struct weft_core *core);
 
