@@ -50,4 +50,20 @@ int weft_check_allgather(struct weft_comm *c, const void *sendbuf, const void *r
 /* Bcast: comm, root in range, buf non-NULL when bytes > 0. */
 int weft_check_bcast(struct weft_comm *c, const void *buf, size_t bytes, int root, const char *fn);
 
+/* Reductions (kind: WEFT_COLL_ALLREDUCE, _REDUCE_SCATTER, _REDUCE): comm,
+ * dtype and op known, count * element size (reduce_scatter: * size)
+ * fits size_t, buffers non-NULL when count > 0 (reduce: recvbuf at root
+ * only), root in range (reduce), sendbuf either the in-place form or not
+ * overlapping recvbuf. */
+int weft_check_reduce(struct weft_comm *c, int kind, const void *sendbuf, const void *recvbuf, size_t count,
+                      int dtype, int op, int root, const char *fn);
+
+/* Alltoall: as allgather, with sendbuf of size * bytes_per_rank; in place
+ * when sendbuf == recvbuf. */
+int weft_check_alltoall(struct weft_comm *c, const void *sendbuf, const void *recvbuf, size_t bytes_per_rank,
+                        const char *fn);
+
+/* A request output of a non-blocking call. */
+int weft_check_req_out(struct weft_comm *c, const void *req_out, const char *fn);
+
 #endif

@@ -1,6 +1,7 @@
 /*
  * The public collectives: argument checks (check.c), then the collectives
- * layer (collectives/coll.h) on the comm's context.
+ * layer (collectives/coll.h) on the comm's context. Each blocking call is
+ * start + wait of the same call its non-blocking twin starts.
  */
 #include "check.h"
 #include "coll.h"
@@ -8,31 +9,149 @@
 #include "log.h"
 #include "weft.h"
 
-int weft_allgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank)
+/* Runs a (blocking), or starts it with a request handle (req_out != NULL). */
+static int coll_call(weft_comm_t *c, const struct weft_coll_args *a, weft_request_t **req_out, int want_req,
+                     const char *fn)
 {
-    int rc = weft_check_allgather(c, sendbuf, recvbuf, bytes_per_rank, "weft_allgather");
-    if (rc == WEFT_SUCCESS)
-        rc = weft_check_live(c, "weft_allgather");
+    int rc;
+    if (want_req && (rc = weft_check_req_out(c, req_out, fn)) != WEFT_SUCCESS)
+        return rc;
+    if ((rc = weft_check_live(c, fn)) != WEFT_SUCCESS)
+        return rc;
+    if (want_req)
+        return weft_coll_istart(&c->coll, a, req_out);
+    return weft_coll_run(&c->coll, a);
+}
+
+static int allgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                     weft_request_t **req, int want_req, const char *fn)
+{
+    int rc = weft_check_allgather(c, sendbuf, recvbuf, bytes_per_rank, fn);
     if (rc != WEFT_SUCCESS)
         return rc;
-    return weft_coll_allgather(&c->coll, sendbuf, recvbuf, bytes_per_rank);
+    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1 };
+    return coll_call(c, &a, req, want_req, fn);
+}
+
+static int barrier(weft_comm_t *c, weft_request_t **req, int want_req, const char *fn)
+{
+    if (c == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: comm is NULL", fn);
+    struct weft_coll_args a = { WEFT_COLL_BARRIER, NULL, NULL, 0, -1, -1, -1 };
+    return coll_call(c, &a, req, want_req, fn);
+}
+
+static int bcast(weft_comm_t *c, void *buf, size_t bytes, int root, weft_request_t **req, int want_req,
+                 const char *fn)
+{
+    int rc = weft_check_bcast(c, buf, bytes, root, fn);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root };
+    return coll_call(c, &a, req, want_req, fn);
+}
+
+static int reduction(weft_comm_t *c, int kind, const void *sendbuf, void *recvbuf, size_t count, int dtype,
+                     int op, int root, weft_request_t **req, int want_req, const char *fn)
+{
+    int rc = weft_check_reduce(c, kind, sendbuf, recvbuf, count, dtype, op, root, fn);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    struct weft_coll_args a = { kind, sendbuf, recvbuf, count, dtype, op, kind == WEFT_COLL_REDUCE ? root : -1 };
+    return coll_call(c, &a, req, want_req, fn);
+}
+
+static int alltoall(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                    weft_request_t **req, int want_req, const char *fn)
+{
+    int rc = weft_check_alltoall(c, sendbuf, recvbuf, bytes_per_rank, fn);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    struct weft_coll_args a = { WEFT_COLL_ALLTOALL, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1 };
+    return coll_call(c, &a, req, want_req, fn);
+}
+
+/* ---- blocking ---- */
+
+int weft_allgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank)
+{
+    return allgather(c, sendbuf, recvbuf, bytes_per_rank, NULL, 0, "weft_allgather");
 }
 
 int weft_barrier(weft_comm_t *c)
 {
-    if (c == NULL)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_barrier: comm is NULL");
-    if (weft_check_live(c, "weft_barrier") != WEFT_SUCCESS)
-        return WEFT_ERR_ABORTED;
-    return weft_coll_barrier(&c->coll);
+    return barrier(c, NULL, 0, "weft_barrier");
 }
 
 int weft_bcast(weft_comm_t *c, void *buf, size_t bytes, int root)
 {
-    int rc = weft_check_bcast(c, buf, bytes, root, "weft_bcast");
-    if (rc == WEFT_SUCCESS)
-        rc = weft_check_live(c, "weft_bcast");
-    if (rc != WEFT_SUCCESS)
-        return rc;
-    return weft_coll_bcast(&c->coll, buf, bytes, root);
+    return bcast(c, buf, bytes, root, NULL, 0, "weft_bcast");
+}
+
+int weft_allreduce(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype, weft_op_t op)
+{
+    return reduction(c, WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, -1, NULL, 0,
+                     "weft_allreduce");
+}
+
+int weft_reduce_scatter(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t recvcount, weft_dtype_t dtype,
+                        weft_op_t op)
+{
+    return reduction(c, WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, (int)dtype, (int)op, -1, NULL, 0,
+                     "weft_reduce_scatter");
+}
+
+int weft_reduce(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype, weft_op_t op,
+                int root)
+{
+    return reduction(c, WEFT_COLL_REDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, root, NULL, 0,
+                     "weft_reduce");
+}
+
+int weft_alltoall(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank)
+{
+    return alltoall(c, sendbuf, recvbuf, bytes_per_rank, NULL, 0, "weft_alltoall");
+}
+
+/* ---- non-blocking ---- */
+
+int weft_iallgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, weft_request_t **req)
+{
+    return allgather(c, sendbuf, recvbuf, bytes_per_rank, req, 1, "weft_iallgather");
+}
+
+int weft_ibarrier(weft_comm_t *c, weft_request_t **req)
+{
+    return barrier(c, req, 1, "weft_ibarrier");
+}
+
+int weft_ibcast(weft_comm_t *c, void *buf, size_t bytes, int root, weft_request_t **req)
+{
+    return bcast(c, buf, bytes, root, req, 1, "weft_ibcast");
+}
+
+int weft_iallreduce(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
+                    weft_op_t op, weft_request_t **req)
+{
+    return reduction(c, WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, -1, req, 1,
+                     "weft_iallreduce");
+}
+
+int weft_ireduce_scatter(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t recvcount, weft_dtype_t dtype,
+                         weft_op_t op, weft_request_t **req)
+{
+    return reduction(c, WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, (int)dtype, (int)op, -1, req, 1,
+                     "weft_ireduce_scatter");
+}
+
+int weft_ireduce(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype, weft_op_t op,
+                 int root, weft_request_t **req)
+{
+    return reduction(c, WEFT_COLL_REDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, root, req, 1,
+                     "weft_ireduce");
+}
+
+int weft_ialltoall(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, weft_request_t **req)
+{
+    return alltoall(c, sendbuf, recvbuf, bytes_per_rank, req, 1, "weft_ialltoall");
 }
