@@ -138,6 +138,7 @@ void weft_coll_fini(struct weft_coll *cc)
     free(cc->node_ranks);
     free(cc->shapes);
     coll_stage_fini(cc);
+    coll_nb_fini(cc);
     pthread_mutex_destroy(&cc->shapes_lock);
     pthread_mutex_destroy(&cc->stage_lock);
     pthread_mutex_destroy(&cc->nb_lock);

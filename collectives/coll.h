@@ -88,7 +88,9 @@ struct weft_coll {
      * call seq - WEFT_TAG_COLL_SLOTS before it starts (their lanes). */
     pthread_mutex_t         nb_lock;
     struct weft_coll_nb    *nb_head;
-    int                     nb_count;
+    int                     nb_count;  /* atomic: ops on nb_head */
+    int                     nb_hooked; /* atomic: the idle hook is installed */
+    struct weft_coll_nb    *nb_dead;   /* given up at destroy, freed by fini */
 };
 
 /* node[size]: the effective node of each rank (the rank card header's
@@ -128,6 +130,10 @@ int  weft_coll_allgather_start_tagged(struct weft_coll *cc, weft_coll_tag_fn tag
  * starts a (tag NULL form) and hands the op to the p2p layer's handles
  * (weft_p2p_user_upper), so weft_test/weft_wait/weft_waitall complete it. */
 int  weft_coll_istart(struct weft_coll *cc, const struct weft_coll_args *a, weft_request_t **req);
+/* weft_comm_destroy, before the pipes drain: non-blocking calls still in
+ * flight are given up (weft_coll_op_abandon); their handles are failed by
+ * the drain. */
+void weft_coll_nb_abandon_all(struct weft_coll *cc);
 
 /* Advances op without blocking. *done = 1 once it completed: op is freed
  * and its code returned. op NULL: done, WEFT_SUCCESS. */

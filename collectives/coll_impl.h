@@ -98,6 +98,8 @@ void  coll_stage_fini(struct weft_coll *cc);
  * still in flight is driven to completion (its result kept for its
  * handle). WEFT_SUCCESS (coll_nb.c). */
 int  coll_nb_slot_free(struct weft_coll *cc, uint32_t seq);
+/* Frees the records given up at destroy (weft_coll_fini). */
+void coll_nb_fini(struct weft_coll *cc);
 /* Reduction chunk in bytes (WEFT_REDUCE_CHUNK_KB), a multiple of esize. */
 size_t coll_reduce_chunk(const struct weft_coll *cc, size_t esize);
 

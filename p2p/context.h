@@ -57,7 +57,22 @@ struct weft_p2p {
     struct weft_coll_note { uint32_t seq; int code; int from; char text[WEFT_WIRE_NOTICE_TEXT_MAX]; } cnotes[8];
     unsigned                 ncnotes;
     size_t                   user_reqs;         /* requests handed out as handles, not yet freed */
+
+    /* The layer above's idle work (non-blocking collectives): run by
+     * waits of this comm while they have nothing to do, lock released. */
+    void                   (*idle_hook)(void *arg);
+    void                    *idle_arg;
 };
+
+/* Runs the idle hook, if any; lock held on entry and on return. */
+static inline void weft_p2p_run_idle_hook(struct weft_p2p *p)
+{
+    if (p->idle_hook == NULL)
+        return;
+    pthread_mutex_unlock(&p->lock);
+    p->idle_hook(p->idle_arg);
+    pthread_mutex_lock(&p->lock);
+}
 
 /* One progress pass: every transport in use, the rendezvous paths, queued
  * outbound frames. Lock held. Returns the number of events. */

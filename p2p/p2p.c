@@ -125,6 +125,67 @@ int weft_p2p_user_irecv(struct weft_p2p *p, void *buf, size_t bytes, int peer, i
     return rc;
 }
 
+int weft_p2p_user_upper(struct weft_p2p *p, const struct weft_p2p_upper_ops *ops, void *arg, weft_request_t **h)
+{
+    pthread_mutex_lock(&p->lock);
+    struct weft_request *r = weft_req_alloc(p);
+    if (r == NULL) {
+        pthread_mutex_unlock(&p->lock);
+        return weft_set_error(p->core, WEFT_ERR_NO_MEMORY, "non-blocking collective: no memory for a request");
+    }
+    r->type = WEFT_REQ_UPPER;
+    r->state = WEFT_REQ_POSTED;
+    r->user = 1;
+    r->upper = ops;
+    r->upper_arg = arg;
+    r->status.peer = -1;
+    r->status.tag = -1;
+    *h = handle_of(r);
+    pthread_mutex_unlock(&p->lock);
+    return WEFT_SUCCESS;
+}
+
+void weft_p2p_set_idle_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg)
+{
+    pthread_mutex_lock(&p->lock);
+    p->idle_hook = fn;
+    p->idle_arg = arg;
+    pthread_mutex_unlock(&p->lock);
+}
+
+void weft_p2p_watch(struct weft_request *r, const char *what)
+{
+    struct weft_p2p *p = r->p2p;
+    pthread_mutex_lock(&p->lock);
+    if (r->state != WEFT_REQ_DONE)
+        weft_p2p_watch_one(p, r, what);
+    pthread_mutex_unlock(&p->lock);
+}
+
+/* An UPPER request's callback returned its code: complete. Lock held. */
+static void upper_done(struct weft_request *r, int err)
+{
+    r->status.bytes = 0;
+    r->status.peer = -1;
+    r->status.tag = -1;
+    r->status.error = err;
+    r->state = WEFT_REQ_DONE;
+}
+
+/* Tests an UPPER request the caller has claimed (lock not held). */
+static int upper_test(struct weft_p2p *p, struct weft_request *r)
+{
+    int err = WEFT_SUCCESS;
+    if (r->state == WEFT_REQ_DONE)
+        return 1;
+    if (!r->upper->test(r->upper_arg, &err))
+        return 0;
+    pthread_mutex_lock(&p->lock);
+    upper_done(r, err);
+    pthread_mutex_unlock(&p->lock);
+    return 1;
+}
+
 static int bad_handle(struct weft_p2p *p, const char *fn, const char *which, const void *h)
 {
     return weft_set_error(p ? p->core : NULL, WEFT_ERR_INVALID_ARG,
@@ -170,6 +231,18 @@ int weft_p2p_user_test(weft_request_t *h, int *done, weft_status_t *status)
     int rc = WEFT_SUCCESS;
     if (r == NULL)
         return WEFT_ERR_INVALID_ARG;
+    if (r->type == WEFT_REQ_UPPER) {
+        /* Claimed while its callback runs without the lock. */
+        r->claimed = 1;
+        pthread_mutex_unlock(&p->lock);
+        *done = upper_test(p, r);
+        pthread_mutex_lock(&p->lock);
+        r->claimed = 0;
+        if (*done)
+            rc = finish(r, status);
+        pthread_mutex_unlock(&p->lock);
+        return rc;
+    }
     if (r->state != WEFT_REQ_DONE) {
         weft_p2p_progress(p);
         if (r->state != WEFT_REQ_DONE)
@@ -178,6 +251,8 @@ int weft_p2p_user_test(weft_request_t *h, int *done, weft_status_t *status)
     *done = r->state == WEFT_REQ_DONE;
     if (*done)
         rc = finish(r, status);
+    else
+        weft_p2p_run_idle_hook(p);   /* a test loop progresses non-blocking collectives too */
     pthread_mutex_unlock(&p->lock);
     return rc;
 }
@@ -189,6 +264,21 @@ int weft_p2p_user_wait(weft_request_t *h, weft_status_t *status)
     int rc;
     if (r == NULL)
         return WEFT_ERR_INVALID_ARG;
+    if (r->type == WEFT_REQ_UPPER) {
+        r->claimed = 1;
+        pthread_mutex_unlock(&p->lock);
+        if (r->state != WEFT_REQ_DONE) {
+            int err = r->upper->wait(r->upper_arg);
+            pthread_mutex_lock(&p->lock);
+            upper_done(r, err);
+        } else {
+            pthread_mutex_lock(&p->lock);
+        }
+        r->claimed = 0;
+        rc = finish(r, status);
+        pthread_mutex_unlock(&p->lock);
+        return rc;
+    }
     if (r->state != WEFT_REQ_DONE)
         weft_p2p_progress_wait(p, &r, 1, "weft_wait");
     rc = finish(r, status);
@@ -263,15 +353,21 @@ int weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses
      * turns, one progress pass of each in turn, so a request of one comm
      * that needs a peer to progress another comm cannot deadlock. */
     struct weft_p2p *only = NULL;
-    int several = 0;
+    int several = 0, uppers = 0;
     for (size_t i = 0; i < n; i++) {
         if (ps[i] == NULL)
             continue;
+        if (rs[i]->type == WEFT_REQ_UPPER)
+            uppers = 1;
         if (only == NULL)
             only = ps[i];
         else if (ps[i] != only)
             several = 1;
     }
+    /* Non-blocking collectives among them: every entry takes turns (a
+     * collective's progress is its own test), as with several comms. */
+    if (uppers)
+        several = 1;
     if (only != NULL && !several) {
         pthread_mutex_lock(&only->lock);
         weft_p2p_progress_wait(only, rs, n, "weft_waitall");
@@ -283,17 +379,26 @@ int weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses
             for (size_t i = 0; i < n; i++) {
                 if (ps[i] == NULL)
                     continue;
-                /* Each comm once per round: at its first pending entry. */
+                if (rs[i]->type == WEFT_REQ_UPPER) {
+                    if (rs[i]->state != WEFT_REQ_DONE) {
+                        if (upper_test(ps[i], rs[i]))
+                            events++;
+                        else
+                            pending++;
+                    }
+                    continue;
+                }
+                /* Each comm once per round: at its first pending p2p entry. */
                 int seen = 0;
                 for (size_t j = 0; j < i && !seen; j++)
-                    seen = ps[j] == ps[i] && rs[j]->state != WEFT_REQ_DONE;
+                    seen = ps[j] == ps[i] && rs[j]->type != WEFT_REQ_UPPER && rs[j]->state != WEFT_REQ_DONE;
                 if (seen)
                     continue;
                 struct weft_p2p *p = ps[i];
                 pthread_mutex_lock(&p->lock);
                 events += weft_p2p_progress(p);
                 for (size_t j = i; j < n; j++)
-                    if (ps[j] == p && rs[j]->state != WEFT_REQ_DONE) {
+                    if (ps[j] == p && rs[j]->type != WEFT_REQ_UPPER && rs[j]->state != WEFT_REQ_DONE) {
                         weft_p2p_watch_one(p, rs[j], "weft_waitall");
                         if (rs[j]->state != WEFT_REQ_DONE)
                             pending++;
@@ -303,6 +408,15 @@ int weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses
             if (pending == 0)
                 break;
             if (events == 0) {
+                /* Other non-blocking collectives of these comms move too. */
+                for (size_t i = 0; i < n; i++)
+                    if (ps[i] && ps[i]->idle_hook) {
+                        int first = 1;
+                        for (size_t j = 0; j < i && first; j++)
+                            first = ps[j] != ps[i];
+                        if (first)
+                            ps[i]->idle_hook(ps[i]->idle_arg);
+                    }
                 struct timespec ts = { 0, 20 * 1000 };
                 nanosleep(&ts, NULL);
             }

@@ -57,6 +57,27 @@ int  weft_p2p_user_test(weft_request_t *h, int *done, weft_status_t *status);
 int  weft_p2p_user_wait(weft_request_t *h, weft_status_t *status);
 int  weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses);
 
+/* Requests of the layer above (non-blocking collectives): a handle like
+ * weft_isend's (generation-checked, refused once completed), completed by
+ * the upper layer's callbacks, which are called without the p2p lock and
+ * by one thread at a time per request (the handle is claimed meanwhile). */
+struct weft_p2p_upper_ops {
+    /* Advances arg without blocking: 1 when complete (*err = its code; arg
+     * is then the upper layer's to free), 0 when not yet. */
+    int (*test)(void *arg, int *err);
+    /* Blocks until complete (bounded by WEFT_TIMEOUT without progress);
+     * returns its code; arg is then the upper layer's to free. */
+    int (*wait)(void *arg);
+};
+int  weft_p2p_user_upper(struct weft_p2p *p, const struct weft_p2p_upper_ops *ops, void *arg, weft_request_t **h);
+/* The upper layer's work for idle waits of this comm (lock released when
+ * it runs): fn(arg) must not block. Set once, before any wait. */
+void weft_p2p_set_idle_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg);
+/* weft_comm_destroy, after the upper layer gave up its outstanding work:
+ * UPPER requests never completed are failed (and counted by drain). */
+/* Looks at r's per-request clock once (a test loop over r). */
+void weft_p2p_watch(struct weft_request *r, const char *what);
+
 /* Collectives' messages carry a fingerprint (struct weft_p2p_check). */
 int  weft_p2p_isend_checked(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag,
                             const struct weft_p2p_check *check, struct weft_request **req, const char *fn);

@@ -113,7 +113,7 @@ static int watch(struct weft_p2p *p, struct weft_request **reqs, size_t first, s
         return rc;
     for (size_t i = first; i < n; i++) {
         struct weft_request *r = reqs[i];
-        if (r == NULL || r->state == WEFT_REQ_DONE)
+        if (r == NULL || r->state == WEFT_REQ_DONE || r->type == WEFT_REQ_UPPER)
             continue;
         if (r->idle_since == 0 || r->activity != r->pipe->activity) {
             r->activity = r->pipe->activity;
@@ -213,10 +213,14 @@ int weft_p2p_progress_wait_until(struct weft_p2p *p, struct weft_request **reqs,
             pthread_mutex_unlock(&p->lock);
             pthread_mutex_lock(&p->lock);
         } else if (idle < spin_s + WEFT_YIELD_S) {
+            /* Idle: the layer above's work (non-blocking collectives
+             * whose next steps wait for someone to issue them). */
+            weft_p2p_run_idle_hook(p);
             pthread_mutex_unlock(&p->lock);
             sched_yield();
             pthread_mutex_lock(&p->lock);
         } else {
+            weft_p2p_run_idle_hook(p);
             /* Short enough for the per-request clocks and heartbeats. */
             wait_sleep(p, core->cfg.timeout_s > 0 ? 50 : WEFT_SLEEP_MAX_MS);
         }

@@ -21,7 +21,9 @@
 struct weft_p2p;
 struct weft_pipe;
 
-enum weft_req_type { WEFT_REQ_SEND = 1, WEFT_REQ_RECV = 2 };
+/* UPPER: a request of the layer above (a non-blocking collective), with
+ * a handle like the others; its completion is the upper layer's (upper). */
+enum weft_req_type { WEFT_REQ_SEND = 1, WEFT_REQ_RECV = 2, WEFT_REQ_UPPER = 3 };
 enum weft_req_state {
     WEFT_REQ_FREE = 0,     /* in the pool */
     WEFT_REQ_QUEUED,       /* send waiting in the pipe's outbound queue */
@@ -55,6 +57,8 @@ struct weft_request {
     double               grace_until; /* stuck with a live peer: fails after this (p2p/health.c) */
     struct weft_p2p_check check;   /* collective fingerprint: sent, or expected; a mismatched
                                       receive: the sender's */
+    const struct weft_p2p_upper_ops *upper; /* UPPER: its callbacks and their argument */
+    void                *upper_arg;
     int                  path;     /* rendezvous path taken (p2p/rndv.h), 0 = none yet */
     void                *path_state; /* that path's per-request state (p2p/stage.c) */
     struct weft_list     link;     /* a lane's posted queue, or the pipe's inflight list */

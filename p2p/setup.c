@@ -350,6 +350,11 @@ int weft_p2p_drain(struct weft_p2p *p)
             if (r->state == WEFT_REQ_FREE || !r->user)
                 continue;
             left++;
+            if (r->type == WEFT_REQ_UPPER) {
+                /* The layer above gave its work up before the drain. */
+                r->state = WEFT_REQ_DONE;
+                continue;
+            }
             if (r->state != WEFT_REQ_DONE && !weft_pipe_cancel(r, WEFT_ERR_INVALID_ARG))
                 weft_pipe_break(r->pipe, WEFT_ERR_INVALID_ARG);
         }

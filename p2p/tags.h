@@ -7,8 +7,8 @@
  * [-(base + count - 1), -base]; the asserts keep them apart.
  *
  *   range                    owner                     lanes
- *   -(0x10000 .. 0x100ff)    collectives/ (coll.c)     16 call slots x 16 phases
- *   -(0x10100 .. 0x101ff)    stream-ordered collectives 16 call slots x 16 phases
+ *   -(0x10000 .. 0x103ff)    collectives/ (coll.c)     64 call slots x 16 phases
+ *   -(0x10400 .. 0x107ff)    stream-ordered collectives 64 call slots x 16 phases
  *                            (src/stream/: numbered at the call, started
  *                            whenever their CUDA events pass, so they get
  *                            lanes of their own)
@@ -23,7 +23,7 @@
 /* Collectives: a call takes slot seq % SLOTS; its tags are
  * -(BASE + slot * PHASES + phase), phase in [0, PHASES). */
 #define WEFT_TAG_COLL_BASE   0x10000
-#define WEFT_TAG_COLL_SLOTS  16
+#define WEFT_TAG_COLL_SLOTS  64
 #define WEFT_TAG_COLL_PHASES 16
 #define WEFT_TAG_COLL_COUNT  (WEFT_TAG_COLL_SLOTS * WEFT_TAG_COLL_PHASES)
 

@@ -349,6 +349,9 @@ int weft_comm_destroy_all(struct weft_comm *c)
     /* Stream-ordered operations still queued finish (or time out) first:
      * the progress thread must be gone before pipes are torn down. */
     qrc = c->stream ? weft_stream_quiesce(c->stream) : WEFT_SUCCESS;
+    /* Non-blocking collectives never completed: given up, their handles
+     * failed by the drain (which says how many). */
+    weft_coll_nb_abandon_all(&c->coll);
     rc = weft_p2p_drain(c->p2p);
     if (rc == WEFT_SUCCESS)
         rc = qrc;
