@@ -4,6 +4,7 @@
  * thread and belong to no comm.
  */
 #include "check.h"
+#include "coll.h"
 #include "comm.h"
 #include "stream.h"
 #include "weft.h"
@@ -31,6 +32,47 @@ int weft_allgather_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf,
     if (rc == WEFT_SUCCESS)
         rc = weft_check_live(c, "weft_allgather_on_stream");
     return rc != WEFT_SUCCESS ? rc : weft_stream_allgather(c->stream, sendbuf, recvbuf, bytes_per_rank, stream);
+}
+
+static int stream_coll(weft_comm_t *c, const struct weft_coll_args *a, struct CUstream_st *stream, const char *fn)
+{
+    int rc = weft_check_live(c, fn);
+    return rc != WEFT_SUCCESS ? rc : weft_stream_coll(c->stream, a, stream);
+}
+
+int weft_allreduce_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
+                             weft_op_t op, struct CUstream_st *stream)
+{
+    const char *fn = "weft_allreduce_on_stream";
+    int rc = weft_check_reduce(c, WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, -1, fn);
+    struct weft_coll_args a = { WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, -1 };
+    return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
+}
+
+int weft_reduce_scatter_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t recvcount,
+                                  weft_dtype_t dtype, weft_op_t op, struct CUstream_st *stream)
+{
+    const char *fn = "weft_reduce_scatter_on_stream";
+    int rc = weft_check_reduce(c, WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, (int)dtype, (int)op, -1, fn);
+    struct weft_coll_args a = { WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, (int)dtype, (int)op, -1 };
+    return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
+}
+
+int weft_bcast_on_stream(weft_comm_t *c, void *buf, size_t bytes, int root, struct CUstream_st *stream)
+{
+    const char *fn = "weft_bcast_on_stream";
+    int rc = weft_check_bcast(c, buf, bytes, root, fn);
+    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root };
+    return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
+}
+
+int weft_alltoall_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                            struct CUstream_st *stream)
+{
+    const char *fn = "weft_alltoall_on_stream";
+    int rc = weft_check_alltoall(c, sendbuf, recvbuf, bytes_per_rank, fn);
+    struct weft_coll_args a = { WEFT_COLL_ALLTOALL, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1 };
+    return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
 }
 
 int weft_group_start(void)

@@ -85,7 +85,8 @@ int weft_stream_group_start(void)
 
 /* ---- recorded calls; the calls of an open group (per host thread) ---- */
 
-enum sop_kind { SOP_SEND = 1, SOP_RECV, SOP_ALLGATHER };
+/* SOP_COLL: any collective (struct weft_coll_args, collectives/coll.h). */
+enum sop_kind { SOP_SEND = 1, SOP_RECV, SOP_COLL };
 
 /* A call recorded in a group, or the one call of an ungrouped submit. */
 struct gop {
@@ -97,15 +98,27 @@ struct gop {
     int                 peer, tag;
     struct CUstream_st *stream;
     int                 device;   /* current device at the call */
+    struct weft_coll_args coll;   /* SOP_COLL */
 };
 
 static _Thread_local struct gop *g_ops;
 static _Thread_local size_t      g_n, g_cap;
 
-static const char *kind_name(int kind)
+static const char *coll_fn(int ckind)
 {
-    return kind == SOP_SEND ? "weft_send_on_stream" : kind == SOP_RECV ? "weft_recv_on_stream"
-                                                                        : "weft_allgather_on_stream";
+    switch (ckind) {
+    case WEFT_COLL_ALLGATHER: return "weft_allgather_on_stream";
+    case WEFT_COLL_ALLREDUCE: return "weft_allreduce_on_stream";
+    case WEFT_COLL_REDUCE_SCATTER: return "weft_reduce_scatter_on_stream";
+    case WEFT_COLL_BCAST: return "weft_bcast_on_stream";
+    case WEFT_COLL_ALLTOALL: return "weft_alltoall_on_stream";
+    default: return "a stream-ordered collective";
+    }
+}
+
+static const char *kind_name(int kind, int ckind)
+{
+    return kind == SOP_SEND ? "weft_send_on_stream" : kind == SOP_RECV ? "weft_recv_on_stream" : coll_fn(ckind);
 }
 
 #define COUNTERS_PER_CHUNK  1024        /* 4 KiB of counters per pinned chunk */
@@ -126,7 +139,8 @@ struct sop {
     int                  device;
     struct sstream      *ss;
     uint32_t             seq;
-    uint32_t             ag_seq;      /* allgather: its number among the comm's stream allgathers */
+    uint32_t             ag_seq;      /* collective: its number among the comm's stream collectives */
+    struct weft_coll_args coll;       /* collective: the call */
     /* issued (progress thread only) */
     struct weft_request *req;         /* send, receive: in flight */
     struct weft_coll_op *cop;         /* allgather: in flight (NULL: nothing to wait for) */
@@ -264,12 +278,12 @@ static void record_async_error(struct weft_stream *S, const struct sop *op, int 
     /* The pipe's text already names the rank: drop its "rank R: " prefix. */
     if (strncmp(w, "rank ", 5) == 0 && strstr(w, ": "))
         w = strstr(w, ": ") + 2;
-    if (op->kind == SOP_ALLGATHER)
-        snprintf(msg, sizeof(msg), "%s (%zu bytes per rank, stream %p, op #%u) failed asynchronously: %s",
-                 kind_name(op->kind), op->bytes, (void *)op->ss->stream, op->seq, w);
+    if (op->kind == SOP_COLL)
+        snprintf(msg, sizeof(msg), "%s (count %zu, stream %p, op #%u) failed asynchronously: %s",
+                 kind_name(op->kind, op->coll.kind), op->coll.count, (void *)op->ss->stream, op->seq, w);
     else
         snprintf(msg, sizeof(msg), "%s (%s peer %d, tag %d, %zu bytes, stream %p, op #%u) failed asynchronously: %s",
-                 kind_name(op->kind), op->kind == SOP_SEND ? "to" : "from", op->peer, op->tag, op->bytes,
+                 kind_name(op->kind, 0), op->kind == SOP_SEND ? "to" : "from", op->peer, op->tag, op->bytes,
                  (void *)op->ss->stream, op->seq, w);
     weft_set_error(S->core, err, "%s", msg);
     if (S->async_err == WEFT_SUCCESS) {
@@ -442,10 +456,9 @@ static void op_issue(struct weft_stream *S, struct sop *op)
         rc = weft_p2p_irecv(S->p2p, op->rbuf, op->bytes, op->peer, op->tag, &op->req, "weft_irecv");
         break;
     default:
-        /* The collectives' allgather (selector, WEFT_ALLGATHER_ALGO) on the
+        /* The collectives' schedules (selectors, WEFT_*_ALGO) on the
          * engine's own lanes, numbered in call order (see the top). */
-        rc = weft_coll_allgather_start_tagged(S->cc, weft_tag_scoll, op->ag_seq, op->sbuf, op->rbuf, op->bytes,
-                                              &op->cop);
+        rc = weft_coll_start(S->cc, &op->coll, weft_tag_scoll, op->ag_seq, &op->cop);
         break;
     }
     if (rc != WEFT_SUCCESS) {
@@ -622,7 +635,7 @@ static void *progress_main(void *arg)
                 struct sop *op = b->ops[b->nstarted];
                 unsigned slot = op->ag_seq % WEFT_TAG_COLL_SLOTS;
                 if (op->err == WEFT_SUCCESS) {
-                    if (op->kind == SOP_ALLGATHER && ag_slot[slot] != NULL)
+                    if (op->kind == SOP_COLL && ag_slot[slot] != NULL)
                         break;
                     if (op->device != cur_dev && op->device >= 0 && cu->SetDevice(op->device) == cudaSuccess)
                         cur_dev = op->device;
@@ -655,7 +668,7 @@ static void *progress_main(void *arg)
             if (op_progress(S, op, block)) {
                 weft_list_del(&op->act);
                 weft_list_add_tail(&finished, &op->act);
-                if (op->kind == SOP_ALLGATHER && ag_slot[op->ag_seq % WEFT_TAG_COLL_SLOTS] == op)
+                if (op->kind == SOP_COLL && ag_slot[op->ag_seq % WEFT_TAG_COLL_SLOTS] == op)
                     ag_slot[op->ag_seq % WEFT_TAG_COLL_SLOTS] = NULL;
                 events++;
                 stuck = 0;   /* one blocking wait per pass */
@@ -797,6 +810,7 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             op->peer = g->peer;
             op->tag = g->tag;
             op->device = g->device;
+            op->coll = g->coll;
             op->ss = ss;
             weft_list_init(&op->act);
             s->b->ops[s->b->nops++] = op;
@@ -848,7 +862,7 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             struct sop *op = b->ops[i];
             struct sstream *ss = op->ss;
             op->seq = ++ss->next_seq;
-            if (op->kind == SOP_ALLGATHER)
+            if (op->kind == SOP_COLL)
                 op->ag_seq = S->ag_seq++;
             weft_queue_push(&ss->fifo, &op->fifo);
             for (size_t j = 0; j < s->nst; j++)
@@ -884,7 +898,7 @@ static int submit(struct gop *ops, size_t n, const char *fn)
  * queued at once or recorded in the open group. */
 static int enqueue(struct gop *g)
 {
-    const char *fn = kind_name(g->kind);
+    const char *fn = kind_name(g->kind, g->coll.kind);
     struct weft_stream *S = g->s;
     const struct weft_cuda *cu;
     int err;
@@ -917,28 +931,34 @@ static int enqueue(struct gop *g)
 int weft_stream_send(struct weft_stream *s, const void *buf, size_t bytes, int peer, int tag,
                      struct CUstream_st *stream)
 {
-    struct gop g = { s, SOP_SEND, buf, NULL, bytes, peer, tag, stream, 0 };
+    struct gop g = { s, SOP_SEND, buf, NULL, bytes, peer, tag, stream, 0, { 0, NULL, NULL, 0, -1, -1, -1 } };
     return enqueue(&g);
 }
 
 int weft_stream_recv(struct weft_stream *s, void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream)
 {
-    struct gop g = { s, SOP_RECV, NULL, buf, bytes, peer, tag, stream, 0 };
+    struct gop g = { s, SOP_RECV, NULL, buf, bytes, peer, tag, stream, 0, { 0, NULL, NULL, 0, -1, -1, -1 } };
+    return enqueue(&g);
+}
+
+int weft_stream_coll(struct weft_stream *s, const struct weft_coll_args *a, struct CUstream_st *stream)
+{
+    struct gop g = { s, SOP_COLL, NULL, NULL, 0, -1, -1, stream, 0, *a };
+    if (a->count == 0 && a->kind != WEFT_COLL_BARRIER) {
+        /* Nothing moves on any rank (all pass 0): only the CUDA check. */
+        if (!s->core->cuda)
+            return weft_set_error(s->core, WEFT_ERR_UNSUPPORTED, "%s: CUDA is not available in this comm",
+                                  coll_fn(a->kind));
+        return WEFT_SUCCESS;
+    }
     return enqueue(&g);
 }
 
 int weft_stream_allgather(struct weft_stream *s, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
                           struct CUstream_st *stream)
 {
-    struct gop g = { s, SOP_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, stream, 0 };
-    if (bytes_per_rank == 0) {
-        /* Nothing moves on any rank (all pass 0): only the CUDA check. */
-        if (!s->core->cuda)
-            return weft_set_error(s->core, WEFT_ERR_UNSUPPORTED,
-                                  "weft_allgather_on_stream: CUDA is not available in this comm");
-        return WEFT_SUCCESS;
-    }
-    return enqueue(&g);
+    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1 };
+    return weft_stream_coll(s, &a, stream);
 }
 
 int weft_stream_group_end(void)

@@ -52,6 +52,10 @@ int  weft_stream_send(struct weft_stream *s, const void *buf, size_t bytes, int 
                       struct CUstream_st *stream);
 int  weft_stream_recv(struct weft_stream *s, void *buf, size_t bytes, int peer, int tag,
                       struct CUstream_st *stream);
+/* Any collective (collectives/coll.h), queued like the others; count 0:
+ * nothing moves on any rank, only the CUDA check. */
+struct weft_coll_args;
+int  weft_stream_coll(struct weft_stream *s, const struct weft_coll_args *a, struct CUstream_st *stream);
 /* bytes_per_rank 0: nothing moves on any rank; only the CUDA check. */
 int  weft_stream_allgather(struct weft_stream *s, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
                            struct CUstream_st *stream);
