@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -434,6 +435,50 @@ TEST_F(Mismatch, AllgatherBlockSizes)
         "allgather 8 vs 16 B/rank",
         [&] { return weft_allgather(comm, out.data(), in.data(), bytes); },
         {"allgather(8 B/rank)", "allgather(16 B/rank)"}, {&in});
+}
+
+/* Rank 0: allreduce float32 sum; the others: int32 sum (same bytes). */
+TEST_F(Mismatch, AllreduceTypes)
+{
+    const size_t count = 1000;
+    std::vector<int32_t> out(count, rank);
+    GuardedBuffer in(count * sizeof(int32_t));
+    ASSERT_TRUE(in.ok());
+    const weft_dtype_t t = rank == 0 ? WEFT_FLOAT32 : WEFT_INT32;
+    expect_mismatch(
+        "allreduce float32 vs int32",
+        [&] { return weft_allreduce(comm, out.data(), in.data(), count, t, WEFT_SUM); },
+        {"allreduce(1000 x float32, sum)", "allreduce(1000 x int32, sum)"}, {&in});
+}
+
+/* Rank 0: allreduce sum; the others: max. */
+TEST_F(Mismatch, AllreduceOps)
+{
+    const size_t count = 64 * 1024 + 5;
+    std::vector<float> out(count, 1.0f);
+    GuardedBuffer in(count * sizeof(float));
+    ASSERT_TRUE(in.ok());
+    const weft_op_t op = rank == 0 ? WEFT_SUM : WEFT_MAX;
+    expect_mismatch(
+        "allreduce sum vs max",
+        [&] { return weft_allreduce(comm, out.data(), in.data(), count, WEFT_FLOAT32, op); },
+        {"sum", "max"}, {&in});
+}
+
+/* Rank 0: reduce_scatter; the others: alltoall. */
+TEST_F(Mismatch, ReduceScatterVsAlltoall)
+{
+    const size_t count = 256;
+    std::vector<int32_t> out(count * (size_t)size, rank);
+    GuardedBuffer in(count * sizeof(int32_t) * (size_t)size);
+    ASSERT_TRUE(in.ok());
+    expect_mismatch(
+        "reduce_scatter vs alltoall",
+        [&] {
+            return rank == 0 ? weft_reduce_scatter(comm, out.data(), in.data(), count, WEFT_INT32, WEFT_SUM)
+                             : weft_alltoall(comm, out.data(), in.data(), count * sizeof(int32_t));
+        },
+        {"reduce_scatter(", "alltoall("}, {&in});
 }
 
 /* Rank 0: bcast from root 0; the others: allgather. */
@@ -952,3 +997,51 @@ TEST_F(Abort, EndsBlockedCallsHereAndAtThePeer)
 }
 
 } // namespace
+
+/* The reductions' and non-blocking calls' arguments: each refused with
+ * WEFT_ERR_INVALID_ARG and a last error naming the call and the argument;
+ * nothing is started (the comm then runs a matching call normally). */
+TEST_F(Requests, ReductionArgumentsRefused)
+{
+    std::vector<float> a(64 * (size_t)size, 1.0f), b(64 * (size_t)size, 0.0f);
+    weft_request_t *req = nullptr;
+    struct Case { const char *what; std::function<int()> call; const char *names; };
+    const std::vector<Case> cases = {
+        { "dtype", [&] { return weft_allreduce(comm, a.data(), b.data(), 4, (weft_dtype_t)10, WEFT_SUM); },
+          "dtype 10" },
+        { "negative dtype", [&] { return weft_allreduce(comm, a.data(), b.data(), 4, (weft_dtype_t)-1, WEFT_SUM); },
+          "dtype -1" },
+        { "op", [&] { return weft_reduce_scatter(comm, a.data(), b.data(), 4, WEFT_FLOAT32, (weft_op_t)5); },
+          "op 5" },
+        { "NULL sendbuf", [&] { return weft_allreduce(comm, nullptr, b.data(), 4, WEFT_FLOAT32, WEFT_SUM); },
+          "sendbuf is NULL" },
+        { "NULL recvbuf", [&] { return weft_allreduce(comm, a.data(), nullptr, 4, WEFT_FLOAT32, WEFT_SUM); },
+          "recvbuf is NULL" },
+        { "overflow", [&] { return weft_allreduce(comm, a.data(), b.data(), SIZE_MAX / 2, WEFT_FLOAT32, WEFT_SUM); },
+          "overflows" },
+        { "overlap", [&] { return weft_allreduce(comm, a.data(), a.data() + 1, 4, WEFT_FLOAT32, WEFT_SUM); },
+          "overlaps" },
+        { "reduce_scatter overlap not in place",
+          [&] { return weft_reduce_scatter(comm, a.data(), a.data() + 1, 4, WEFT_FLOAT32, WEFT_SUM); }, "in-place" },
+        { "reduce root", [&] { return weft_reduce(comm, a.data(), b.data(), 4, WEFT_FLOAT32, WEFT_SUM, size); },
+          "root" },
+        { "alltoall overlap", [&] { return weft_alltoall(comm, a.data(), a.data() + 1, 8); }, "overlaps" },
+        { "NULL req", [&] { return weft_iallreduce(comm, a.data(), b.data(), 4, WEFT_FLOAT32, WEFT_SUM, nullptr); },
+          "req" },
+        { "NULL req barrier", [&] { return weft_ibarrier(comm, nullptr); }, "req" },
+        { "NULL comm", [&] { return weft_ialltoall(nullptr, a.data(), b.data(), 8, &req); }, nullptr },
+    };
+    for (const Case &c : cases) {
+        EXPECT_EQ(c.call(), WEFT_ERR_INVALID_ARG) << c.what;
+        if (c.names) {
+            EXPECT_NE(last_error().find(c.names), std::string::npos) << c.what << ": " << last_error();
+        }
+    }
+    /* Off the root, recvbuf of weft_reduce is not used: NULL is fine. */
+    EXPECT_EQ(weft_reduce(comm, a.data(), rank == 0 ? b.data() : nullptr, 64, WEFT_FLOAT32, WEFT_SUM, 0),
+              WEFT_SUCCESS) << last_error();
+    if (rank == 0) {
+        EXPECT_EQ(b[0], (float)size);
+        EXPECT_EQ(b[63], (float)size);
+    }
+}

@@ -23,6 +23,7 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -308,6 +309,78 @@ TEST_F(StreamTest, AllgatherOnStream)
     /* Zero bytes: nothing to do, success. */
     Stream s;
     EXPECT_EQ(weft_allgather_on_stream(comm, nullptr, nullptr, 0, s.s), WEFT_SUCCESS);
+}
+
+/* (f): the other collectives on a stream, each after slow work on the
+ * stream that writes its input and before a copy queued after it that reads
+ * its output: allreduce (out of place, then in place), reduce_scatter,
+ * bcast and alltoall, in one call order on every rank. */
+TEST_F(StreamTest, ReductionsBcastAlltoallOnStream)
+{
+    const size_t n = 1000 + 3;   /* int32 elements per rank block */
+    const size_t nb = n * sizeof(int32_t), total = nb * (size_t)size;
+    Stream s;
+    Dev in(total), out(total), a2a(total);
+    Pinned src(total), res(total), res2(total), res3(nb), res4(nb), res5(total);
+    ASSERT_TRUE(in.p && out.p && a2a.p && src.p && res.p && res2.p && res3.p && res4.p && res5.p);
+    int32_t *sv = reinterpret_cast<int32_t *>(src.p);
+    for (size_t i = 0; i < n * (size_t)size; i++)
+        sv[i] = (int32_t)(rank * 7 + (int)(i % 1000));
+    ASSERT_EQ(cudaMemset(in.p, 0, total), cudaSuccess);
+    ASSERT_EQ(cudaMemset(out.p, 0, total), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+    /* allreduce of n elements, out of place: the input lands late. */
+    ASSERT_EQ(weft_emu_cuda_stream_delay(s.s, 50 * 1000), cudaSuccess);
+    ASSERT_EQ(stream_copy(in.p, src.p, total, s.s), cudaSuccess);
+    ASSERT_EQ(weft_allreduce_on_stream(comm, in.p, out.p, n, WEFT_INT32, WEFT_SUM, s.s), WEFT_SUCCESS)
+        << last_error();
+    ASSERT_EQ(stream_copy(res.p, out.p, nb, s.s), cudaSuccess);
+    /* in place, max */
+    ASSERT_EQ(weft_allreduce_on_stream(comm, in.p, in.p, n, WEFT_INT32, WEFT_MAX, s.s), WEFT_SUCCESS)
+        << last_error();
+    ASSERT_EQ(stream_copy(res2.p, in.p, nb, s.s), cudaSuccess);
+    /* reduce_scatter of the whole input (restored first) */
+    ASSERT_EQ(stream_copy(in.p, src.p, total, s.s), cudaSuccess);
+    ASSERT_EQ(weft_reduce_scatter_on_stream(comm, in.p, out.p, n, WEFT_INT32, WEFT_SUM, s.s), WEFT_SUCCESS)
+        << last_error();
+    ASSERT_EQ(stream_copy(res3.p, out.p, nb, s.s), cudaSuccess);
+    /* bcast from the last rank */
+    ASSERT_EQ(weft_bcast_on_stream(comm, in.p, nb, size - 1, s.s), WEFT_SUCCESS) << last_error();
+    ASSERT_EQ(stream_copy(res4.p, in.p, nb, s.s), cudaSuccess);
+    /* alltoall of the (restored) input */
+    ASSERT_EQ(stream_copy(in.p, src.p, total, s.s), cudaSuccess);
+    ASSERT_EQ(weft_alltoall_on_stream(comm, in.p, a2a.p, nb, s.s), WEFT_SUCCESS) << last_error();
+    ASSERT_EQ(stream_copy(res5.p, a2a.p, total, s.s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+
+    const int32_t *r1 = reinterpret_cast<const int32_t *>(res.p), *r2 = reinterpret_cast<const int32_t *>(res2.p);
+    const int32_t *r3 = reinterpret_cast<const int32_t *>(res3.p), *r4 = reinterpret_cast<const int32_t *>(res4.p);
+    const int32_t *r5 = reinterpret_cast<const int32_t *>(res5.p);
+    int bad[5] = { 0, 0, 0, 0, 0 };
+    for (size_t i = 0; i < n; i++) {
+        int32_t sum = 0, mx = INT32_MIN, rs = 0;
+        for (int r = 0; r < size; r++) {
+            int32_t v = (int32_t)(r * 7 + (int)(i % 1000));
+            sum += v;
+            mx = v > mx ? v : mx;
+            rs += (int32_t)(r * 7 + (int)(((size_t)rank * n + i) % 1000));
+        }
+        bad[0] += r1[i] != sum;
+        bad[1] += r2[i] != mx;
+        bad[2] += r3[i] != rs;
+        bad[3] += r4[i] != (int32_t)((size - 1) * 7 + (int)(i % 1000));
+        for (int r = 0; r < size; r++)   /* block r came from rank r: its block `rank` */
+            bad[4] += r5[(size_t)r * n + i] != (int32_t)(r * 7 + (int)(((size_t)rank * n + i) % 1000));
+    }
+    EXPECT_EQ(bad[0], 0) << "allreduce sum on stream";
+    EXPECT_EQ(bad[1], 0) << "allreduce max in place on stream";
+    EXPECT_EQ(bad[2], 0) << "reduce_scatter on stream";
+    EXPECT_EQ(bad[3], 0) << "bcast on stream";
+    EXPECT_EQ(bad[4], 0) << "alltoall on stream";
+    /* Zero counts queue nothing. */
+    EXPECT_EQ(weft_allreduce_on_stream(comm, nullptr, nullptr, 0, WEFT_FLOAT32, WEFT_SUM, s.s), WEFT_SUCCESS);
+    EXPECT_EQ(weft_allreduce_on_stream(comm, in.p, out.p, 4, (weft_dtype_t)99, WEFT_SUM, s.s), WEFT_ERR_INVALID_ARG);
 }
 
 /* A receive buffer too small: the stream is released, the next
