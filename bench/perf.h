@@ -15,6 +15,7 @@
  *
  *     perf_p2p.c   perf_sendrecv, perf_init
  *     perf_coll.c  perf_allgather, perf_bcast
+ *     perf_reduce.c perf_allreduce, perf_reduce_scatter, perf_alltoall
  *     perf_mem.c   buffers in host or CUDA device memory (-d host|cuda)
  */
 #ifndef WEFT_PERF_H
@@ -40,9 +41,9 @@ struct perf_opts {
     size_t      window_cap;    /* -m: bytes one side's window buffers may take in all */
     int         one_pair;      /* -o: sendrecv between ranks 0 and 1 only, others wait */
     const char *tests;         /* -t: sendrecv: "lat", "bw" or NULL for both */
-    const char *algo;          /* -a: collectives: force an algorithm (WEFT_ALLGATHER_ALGO); NULL = selector */
+    const char *algo;          /* -a: collectives: force an algorithm (the mode's WEFT_*_ALGO); NULL = selector */
     int         root;          /* -R: bcast root */
-    int         device;        /* -d cuda: buffers in CUDA device memory (sendrecv, allgather, bcast) */
+    int         device;        /* -d cuda: buffers in CUDA device memory (every mode but init) */
 
     /* Filled by perf_mem_init. */
     int         mpi_direct;    /* MPI gets the benchmark's buffers as they are (host memory, or a
@@ -61,6 +62,9 @@ int perf_sendrecv(const struct perf_opts *o, weft_comm_t *c);  /* perf_p2p.c */
 int perf_init(const struct perf_opts *o, weft_comm_t *c);      /* perf_p2p.c; c is NULL */
 int perf_allgather(const struct perf_opts *o, weft_comm_t *c); /* perf_coll.c */
 int perf_bcast(const struct perf_opts *o, weft_comm_t *c);     /* perf_coll.c */
+int perf_allreduce(const struct perf_opts *o, weft_comm_t *c);      /* perf_reduce.c */
+int perf_reduce_scatter(const struct perf_opts *o, weft_comm_t *c); /* perf_reduce.c */
+int perf_alltoall(const struct perf_opts *o, weft_comm_t *c);       /* perf_reduce.c */
 
 /* ---- helpers (weft_perf.c) ---- */
 

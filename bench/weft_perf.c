@@ -4,8 +4,9 @@
  *   mpirun -np 2 build/bench/weft-perf sendrecv [options]
  *
  * This file holds main(), option parsing and the helpers every subcommand
- * shares (perf.h). The subcommands are in perf_p2p.c (sendrecv, init) and
- * perf_coll.c (allgather, bcast).
+ * shares (perf.h). The subcommands are in perf_p2p.c (sendrecv, init),
+ * perf_coll.c (allgather, bcast) and perf_reduce.c (allreduce,
+ * reduce_scatter, alltoall).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -241,10 +242,16 @@ static void usage(FILE *f)
         "             MPI_Comm_dup + MPI_Allgather of one rank card / MPI_Comm_free\n"
         "  allgather  weft_allgather vs MPI_Allgather\n"
         "  bcast      weft_bcast vs MPI_Bcast\n"
+        "  allreduce  weft_allreduce vs MPI_Allreduce (float32 sum)\n"
+        "  reduce_scatter  weft_reduce_scatter vs MPI_Reduce_scatter_block (float32 sum)\n"
+        "  alltoall   weft_alltoall vs MPI_Alltoall\n"
+        "             (these three: size = the collective's whole buffer per rank, as\n"
+        "             nccl-tests; 8 B .. 64M by default)\n"
         "\n"
         "options:\n"
-        "  -b SIZE    smallest size (default 8; sendrecv/allgather/bcast)\n"
-        "  -e SIZE    largest size (sendrecv: 64M, collectives: 16M)\n"
+        "  -b SIZE    smallest size (default 8)\n"
+        "  -e SIZE    largest size (sendrecv, allreduce, reduce_scatter, alltoall: 64M;\n"
+        "             allgather, bcast: 16M)\n"
         "  -f N       size factor between steps (default 2)\n"
         "  -r N       repetitions per size; the table shows medians (sendrecv 15, init 10)\n"
         "  -n N       iterations per repetition (default: scaled down with size)\n"
@@ -256,10 +263,11 @@ static void usage(FILE *f)
         "  -t lat|bw  sendrecv: only the latency or only the bandwidth table\n"
         "  -c         fill and verify the data of every message; #wrong counts bad bytes\n"
         "             (timings then include the fill/verify work)\n"
-        "  -a ALGO    collectives: force an algorithm (sets WEFT_ALLGATHER_ALGO)\n"
+        "  -a ALGO    collectives: force an algorithm (sets the mode's WEFT_ALLGATHER_ALGO,\n"
+        "             WEFT_ALLREDUCE_ALGO, WEFT_REDUCE_SCATTER_ALGO or WEFT_ALLTOALL_ALGO)\n"
         "  -R RANK    bcast root (default 0)\n"
         "  -d MEM     buffers in host memory (host, default) or CUDA device memory (cuda):\n"
-        "             sendrecv, allgather, bcast. The CUDA runtime is loaded at run time from\n"
+        "             every mode but init. The CUDA runtime is loaded at run time from\n"
         "             WEFT_CUDA_LIB (as weft does), else libcudart.so; one device per local\n"
         "             rank. MPI gets the device data staged through host buffers unless the\n"
         "             MPI library is CUDA-aware (the header says which)\n"
@@ -370,11 +378,15 @@ static int count_nodes(void)
 
 typedef int (*perf_fn)(const struct perf_opts *, weft_comm_t *);
 
-static const struct { const char *name; perf_fn fn; int needs_comm; } subcommands[] = {
-    { "sendrecv",  perf_sendrecv,  1 },
-    { "init",      perf_init,      0 },   /* creates and destroys its own comms */
-    { "allgather", perf_allgather, 1 },
-    { "bcast",     perf_bcast,     1 },
+/* algo_env: what -a sets (read by weft_comm_create). */
+static const struct { const char *name; perf_fn fn; int needs_comm; const char *algo_env; } subcommands[] = {
+    { "sendrecv",       perf_sendrecv,       1, "WEFT_ALLGATHER_ALGO" },
+    { "init",           perf_init,           0, "WEFT_ALLGATHER_ALGO" },   /* creates and destroys its own comms */
+    { "allgather",      perf_allgather,      1, "WEFT_ALLGATHER_ALGO" },
+    { "bcast",          perf_bcast,          1, "WEFT_ALLGATHER_ALGO" },
+    { "allreduce",      perf_allreduce,      1, "WEFT_ALLREDUCE_ALGO" },
+    { "reduce_scatter", perf_reduce_scatter, 1, "WEFT_REDUCE_SCATTER_ALGO" },
+    { "alltoall",       perf_alltoall,       1, "WEFT_ALLTOALL_ALGO" },
 };
 
 int main(int argc, char **argv)
@@ -394,6 +406,7 @@ int main(int argc, char **argv)
 
     perf_fn fn = NULL;
     int needs_comm = 0, rc = 1;
+    const char *algo_env = NULL;
     const char *cmd = argc > 1 ? argv[1] : NULL;
     if (cmd && (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0)) {
         if (o.rank == 0)
@@ -405,6 +418,7 @@ int main(int argc, char **argv)
         if (strcmp(cmd, subcommands[i].name) == 0) {
             fn = subcommands[i].fn;
             needs_comm = subcommands[i].needs_comm;
+            algo_env = subcommands[i].algo_env;
         }
     }
     if (!fn) {
@@ -423,8 +437,8 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return prc == 2 ? 0 : 1;
     }
-    if (o.algo && setenv("WEFT_ALLGATHER_ALGO", o.algo, 1) != 0) {
-        fprintf(stderr, "weft-perf rank %d: setenv WEFT_ALLGATHER_ALGO: %s\n", o.rank, strerror(errno));
+    if (o.algo && setenv(algo_env, o.algo, 1) != 0) {
+        fprintf(stderr, "weft-perf rank %d: setenv %s: %s\n", o.rank, algo_env, strerror(errno));
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     o.nodes = count_nodes();
