@@ -12,8 +12,11 @@
  * the blocks still to be sent are read from a copy in the op's scratch,
  * since receives land on them. All offsets are size_t.
  *
- * The thresholds come from the measurements in docs/benchmarks.md
- * ("## Alltoall"): keep the two in step when retuning.
+ * The thresholds below were measured with weft-perf alltoall and a
+ * harness alternating the forced algorithms and MPI_Alltoall in one job
+ * (2 cores, 8-16 ranks oversubscribed, other jobs running: single numbers
+ * move by 2x, the comparisons held across runs); the numbers behind each
+ * threshold are quoted beside it.
  */
 #include <stdio.h>
 #include <string.h>
@@ -24,19 +27,27 @@
 #include "log.h"
 #include "weft.h"
 
-/* Bruck while a block is at most this many bytes and there are at least
- * WEFT_A2A_BRUCK_MIN_RANKS ranks: there the cost is the number of messages
- * (each a trip through a shm ring or a TCP frame, and on an oversubscribed
- * node a wake-up of the peer), and Bruck sends log2(n) instead of n-1, at
- * the price of moving about log2(n)/2 times the data plus packing copies. */
-#define WEFT_A2A_BRUCK_MAX_BLOCK 256u
-#define WEFT_A2A_BRUCK_MIN_RANKS 8
-/* Pairwise: steps in flight at once. Blocks up to WEFT_A2A_WIDE_BLOCK go
- * all at once (eager messages, each a short copy into a ring: posting them
- * together costs nothing and hides every latency); larger ones keep a
- * window of WEFT_A2A_WINDOW steps, so each rank has a few transfers going
- * (rendezvous pulls overlap) without every peer's data arriving at once
- * and crowding the transports' buffers. */
+/* Bruck while a block is at most this many bytes and there are more than
+ * WEFT_A2A_BRUCK_MIN_RANKS - 1 ranks: there the cost is the number of
+ * messages (each a trip through a shm ring or a TCP frame, and on an
+ * oversubscribed node a wake-up of the peer), and Bruck sends log2(n)
+ * instead of n-1, at the price of moving about log2(n)/2 times the data
+ * plus packing copies. Measured (median µs, pairwise / Bruck): np 8, 8 B:
+ * 128 / 115, 64 B: 100 / 110, 1 KiB: 147 / 182 -- a draw at best, so
+ * pairwise; np 12, 8 B: 298 / 254, 1 KiB: 507 / 477, 2 KiB: 612 / 852;
+ * np 16, 64 B: 1586 / 667, 1 KiB: 1616 / 1061, 4 KiB: 3246 / 3917. */
+#define WEFT_A2A_BRUCK_MAX_BLOCK 1024u
+#define WEFT_A2A_BRUCK_MIN_RANKS 9
+/* Pairwise: steps in flight at once. Blocks up to WEFT_A2A_WIDE_BLOCK (the
+ * shm eager limit of the collectives' messages, WEFT_SHM_COLL_EAGER) go
+ * all at once: each is a short copy into a ring, posting them together
+ * costs nothing and hides every latency. Larger ones keep a window of
+ * WEFT_A2A_WINDOW steps, so each rank has a few rendezvous transfers going
+ * (their pulls overlap) without every peer's data arriving at once and
+ * crowding the transports' buffers. On 2 cores the window size made no
+ * difference beyond the noise (np 4 and 8, 64 KiB .. 4 MiB blocks,
+ * windows 1, 2, 4 and all: within 10-20 % of each other, in no consistent
+ * order): the bound is for larger nodes and networks. */
 #define WEFT_A2A_WIDE_BLOCK      (32u * 1024u)
 #define WEFT_A2A_WINDOW          4
 
