@@ -123,6 +123,16 @@ static int load_locked(const char *path, char *why, size_t whylen)
     E(cuMemGetAddressRange, "cuMemGetAddressRange", 0);
     E(cuMemGetHandleForAddressRange, "cuMemGetHandleForAddressRange", 1);
     E(cuGetErrorString, "cuGetErrorString", 0);
+    /* Without these only the reduction kernels are missing: device
+     * reductions then stage through host memory. */
+    E(cuModuleLoadData, "cuModuleLoadData", 1);
+    E(cuModuleGetFunction, "cuModuleGetFunction", 1);
+    E(cuModuleUnload, "cuModuleUnload", 1);
+    E(cuLaunchKernel, "cuLaunchKernel", 1);
+    E(cuStreamGetCtx, "cuStreamGetCtx", 1);
+    E(cuCtxPushCurrent, "cuCtxPushCurrent", 1);
+    E(cuCtxPopCurrent, "cuCtxPopCurrent", 1);
+    E(cuCtxGetDevice, "cuCtxGetDevice", 1);
 #undef E
     cuda.handle = h;
     snprintf(cuda.path, sizeof(cuda.path), "%s", path);

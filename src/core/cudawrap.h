@@ -6,9 +6,9 @@
  * "libcudart.so"; tests point it at the emulated runtime tests/emu/cuda/,
  * the same file the test program links, so both see one instance and one
  * state) and resolves the runtime calls weft makes into one table. Driver
- * calls (stream memory operations, pointer attributes, address ranges) come
- * through cudaGetDriverEntryPointByVersion, so weft needs no libcuda symbol
- * either.
+ * calls (stream memory operations, pointer attributes, address ranges, and
+ * the module and launch calls of the reduction kernels) come through
+ * cudaGetDriverEntryPointByVersion, so weft needs no libcuda symbol either.
  *
  * Memory kinds. weft_cuda_mem_attr() tells host, pinned host and device
  * memory apart with the driver's pointer attributes (no CUDA context is
@@ -109,6 +109,19 @@ struct weft_cuda {
     CUresult (*cuMemGetHandleForAddressRange)(void *handle, CUdeviceptr ptr, size_t size,
                                               CUmemRangeHandleType type, unsigned long long flags);
     CUresult (*cuGetErrorString)(CUresult err, const char **str);
+    /* optional (NULL when absent): the reduction kernels (collectives/
+     * reduce_device.c): a module per context, launched on weft's stream in
+     * the stream's context */
+    CUresult (*cuModuleLoadData)(CUmodule *module, const void *image);
+    CUresult (*cuModuleGetFunction)(CUfunction *fn, CUmodule module, const char *name);
+    CUresult (*cuModuleUnload)(CUmodule module);
+    CUresult (*cuLaunchKernel)(CUfunction fn, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                               unsigned int by, unsigned int bz, unsigned int shared_bytes, CUstream s,
+                               void **params, void **extra);
+    CUresult (*cuStreamGetCtx)(CUstream s, CUcontext *ctx);
+    CUresult (*cuCtxPushCurrent)(CUcontext ctx);
+    CUresult (*cuCtxPopCurrent)(CUcontext *ctx);
+    CUresult (*cuCtxGetDevice)(CUdevice *device);
     int   device_count;
 };
 

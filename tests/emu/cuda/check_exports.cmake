@@ -38,7 +38,9 @@ set(required cudaGetDeviceCount cudaMalloc cudaFree cudaPointerGetAttributes cud
   cudaStreamCreateWithFlags cudaIpcGetMemHandle cudaIpcOpenMemHandle cudaIpcCloseMemHandle
   cudaGetDriverEntryPoint cudaGetDriverEntryPointByVersion cuStreamWaitValue32_v2
   cuStreamWriteValue32_v2 cuPointerGetAttribute cuPointerGetAttributes cuMemGetAddressRange_v2
-  cuMemGetHandleForAddressRange cuGetErrorString weft_emu_cuda_stream_delay)
+  cuMemGetHandleForAddressRange cuGetErrorString weft_emu_cuda_stream_delay
+  cuModuleLoadData cuModuleGetFunction cuModuleUnload cuLaunchKernel cuStreamGetCtx cuCtxPushCurrent_v2
+  cuCtxPopCurrent_v2 cuCtxGetDevice)
 foreach(fn IN LISTS required)
   if(NOT fn IN_LIST exported)
     message(FATAL_ERROR "${LIB} does not export ${fn}")

@@ -2214,6 +2214,102 @@ cudaError_t cudaIpcCloseMemHandle(void *devPtr)
     return cudaSuccess;
 }
 
+/* ------------------------------------------------------------------ contexts, modules, kernels */
+
+/* Contexts: one per device (the primary context, g_ctx). cuCtxPushCurrent
+ * makes its device the thread's current device -- what the runtime does
+ * with a context made current through the driver -- until the matching
+ * cuCtxPopCurrent restores the previous one. */
+#define EMU_CTX_DEPTH 16
+static _Thread_local int t_ctx_saved[EMU_CTX_DEPTH];
+static _Thread_local int t_ctx_depth;
+
+static int ctx_device(CUcontext ctx)
+{
+    for (int d = 0; d < g_ndev; d++)
+        if (ctx == &g_ctx[d]) return d;
+    return -1;
+}
+
+CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
+{
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    cudaError_t e = ensure();
+    if (e) return drv_err(e);
+    struct CUstream_st *s;
+    if (stream_resolve(hStream, &s) != cudaSuccess) return CUDA_ERROR_INVALID_HANDLE;
+    *pctx = &g_ctx[s->device];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPushCurrent(CUcontext ctx)
+{
+    cudaError_t e = ensure();
+    if (e) return drv_err(e);
+    int d = ctx_device(ctx);
+    if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_ctx_depth == EMU_CTX_DEPTH) return CUDA_ERROR_OUT_OF_MEMORY;
+    t_ctx_saved[t_ctx_depth++] = t_dev;
+    t_dev = d;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxPopCurrent(CUcontext *pctx)
+{
+    cudaError_t e = ensure();
+    if (e) return drv_err(e);
+    if (t_ctx_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
+    if (pctx) *pctx = &g_ctx[t_dev];
+    t_dev = t_ctx_saved[--t_ctx_depth];
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxGetDevice(CUdevice *device)
+{
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    cudaError_t e = ensure();
+    if (e) return drv_err(e);
+    *device = t_dev;
+    return CUDA_SUCCESS;
+}
+
+/* Kernels cannot run here: loading a module is refused with
+ * CUDA_ERROR_NOT_SUPPORTED, so no module or function handle ever exists
+ * and the calls that take one fail with CUDA_ERROR_INVALID_HANDLE. weft
+ * sees the refusal of a real driver call (and stages device reductions
+ * through host memory) rather than a missing entry point. */
+CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+    *module = NULL;
+    cudaError_t e = ensure();
+    if (e) return drv_err(e);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    (void)hmod;
+    if (!hfunc || !name) return CUDA_ERROR_INVALID_VALUE;
+    *hfunc = NULL;
+    return CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuModuleUnload(CUmodule hmod)
+{
+    (void)hmod;
+    return CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+                        unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+                        unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
+{
+    (void)f; (void)gridDimX; (void)gridDimY; (void)gridDimZ; (void)blockDimX; (void)blockDimY;
+    (void)blockDimZ; (void)sharedMemBytes; (void)hStream; (void)kernelParams; (void)extra;
+    return CUDA_ERROR_INVALID_HANDLE;
+}
+
 /* ------------------------------------------------------------------ driver entry points */
 
 struct entry { const char *name; void *fn; int since; };
@@ -2231,6 +2327,14 @@ static const struct entry g_entries[] = {
     { "cuGetErrorName", (void *)cuGetErrorName, 6000 },
     { "cuDeviceGetAttribute", (void *)cuDeviceGetAttribute, 2000 },
     { "cuDriverGetVersion", (void *)cuDriverGetVersion, 2020 },
+    { "cuStreamGetCtx", (void *)cuStreamGetCtx, 9020 },
+    { "cuCtxPushCurrent", (void *)cuCtxPushCurrent, 4000 },
+    { "cuCtxPopCurrent", (void *)cuCtxPopCurrent, 4000 },
+    { "cuCtxGetDevice", (void *)cuCtxGetDevice, 2000 },
+    { "cuModuleLoadData", (void *)cuModuleLoadData, 2000 },
+    { "cuModuleGetFunction", (void *)cuModuleGetFunction, 2000 },
+    { "cuModuleUnload", (void *)cuModuleUnload, 2000 },
+    { "cuLaunchKernel", (void *)cuLaunchKernel, 4000 },
 };
 
 static int lookup_entry(const char *symbol, int version, void **fn)
