@@ -34,8 +34,9 @@ static const char *kind_fn(int kind)
     }
 }
 
-/* Logged once per process: the first staged call says why. */
-static int staged_logged;
+/* Logged once per process and reason: the first staged call says why
+ * (kernels refused, or host and device buffers mixed). */
+static int staged_logged_refused, staged_logged_mixed;
 
 int coll_reduce_begin(struct weft_coll *cc, const struct weft_coll_args *a, size_t in_bytes, size_t out_bytes,
                       const void **sendbuf, void **recvbuf, struct weft_sched_call *call,
@@ -43,7 +44,7 @@ int coll_reduce_begin(struct weft_coll *cc, const struct weft_coll_args *a, size
 {
     struct weft_core *core = cc->core;
     const char *fn = kind_fn(a->kind);
-    int skind = WEFT_MEM_HOST, rkind = WEFT_MEM_HOST, dev, rc;
+    int skind = WEFT_MEM_HOST, rkind = WEFT_MEM_HOST, sdevno = -1, rdevno = -1, rc;
 
     memset(plan, 0, sizeof *plan);
     plan->user_send = a->sendbuf;
@@ -62,9 +63,9 @@ int coll_reduce_begin(struct weft_coll *cc, const struct weft_coll_args *a, size
     call->stage = NULL;
     call->stage_cc = NULL;
 
-    if ((rc = weft_mem_classify(core, a->sendbuf, in_bytes, -1, -1, fn, &skind, &dev)) != WEFT_SUCCESS)
+    if ((rc = weft_mem_classify(core, a->sendbuf, in_bytes, -1, -1, fn, &skind, &sdevno)) != WEFT_SUCCESS)
         return rc;
-    if ((rc = weft_mem_classify(core, a->recvbuf, out_bytes, -1, -1, fn, &rkind, &dev)) != WEFT_SUCCESS)
+    if ((rc = weft_mem_classify(core, a->recvbuf, out_bytes, -1, -1, fn, &rkind, &rdevno)) != WEFT_SUCCESS)
         return rc;
     /* Managed memory is host-accessible: reduced where it is read. */
     int sdev = in_bytes > 0 && skind == WEFT_MEM_DEVICE;
@@ -73,11 +74,13 @@ int coll_reduce_begin(struct weft_coll *cc, const struct weft_coll_args *a, size
         return WEFT_SUCCESS;
 
     char why[256] = "";
-    if ((sdev || in_bytes == 0) && (rdev || out_bytes == 0) && weft_reduce_device_available(core, why, sizeof why)) {
+    int devno = sdev ? sdevno : rdevno;
+    if ((sdev || in_bytes == 0) && (rdev || out_bytes == 0) && (!sdev || !rdev || sdevno == rdevno) &&
+        weft_reduce_device_available(core, devno, why, sizeof why)) {
         call->scratch_dev = 1;
         return WEFT_SUCCESS;
     }
-    if (!__atomic_exchange_n(&staged_logged, 1, __ATOMIC_RELAXED))
+    if (!__atomic_exchange_n(why[0] ? &staged_logged_refused : &staged_logged_mixed, 1, __ATOMIC_RELAXED))
         WEFT_INFO(core->rank, "%s: device buffers are reduced on host copies (%s)", fn,
                   why[0] ? why : "host and device buffers mixed");
 

@@ -311,12 +311,18 @@ static int launch(struct weft_core *core, CUfunction f, void **params, size_t co
     return WEFT_SUCCESS;
 }
 
-int weft_reduce_device_available(struct weft_core *core, char *why, size_t whylen)
+int weft_reduce_device_available(struct weft_core *core, int device, char *why, size_t whylen)
 {
     const struct kmod *k;
     if (enter(core, &k, why, whylen) != WEFT_SUCCESS)
         return 0;
+    int kdev = k->device;
     leave();
+    if (device >= 0 && device != kdev) {
+        snprintf(why, whylen, "the buffers are on device %d, weft's CUDA stream (created at weft_comm_create) on "
+                 "device %d", device, kdev);
+        return 0;
+    }
     if (whylen)
         why[0] = '\0';
     return 1;
@@ -381,9 +387,10 @@ int weft_reduce_device_div(struct weft_core *core, void *dst, const void *src, s
 
 #else /* !WEFT_REDUCE_KERNELS */
 
-int weft_reduce_device_available(struct weft_core *core, char *why, size_t whylen)
+int weft_reduce_device_available(struct weft_core *core, int device, char *why, size_t whylen)
 {
     (void)core;
+    (void)device;
 #ifdef WEFT_HAVE_CUDA_HEADERS
     snprintf(why, whylen, "no reduction kernels in this build (nvcc not found, or WEFT_CUDA_KERNELS=OFF)");
 #else

@@ -51,7 +51,9 @@ uint16_t weft_float_to_bf16(float f);
  * (cuModuleLoadData) on first use. When not (no fatbin built, the emulated
  * runtime, no image for this GPU's architecture), why says so, logged once
  * at info by the caller; the collectives then stage through host memory. */
-int  weft_reduce_device_available(struct weft_core *core, char *why, size_t whylen);
+/* device: the ordinal of the call's device buffers (-1: any); kernels run
+ * only on weft's stream's device, so buffers elsewhere are staged. */
+int  weft_reduce_device_available(struct weft_core *core, int device, char *why, size_t whylen);
 /* The device forms of the two calls above: launched on weft's CUDA stream
  * (weft_devcopy_stream) and waited for. WEFT_SUCCESS, or an error with the
  * last error naming what and the CUDA error. */

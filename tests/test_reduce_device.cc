@@ -123,7 +123,7 @@ TEST(ReduceDevice, NoCudaInComm)
     TestCore t;
     t.core.cuda = 0;
     char why[512] = "x";
-    EXPECT_EQ(weft_reduce_device_available(&t.core, why, sizeof why), 0);
+    EXPECT_EQ(weft_reduce_device_available(&t.core, -1, why, sizeof why), 0);
 #ifdef WEFT_HAVE_REDUCE_FATBIN
     EXPECT_TRUE(has(why, "CUDA is not available in this comm")) << why;
 #else
@@ -221,8 +221,8 @@ TEST(ReduceDeviceChild, EmulatorRefusesModules)
     ASSERT_EQ(cu->SetDevice(1), cudaSuccess);
 
     char why1[512] = "", why2[512] = "";
-    EXPECT_EQ(weft_reduce_device_available(&t.core, why1, sizeof why1), 0);
-    EXPECT_EQ(weft_reduce_device_available(&t.core, why2, sizeof why2), 0);
+    EXPECT_EQ(weft_reduce_device_available(&t.core, -1, why1, sizeof why1), 0);
+    EXPECT_EQ(weft_reduce_device_available(&t.core, -1, why2, sizeof why2), 0);
     EXPECT_STREQ(why1, why2) << "the refusal is kept, not retried";
 #ifdef WEFT_HAVE_REDUCE_FATBIN
     EXPECT_TRUE(has(why1, "cuModuleLoadData refused the reduction kernels on device 0")) << why1;
@@ -544,7 +544,7 @@ TEST(ReduceDeviceChild, GpuKernels)
     TestCore t;
     t.core.cuda = 1;
     ASSERT_EQ(weft_devcopy_init(&t.core), WEFT_SUCCESS);
-    ASSERT_EQ(weft_reduce_device_available(&t.core, why, sizeof why), 1) << why;
+    ASSERT_EQ(weft_reduce_device_available(&t.core, -1, why, sizeof why), 1) << why;
 
     const size_t counts[] = { 1, 7, 33, 4099, (1u << 20) + 3 };
     const size_t max_bytes = ((1u << 20) + 3) * 8 + 64;
