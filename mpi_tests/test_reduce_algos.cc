@@ -1,0 +1,494 @@
+/*
+ * The reduction algorithms, each forced on a comm of its own
+ * (WEFT_ALLREDUCE_ALGO, WEFT_REDUCE_SCATTER_ALGO, WEFT_REDUCE_ALGO, read at
+ * weft_comm_create) plus the selector ("auto"), with 4 KiB reduction chunks
+ * (WEFT_REDUCE_CHUNK_KB=4) so that small vectors already cross chunk, group
+ * and window boundaries:
+ *
+ *   int32 sum, float32 sum, float16 avg: counts 0, 1, 7, 1000, a chunk
+ *   -1/0/+1, n chunks -1/+1 (ring blocks of a chunk +-1), 5n chunks + 3
+ *   (several groups of the ring, several windows of rd / halving);
+ *   int32 avg/max, float32 avg/max, float16 sum/max: 1, 7, n chunks + 1
+ *   (none of these under WEFT_TEST_SIZES=reduced); each in place and out of
+ *   place; reduce with the root moving round; reduce_scatter also over
+ *   more than 1 MiB (halving in pieces).
+ *
+ * Checked: the result against a reference computed here from every rank's
+ * input (exact for integers and max, within a rounding bound for float
+ * sums; the order of a float reduction is the algorithm's); allreduce:
+ * bit-identical results on every rank (a hash of each result compared
+ * across ranks, so one rank per call, in turn, checks the reference), the
+ * same bits when a call is repeated; guard elements around recvbuf
+ * untouched; sendbuf never written (in place reduce_scatter: only the
+ * rank's own block). Other dtype x op combinations are the business of the
+ * reduction matrix test; this one is about the algorithms' schedules.
+ */
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "weft.h"
+#include "weft_mpi_test.h"
+
+using namespace weft_mpitest;
+
+namespace {
+
+constexpr size_t kChunkBytes = 4096;   /* WEFT_REDUCE_CHUNK_KB=4 */
+constexpr size_t kGuard = 16;          /* guard elements on each side of recvbuf */
+/* Wrong results are reported up to this many per test; the test goes on
+ * (returning early on one rank would leave the others waiting in the next
+ * collective). */
+constexpr int kMaxReports = 3;
+
+/* ---- float16 (IEEE binary16) conversions, round to nearest even ---- */
+
+uint16_t f2h(float f)
+{
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, exp = (x >> 23) & 0xffu, mant = x & 0x7fffffu;
+    if (exp == 0xff)
+        return (uint16_t)(sign | 0x7c00u | (mant ? 0x200u : 0));
+    int e = (int)exp - 127 + 15;
+    if (e >= 31)
+        return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) {
+        if (e < -10)
+            return (uint16_t)sign;
+        mant |= 0x800000u;
+        int shift = 14 - e;
+        uint32_t h = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1)))
+            h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)e << 10) | (mant >> 13), rem = mant & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1)))
+        h++;
+    return (uint16_t)(sign | h);
+}
+
+float h2f(uint16_t h)
+{
+    uint32_t s = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        float v = std::ldexp((float)m, -24);
+        return s ? -v : v;
+    }
+    uint32_t x = e == 31 ? (s | 0x7f800000u | (m << 13)) : (s | ((e - 15 + 127) << 23) | (m << 13));
+    float f;
+    std::memcpy(&f, &x, 4);
+    return f;
+}
+
+/* ---- inputs ---- */
+
+size_t esize(weft_dtype_t t)
+{
+    return t == WEFT_FLOAT16 ? 2 : 4;
+}
+
+const char *dname(weft_dtype_t t)
+{
+    return t == WEFT_INT32 ? "int32" : t == WEFT_FLOAT32 ? "float32" : "float16";
+}
+
+const char *oname(weft_op_t o)
+{
+    return o == WEFT_SUM ? "sum" : o == WEFT_AVG ? "avg" : "max";
+}
+
+/* Elements [lo, hi) of rank r's input of call `call`: full-range integers
+ * (sums wrap); floats with full mantissas in [-2, 2), so the order of a
+ * float reduction shows in its last bits. */
+void gen_range(weft_dtype_t t, int rank, uint64_t call, size_t lo, size_t hi, std::vector<unsigned char> &out)
+{
+    uint64_t seed = mix64(((uint64_t)(uint32_t)rank << 48) ^ (call << 8) ^ 0x1234567ull);
+    out.resize((hi - lo) * esize(t));
+    unsigned char *p = out.data();
+    for (size_t i = lo; i < hi; i++) {
+        uint64_t h = mix64(seed + (uint64_t)i * 0x9e3779b97f4a7c15ull);
+        if (t == WEFT_INT32) {
+            uint32_t v = (uint32_t)h;
+            std::memcpy(p, &v, 4);
+            p += 4;
+        } else {
+            float f = (float)((double)(h >> 11) * (4.0 / 9007199254740992.0) - 2.0);
+            if (t == WEFT_FLOAT32) {
+                std::memcpy(p, &f, 4);
+                p += 4;
+            } else {
+                uint16_t v = f2h(f);
+                std::memcpy(p, &v, 2);
+                p += 2;
+            }
+        }
+    }
+}
+
+void gen(weft_dtype_t t, int rank, uint64_t call, size_t count, std::vector<unsigned char> &out)
+{
+    gen_range(t, rank, call, 0, count, out);
+}
+
+double elem_value(weft_dtype_t t, const unsigned char *p)
+{
+    if (t == WEFT_FLOAT32) {
+        float f;
+        std::memcpy(&f, p, 4);
+        return f;
+    }
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return h2f(h);
+}
+
+/* The reference of elements [lo, hi) of the reduction over all n ranks
+ * of call `call`, checked against got (hi - lo elements). "" when it
+ * matches, else the first mismatch. */
+std::string check_result(weft_dtype_t t, weft_op_t op, int n, uint64_t call, size_t count, size_t lo, size_t hi,
+                         const unsigned char *got)
+{
+    (void)count;
+    std::vector<std::vector<unsigned char>> in(n);
+    for (int r = 0; r < n; r++)
+        gen_range(t, r, call, lo, hi, in[r]);
+    size_t es = esize(t);
+    for (size_t i = lo; i < hi; i++) {
+        const unsigned char *g = got + (i - lo) * es;
+        size_t j = i - lo;
+        std::ostringstream why;
+        if (t == WEFT_INT32) {
+            uint32_t sum = 0;
+            int32_t mx = INT32_MIN, v;
+            for (int r = 0; r < n; r++) {
+                std::memcpy(&v, &in[r][j * 4], 4);
+                sum += (uint32_t)v;
+                mx = v > mx ? v : mx;
+            }
+            int32_t want = op == WEFT_MAX ? mx : op == WEFT_SUM ? (int32_t)sum : (int32_t)sum / n, have;
+            std::memcpy(&have, g, 4);
+            if (have != want)
+                why << "element " << i << ": " << have << ", expected " << want;
+        } else {
+            double sum = 0, sabs = 0, mx = -INFINITY;
+            for (int r = 0; r < n; r++) {
+                double v = elem_value(t, &in[r][j * es]);
+                sum += v;
+                sabs += std::fabs(v);
+                mx = v > mx ? v : mx;
+            }
+            double have = elem_value(t, g);
+            if (op == WEFT_MAX) {
+                if (have != mx)
+                    why << "element " << i << ": " << have << ", expected max " << mx;
+            } else {
+                /* Rounding after each of n-1 additions (float16: every step
+                 * rounded back to half), then once more for avg. */
+                double eps = t == WEFT_FLOAT32 ? std::ldexp(1.0, -23) : std::ldexp(1.0, -10);
+                double want = op == WEFT_SUM ? sum : sum / n;
+                double tol = (n + 1) * eps * sabs / (op == WEFT_SUM ? 1 : n) + eps * std::fabs(want) + 1e-30;
+                if (!(std::fabs(have - want) <= tol))
+                    why << "element " << i << ": " << have << ", expected " << want << " +- " << tol;
+            }
+        }
+        if (!why.str().empty())
+            return why.str();
+    }
+    return "";
+}
+
+uint64_t hash_bytes(const unsigned char *p, size_t n)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    for (size_t i = 0; i < n; i++)
+        h = mix64(h ^ p[i]);
+    return h;
+}
+
+/* A buffer of `count` elements between guard elements. */
+struct Guarded {
+    std::vector<unsigned char> raw;
+    size_t es, count;
+    Guarded(size_t es_, size_t count_) : raw((count_ + 2 * kGuard) * es_, 0xA5), es(es_), count(count_) {}
+    unsigned char *data() { return raw.data() + kGuard * es; }
+    bool guards_intact() const
+    {
+        for (size_t i = 0; i < kGuard * es; i++)
+            if (raw[i] != 0xA5 || raw[raw.size() - 1 - i] != 0xA5)
+                return false;
+        return true;
+    }
+};
+
+/* A comm with WEFT_<kind>_ALGO forced ("auto": the selector) and 4 KiB
+ * reduction chunks. */
+class AlgoComm {
+public:
+    AlgoComm(const char *var, const std::string &algo)
+    {
+        setenv("WEFT_REDUCE_CHUNK_KB", "4", 1);
+        if (algo == "auto")
+            unsetenv(var);
+        else
+            setenv(var, algo.c_str(), 1);
+        rc_ = weft_comm_create(MPI_COMM_WORLD, &c_);
+        unsetenv(var);
+        if (rc_ != WEFT_SUCCESS)
+            c_ = nullptr;
+    }
+    ~AlgoComm()
+    {
+        if (c_ && !::testing::Test::HasFailure()) {
+            EXPECT_EQ(weft_comm_destroy(c_), WEFT_SUCCESS);
+        }
+    }
+    AlgoComm(const AlgoComm &) = delete;
+    AlgoComm &operator=(const AlgoComm &) = delete;
+    weft_comm_t *get() const { return c_; }
+    int rc() const { return rc_; }
+
+private:
+    weft_comm_t *c_ = nullptr;
+    int rc_ = WEFT_ERR_INTERNAL;
+};
+
+/* No comm of the fixture's own: each test makes one per algorithm. The
+ * fixture still agrees across ranks on failures. */
+class ReduceAlgos : public WeftMpiTest, public ::testing::WithParamInterface<std::string> {
+protected:
+    MPI_Comm base_comm() override { return MPI_COMM_NULL; }
+};
+class AllreduceAlgo : public ReduceAlgos {};
+class ReduceScatterAlgo : public ReduceAlgos {};
+class ReduceAlgo : public ReduceAlgos {};
+
+const weft_dtype_t kTypes[] = {WEFT_INT32, WEFT_FLOAT32, WEFT_FLOAT16};
+const weft_op_t kOps[] = {WEFT_SUM, WEFT_AVG, WEFT_MAX};
+
+/* Every count for int32 sum, float32 sum and float16 avg; a few that
+ * still cross a chunk for the other combinations (runtime: the suite runs
+ * every algorithm at six rank counts on two cores). */
+bool full_counts(weft_dtype_t t, weft_op_t op)
+{
+    return (t == WEFT_INT32 && op == WEFT_SUM) || (t == WEFT_FLOAT32 && op == WEFT_SUM) ||
+           (t == WEFT_FLOAT16 && op == WEFT_AVG);
+}
+
+/* WEFT_TEST_SIZES=reduced (crowded entries: np 8, every message by
+ * rendezvous, tcp, virtual nodes): only the combinations with every count. */
+bool reduced_sizes()
+{
+    return std::string(env_or("WEFT_TEST_SIZES", "")) == "reduced";
+}
+
+/* Element counts for a vector split among n ranks (allreduce, reduce). */
+std::vector<size_t> vector_counts(int n, weft_dtype_t t, weft_op_t op)
+{
+    size_t ce = kChunkBytes / esize(t), nn = (size_t)n;
+    if (!full_counts(t, op))
+        return reduced_sizes() ? std::vector<size_t>{} : std::vector<size_t>{1, 7, nn * ce + 1};
+    return {0, 1, 7, 1000, ce - 1, ce, ce + 1, nn * ce - 1, nn * ce + 1, 5 * nn * ce + 3};
+}
+
+/* recvcounts of reduce_scatter (block = recvcount). */
+std::vector<size_t> block_counts(weft_dtype_t t, weft_op_t op)
+{
+    size_t ce = kChunkBytes / esize(t);
+    if (!full_counts(t, op))
+        return reduced_sizes() ? std::vector<size_t>{} : std::vector<size_t>{1, 7, ce + 1};
+    return {0, 1, 7, 1000, ce - 1, ce, ce + 1, 5 * ce + 3};
+}
+
+std::string describe(const std::string &algo, weft_dtype_t t, weft_op_t op, size_t count, bool inplace)
+{
+    std::ostringstream s;
+    s << algo << " " << dname(t) << " " << oname(op) << " count " << count << (inplace ? " in place" : " out of place");
+    return s.str();
+}
+
+/* Every rank's hashes equal rank 0's (collective). */
+void expect_same_on_every_rank(const std::vector<uint64_t> &h, const std::vector<std::string> &what)
+{
+    int n = world_size(), me = world_rank();
+    std::vector<uint64_t> all(h.size() * (size_t)n);
+    MPI_Allgather(h.data(), (int)h.size(), MPI_UINT64_T, all.data(), (int)h.size(), MPI_UINT64_T, MPI_COMM_WORLD);
+    for (int r = 1; r < n && me == 0; r++)
+        for (size_t k = 0; k < h.size(); k++)
+            if (all[(size_t)r * h.size() + k] != all[k]) {
+                ADD_FAILURE() << what[k] << ": rank " << r << "'s result differs in its bits from rank 0's";
+                return;
+            }
+}
+
+TEST_P(AllreduceAlgo, MatchesReference)
+{
+    const std::string algo = GetParam();
+    AlgoComm comm("WEFT_ALLREDUCE_ALGO", algo);
+    ASSERT_EQ(comm.rc(), WEFT_SUCCESS);
+    int n = size, me = rank;
+    uint64_t call = 0;
+    int nbad = 0;
+    std::vector<uint64_t> hashes;
+    std::vector<std::string> whats;
+    for (weft_dtype_t t : kTypes)
+        for (weft_op_t op : kOps)
+            for (size_t count : vector_counts(n, t, op))
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    call++;
+                    std::string what = describe(algo, t, op, count, inplace);
+                    size_t es = esize(t);
+                    std::vector<unsigned char> in, keep;
+                    gen(t, me, call, count, in);
+                    keep = in;
+                    Guarded out(es, count);
+                    int rc;
+                    if (inplace) {
+                        if (count)
+                            std::memcpy(out.data(), in.data(), count * es);
+                        rc = weft_allreduce(comm.get(), out.data(), out.data(), count, t, op);
+                    } else {
+                        rc = weft_allreduce(comm.get(), in.data(), out.data(), count, t, op);
+                    }
+                    ASSERT_EQ(rc, WEFT_SUCCESS) << what << ": " << weft_comm_last_error(comm.get());
+                    EXPECT_TRUE(out.guards_intact()) << what << ": wrote outside recvbuf";
+                    EXPECT_TRUE(in == keep) << what << ": sendbuf was written";
+                    /* One rank (in turn) against the reference; the others
+                     * must have the same bits (expect_same_on_every_rank). */
+                    if (call % (uint64_t)n == (uint64_t)me) {
+                        std::string bad = check_result(t, op, n, call, count, 0, count, out.data());
+                        if (!bad.empty() && ++nbad <= kMaxReports)
+                            ADD_FAILURE() << what << ": " << bad;
+                    }
+                    hashes.push_back(hash_bytes(out.data(), count * es));
+                    whats.push_back(what);
+                }
+    expect_same_on_every_rank(hashes, whats);
+
+    /* The same call twice: the same bits. */
+    size_t count = 5 * (size_t)n * (kChunkBytes / 4) + 3;
+    std::vector<unsigned char> in;
+    gen(WEFT_FLOAT32, me, 999, count, in);
+    std::vector<unsigned char> a(count * 4), b(count * 4);
+    ASSERT_EQ(weft_allreduce(comm.get(), in.data(), a.data(), count, WEFT_FLOAT32, WEFT_SUM), WEFT_SUCCESS);
+    ASSERT_EQ(weft_allreduce(comm.get(), in.data(), b.data(), count, WEFT_FLOAT32, WEFT_SUM), WEFT_SUCCESS);
+    EXPECT_TRUE(a == b) << algo << ": a repeated float32 sum gave other bits";
+}
+
+TEST_P(ReduceScatterAlgo, MatchesReference)
+{
+    const std::string algo = GetParam();
+    AlgoComm comm("WEFT_REDUCE_SCATTER_ALGO", algo);
+    ASSERT_EQ(comm.rc(), WEFT_SUCCESS);
+    int n = size, me = rank;
+    uint64_t call = 0;
+    int nbad = 0;
+    for (weft_dtype_t t : kTypes)
+        for (weft_op_t op : kOps)
+            for (size_t rc_ : block_counts(t, op))
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    call++;
+                    std::string what = describe(algo, t, op, rc_, inplace);
+                    size_t es = esize(t), total = rc_ * (size_t)n;
+                    std::vector<unsigned char> in, keep;
+                    gen(t, me, call, total, in);
+                    keep = in;
+                    Guarded out(es, rc_);
+                    const unsigned char *got;
+                    int rc;
+                    if (inplace) {
+                        unsigned char *mine = in.data() + (size_t)me * rc_ * es;
+                        rc = weft_reduce_scatter(comm.get(), in.data(), total ? mine : nullptr, rc_, t, op);
+                        got = mine;
+                    } else {
+                        rc = weft_reduce_scatter(comm.get(), in.data(), out.data(), rc_, t, op);
+                        got = out.data();
+                    }
+                    ASSERT_EQ(rc, WEFT_SUCCESS) << what << ": " << weft_comm_last_error(comm.get());
+                    EXPECT_TRUE(out.guards_intact()) << what << ": wrote outside recvbuf";
+                    /* sendbuf untouched but for, in place, this rank's block. */
+                    for (size_t i = 0; i < total * es; i++) {
+                        bool own = inplace && i / es >= (size_t)me * rc_ && i / es < (size_t)(me + 1) * rc_;
+                        if (!own && in[i] != keep[i]) {
+                            ADD_FAILURE() << what << ": sendbuf byte " << i << " was written";
+                            break;
+                        }
+                    }
+                    std::string bad =
+                        check_result(t, op, n, call, total, (size_t)me * rc_, (size_t)(me + 1) * rc_, got);
+                    if (!bad.empty() && ++nbad <= kMaxReports)
+                        ADD_FAILURE() << what << ": " << bad;
+                }
+
+    /* Halving in pieces (> 1 MiB in all) and the ring over many groups. */
+    size_t rc_ = (size_t)(1u << 20) / 4 / (size_t)n * 2 + 5;
+    std::vector<unsigned char> in, a(rc_ * 4), b(rc_ * 4);
+    gen(WEFT_INT32, me, 777, rc_ * (size_t)n, in);
+    ASSERT_EQ(weft_reduce_scatter(comm.get(), in.data(), a.data(), rc_, WEFT_INT32, WEFT_SUM), WEFT_SUCCESS);
+    EXPECT_EQ(check_result(WEFT_INT32, WEFT_SUM, n, 777, rc_ * (size_t)n, (size_t)me * rc_, (size_t)(me + 1) * rc_,
+                           a.data()),
+              "")
+        << algo << " int32 sum, " << rc_ << " per rank";
+    gen(WEFT_FLOAT32, me, 778, rc_ * (size_t)n, in);
+    ASSERT_EQ(weft_reduce_scatter(comm.get(), in.data(), a.data(), rc_, WEFT_FLOAT32, WEFT_SUM), WEFT_SUCCESS);
+    ASSERT_EQ(weft_reduce_scatter(comm.get(), in.data(), b.data(), rc_, WEFT_FLOAT32, WEFT_SUM), WEFT_SUCCESS);
+    EXPECT_TRUE(a == b) << algo << ": a repeated float32 sum gave other bits";
+}
+
+TEST_P(ReduceAlgo, MatchesReference)
+{
+    const std::string algo = GetParam();
+    AlgoComm comm("WEFT_REDUCE_ALGO", algo);
+    ASSERT_EQ(comm.rc(), WEFT_SUCCESS);
+    int n = size, me = rank;
+    uint64_t call = 0;
+    int nbad = 0;
+    for (weft_dtype_t t : kTypes)
+        for (weft_op_t op : kOps)
+            for (size_t count : vector_counts(n, t, op))
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    call++;
+                    int root = (int)(call % (uint64_t)n);
+                    std::string what = describe(algo, t, op, count, inplace) + " root " + std::to_string(root);
+                    size_t es = esize(t);
+                    std::vector<unsigned char> in, keep;
+                    gen(t, me, call, count, in);
+                    keep = in;
+                    Guarded out(es, count);
+                    int rc;
+                    const unsigned char *got = out.data();
+                    if (me != root) {
+                        /* recvbuf is not used off the root: NULL is fine. */
+                        rc = weft_reduce(comm.get(), in.data(), nullptr, count, t, op, root);
+                    } else if (inplace) {
+                        rc = weft_reduce(comm.get(), in.data(), in.data(), count, t, op, root);
+                        got = in.data();
+                    } else {
+                        rc = weft_reduce(comm.get(), in.data(), out.data(), count, t, op, root);
+                    }
+                    ASSERT_EQ(rc, WEFT_SUCCESS) << what << ": " << weft_comm_last_error(comm.get());
+                    EXPECT_TRUE(out.guards_intact()) << what << ": wrote outside recvbuf";
+                    if (!(me == root && inplace)) {
+                        EXPECT_TRUE(in == keep) << what << ": sendbuf was written";
+                    }
+                    if (me == root) {
+                        std::string bad = check_result(t, op, n, call, count, 0, count, got);
+                        if (!bad.empty() && ++nbad <= kMaxReports)
+                            ADD_FAILURE() << what << ": " << bad;
+                    }
+                }
+}
+
+} // namespace
+
+INSTANTIATE_TEST_SUITE_P(Algos, AllreduceAlgo, ::testing::Values("ring", "rd", "rabenseifner", "hier", "auto"));
+INSTANTIATE_TEST_SUITE_P(Algos, ReduceScatterAlgo, ::testing::Values("ring", "halving", "auto"));
+INSTANTIATE_TEST_SUITE_P(Algos, ReduceAlgo, ::testing::Values("binomial", "ring", "auto"));
