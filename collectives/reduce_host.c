@@ -272,8 +272,10 @@ KERNEL(k_f64_max, double, OP_FMAX(x, y))
  * ways, and a NaN narrows to the quiet NaN with the top 10 payload bits in
  * both; the only difference, a signaling NaN half widening to a quiet float,
  * disappears once the result is narrowed. (The portable conversions are
- * branch-free integer code the compiler vectorizes, at about a third of
- * F16C's speed: compute bound, not memory bound.) */
+ * branch-free integer code the compiler vectorizes, but about 5 times
+ * slower than F16C: on the AVX-512 machine of the first measurement, 1.0
+ * against 0.2 ns an element for a float16 sum in cache, so compute bound at
+ * about 6 GB/s. They are the fallback for CPUs without F16C.) */
 enum { HALF_BLOCK = 512 };
 
 typedef void (*f32_kernel_fn)(float *, const float *, const float *, size_t);
