@@ -233,7 +233,7 @@ int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
     if (rc == WEFT_SUCCESS && c->core.cfg.transports[0] != '\0' &&
         weft_registry_mask(c->core.cfg.transports, &mask, cfg_err, sizeof(cfg_err)) != 0) {
         char why[256];
-        snprintf(why, sizeof(why), "WEFT_TRANSPORTS=%.100s: %.140s", c->core.cfg.transports, cfg_err);
+        snprintf(why, sizeof(why), "WEFT_TRANSPORTS=%.80s: %.140s", c->core.cfg.transports, cfg_err);
         snprintf(cfg_err, sizeof(cfg_err), "%s", why);
         rc = WEFT_ERR_INVALID_ARG;
     }
