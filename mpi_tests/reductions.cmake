@@ -4,8 +4,10 @@
 # WEFT_DEV_CUDART / WEFT_DEV_CUDA_ENV say which CUDA runtime the device
 # binaries link), which defines weft_add_mpi_test_binary / weft_add_mpi_suite.
 #
-# Matrix (measured times in the comments of the entries; all of it stays
-# within ~6 minutes on 2 cores for the plain pass, the ASan pass reruns it):
+# Matrix. Measured on the 2-core CI machine, all 30 entries one after the
+# other: 56 s plain (each entry 0.4-4.3 s; the np 8 ones and the 64 MiB ones
+# the longest), 254 s under ASan/UBSan (up to 24 s an entry); with the
+# machine loaded by other jobs (load 10) the plain pass took 175 s.
 #   reductions       np 1 shm; np 2, 3, 4 shm, vnodes2; np 2, 4 tcp -- every
 #                    dtype x op x algorithm and the selector, 4 KiB chunks
 #                    (test_reductions.cc), the default chunk, argument checks;
