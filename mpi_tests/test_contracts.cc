@@ -451,10 +451,13 @@ TEST_F(Mismatch, AllreduceTypes)
         {"allreduce(1000 x float32, sum)", "allreduce(1000 x int32, sum)"}, {&in});
 }
 
-/* Rank 0: allreduce sum; the others: max. */
+/* Rank 0: allreduce sum; the others: max. Messages under the eager limit:
+ * a mismatched call of rendezvous-size messages can leave a sender waiting
+ * for the refusal of its announcement until the peer is inside weft again
+ * (this harness goes into MPI calls at once); docs/api.md, Collectives. */
 TEST_F(Mismatch, AllreduceOps)
 {
-    const size_t count = 64 * 1024 + 5;
+    const size_t count = 1003;
     std::vector<float> out(count, 1.0f);
     GuardedBuffer in(count * sizeof(float));
     ASSERT_TRUE(in.ok());
