@@ -46,7 +46,9 @@
 
 /* Per-CPU copies need GCC/Clang's ifunc support: x86-64 with glibc. */
 #if defined(__x86_64__) && defined(__gnu_linux__) && defined(__has_attribute)
-#if __has_attribute(target_clones)
+/* Not under ThreadSanitizer: an ifunc resolver runs before its runtime is
+ * initialised and the process dies at load time. */
+#if __has_attribute(target_clones) && !defined(__SANITIZE_THREAD__)
 #define WEFT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 #if __has_attribute(target)
