@@ -38,16 +38,6 @@ const char *weft_allgather_algo_name(int algo)
     return (algo >= 0 && algo < WEFT_AG_COUNT) ? weft_allgather_algo_names[algo] : "?";
 }
 
-int weft_allgather_algo_parse(const char *s)
-{
-    if (!s || !*s)
-        return WEFT_AG_AUTO;
-    for (int a = 0; a < WEFT_AG_COUNT && weft_allgather_algo_names[a]; a++)
-        if (strcmp(s, weft_allgather_algo_names[a]) == 0)
-            return a;
-    return -1;
-}
-
 static int is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 int weft_allgather_algo_applies(int algo, int size, const char **why)

@@ -138,8 +138,6 @@ void coll_ring_build(struct weft_sched_build *b, const struct coll_ring *r);
 
 /* ---- allgather selector (allgather_select.c) ---- */
 const char *weft_allgather_algo_name(int algo);
-/* Parses "ring|rd|bruck|direct|hier" (or "auto"/""); -1 when unknown. */
-int  weft_allgather_algo_parse(const char *s);
 /* The selector's choice for this shape, with no forcing. */
 int  weft_allgather_select(int size, int nnodes, size_t bytes);
 /* Whether algo can run at this shape; if not, *why says so. */
