@@ -2,7 +2,8 @@
  * weft — point-to-point pipes and collectives for MPI jobs.
  *
  * This header is the whole public API. MPI starts the ranks and carries the
- * one-time exchange of connection data inside weft_comm_create; after that
+ * one-time exchange of connection data inside weft_comm_create (or, without
+ * MPI, a unique id's listener does, in weft_comm_init); after that
  * weft moves data itself (self, shared memory, TCP; InfiniBand and CUDA IPC
  * where built and present) and makes no MPI call until weft_comm_destroy.
  *
@@ -64,6 +65,32 @@ WEFT_API int  weft_comm_destroy(weft_comm_t *comm);
  * to this rank break at once (their calls fail naming this rank) instead
  * of timing out. Call weft_comm_destroy afterwards to free the comm. */
 WEFT_API int  weft_comm_abort(weft_comm_t *comm);
+/* Ranks that meet without MPI (launched by torchrun, a scheduler, a test
+ * harness), NCCL style. One process calls weft_get_unique_id, which opens a
+ * listener (on the interface WEFT_TCP_IF names, else the first non-loopback
+ * one that is up, else loopback) and starts a thread that serves the
+ * meeting; the 128 opaque bytes (magic, job token, the listener's address
+ * and port) reach every rank by any means (a key-value store, a file, an
+ * MPI_Bcast), and all nranks processes call weft_comm_init with their own
+ * rank. The id serves one weft_comm_init (of nranks ranks) and expires when
+ * that comm is created, or when WEFT_TIMEOUT passes without a rank joining.
+ * Every wait is bounded by WEFT_TIMEOUT; a rank that never joins is named
+ * ("rank 3 of 4 never joined") on every rank that waited for it. A comm made
+ * this way behaves exactly like one made by weft_comm_create; it makes no
+ * MPI call, ever (MPI need not be initialised). */
+#define WEFT_UNIQUE_ID_BYTES 128
+typedef struct { char internal[WEFT_UNIQUE_ID_BYTES]; } weft_unique_id_t;
+WEFT_API int  weft_get_unique_id(weft_unique_id_t *id);
+/* Collective over the nranks processes given the same id; 0 <= rank < nranks,
+ * each rank exactly once. */
+WEFT_API int  weft_comm_init(const weft_unique_id_t *id, int nranks, int rank, weft_comm_t **comm);
+/* Collective over every rank of comm, over weft's own pipes (no MPI): ranks
+ * passing the same color form a new comm, ordered by key, then by rank in
+ * comm. color WEFT_SPLIT_NONE (any negative color): this rank joins none and
+ * *newcomm is set to NULL. The new comm is independent of comm (either may
+ * be destroyed first) and is destroyed with weft_comm_destroy. */
+#define WEFT_SPLIT_NONE (-1)
+WEFT_API int  weft_comm_split(weft_comm_t *comm, int color, int key, weft_comm_t **newcomm);
 /* Rank and size; -1 when comm is NULL. */
 WEFT_API int  weft_comm_rank(const weft_comm_t *comm);
 WEFT_API int  weft_comm_size(const weft_comm_t *comm);
@@ -209,6 +236,10 @@ WEFT_API int  weft_mem_deregister(weft_comm_t *c, const void *buf, size_t bytes)
 WEFT_API const char *weft_strerror(int err);
 /* What failed last on this comm, which rank and peer, and why ("" if nothing). */
 WEFT_API const char *weft_comm_last_error(const weft_comm_t *c);
+/* What failed last in a call of this thread that had no comm to record it
+ * on: weft_comm_create / weft_comm_init / weft_comm_split that failed (their
+ * comm is gone), weft_get_unique_id, a call given a NULL comm. "" if none. */
+WEFT_API const char *weft_last_error(void);
 
 #ifdef __cplusplus
 }

@@ -1,11 +1,12 @@
 /*
  * Bootstrap: how the ranks of a comm meet and exchange their set-up data,
  * behind one interface so that comm assembly (comm.c) does not care how the
- * ranks were started. MPI (bootstrap_mpi.c) is the only implementation now;
- * a unique id over TCP (ranks launched without MPI) comes next.
+ * ranks were started: MPI (bootstrap_mpi.c), a unique id whose root
+ * listener relays the records over TCP (bootstrap_uid.c, ranks launched
+ * without MPI), or the pipes of an existing comm (bootstrap_split.c).
  *
  * Every call is a collective over all ranks of the comm and is only used
- * inside weft_comm_create / weft_comm_destroy. Failures are recorded in the
+ * inside comm creation and weft_comm_destroy. Failures are recorded in the
  * core's last error and returned as WEFT_* codes.
  */
 #ifndef WEFT_BOOTSTRAP_H
@@ -22,9 +23,15 @@ struct weft_bootstrap_ops {
     int  (*allgather)(struct weft_bootstrap *b, const void *mine, void *all, size_t bytes);
     /* Record i of send goes to rank i; recv[i] is rank i's record for me. */
     int  (*alltoall)(struct weft_bootstrap *b, const void *send, void *recv, size_t bytes);
+    /* NULL for a bootstrap that lives only through create (unique id,
+     * split): destroy's barrier then goes over the comm's own pipes. */
     int  (*barrier)(struct weft_bootstrap *b);
     /* Agreement: *value becomes the largest of every rank's *value. */
     int  (*max)(struct weft_bootstrap *b, long long *value);
+    /* Optional: create succeeded on every rank; drop what only create
+     * needed (sockets, the root's thread). Only barrier (if any) and destroy
+     * are called afterwards. */
+    void (*created)(struct weft_bootstrap *b);
     void (*destroy)(struct weft_bootstrap *b);
 };
 

@@ -1,7 +1,9 @@
 /*
- * weft_comm_create / weft_comm_destroy: assembling a comm from its layers.
+ * weft_comm_create / weft_comm_init / weft_comm_split / weft_comm_destroy:
+ * assembling a comm from its layers, whichever way its ranks met.
  *
- * create:  bootstrap (MPI: MPI_Comm_dup) -> config (agreed) -> this rank's
+ * create:  bootstrap (MPI: MPI_Comm_dup; unique id: the root's listener;
+ *          split: the parent comm's pipes) -> config (agreed) -> this rank's
  *          card header (host identity = host name + boot id, token, pid,
  *          WEFT_VIRTUAL_NODES block, allowed transports) -> allgather of the
  *          headers -> node numbering -> CUDA -> the pipe layer offers its
@@ -54,10 +56,12 @@ static int agree(struct weft_comm *c, int rc, const char *stage)
     const long long span = 1ll << 32;
     long long v = rc == WEFT_SUCCESS ? 0 : (long long)rc * span + (span - 1 - c->core.rank);
 
-    if (c->boot->ops->max(c->boot, &v) != WEFT_SUCCESS)
-        return weft_set_error(&c->core, WEFT_ERR_MPI, "weft_comm_create: MPI_Allreduce failed during %s", stage);
+    int brc = c->boot->ops->max(c->boot, &v);
+    if (brc != WEFT_SUCCESS)   /* the bootstrap said why; say where */
+        return weft_set_error(&c->core, brc, "%s: the %s bootstrap failed during %s: %s", c->what,
+                              c->boot->ops->name, stage, weft_err_str(brc));
     if (v != 0 && rc == WEFT_SUCCESS)
-        weft_set_error(&c->core, (int)(v / span), "weft_comm_create: %s failed on rank %lld", stage,
+        weft_set_error(&c->core, (int)(v / span), "%s: %s failed on rank %lld", c->what, stage,
                        span - 1 - v % span);
     return (int)(v / span);
 }
@@ -92,7 +96,7 @@ static int check_settings_agree(struct weft_comm *c, unsigned mask)
     weft_config_agreed_values(&c->core.cfg, mine + 1);
     all = calloc((size_t)size, sizeof(mine));
     rc = all ? WEFT_SUCCESS
-             : weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory to compare settings");
+             : weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "%s: no memory to compare settings", c->what);
     rc = agree(c, rc, "comparing settings");
     if (rc == WEFT_SUCCESS)
         rc = c->boot->ops->allgather(c->boot, mine, all, sizeof(mine));
@@ -119,8 +123,8 @@ static int check_settings_agree(struct weft_comm *c, unsigned mask)
             }
         }
         rc = weft_set_error(&c->core, WEFT_ERR_INVALID_ARG,
-                            "weft_comm_create: %s differs between ranks: %s on rank 0, %s on rank %d "
-                            "(settings that shape the protocol must be equal on every rank)", name, v0, vr, r);
+                            "%s: %s differs between ranks: %s on rank 0, %s on rank %d "
+                            "(settings that shape the protocol must be equal on every rank)", c->what, name, v0, vr, r);
     }
     free(all);
     return rc;
@@ -207,7 +211,7 @@ static void comm_free(struct weft_comm *c)
     free(c);
 }
 
-int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
+int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make_arg, struct weft_comm **out)
 {
     struct weft_comm *c;
     struct weft_card_hdr mine;
@@ -216,14 +220,12 @@ int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
     unsigned mask = 0;
     int rc, *node = NULL;
 
-    rc = weft_bootstrap_mpi_check(mpi_comm);
-    if (rc != WEFT_SUCCESS)
-        return rc;
     c = calloc(1, sizeof(*c));
     if (c == NULL)
-        return weft_set_error(NULL, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory for the comm");
+        return weft_set_error(NULL, WEFT_ERR_NO_MEMORY, "%s: no memory for the comm", what);
+    c->what = what;
     weft_core_init(&c->core, -1, 0);
-    rc = weft_bootstrap_mpi_create(mpi_comm, &c->core, &c->boot);
+    rc = make(make_arg, &c->core, &c->boot);
     if (rc != WEFT_SUCCESS)
         goto fail;
     c->core.rank = c->boot->rank;
@@ -242,7 +244,7 @@ int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
      * WEFT_DEBUG itself is what was refused. */
     weft_log_set_level(rc != WEFT_SUCCESS ? weft_config_log_level_env() : c->core.cfg.log_level);
     if (rc != WEFT_SUCCESS)
-        weft_set_error(&c->core, rc, "weft_comm_create: bad configuration: %s", cfg_err);
+        weft_set_error(&c->core, rc, "%s: bad configuration: %s", what, cfg_err);
     if (c->core.cfg.transports[0] == '\0')
         mask = weft_registry_mask_all();
     rc = agree(c, rc, "reading the WEFT_* configuration");
@@ -268,7 +270,7 @@ int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
         struct weft_card_hdr *all = calloc((size_t)c->core.size, sizeof(*all));
         rc = (c->cards && all) ? WEFT_SUCCESS
                                : weft_set_error(&c->core, WEFT_ERR_NO_MEMORY,
-                                                "weft_comm_create: no memory for %d peers", c->core.size);
+                                                "%s: no memory for %d peers", what, c->core.size);
         rc = agree(c, rc, "allocating peers");
         if (rc == WEFT_SUCCESS)
             rc = c->boot->ops->allgather(c->boot, &mine, all, sizeof(mine));
@@ -291,7 +293,7 @@ int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
     memcpy(&mine, card_hdr(c, c->core.rank), sizeof(mine));
     {
         unsigned char *my_card = malloc(c->card_bytes);
-        rc = my_card ? WEFT_SUCCESS : weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory");
+        rc = my_card ? WEFT_SUCCESS : weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "%s: no memory", what);
         rc = agree(c, rc, "allocating peers");
         if (rc == WEFT_SUCCESS) {
             memcpy(my_card, c->cards + (size_t)c->core.rank * c->card_bytes, c->card_bytes);
@@ -314,7 +316,7 @@ int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
     rc = weft_devcopy_init(&c->core);
     node = rc == WEFT_SUCCESS ? calloc((size_t)c->core.size, sizeof(*node)) : NULL;
     if (rc == WEFT_SUCCESS && node == NULL)
-        rc = weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "weft_comm_create: no memory for %d peers", c->core.size);
+        rc = weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "%s: no memory for %d peers", what, c->core.size);
     for (int r = 0; node && r < c->core.size; r++)
         node[r] = card_hdr(c, r)->node;
     if (rc == WEFT_SUCCESS)
@@ -325,6 +327,9 @@ int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
     rc = agree(c, rc, "setting up collectives");
     if (rc != WEFT_SUCCESS)
         goto fail;
+    /* What only create needed (a unique id's meeting point) goes now. */
+    if (c->boot->ops->created)
+        c->boot->ops->created(c->boot);
     *out = c;
     return WEFT_SUCCESS;
 
@@ -333,12 +338,25 @@ fail:
      * every rank (agree); logging it again would print each failure twice.
      * Only a path that recorded nothing is said here. */
     if (c->core.last_error[0] == '\0')
-        WEFT_WARN(c->core.rank, "weft_comm_create failed: %s", weft_err_str(rc));
+        WEFT_WARN(c->core.rank, "%s failed: %s", what, weft_err_str(rc));
     {
         int rc2 = rc;
         comm_free(c);
         return rc2;
     }
+}
+
+static int make_mpi_boot(void *arg, struct weft_core *core, struct weft_bootstrap **out)
+{
+    return weft_bootstrap_mpi_create(*(weft_mpi_comm_t *)arg, core, out);
+}
+
+int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
+{
+    int rc = weft_bootstrap_mpi_check(mpi_comm);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    return weft_comm_assemble("weft_comm_create", make_mpi_boot, &mpi_comm, out);
 }
 
 int weft_comm_destroy_all(struct weft_comm *c)
@@ -362,8 +380,10 @@ int weft_comm_destroy_all(struct weft_comm *c)
         WEFT_INFO(c->core.rank, "weft_comm_destroy: the comm was aborted: local, no final barrier");
     else if (weft_p2p_any_failed(c->p2p))
         (void)weft_p2p_survivor_barrier(c->p2p);   /* over the pipes: MPI's would wait for the failed rank */
-    else
+    else if (c->boot->ops->barrier)
         brc = c->boot->ops->barrier(c->boot);
+    else   /* a bootstrap that lives only through create: the pipes carry it */
+        brc = weft_p2p_survivor_barrier(c->p2p);
     if (rc == WEFT_SUCCESS)
         rc = brc;
     if (was_aborted)

@@ -28,8 +28,16 @@ struct weft_comm {
     struct weft_bootstrap *boot;     /* how the ranks met (src/comm/bootstrap.h) */
     unsigned char         *cards;    /* [size * card_bytes]: every rank's card (header + transport blobs) */
     size_t                 card_bytes;
+    const char            *what;     /* the call that made it, for errors: "weft_comm_create", ... */
 };
 
+/* Makes the bootstrap of a new comm; errors go to core (its rank is not
+ * known yet). Sets *out only on success. */
+typedef int (*weft_bootstrap_make_fn)(void *arg, struct weft_core *core, struct weft_bootstrap **out);
+/* The common part of every creation: make the bootstrap, agree on the
+ * configuration, exchange cards, connect, set up the layers above the pipes.
+ * what names the public call in errors. Collective over the bootstrap's ranks. */
+int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make_arg, struct weft_comm **out);
 /* Collective over mpi_comm (see weft_comm_create in weft.h). */
 int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out);
 /* Collective (see weft_comm_destroy); local once a rank failed or after abort. */
