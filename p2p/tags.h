@@ -16,6 +16,8 @@
  *                            (p2p/stage.c)             (index mod 2^20)
  *   -0x300000                destroy after a failure   the survivors' final barrier
  *                            (p2p/setup.c)
+ *   -0x300001                weft_comm_split           the new comm's set-up exchanges
+ *                            (src/comm/bootstrap_split.c) over the parent's pipes
  */
 #ifndef WEFT_TAGS_H
 #define WEFT_TAGS_H
@@ -45,6 +47,15 @@ _Static_assert((long long)WEFT_TAG_STAGE_BASE + WEFT_TAG_STAGE_COUNT <= 0x7fffff
 /* The survivors' barrier of weft_comm_destroy (a rank failed: no MPI barrier). */
 #define WEFT_TAG_DESTROY (-0x300000)
 _Static_assert(WEFT_TAG_STAGE_BASE + WEFT_TAG_STAGE_COUNT <= 0x300000, "staging and destroy lanes overlap");
+
+/* weft_comm_split: the bootstrap of the new comm runs over the parent's
+ * pipes on this one lane. One lane serves every split of a parent: splits
+ * are collectives on the parent, so they run in the same order on every
+ * rank, and the lane is FIFO per peer; each message also carries a
+ * fingerprint naming its split and exchange, so a stray of a split that
+ * failed half-way is refused (WEFT_ERR_MISMATCH), never taken as data. */
+#define WEFT_TAG_SPLIT (-0x300001)
+_Static_assert(WEFT_TAG_SPLIT != WEFT_TAG_DESTROY, "split and destroy lanes overlap");
 
 static inline int weft_tag_coll(unsigned slot, int phase)
 {

@@ -28,6 +28,7 @@
 
 #include "bootstrap.h"
 #include "bootstrap_mpi.h"
+#include "bootstrap_split.h"
 #include "cudawrap.h"
 #include "devcopy.h"
 #include "log.h"
@@ -399,4 +400,106 @@ int weft_comm_abort_all(struct weft_comm *c)
     weft_set_error(&c->core, WEFT_ERR_ABORTED, "weft_comm_abort: rank %d aborted the comm; every call on it now "
                    "returns WEFT_ERR_ABORTED", c->core.rank);
     return WEFT_SUCCESS;
+}
+
+/* ---- weft_comm_split ---- */
+
+/* What every rank of the parent contributes: the magic and the split id
+ * tell a split's allgather from a user's allgather of the same size that
+ * another rank called instead (the collective fingerprint compares only
+ * kind and size). */
+#define SPLIT_REC_MAGIC 0x7765667473706c74ull   /* "weftsplt" */
+struct split_rec {
+    uint64_t magic;
+    int32_t  color;   /* < 0: joins none */
+    int32_t  key;
+    uint32_t id;      /* the parent's collective count before the split */
+    uint32_t pad;
+};
+
+struct split_make {
+    struct weft_p2p *parent;
+    int             *members;   /* parent ranks, in new-rank order */
+    int              size, rank;
+    uint32_t         id;
+};
+
+static int make_split_boot(void *arg, struct weft_core *core, struct weft_bootstrap **out)
+{
+    struct split_make *m = arg;
+    return weft_bootstrap_split_create(m->parent, m->members, m->size, m->rank, m->id, core, out);
+}
+
+/* New-rank order: key, then parent rank. */
+static int split_order(const void *a, const void *b)
+{
+    const int *x = a, *y = b;   /* {key, parent rank} */
+    if (x[0] != y[0])
+        return x[0] < y[0] ? -1 : 1;
+    return (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+int weft_comm_split_all(struct weft_comm *parent, int color, int key, struct weft_comm **out)
+{
+    const int psize = parent->core.size, prank = parent->core.rank;
+    struct split_rec mine, *all;
+    struct split_make m = { parent->p2p, NULL, 0, -1, 0 };
+    int rc, (*order)[2] = NULL;
+
+    /* The parent's collectives run in the same order everywhere, so their
+     * count names this split identically on every rank. */
+    m.id = __atomic_load_n(&parent->coll.seq, __ATOMIC_RELAXED);
+    memset(&mine, 0, sizeof(mine));
+    mine.magic = SPLIT_REC_MAGIC;
+    mine.color = color < 0 ? -1 : color;
+    mine.key = key;
+    mine.id = m.id;
+    all = calloc((size_t)psize, sizeof(*all));
+    if (all == NULL)
+        return weft_set_error(&parent->core, WEFT_ERR_NO_MEMORY, "weft_comm_split: no memory for %d ranks", psize);
+    /* One collective on the parent: ordered, fingerprint-checked and
+     * failure-agreed like any other. */
+    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, &mine, all, sizeof(mine), -1, -1, -1 };
+    rc = weft_coll_run(&parent->coll, &a);
+    for (int r = 0; rc == WEFT_SUCCESS && r < psize; r++)
+        if (all[r].magic != SPLIT_REC_MAGIC)
+            rc = weft_set_error(&parent->core, WEFT_ERR_MISMATCH,
+                                "weft_comm_split: rank %d called another collective (an allgather of %zu B/rank) "
+                                "where this rank called weft_comm_split", r, sizeof(mine));
+        else if (all[r].id != m.id)
+            rc = weft_set_error(&parent->core, WEFT_ERR_MISMATCH,
+                                "weft_comm_split: rank %d is at collective #%u of the comm, this rank at #%u "
+                                "(ranks out of step)", r, all[r].id, m.id);
+    if (rc != WEFT_SUCCESS || color < 0)
+        goto out;   /* WEFT_SPLIT_NONE: this rank joins no new comm */
+
+    order = malloc((size_t)psize * sizeof(*order));
+    m.members = malloc((size_t)psize * sizeof(*m.members));
+    if (order == NULL || m.members == NULL) {
+        /* The other members wait for this rank in the new comm's set-up
+         * and fail there, within WEFT_TIMEOUT, naming it. */
+        rc = weft_set_error(&parent->core, WEFT_ERR_NO_MEMORY, "weft_comm_split: no memory for %d ranks", psize);
+        goto out;
+    }
+    for (int r = 0; r < psize; r++)
+        if (all[r].color == color) {
+            order[m.size][0] = all[r].key;
+            order[m.size][1] = r;
+            m.size++;
+        }
+    qsort(order, (size_t)m.size, sizeof(*order), split_order);
+    for (int i = 0; i < m.size; i++) {
+        m.members[i] = order[i][1];
+        if (order[i][1] == prank)
+            m.rank = i;
+    }
+    rc = weft_comm_assemble("weft_comm_split", make_split_boot, &m, out);
+
+out:
+    free(m.members);
+    free(order);
+    free(all);
+    if (rc == WEFT_SUCCESS && color < 0)
+        *out = NULL;
+    return rc;
 }

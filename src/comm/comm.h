@@ -40,6 +40,11 @@ typedef int (*weft_bootstrap_make_fn)(void *arg, struct weft_core *core, struct 
 int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make_arg, struct weft_comm **out);
 /* Collective over mpi_comm (see weft_comm_create in weft.h). */
 int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out);
+/* Collective over parent (see weft_comm_split in weft.h): one allgather of
+ * (color, key) on the parent's collectives, then, for color >= 0, a comm
+ * assembled over the split bootstrap (bootstrap_split.h); color < 0:
+ * *out = NULL. The new comm keeps nothing of the parent. */
+int weft_comm_split_all(struct weft_comm *parent, int color, int key, struct weft_comm **out);
 /* Collective (see weft_comm_destroy); local once a rank failed or after abort. */
 int weft_comm_destroy_all(struct weft_comm *c);
 /* weft_comm_abort: local, any thread. */

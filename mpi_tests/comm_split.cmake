@@ -1,0 +1,21 @@
+# weft_comm_split: new comms over a comm's own pipes (test_comm_split.cc),
+# and the p2p and collectives suites re-run on split comms
+# (WEFT_TEST_COMM=split: weft_mpi_test.h's fixture hands every test a comm
+# made by weft_comm_split instead of weft_comm_create). Included from
+# mpi_tests/CMakeLists.txt, which defines weft_add_mpi_test_binary /
+# weft_add_mpi_suite (and collectives.cmake WEFT_COLL_FILTER).
+#
+# Matrix: comm_split at np 1, 3, 4 (odd and even group sizes, groups of one
+# at np 1) over shm, tcp and vnodes2; the p2p suite np 4 shm and the
+# collectives suite np 4 vnodes2 on split comms. Measured times: see
+# docs/testing.md.
+weft_add_mpi_test_binary(weft_mpi_comm_split test_comm_split.cc)
+weft_add_mpi_suite(NAME comm_split BINARY weft_mpi_comm_split NPS 1 3 4 CONFIGS shm tcp vnodes2
+                   LABELS "comm;split" TIMEOUT 120)
+
+weft_add_mpi_suite(NAME p2p_split BINARY weft_mpi_p2p NPS 4 CONFIGS shm
+                   GTEST_FILTER "-*Huge*" LABELS "p2p;split" ENV WEFT_TEST_COMM=split TIMEOUT 300)
+if(TARGET weft_mpi_coll)
+  weft_add_mpi_suite(NAME coll_split BINARY weft_mpi_coll NPS 4 CONFIGS vnodes2
+                     GTEST_FILTER ${WEFT_COLL_FILTER} LABELS "coll;split" ENV WEFT_TEST_COMM=split TIMEOUT 300)
+endif()
