@@ -342,6 +342,8 @@ fail:
         WEFT_WARN(c->core.rank, "%s failed: %s", what, weft_err_str(rc));
     {
         int rc2 = rc;
+        /* The comm is gone after this: its text lives on in weft_last_error(). */
+        weft_error_keep(&c->core, what, rc2);
         comm_free(c);
         return rc2;
     }

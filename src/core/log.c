@@ -17,6 +17,9 @@
 
 static atomic_int log_level = -1;
 
+/* weft_last_error(): per thread, so two threads that fail creations at once
+ * each read their own failure, and no lock is needed. */
+static _Thread_local char thread_error[1024];
 
 int weft_log_level(void)
 {
@@ -106,7 +109,25 @@ int weft_set_error(struct weft_core *c, int err, const char *fmt, ...)
         pthread_mutex_lock(&c->err_lock);
         snprintf(c->last_error, sizeof(c->last_error), "rank %d: %s (%s)", rank, msg, weft_err_str(err));
         pthread_mutex_unlock(&c->err_lock);
+    } else {
+        /* No comm to hold it: the caller reads it with weft_last_error(). */
+        snprintf(thread_error, sizeof(thread_error), "%s (%s)", msg, weft_err_str(err));
     }
     WEFT_WARN(rank, "%s (%s)", msg, weft_err_str(err));
     return err;
+}
+
+void weft_error_keep(struct weft_core *c, const char *what, int err)
+{
+    pthread_mutex_lock(&c->err_lock);
+    if (c->last_error[0] != '\0')
+        snprintf(thread_error, sizeof(thread_error), "%s", c->last_error);
+    else
+        snprintf(thread_error, sizeof(thread_error), "%s failed (%s)", what, weft_err_str(err));
+    pthread_mutex_unlock(&c->err_lock);
+}
+
+const char *weft_error_thread(void)
+{
+    return thread_error;
 }

@@ -24,10 +24,19 @@ void weft_log(int level, int rank, const char *fmt, ...) __attribute__((format(p
 #define WEFT_TRACE(rank, ...) WEFT_LOG(WEFT_LOG_TRACE, rank, __VA_ARGS__)
 
 /* Records "rank R: <message> (<why of err>)" as the comm's last error
- * (core may be NULL: logged only), logs it at warn level, and returns err so
+ * (core may be NULL: then it becomes this thread's weft_last_error(),
+ * "<message> (<why of err>)", with no rank), logs it at warn level, and returns err so
  * callers can `return weft_set_error(...)`. Call it once, where a failure
  * is decided. */
 int weft_set_error(struct weft_core *core, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* A creation that failed is about to free its comm: its last error (or,
+ * if it recorded none, "<what> failed (<why of err>)") becomes this
+ * thread's, for weft_last_error(). */
+void weft_error_keep(struct weft_core *core, const char *what, int err);
+/* This thread's last error recorded with no comm (weft_set_error(NULL, ...))
+ * or kept by weft_error_keep; "" if none. Nothing clears it (errno style). */
+const char *weft_error_thread(void);
 
 /* The text of a WEFT_* code (weft_strerror forwards here). */
 const char *weft_err_str(int err);

@@ -27,8 +27,6 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -44,6 +42,7 @@
 #include "core.h"
 #include "list.h"
 #include "log.h"
+#include "netif.h"
 #include "tcp_hello.h"
 #include "tcp_listen.h"
 #include "tcp_stripe.h"
@@ -297,42 +296,26 @@ static void tune_socket(int fd)
 }
 
 /* Resolves WEFT_TCP_IF (interface name or IPv4 literal; empty: first UP
- * non-loopback IPv4 interface, else 127.0.0.1) to the address to listen on. */
+ * non-loopback IPv4 interface, else 127.0.0.1) to the address to listen on
+ * (src/core/netif.c, shared with the unique id's root). */
 static int resolve_listen_addr(struct weft_core *core, struct in_addr *out)
 {
     const char *want = core->cfg.tcp_if;
-    struct in_addr lit;
 
-    if (want[0] != '\0' && inet_pton(AF_INET, want, &lit) == 1) {
-        *out = lit;
+    switch (weft_netif_resolve_ipv4(want, out)) {
+    case WEFT_NETIF_OK:
         return WEFT_SUCCESS;
-    }
-    struct ifaddrs *ifs = NULL;
-    if (getifaddrs(&ifs) != 0)
-        return weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: getifaddrs failed: %s", strerror(errno));
-    int found = 0;
-    for (struct ifaddrs *i = ifs; i != NULL && !found; i = i->ifa_next) {
-        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET)
-            continue;
-        if (want[0] != '\0') {
-            if (strcmp(i->ifa_name, want) != 0)
-                continue;
-        } else if (!(i->ifa_flags & IFF_UP) || (i->ifa_flags & IFF_LOOPBACK)) {
-            continue;
-        }
-        *out = ((const struct sockaddr_in *)(const void *)i->ifa_addr)->sin_addr;
-        found = 1;
-    }
-    freeifaddrs(ifs);
-    if (found)
+    case WEFT_NETIF_LOOPBACK:
+        WEFT_INFO(core->rank, "tcp: no UP non-loopback IPv4 interface, listening on 127.0.0.1");
         return WEFT_SUCCESS;
-    if (want[0] != '\0')
+    case WEFT_NETIF_NO_MATCH:
         return weft_set_error(core, WEFT_ERR_INVALID_ARG,
                               "tcp: WEFT_TCP_IF=%s is neither an IPv4 address nor an interface with one",
                               want);
-    out->s_addr = htonl(INADDR_LOOPBACK);
-    WEFT_INFO(core->rank, "tcp: no UP non-loopback IPv4 interface, listening on 127.0.0.1");
-    return WEFT_SUCCESS;
+    case WEFT_NETIF_GETIFADDRS:
+    default:
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: getifaddrs failed: %s", strerror(errno));
+    }
 }
 
 /* ---------------------------------------------------------------- create -- */
