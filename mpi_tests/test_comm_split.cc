@@ -8,17 +8,19 @@
  * and an allgather of world ranks lists the members in new-rank order. The
  * tests: even/odd colors, keys that reverse the order and keys that tie,
  * WEFT_SPLIT_NONE (and any negative color) on some ranks, a split of a
- * split, the parent destroyed before its child, two children of one parent
- * used alternately (their requests mixed in one waitall), a split while the
- * user's messages and a non-blocking allreduce are in flight on the parent
- * (none of them may be taken by the split, nor the split's by them), a rank
- * that calls another allgather of the same size instead of the split, and
- * the argument errors.
+ * split, the parent destroyed before its child or aborted under it, two
+ * children of one parent used alternately (their requests mixed in one
+ * waitall), a split while the user's messages and a non-blocking allreduce
+ * are in flight on the parent (none of them may be taken by the split, nor
+ * the split's by them), a rank that calls another allgather of the same
+ * size instead of the split, a setting that differs on one member (the new
+ * comm's set-up fails on every member at once), and the argument errors.
  */
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -238,6 +240,20 @@ TEST_F(SplitOwnParent, ParentDestroyedFirst)
     destroy_ok(nc);
 }
 
+TEST_F(SplitOwnParent, ParentAbortedChildUnaffected)
+{
+    /* Every rank aborts the parent (its pipes break, peers are told): the
+     * child has pipes of its own and keeps working. */
+    weft_comm_t *parent = nullptr, *nc = nullptr;
+    ASSERT_EQ(weft_comm_create(MPI_COMM_WORLD, &parent), WEFT_SUCCESS);
+    ASSERT_EQ(weft_comm_split(parent, 0, rank, &nc), WEFT_SUCCESS) << weft_comm_last_error(parent);
+    ASSERT_EQ(weft_comm_abort(parent), WEFT_SUCCESS);
+    check_traffic(nc, identity(size));
+    EXPECT_EQ(weft_comm_destroy(parent), WEFT_ERR_ABORTED);
+    check_traffic(nc, identity(size), 6, 1);
+    destroy_ok(nc);
+}
+
 TEST_F(Split, TwoChildrenAlternately)
 {
     std::vector<int> ca(size), ka = identity(size), cb(size), kb(size);
@@ -350,6 +366,43 @@ TEST_F(Split, AnotherCollectiveOfTheSameSizeIsAMismatch)
     }
     /* The parent is still in step. */
     ASSERT_EQ(weft_barrier(comm), WEFT_SUCCESS) << last_error();
+}
+
+/* A failure inside the new comm's set-up (which runs over the split
+ * bootstrap): a protocol setting that differs on one member fails the
+ * split on every member at once, with the message of a create, and leaves
+ * the parent as it was. */
+TEST_F(Split, SettingThatDiffersFailsSplitOnEveryMember)
+{
+    if (size < 2)
+        GTEST_SKIP() << "needs 2 ranks";
+    const char *old = std::getenv("WEFT_TCP_STREAMS");
+    std::string saved = old ? old : "";
+    if (rank == size - 1)
+        setenv("WEFT_TCP_STREAMS", "7", 1);
+    weft_comm_t *nc = reinterpret_cast<weft_comm_t *>(this);
+    int rc = WEFT_SUCCESS;
+    double t0 = MPI_Wtime();
+    std::string log = capture_stderr([&] { rc = weft_comm_split(comm, 0, rank, &nc); });
+    double took = MPI_Wtime() - t0;
+    if (old)
+        setenv("WEFT_TCP_STREAMS", saved.c_str(), 1);
+    else
+        unsetenv("WEFT_TCP_STREAMS");
+    EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(nc, reinterpret_cast<weft_comm_t *>(this)) << "output written on failure";
+    const std::string want = "weft_comm_split: WEFT_TCP_STREAMS differs between ranks: ";
+    const std::string want_tail = ", 7 on rank " + std::to_string(size - 1);
+    EXPECT_NE(log.find(want), std::string::npos) << log;
+    EXPECT_NE(log.find(want_tail), std::string::npos) << log;
+    EXPECT_LT(took, 10.0) << "the refusal took " << took << " s";
+
+    /* The parent goes on, and a split with equal settings works. */
+    ASSERT_EQ(weft_barrier(comm), WEFT_SUCCESS) << last_error();
+    nc = nullptr;
+    ASSERT_EQ(weft_comm_split(comm, 0, rank, &nc), WEFT_SUCCESS) << last_error();
+    check_traffic(nc, identity(size));
+    destroy_ok(nc);
 }
 
 TEST_F(Split, ArgumentErrors)
