@@ -249,9 +249,76 @@ private:
 
 /* ---- the fixture ---- */
 
+/* How the fixture makes its comm over the base communicator (the same
+ * tests then run over every way of making one), from WEFT_TEST_COMM:
+ *   unset, "mpi"  weft_comm_create(base)
+ *   "uid"         base rank 0 calls weft_get_unique_id, MPI_Bcast of the id
+ *                 over base, weft_comm_init(id, base size, base rank): mpirun
+ *                 is only the launcher, weft's set-up uses no MPI
+ *   "split"       weft_comm_create(base) as a parent, weft_comm_split(parent,
+ *                 0, rank) (one color: the same ranks, in the same order),
+ *                 and the parent destroyed at once (the split comm must not
+ *                 need it).
+ * Collective over base. Returns the WEFT_* code; *what says which call
+ * failed, with its text. */
+inline int make_test_comm(MPI_Comm base, weft_comm_t **out, std::string *what)
+{
+    const std::string mode = env_or("WEFT_TEST_COMM", "mpi");
+    int brank = 0, bsize = 0;
+    MPI_Comm_rank(base, &brank);
+    MPI_Comm_size(base, &bsize);
+    if (mode == "uid") {
+        struct {
+            weft_unique_id_t id;
+            int rc;
+        } msg;
+        std::memset(&msg, 0, sizeof(msg));
+        if (brank == 0)
+            msg.rc = weft_get_unique_id(&msg.id);
+        MPI_Bcast(&msg, sizeof(msg), MPI_BYTE, 0, base);
+        if (msg.rc != WEFT_SUCCESS) {
+            *what = std::string("weft_get_unique_id on rank 0: ") + weft_strerror(msg.rc) +
+                    (brank == 0 ? std::string(": ") + weft_last_error() : std::string());
+            return msg.rc;
+        }
+        int rc = weft_comm_init(&msg.id, bsize, brank, out);
+        if (rc != WEFT_SUCCESS)
+            *what = std::string("weft_comm_init: ") + weft_last_error();
+        return rc;
+    }
+    if (mode == "split") {
+        weft_comm_t *parent = nullptr;
+        int rc = weft_comm_create(base, &parent);
+        if (rc != WEFT_SUCCESS) {
+            *what = std::string("weft_comm_create (the split's parent): ") + weft_last_error();
+            return rc;
+        }
+        rc = weft_comm_split(parent, 0, brank, out);
+        if (rc != WEFT_SUCCESS)
+            *what = std::string("weft_comm_split: ") + weft_last_error();
+        int drc = weft_comm_destroy(parent);
+        if (rc == WEFT_SUCCESS && drc != WEFT_SUCCESS) {
+            /* The split comm is left to the fixture, which leaks it with
+             * the failure rather than risk a collective destroy here. */
+            *what = std::string("weft_comm_destroy (the split's parent): ") + weft_strerror(drc);
+            rc = drc;
+        }
+        return rc;
+    }
+    if (mode != "mpi") {
+        *what = "WEFT_TEST_COMM=" + mode + " is none of mpi, uid, split";
+        return WEFT_ERR_INVALID_ARG;
+    }
+    int rc = weft_comm_create(base, out);
+    if (rc != WEFT_SUCCESS)
+        *what = std::string("weft_comm_create: ") + weft_last_error();
+    return rc;
+}
+
 /* Gives each test a fresh comm over MPI_COMM_WORLD (collective set-up in
- * SetUp, so every rank must run the same tests in the same order), and
- * agrees across ranks in TearDown whether the test failed anywhere. When a
+ * SetUp, so every rank must run the same tests in the same order; made as
+ * WEFT_TEST_COMM says, make_test_comm), and agrees across ranks in TearDown
+ * whether the test failed anywhere. When a
  * test failed, its comm may still hold requests and is leaked rather than
  * destroyed, so one failure does not hang the rest of the run. */
 class WeftMpiTest : public ::testing::Test {
@@ -270,14 +337,16 @@ protected:
         MPI_Comm base = base_comm();
         if (base == MPI_COMM_NULL)
             return;
-        int rc = weft_comm_create(base, &comm);
+        std::string what;
+        int rc = make_test_comm(base, &comm, &what);
         bool failed = rc != WEFT_SUCCESS;
         if (failed)
-            ADD_FAILURE() << "weft_comm_create: " << weft_strerror(rc);
+            ADD_FAILURE() << what << " (" << weft_strerror(rc) << ")";
         /* A failed create on one rank must stop the test on every rank. */
         if (any_rank(failed)) {
             if (!failed)
-                ADD_FAILURE() << "weft_comm_create failed on another rank";
+                ADD_FAILURE() << "making the comm (WEFT_TEST_COMM=" << env_or("WEFT_TEST_COMM", "mpi")
+                              << ") failed on another rank";
             comm = nullptr;
             GTEST_SKIP() << "no comm";
         }

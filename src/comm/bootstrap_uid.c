@@ -426,8 +426,10 @@ static void format_ranks(char *buf, size_t len, const int *ranks, int n)
         snprintf(buf + at, len - at, ", ... (%d in all)", n);
 }
 
+#define HELLO_REFUSED (-1)   /* root_read_hello: not a WEFT_* code (those are >= 0) */
+
 /* Reads (more of) conn c's hello. Returns 0 (more to come, or accepted),
- * 1 (refused and closed: drop it), or a WEFT_* code with the meeting's
+ * HELLO_REFUSED (drop the connection), or a WEFT_* code with the meeting's
  * failure text in err. */
 static int root_read_hello(struct root *r, struct conn *c, char *err, size_t len)
 {
@@ -435,7 +437,7 @@ static int root_read_hello(struct root *r, struct conn *c, char *err, size_t len
     ssize_t k = recv(c->fd, c->hello + c->hello_got, want - c->hello_got, 0);
     if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
         WEFT_INFO(-1, "the unique id's root %s: %s closed its connection before saying its rank", r->addr, c->peer);
-        return 1;
+        return HELLO_REFUSED;
     }
     if (k < 0)
         return 0;
@@ -447,7 +449,7 @@ static int root_read_hello(struct root *r, struct conn *c, char *err, size_t len
             memcmp(c->hello + 8, r->token, 8) != 0) {
             WEFT_WARN(-1, "the unique id's root %s: refused a connection from %s: wrong magic or job token "
                       "(a unique id of another job, or a corrupted copy)", r->addr, c->peer);
-            return 1;
+            return HELLO_REFUSED;
         }
         return 0;
     }
@@ -555,7 +557,7 @@ static int root_join(struct root *r, char *err, size_t len)
                 break;
             }
             int h = root_read_hello(r, c, err, len);
-            if (h == 1)
+            if (h == HELLO_REFUSED)
                 root_drop(r, i);
             else if (h != 0)
                 rc = h;
@@ -852,7 +854,7 @@ static void root_fail(struct root *r, int code, const char *text)
             if (c->hello_got < HELLO_BYTES) {
                 char ignore[256];
                 int h = root_read_hello(r, c, ignore, sizeof(ignore));
-                if (h == 1)
+                if (h == HELLO_REFUSED)
                     conn_close(c);
                 continue;   /* a complete hello, whatever it says, gets the text above */
             }
