@@ -363,6 +363,8 @@ TEST_F(Split, AnotherCollectiveOfTheSameSizeIsAMismatch)
         EXPECT_EQ(weft_comm_split(comm, 0, 0, &nc), WEFT_ERR_MISMATCH);
         EXPECT_EQ(nc, reinterpret_cast<weft_comm_t *>(this)) << "output written on failure";
         EXPECT_NE(last_error().find("rank 0 called another collective"), std::string::npos) << last_error();
+        EXPECT_NE(std::string(weft_last_error()).find("rank 0 called another collective"), std::string::npos)
+            << weft_last_error();
     }
     /* The parent is still in step. */
     ASSERT_EQ(weft_barrier(comm), WEFT_SUCCESS) << last_error();
@@ -396,6 +398,10 @@ TEST_F(Split, SettingThatDiffersFailsSplitOnEveryMember)
     EXPECT_NE(log.find(want), std::string::npos) << log;
     EXPECT_NE(log.find(want_tail), std::string::npos) << log;
     EXPECT_LT(took, 10.0) << "the refusal took " << took << " s";
+    /* The new comm is gone: its text is this thread's, and the parent's. */
+    EXPECT_NE(std::string(weft_last_error()).find(want), std::string::npos) << weft_last_error();
+    EXPECT_NE(last_error().find("weft_comm_split: the new comm's set-up failed"), std::string::npos) << last_error();
+    EXPECT_NE(last_error().find(want), std::string::npos) << last_error();
 
     /* The parent goes on, and a split with equal settings works. */
     ASSERT_EQ(weft_barrier(comm), WEFT_SUCCESS) << last_error();
@@ -410,6 +416,8 @@ TEST_F(Split, ArgumentErrors)
     weft_comm_t *nc = reinterpret_cast<weft_comm_t *>(this);
     EXPECT_EQ(weft_comm_split(nullptr, 0, 0, &nc), WEFT_ERR_INVALID_ARG);
     EXPECT_EQ(nc, reinterpret_cast<weft_comm_t *>(this));
+    EXPECT_NE(std::string(weft_last_error()).find("weft_comm_split: comm is NULL"), std::string::npos)
+        << weft_last_error();
     /* Refused locally (every rank here), nothing entered the parent. */
     EXPECT_EQ(weft_comm_split(comm, 0, 0, nullptr), WEFT_ERR_INVALID_ARG);
     EXPECT_NE(last_error().find("weft_comm_split"), std::string::npos) << last_error();

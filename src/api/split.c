@@ -16,8 +16,13 @@ int weft_comm_split(weft_comm_t *comm, int color, int key, weft_comm_t **newcomm
     /* Refused on this rank only: the others enter the split and fail
      * there within WEFT_TIMEOUT, as for any collective one rank skips. */
     if (newcomm == NULL)
-        return weft_set_error(&comm->core, WEFT_ERR_INVALID_ARG, "%s: the newcomm output pointer is NULL", fn);
-    if ((rc = weft_check_live(comm, fn)) != WEFT_SUCCESS)
+        rc = weft_set_error(&comm->core, WEFT_ERR_INVALID_ARG, "%s: the newcomm output pointer is NULL", fn);
+    else
+        rc = weft_check_live(comm, fn);
+    if (rc != WEFT_SUCCESS) {
+        /* As every failed split: the parent's last error and this thread's. */
+        weft_error_keep(&comm->core, fn, rc);
         return rc;
+    }
     return weft_comm_split_all(comm, color, key, newcomm);
 }

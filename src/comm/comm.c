@@ -495,9 +495,26 @@ int weft_comm_split_all(struct weft_comm *parent, int color, int key, struct wef
         if (order[i][1] == prank)
             m.rank = i;
     }
+    WEFT_INFO(prank, "weft_comm_split: color %d key %d: rank %d of %d in the new comm", color, key, m.rank, m.size);
     rc = weft_comm_assemble("weft_comm_split", make_split_boot, &m, out);
+    if (rc != WEFT_SUCCESS) {
+        /* The new comm is gone and its text is this thread's
+         * (weft_last_error); the parent's last error says it too, since
+         * the call was made on the parent. */
+        pthread_mutex_lock(&parent->core.err_lock);
+        snprintf(parent->core.last_error, sizeof(parent->core.last_error),
+                 "rank %d: weft_comm_split: the new comm's set-up failed (this rank is rank %d of %d there): %s",
+                 prank, m.rank, m.size, weft_error_thread());
+        pthread_mutex_unlock(&parent->core.err_lock);
+        goto done;
+    }
 
 out:
+    /* A failure of the parent's step is the parent's last error; it is
+     * also this thread's, as for every failed creation. */
+    if (rc != WEFT_SUCCESS)
+        weft_error_keep(&parent->core, "weft_comm_split", rc);
+done:
     free(m.members);
     free(order);
     free(all);
