@@ -7,13 +7,17 @@
 # weft_add_mpi_suite (collectives.cmake: WEFT_COLL_FILTER; reductions.cmake:
 # weft_mpi_reductions, WEFT_RED_FILTER).
 #
-# Matrix (seconds measured on the 2-core machine, one entry at a time, in docs/testing.md terms):
-#   comm_init          CommInit.* np 1, 2, 4 shm; np 3 tcp, vnodes2
+# Matrix, with seconds per entry measured on the 2-core machine under load
+# 5.6 (other jobs running), plain build:
+#   comm_init          CommInit.* np 1, 2, 4 shm; np 3 tcp, vnodes2 -- 2.2-2.4 s
+#                      each (two ~0.9 s refused-connect retries inside)
 #   comm_init_timeout  CommInitTimeout.* np 3 shm, WEFT_TIMEOUT=3 (a corrupted
-#                      token, a rank that never joins: ~3 s each)
-#   p2p_uid            the p2p suite, np 4 shm, tcp, vnodes2
-#   coll_uid           the collectives suite, np 4 vnodes2
-#   reductions_uid     the reductions suite, np 3 shm
+#                      token, a rank that never joins: 3 s each) -- 6.6 s
+#   p2p_uid            the p2p suite, np 4 shm, tcp, vnodes2 -- 3.5, 3.7, 3.4 s
+#   coll_uid           the collectives suite, np 4 vnodes2 -- 4.8 s
+#   reductions_uid     the reductions suite, np 3 shm -- 6.0 s
+# comm_init_nompi (tests/CMakeLists.txt) takes 0.9 s. Under ASan/UBSan the
+# comm_init entries take 3.4-9.7 s each.
 weft_add_mpi_test_binary(weft_mpi_comm_init test_comm_init.cc)
 weft_add_mpi_suite(NAME comm_init BINARY weft_mpi_comm_init NPS 1 2 4 CONFIGS shm
                    GTEST_FILTER "CommInit.*" LABELS "comm;comm_init" TIMEOUT 120)
