@@ -761,7 +761,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::_allgather_base(at::Tensor& out
   WEFT_STARTER(op, in);
   st.allgather(in, out);
   op->outputs = {output};
-  return launch(op, c10d::OpType::_ALLGATHER_BASE, "weft:_all_gather_base", {input});
+  return launch(op, c10d::OpType::_ALLGATHER_BASE, "weft:all_gather_into_tensor", {input});
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allgather_coalesced(
@@ -796,7 +796,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::allgather_coalesced(
   }
   for (auto& l : outputLists)
     op->outputs.insert(op->outputs.end(), l.begin(), l.end());
-  return launch(op, c10d::OpType::ALLGATHER_COALESCED, "weft:allgather_coalesced", inputs);
+  return launch(op, c10d::OpType::ALLGATHER_COALESCED, "weft:all_gather_coalesced", inputs);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -918,7 +918,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::_reduce_scatter_base(at::Tensor
   WEFT_STARTER(op, in);
   st.reduceScatter(in, out, dt, rop);
   op->outputs = {output};
-  return launch(op, c10d::OpType::_REDUCE_SCATTER_BASE, "weft:_reduce_scatter_base", {input});
+  return launch(op, c10d::OpType::_REDUCE_SCATTER_BASE, "weft:reduce_scatter_tensor", {input});
 }
 
 namespace {
@@ -1079,7 +1079,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recv(std::vector<at::Tensor>& t
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::recvAnysource(std::vector<at::Tensor>&, int) {
-  fail("recv", "recv from any source is not supported (weft matches a receive to one peer; pass src=)");
+  throw std::runtime_error(
+      "weft backend: recv from any source is not supported (weft matches a receive to one peer: pass src)");
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::barrier(const c10d::BarrierOptions&) {

@@ -416,6 +416,18 @@ def _p2p_and_async(rank, size):
         dist.recv(torch.zeros(1), 1, tag=22)
         dist.send(torch.full((3,), 5.0), 1, tag=21)
 
+    # empty and 0-dim tensors
+    e = torch.zeros(0)
+    dist.all_reduce(e)
+    dist.broadcast(e, 0)
+    if rank == 0:
+        dist.send(torch.zeros(0), 1, tag=30)
+    else:
+        dist.recv(torch.zeros(0), 0, tag=30)
+    s = torch.tensor(float(rank + 2))
+    dist.all_reduce(s, op=dist.ReduceOp.PRODUCT)
+    assert_same(s, torch.tensor(6.0), "0-dim allreduce")
+
     # batch_isend_irecv: a ring
     send = data(rank, 8)
     recv = torch.zeros(8)
@@ -492,7 +504,7 @@ def _unsupported(rank, size):
     with pytest.raises(RuntimeError, match=r"weft backend: reduce_scatter: dtype ComplexFloat"):
         dist.reduce_scatter(torch.zeros(2, dtype=torch.complex64),
                             [torch.zeros(2, dtype=torch.complex64)] * size)
-    with pytest.raises(RuntimeError, match=r"weft backend: recv: recv from any source is not supported"):
+    with pytest.raises(RuntimeError, match=r"weft backend: recv from any source is not supported"):
         dist.recv(torch.zeros(2))
     with pytest.raises(RuntimeError, match=r"tag -1 is out of range"):
         dist.send(torch.zeros(2), 1 - rank, tag=-1)
