@@ -50,6 +50,18 @@ constexpr int kInternalTag = INT_MAX;
 
 std::string rankStr(int r) { return std::to_string(r); }
 
+// weft's code and its last error on the comm. The text already ends with
+// the code's meaning when it is about this failure; the meaning is added
+// when the text says nothing or is about something else.
+std::string weftWhy(int rc, const weft_comm_t* comm) {
+  const char* last = comm ? weft_comm_last_error(comm) : "";
+  std::string code = weft_strerror(rc);
+  if (!last || !*last)
+    return code;
+  std::string text = last;
+  return text.find(code) == std::string::npos ? code + ": " + text : text;
+}
+
 size_t nbytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
 
 // Reductions: the dtypes and operations weft reduces.
@@ -185,9 +197,7 @@ void PendingOp::fail(int rc, const char* where) {
     return;
   err = rc;
   // weft's own text names the rank, the peer and why; keep it whole.
-  const char* last = comm ? weft_comm_last_error(comm) : "";
-  errText = "weft backend: " + name + " failed on rank " + rankStr(rank) + " in " + where + ": " +
-            weft_strerror(rc) + (last && *last ? std::string(": ") + last : std::string());
+  errText = "weft backend: " + name + " failed on rank " + rankStr(rank) + " in " + where + ": " + weftWhy(rc, comm);
 }
 
 void PendingOp::finishLocked() {
@@ -472,9 +482,7 @@ std::shared_ptr<PendingOp> ProcessGroupWeft::newOp(std::string name) {
 void ProcessGroupWeft::check(int rc, const std::string& op, const char* call) const {
   if (rc == WEFT_SUCCESS)
     return;
-  const char* last = weft_comm_last_error(comm_);
-  fail(op, std::string(call) + " on rank " + rankStr(getRank()) + ": " + weft_strerror(rc) +
-               (last && *last ? std::string(": ") + last : std::string()));
+  fail(op, std::string(call) + " on rank " + rankStr(getRank()) + ": " + weftWhy(rc, comm_));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::launch(std::shared_ptr<PendingOp> op, c10d::OpType type,
@@ -619,9 +627,7 @@ class Starter {
       raise(rc, call);
   }
   [[noreturn]] void raise(int rc, const char* call) {
-    const char* last = weft_comm_last_error(comm_);
-    std::string why = std::string(call) + " on rank " + rankStr(op_.rank) + ": " + weft_strerror(rc) +
-                      (last && *last ? std::string(": ") + last : std::string());
+    std::string why = std::string(call) + " on rank " + rankStr(op_.rank) + ": " + weftWhy(rc, comm_);
     if (!op_.reqs.empty()) {
       // Requests of this operation already in flight hold its buffers:
       // the process group completes them (their result is dropped).
