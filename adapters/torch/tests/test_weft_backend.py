@@ -23,7 +23,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-import weft_torch
+# The tests check that a group's timeout becomes WEFT_TIMEOUT, which happens
+# only when the user did not set it (seen when weft_torch loads); a value
+# inherited from a CI job would also make the timeout test wait that long.
+os.environ.pop("WEFT_TIMEOUT", None)
+import weft_torch  # noqa: E402
 
 # Gloo (the reference) on loopback, whatever the machine's host name says.
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -619,6 +623,22 @@ ENV_SCRIPT = textwrap.dedent("""
 """)
 
 
+def _run_env_script(size, script, extra_env=None):
+    port = _free_port()
+    procs = []
+    for r in range(size):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                   LOCAL_RANK=str(r), WORLD_SIZE=str(size), LOCAL_WORLD_SIZE=str(size), **(extra_env or {}))
+        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        outs.append(out)
+        assert p.returncode == 0, out
+    return outs
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -627,18 +647,19 @@ def _free_port():
 
 def test_env_init_like_torchrun():
     size = 3
-    port = _free_port()
-    procs = []
-    for r in range(size):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
-                   LOCAL_RANK=str(r), WORLD_SIZE=str(size), LOCAL_WORLD_SIZE=str(size))
-        procs.append(subprocess.Popen([sys.executable, "-c", ENV_SCRIPT], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = []
-    for p in procs:
-        out, _ = p.communicate(timeout=120)
-        outs.append(out)
-        assert p.returncode == 0, out
+    outs = _run_env_script(size, ENV_SCRIPT)
     for r, out in enumerate(outs):
         line = [l for l in out.splitlines() if l.startswith("RESULT")]
         assert line == ["RESULT %d %d weft [6.0, 6.0, 6.0]" % (r, size)], out
+
+
+def test_user_weft_timeout_is_kept():
+    script = textwrap.dedent("""
+        import datetime, torch.distributed as dist
+        import weft_torch
+        dist.init_process_group("weft", timeout=datetime.timedelta(seconds=5))
+        print("TIMEOUT", weft_torch._weft_group(None).weft_timeout, flush=True)
+        dist.destroy_process_group()
+    """)
+    out = _run_env_script(1, script, {"WEFT_TIMEOUT": "7.5"})[0]
+    assert "TIMEOUT 7.5\n" in out, out
