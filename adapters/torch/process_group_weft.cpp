@@ -33,10 +33,12 @@
 namespace weft_torch {
 namespace {
 
-// Whether the user set WEFT_TIMEOUT, seen when the module is loaded: a group
-// made later sets it from its own timeout, and that must not count as the
-// user's choice for the groups after it.
-const bool g_userTimeout = std::getenv("WEFT_TIMEOUT") != nullptr;
+// WEFT_TIMEOUT as the backend last set it (a group made later sets its own,
+// and a value the backend set must not pass for the user's choice); the
+// user's own value is any other.
+std::mutex g_envMu;
+std::string g_timeoutWeSet;
+bool g_timeoutSet = false;
 
 // The weft lane of the operations built here from point-to-point messages
 // (gather, scatter, uneven alltoall). Every rank starts them in the same
@@ -389,10 +391,18 @@ ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store>& store,
   // weft bounds every wait for progress by WEFT_TIMEOUT; unless the user
   // chose it, it follows the group's timeout so weft gives up when torch
   // would. Read by weft when it makes the id and the comm.
-  if (!g_userTimeout)
-    setenv("WEFT_TIMEOUT", weftSeconds(timeout).c_str(), 1);
-  const char* t = std::getenv("WEFT_TIMEOUT");
-  weftTimeout_ = t ? t : "";
+  {
+    std::lock_guard<std::mutex> lk(g_envMu);
+    const char* cur = std::getenv("WEFT_TIMEOUT");
+    bool users = cur && !(g_timeoutSet && g_timeoutWeSet == cur);
+    if (!users) {
+      g_timeoutWeSet = weftSeconds(timeout);
+      g_timeoutSet = true;
+      setenv("WEFT_TIMEOUT", g_timeoutWeSet.c_str(), 1);
+    }
+    const char* t = std::getenv("WEFT_TIMEOUT");
+    weftTimeout_ = t ? t : "";
+  }
 
   // Several groups may share a store (a re-init over the same file store):
   // each creation takes the next generation. Every rank adds before it joins

@@ -29,6 +29,8 @@ Exit status: 0 when every selected test passed or skipped, 1 otherwise
 import argparse
 import contextlib
 import logging
+import multiprocessing
+import multiprocessing.context
 import os
 import re
 import sys
@@ -111,6 +113,14 @@ def _parse_args(argv):
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds one test may run before its ranks are killed "
                    "(distributed_test.py's DEFAULT_TIMEOUT, 300 s by default)")
+    p.add_argument("--start-method", default="spawn",
+                   choices=["spawn", "forkserver"],
+                   help="how the ranks of a test start: spawn (a fresh "
+                   "interpreter per rank that imports torch, as "
+                   "test_distributed_spawn.py does; default) or forkserver "
+                   "(forked from one server process that imported torch and "
+                   "the suite once: the same tests, without the 1-2 s import "
+                   "per rank)")
     p.add_argument("--list-tests", action="store_true",
                    help="print the selected test names and exit")
     p.add_argument("-v", "--verbose", action="store_true",
@@ -141,6 +151,24 @@ def _import_path():
         sys.path.insert(0, STUBS)
 
 
+class _EnvForkServerProcess(multiprocessing.context.ForkServerProcess):
+    """A forkserver rank that runs in the environment its parent has now.
+
+    A spawned rank inherits the parent's environment of the moment; a rank
+    forked by the forkserver would get the server's (that of the first test),
+    but TestDistBackend.setUp makes a new TEMP_DIR for every test.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._parent_env = dict(os.environ)
+
+    def run(self):
+        os.environ.clear()
+        os.environ.update(self._parent_env)
+        super().run()
+
+
 def _build_test_class():
     """The test class of test_distributed_spawn.py, built once BACKEND is set.
 
@@ -159,10 +187,19 @@ def _build_test_class():
 
     torch.backends.cuda.matmul.allow_tf32 = False
 
+    start_method = os.environ.get("WEFT_DIST_TEST_START", "spawn")
+
     class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         def setUp(self):
             super().setUp()
-            self._spawn_processes()
+            if start_method == "spawn":
+                # What test_distributed_spawn.py does.
+                self._spawn_processes()
+            else:
+                # forkserver: each rank is still a fresh process that has
+                # initialized nothing, forked from a server that imported
+                # torch and this module once (see --start-method).
+                self._start_processes(_EnvForkServerProcess)
             torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
     TestDistBackendWithSpawn.__qualname__ = "TestDistBackendWithSpawn"
@@ -278,6 +315,7 @@ def main(argv):
     # sys.argv through spawn): give it nothing of ours to misread.
     sys.argv = [sys.argv[0]]
     tmp_dir = _prepare_environment(args.backend, args.world_size)
+    os.environ["WEFT_DIST_TEST_START"] = args.start_method
 
     cls = _build_test_class()
     globals()["TestDistBackendWithSpawn"] = cls
@@ -315,6 +353,13 @@ def main(argv):
         if args.verbose:
             print("%-5s %-60s %6.1fs %s" % (status, name, secs, reason),
                   file=console, flush=True)
+
+    if args.start_method == "forkserver":
+        # The server imports this module as __mp_main__ (which builds the
+        # test class, imports torch, the suite and weft_torch), then forks
+        # a rank per request.
+        multiprocessing.set_forkserver_preload(["__main__"])
+        label += ",forkserver"
 
     suite = unittest.TestSuite(cls(n) for n in selected)
     devnull = open(os.devnull, "w")

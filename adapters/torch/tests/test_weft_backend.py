@@ -24,8 +24,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 # The tests check that a group's timeout becomes WEFT_TIMEOUT, which happens
-# only when the user did not set it (seen when weft_torch loads); a value
-# inherited from a CI job would also make the timeout test wait that long.
+# only when the user did not set it; a value inherited from a CI job would
+# also make the timeout test wait that long.
 os.environ.pop("WEFT_TIMEOUT", None)
 import weft_torch  # noqa: E402
 
@@ -655,11 +655,22 @@ def test_env_init_like_torchrun():
 
 def test_user_weft_timeout_is_kept():
     script = textwrap.dedent("""
-        import datetime, torch.distributed as dist
+        import datetime, os, torch.distributed as dist
         import weft_torch
         dist.init_process_group("weft", timeout=datetime.timedelta(seconds=5))
         print("TIMEOUT", weft_torch._weft_group(None).weft_timeout, flush=True)
+        # a group made later without the user's value follows its own timeout
+        del os.environ["WEFT_TIMEOUT"]
+        g = dist.new_group([0], timeout=datetime.timedelta(seconds=4))
+        print("TIMEOUT", weft_torch._weft_group(g).weft_timeout, flush=True)
+        # ... and the user's value set after the import counts as the user's
+        os.environ["WEFT_TIMEOUT"] = "9"
+        g = dist.new_group([0], timeout=datetime.timedelta(seconds=3))
+        print("TIMEOUT", weft_torch._weft_group(g).weft_timeout, flush=True)
+        g = dist.new_group([0], timeout=datetime.timedelta(seconds=3))
+        print("TIMEOUT", weft_torch._weft_group(g).weft_timeout, flush=True)
         dist.destroy_process_group()
     """)
     out = _run_env_script(1, script, {"WEFT_TIMEOUT": "7.5"})[0]
-    assert "TIMEOUT 7.5\n" in out, out
+    lines = [l for l in out.splitlines() if l.startswith("TIMEOUT")]
+    assert lines == ["TIMEOUT 7.5", "TIMEOUT 4.000", "TIMEOUT 9", "TIMEOUT 9"], out
