@@ -614,12 +614,16 @@ class Starter {
   // Several stream-ordered sends and receives queued as one (weft's groups),
   // so a ring of them cannot deadlock; host requests need none.
   void groupStart() {
-    if (onStream_)
+    if (onStream_) {
       done(weft_group_start(), "weft_group_start");
+      inGroup_ = true;
+    }
   }
   void groupEnd() {
-    if (onStream_)
+    if (onStream_) {
+      inGroup_ = false;
       done(weft_group_end(), "weft_group_end");
+    }
   }
 
  private:
@@ -638,6 +642,12 @@ class Starter {
   }
   [[noreturn]] void raise(int rc, const char* call) {
     std::string why = std::string(call) + " on rank " + rankStr(op_.rank) + ": " + weftWhy(rc, comm_);
+    if (inGroup_) {
+      // Groups are per host thread: one left open would swallow every later
+      // stream-ordered call of this thread.
+      inGroup_ = false;
+      weft_group_end();
+    }
     if (!op_.reqs.empty()) {
       // Requests of this operation already in flight hold its buffers:
       // the process group completes them (their result is dropped).
@@ -654,6 +664,7 @@ class Starter {
   std::mutex* orphansMu_;
   std::shared_ptr<PendingOp> self_;
   bool onStream_ = false;
+  bool inGroup_ = false;
   struct CUstream_st* stream_ = nullptr;
 #if WEFT_TORCH_HAVE_CUDA
   c10::optional<c10::cuda::CUDAGuard> guard_;
