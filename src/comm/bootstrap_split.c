@@ -86,6 +86,35 @@ static int request_failed(struct boot_split *s, int op, uint32_t nth, int entry,
                           s->members[s->b.rank], verb, peer, s->members[peer], why[0] ? why : "(nothing)");
 }
 
+/* The exchange failed on this rank (a member is gone, or silent past
+ * WEFT_TIMEOUT): its receives that no message is bound to yet are
+ * withdrawn, and their lanes refuse what those members still send, so
+ * this rank waits neither for the member that is gone nor for live members
+ * that already left the exchange over the same failure (they would cost a
+ * WEFT_TIMEOUT each and be blamed for it). Sends stay: a send whose
+ * announcement is out is answered by its receiver or fails with its pipe. */
+static void withdraw(struct boot_split *s, size_t nreq, int code)
+{
+    for (size_t k = 0; k < nreq; k++)
+        if (s->reqs[k] != NULL && s->req_peer[k] >= 0 && !weft_p2p_done(s->reqs[k]) &&
+            weft_p2p_cancel(s->reqs[k], code))
+            weft_p2p_refuse_lane(s->parent, s->members[s->req_peer[k]], WEFT_TAG_SPLIT, code);
+}
+
+/* Waits request k out (bounded) and frees it; the exchange's first failure
+ * is the one reported. Returns rc, or the new failure when rc was success. */
+static int finish_request(struct boot_split *s, int op, uint32_t nth, size_t k, size_t bytes, int rc)
+{
+    weft_status_t st;
+    int code = weft_p2p_wait(s->reqs[k], &st);   /* done: frees it, returns its code */
+    s->reqs[k] = NULL;
+    if (code == WEFT_SUCCESS && s->req_peer[k] >= 0 && st.bytes != bytes)
+        code = WEFT_ERR_INTERNAL;   /* a fingerprint names the size: cannot happen */
+    if (code != WEFT_SUCCESS && rc == WEFT_SUCCESS)
+        rc = request_failed(s, op, nth, (int)k, code);
+    return rc;
+}
+
 /* One all-pairs exchange: record j of recv is member j's; member j gets
  * send + j * sstride (sstride 0: the same record for everyone). */
 static int exchange(struct boot_split *s, int op, const void *send, size_t sstride, void *recv, size_t bytes)
@@ -96,8 +125,9 @@ static int exchange(struct boot_split *s, int op, const void *send, size_t sstri
                                           (uint64_t)bytes } };
     unsigned char *rbuf = recv;
     const unsigned char *sbuf = send;
-    size_t nreq = 0, nrecv;
-    int rc = WEFT_SUCCESS;
+    size_t nreq = 0;
+    int rc = WEFT_SUCCESS, failed_peer = -1, failed_send = 0;
+    char why[640] = "";
 
     if (s->parent == NULL)   /* comm.c calls no exchange after created(); say so if that ever changes */
         return weft_set_error(s->b.core, WEFT_ERR_INTERNAL, "weft_comm_split: set-up %s after the new comm was "
@@ -105,47 +135,61 @@ static int exchange(struct boot_split *s, int op, const void *send, size_t sstri
     memmove(rbuf + (size_t)me * bytes, sbuf + (size_t)me * sstride, bytes);
     /* Receives first, so every peer's message finds its buffer posted;
      * peers in the order me+1, me+2, ...: the members do not all start
-     * with the same peer. */
-    for (int i = 1; i < n && rc == WEFT_SUCCESS; i++) {
-        int j = (me + i) % n;
-        rc = weft_p2p_irecv_checked(s->parent, rbuf + (size_t)j * bytes, bytes, s->members[j], WEFT_TAG_SPLIT, &chk,
-                                    &s->reqs[nreq], "weft_comm_split");
-        if (rc == WEFT_SUCCESS)
-            s->req_peer[nreq++] = j;
+     * with the same peer. A request that cannot be started (its pipe
+     * already broke: that member died) does not stop the others: every
+     * live member must still get this member's record, or it would wait
+     * out WEFT_TIMEOUT for it and blame this member instead of the dead one. */
+    for (int k = 0; k < 2 * (n - 1); k++) {
+        const int is_send = k >= n - 1, j = (me + 1 + k % (n - 1)) % n;
+        int r = is_send ? weft_p2p_isend_checked(s->parent, sbuf + (size_t)j * sstride, bytes, s->members[j],
+                                                 WEFT_TAG_SPLIT, &chk, &s->reqs[nreq], "weft_comm_split")
+                        : weft_p2p_irecv_checked(s->parent, rbuf + (size_t)j * bytes, bytes, s->members[j],
+                                                 WEFT_TAG_SPLIT, &chk, &s->reqs[nreq], "weft_comm_split");
+        if (r == WEFT_SUCCESS) {
+            s->req_peer[nreq++] = is_send ? -j - 1 : j;
+        } else if (rc == WEFT_SUCCESS) {
+            /* The p2p call said why (on the parent): keep it before the
+             * waits below can say something else. */
+            rc = r;
+            failed_peer = j;
+            failed_send = is_send;
+            parent_error(s, why, sizeof(why));
+        }
     }
-    nrecv = nreq;
-    for (int i = 1; i < n && rc == WEFT_SUCCESS; i++) {
-        int j = (me + i) % n;
-        rc = weft_p2p_isend_checked(s->parent, sbuf + (size_t)j * sstride, bytes, s->members[j], WEFT_TAG_SPLIT,
-                                    &chk, &s->reqs[nreq], "weft_comm_split");
-        if (rc == WEFT_SUCCESS)
-            s->req_peer[nreq++] = -j - 1;
-    }
-    if (rc != WEFT_SUCCESS) {
-        /* The p2p call said why (on the parent); peers will time out
-         * waiting for what was not sent. Receives nothing matched yet are
-         * withdrawn rather than waited for. */
-        char why[640];
-        parent_error(s, why, sizeof(why));
+    if (rc != WEFT_SUCCESS)
         rc = weft_set_error(s->b.core, rc, "weft_comm_split: set-up %s #%u (new rank %d = parent rank %d): could not "
-                            "start the exchange over the parent's pipes: %s", op_name[op], nth, me, s->members[me],
-                            why[0] ? why : "(nothing)");
-        for (size_t k = 0; k < nrecv; k++)
-            (void)weft_p2p_cancel(s->reqs[k], rc);
-    }
+                            "start %s new rank %d (parent rank %d) over the parent's pipes: %s", op_name[op], nth, me,
+                            s->members[me], failed_send ? "sending to" : "receiving from", failed_peer,
+                            s->members[failed_peer], why[0] ? why : "(nothing)");
     /* Every request is waited for and freed, failed or not: none may
      * outlive the buffers (the caller's). Each wait is bounded by
      * WEFT_TIMEOUT without progress, and the requests' clocks run
-     * together, so a stuck peer costs one WEFT_TIMEOUT, not one per request. */
+     * together, so a stuck peer costs one WEFT_TIMEOUT, not one per
+     * request. A rank failure declared on the parent (its fault epoch
+     * moves) wakes the wait on whichever request it is on, so that a
+     * failure on another request ends the exchange at once instead of
+     * after the one waited on timed out; once failed, the exchange
+     * withdraws what is still waiting (withdraw). */
+    const char *what = "weft_comm_split (set-up exchange over the parent's pipes)";
+    uint64_t epoch = weft_p2p_fault_epoch(s->parent);
+    int withdrawn = rc != WEFT_SUCCESS;
+    if (withdrawn)
+        withdraw(s, nreq, rc);
     for (size_t k = 0; k < nreq; k++) {
-        weft_status_t st;
-        (void)weft_p2p_wait_done(s->reqs[k], "weft_comm_split (set-up exchange over the parent's pipes)");
-        int code = weft_p2p_wait(s->reqs[k], &st);   /* done: frees it, returns its code */
-        s->reqs[k] = NULL;
-        if (code == WEFT_SUCCESS && s->req_peer[k] >= 0 && st.bytes != bytes)
-            code = WEFT_ERR_INTERNAL;   /* a fingerprint names the size: cannot happen */
-        if (code != WEFT_SUCCESS && rc == WEFT_SUCCESS)
-            rc = request_failed(s, op, nth, (int)k, code);
+        while (s->reqs[k] != NULL) {
+            if (weft_p2p_wait_done_until(s->reqs[k], what, &epoch) == WEFT_P2P_FAULT) {
+                epoch = weft_p2p_fault_epoch(s->parent);
+                for (size_t q = 0; q < nreq; q++)
+                    if (s->reqs[q] != NULL && weft_p2p_done(s->reqs[q]))
+                        rc = finish_request(s, op, nth, q, bytes, rc);
+            } else {
+                rc = finish_request(s, op, nth, k, bytes, rc);
+            }
+            if (rc != WEFT_SUCCESS && !withdrawn) {
+                withdraw(s, nreq, rc);
+                withdrawn = 1;
+            }
+        }
     }
     return rc;
 }

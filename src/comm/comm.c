@@ -48,6 +48,35 @@ static uint64_t random_token(void)
     return t ? t : 1;
 }
 
+/* The reason in core's last error, without its "rank N: " prefix, its
+ * "what: " call name and its " (code)" suffix, so that a message naming
+ * the call and the step can say it again: the reason is what names the
+ * rank that was lost. */
+static void last_reason(struct weft_core *core, const char *what, int code, char *out, size_t len)
+{
+    char buf[sizeof(core->last_error)], suffix[96];
+    const char *s = buf;
+    size_t n, wl = strlen(what);
+    int skip = 0;
+
+    pthread_mutex_lock(&core->err_lock);
+    memcpy(buf, core->last_error, sizeof(buf));
+    pthread_mutex_unlock(&core->err_lock);
+    buf[sizeof(buf) - 1] = '\0';
+    if (sscanf(s, "rank %*d: %n", &skip) == 0 && skip > 0)
+        s += skip;
+    if (strncmp(s, what, wl) == 0 && s[wl] == ':' && s[wl + 1] == ' ')
+        s += wl + 2;
+    snprintf(suffix, sizeof(suffix), " (%s)", weft_err_str(code));
+    n = strlen(s);
+    if (n >= strlen(suffix) && strcmp(s + n - strlen(suffix), suffix) == 0)
+        n -= strlen(suffix);
+    if (n == 0)
+        snprintf(out, len, "%s", weft_err_str(code));
+    else
+        snprintf(out, len, "%.*s", (int)n, s);
+}
+
 /* Every rank gets the worst code of all; a rank that failed keeps its own
  * message, the others say who failed. */
 static int agree(struct weft_comm *c, int rc, const char *stage)
@@ -58,9 +87,14 @@ static int agree(struct weft_comm *c, int rc, const char *stage)
     long long v = rc == WEFT_SUCCESS ? 0 : (long long)rc * span + (span - 1 - c->core.rank);
 
     int brc = c->boot->ops->max(c->boot, &v);
-    if (brc != WEFT_SUCCESS)   /* the bootstrap said why; say where */
+    if (brc != WEFT_SUCCESS) {
+        /* The bootstrap said why (the rank it lost, the root that went
+         * away); keep that and say where. */
+        char why[700];
+        last_reason(&c->core, c->what, brc, why, sizeof(why));
         return weft_set_error(&c->core, brc, "%s: the %s bootstrap failed during %s: %s", c->what,
-                              c->boot->ops->name, stage, weft_err_str(brc));
+                              c->boot->ops->name, stage, why);
+    }
     if (v != 0 && rc == WEFT_SUCCESS)
         weft_set_error(&c->core, (int)(v / span), "%s: %s failed on rank %lld", c->what, stage,
                        span - 1 - v % span);
@@ -463,6 +497,17 @@ int weft_comm_split_all(struct weft_comm *parent, int color, int key, struct wef
      * failure-agreed like any other. */
     struct weft_coll_args a = { WEFT_COLL_ALLGATHER, &mine, all, sizeof(mine), -1, -1, -1 };
     rc = weft_coll_run(&parent->coll, &a);
+    if (rc != WEFT_SUCCESS) {
+        /* The collective's text names the rank that failed, not the call
+         * the user made: say it (in place: the collective logged it). */
+        char why[700];
+        last_reason(&parent->core, "weft_comm_split", rc, why, sizeof(why));
+        pthread_mutex_lock(&parent->core.err_lock);
+        snprintf(parent->core.last_error, sizeof(parent->core.last_error),
+                 "rank %d: weft_comm_split: the parent's allgather of the members' colors failed: %s (%s)", prank, why,
+                 weft_err_str(rc));
+        pthread_mutex_unlock(&parent->core.err_lock);
+    }
     for (int r = 0; rc == WEFT_SUCCESS && r < psize; r++)
         if (all[r].magic != SPLIT_REC_MAGIC)
             rc = weft_set_error(&parent->core, WEFT_ERR_MISMATCH,
