@@ -166,6 +166,13 @@ class _EnvForkServerProcess(multiprocessing.context.ForkServerProcess):
     def run(self):
         os.environ.clear()
         os.environ.update(self._parent_env)
+        # The one module-level value of the suite that follows a per-test
+        # environment variable (read at import, which happened once, in the
+        # server): test_barrier_timeout_global re-joins through it.
+        dt = sys.modules.get(
+            "torch.testing._internal.distributed.distributed_test")
+        if dt is not None:
+            dt.INIT_METHOD = os.getenv("INIT_METHOD", "env://")
         super().run()
 
 
@@ -355,10 +362,15 @@ def main(argv):
                   file=console, flush=True)
 
     if args.start_method == "forkserver":
-        # The server imports this module as __mp_main__ (which builds the
-        # test class, imports torch, the suite and weft_torch), then forks
-        # a rank per request.
-        multiprocessing.set_forkserver_preload(["__main__"])
+        # The server imports these once; each rank forked from it then only
+        # re-runs this module's own code (the class). Named modules, not
+        # "__main__": Python 3.11's forkserver silently skips that one.
+        preload = ["torch", "torch.distributed",
+                   "torch.testing._internal.distributed.distributed_test",
+                   "torch.nn.parallel._replicated_tensor_ddp_utils"]
+        if args.backend == "weft":
+            preload.append("weft_torch")
+        multiprocessing.set_forkserver_preload(preload)
         label += ",forkserver"
 
     suite = unittest.TestSuite(cls(n) for n in selected)
