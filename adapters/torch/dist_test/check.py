@@ -135,7 +135,14 @@ def main(argv):
             print("check: %s is empty or missing: nothing is asserted"
                   % args.must_pass)
             bad.append("(no must-pass list)")
-        for name in must:
+        if not results["weft"]:
+            # The run died before its results (weft_torch missing, a crash):
+            # one line says so instead of every must-pass test "not run".
+            print("check: the weft run gave no results: none of the %d "
+                  "must-pass tests ran (%s on PYTHONPATH: %s)"
+                  % (len(must), "weft_torch", torch_py))
+            bad.extend(must)
+        for name in must if results["weft"] else []:
             status, reason = results["weft"].get(name, ("not run", "not in the "
                                                        "list that was run"))
             if status != "pass":
