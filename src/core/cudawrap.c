@@ -4,6 +4,7 @@
 #include "cudawrap.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -144,13 +145,64 @@ fail:
     return WEFT_ERR_UNSUPPORTED;
 }
 
+/* A shared CUDA runtime the process already loaded (a framework's own, e.g.
+ * PyTorch's libcudart.so.13 from its wheel, or the one a program linked):
+ * weft must use that same instance. A second copy of the runtime, loaded
+ * from another file, keeps its own table of streams and events, and then
+ * refuses the application's streams ("invalid resource handle" from
+ * cudaEventRecord on a real GPU). A program linked with the static runtime
+ * (nvcc's default) has no loaded libcudart.so to share: weft then loads
+ * its own, and its streams are not the program's (docs/troubleshooting.md). */
+struct loaded_cudart { char path[4096]; };
+
+static int find_loaded_cudart(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    struct loaded_cudart *out = arg;
+    const char *name = info->dlpi_name, *base;
+    (void)size;
+    if (name == NULL || name[0] == '\0')
+        return 0;
+    base = strrchr(name, '/');
+    base = base ? base + 1 : name;
+    if (strncmp(base, "libcudart.so", 12) != 0)
+        return 0;
+    snprintf(out->path, sizeof(out->path), "%s", name);
+    return 1;
+}
+
+/* Which runtime to load when WEFT_CUDA_LIB names none: the one already in
+ * the process, else the unversioned name (the toolkit's), else the
+ * versioned names a runtime-only install has (CUDA 13, then 12). */
+static int load_default_locked(char *why, size_t whylen)
+{
+    static const char *const names[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12"};
+    struct loaded_cudart found;
+    char first[512] = "";
+    int rc = WEFT_ERR_UNSUPPORTED;
+
+    found.path[0] = '\0';
+    dl_iterate_phdr(find_loaded_cudart, &found);
+    if (found.path[0] != '\0' && load_locked(found.path, why, whylen) == WEFT_SUCCESS)
+        return WEFT_SUCCESS;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && rc != WEFT_SUCCESS; i++) {
+        rc = load_locked(names[i], why, whylen);
+        if (i == 0 && rc != WEFT_SUCCESS)
+            snprintf(first, sizeof(first), "%s", why);   /* the toolkit name's reason is the telling one */
+    }
+    if (rc != WEFT_SUCCESS && first[0] != '\0')
+        snprintf(why, whylen, "%s (nor libcudart.so.13 / .so.12)", first);
+    return rc;
+}
+
 int weft_cuda_load(const char *path, char *why, size_t whylen)
 {
     int rc;
 
     pthread_mutex_lock(&load_lock);
     if (!load_done) {
-        rc = load_locked(path && *path ? path : "libcudart.so", load_why, sizeof(load_why));
+        /* "libcudart.so" is WEFT_CUDA_LIB's default: the generic request. */
+        rc = path && *path && strcmp(path, "libcudart.so") != 0 ? load_locked(path, load_why, sizeof(load_why))
+                                                                 : load_default_locked(load_why, sizeof(load_why));
         load_done = 1;
         if (rc == WEFT_SUCCESS) {
             load_why[0] = '\0';
