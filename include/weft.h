@@ -72,8 +72,9 @@ WEFT_API int  weft_comm_abort(weft_comm_t *comm);
  * meeting; the 128 opaque bytes (magic, job token, the listener's address
  * and port) reach every rank by any means (a key-value store, a file, an
  * MPI_Bcast), and all nranks processes call weft_comm_init with their own
- * rank. The id serves one weft_comm_init (of nranks ranks) and expires when
- * that comm is created, or when WEFT_TIMEOUT passes without a rank joining.
+ * rank. The id serves one weft_comm_init (of nranks ranks): its listener
+ * closes once all nranks joined (or when WEFT_TIMEOUT passes without a rank
+ * joining), and the process that made it must live until that comm is made.
  * Every wait is bounded by WEFT_TIMEOUT; a rank that never joins is named
  * ("rank 3 of 4 never joined") on every rank that waited for it. A comm made
  * this way behaves exactly like one made by weft_comm_create; it makes no
