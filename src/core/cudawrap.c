@@ -189,8 +189,11 @@ static int load_default_locked(char *why, size_t whylen)
         if (i == 0 && rc != WEFT_SUCCESS)
             snprintf(first, sizeof(first), "%s", why);   /* the toolkit name's reason is the telling one */
     }
+    /* A runtime that loaded but found no device says why itself; only a
+     * missing library gets the list of names that were tried. */
     if (rc != WEFT_SUCCESS && first[0] != '\0')
-        snprintf(why, whylen, "%s (nor libcudart.so.13 / .so.12)", first);
+        snprintf(why, whylen, "%s%s", first,
+                 strncmp(first, "cannot load", 11) == 0 ? " (nor libcudart.so.13 / .so.12)" : "");
     return rc;
 }
 
