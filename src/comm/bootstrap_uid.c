@@ -223,6 +223,19 @@ static int ms_until(double deadline)
     return left > 3600 ? 3600 * 1000 : (int)(left * 1000) + 1;
 }
 
+/* Waits until fd is ready for events or the deadline passed (ETIMEDOUT);
+ * 0 also after an interrupted poll (the caller simply tries again). */
+static int wait_ready(int fd, short events, double deadline)
+{
+    struct pollfd pf = { .fd = fd, .events = events, .revents = 0 };
+    int t = ms_until(deadline);
+    if (t == 0)
+        return ETIMEDOUT;
+    if (poll(&pf, 1, t) < 0 && errno != EINTR)
+        return errno;
+    return 0;
+}
+
 /* Writes all n bytes to the non-blocking fd; fails with ETIMEDOUT when
  * window seconds pass without a byte going out (window 0: no bound).
  * Returns 0 or an errno. */
@@ -242,12 +255,9 @@ static int send_all(int fd, const void *buf, size_t n, double window)
             continue;
         if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK)
             return errno;
-        struct pollfd pf = { .fd = fd, .events = POLLOUT, .revents = 0 };
-        int t = ms_until(deadline);
-        if (t == 0)
-            return ETIMEDOUT;
-        if (poll(&pf, 1, t) < 0 && errno != EINTR)
-            return errno;
+        int rc = wait_ready(fd, POLLOUT, deadline);
+        if (rc != 0)
+            return rc;
     }
     return 0;
 }
@@ -271,12 +281,9 @@ static int recv_all(int fd, void *buf, size_t n, double window)
             continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return errno;
-        struct pollfd pf = { .fd = fd, .events = POLLIN, .revents = 0 };
-        int t = ms_until(deadline);
-        if (t == 0)
-            return ETIMEDOUT;
-        if (poll(&pf, 1, t) < 0 && errno != EINTR)
-            return errno;
+        int rc = wait_ready(fd, POLLIN, deadline);
+        if (rc != 0)
+            return rc;
     }
     return 0;
 }
