@@ -92,6 +92,19 @@ WEFT_API int  weft_comm_init(const weft_unique_id_t *id, int nranks, int rank, w
  * be destroyed first) and is destroyed with weft_comm_destroy. */
 #define WEFT_SPLIT_NONE (-1)
 WEFT_API int  weft_comm_split(weft_comm_t *comm, int color, int key, weft_comm_t **newcomm);
+/* A function of the application that weft runs while a thread of the
+ * application waits inside a weft call on comm (weft_wait, weft_waitall,
+ * the blocking collectives, a destroy's barrier over weft's pipes) and the
+ * wait is idle: at least once per millisecond of an idle wait, at most once
+ * per 20 microseconds, in the waiting thread, with no lock of weft held.
+ * Weft's own threads (the progress thread of the stream-ordered calls)
+ * never run it. It must return quickly and must not call weft on comm.
+ * Use: a layer that shares the process with another communication library
+ * keeps that library's messages moving while weft waits (the PMPI layer,
+ * adapters/mpi/, calls MPI_Iprobe: Open MPI has no progress of its own).
+ * Local; may be called at any time; hook NULL removes it. */
+typedef void (*weft_wait_hook_t)(void *arg);
+WEFT_API int  weft_comm_set_wait_hook(weft_comm_t *comm, weft_wait_hook_t hook, void *arg);
 /* Rank and size; -1 when comm is NULL. */
 WEFT_API int  weft_comm_rank(const weft_comm_t *comm);
 WEFT_API int  weft_comm_size(const weft_comm_t *comm);

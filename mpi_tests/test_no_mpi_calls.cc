@@ -2,17 +2,23 @@
  * weft makes no MPI call between weft_comm_create returning and
  * weft_comm_destroy being called.
  *
- * This binary defines the MPI functions a communication library could use
- * (PMPI-style interposers: count, then call the PMPI_ version). The
- * executable exports them (ENABLE_EXPORTS), so libweft.so's references
- * bind to them. Calls are counted only while `counting` is set, which
+ * weft makes its MPI calls through the profiling names (PMPI_*), so that a
+ * PMPI layer -- its own, adapters/mpi/ -- neither sees nor recurses into
+ * them. This binary defines the PMPI functions a communication library
+ * could use (count, then call the next definition, libmpi's, found with
+ * dlsym(RTLD_NEXT)). The executable exports them (ENABLE_EXPORTS), so
+ * libweft.so's references bind to them. Calls are counted only while `counting` is set, which
  * leaves out the test's own MPI calls (fixture set-up, result reduction).
  * A first test proves the interposers see calls made from inside libweft.
  */
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <dlfcn.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include <atomic>
 #include <string>
@@ -40,7 +46,7 @@ enum CallId {
 };
 
 const char *const call_names[CALL_COUNT] = {
-#define X(name) "MPI_" #name,
+#define X(name) "PMPI_" #name,
     WEFT_INTERPOSED(X)
 #undef X
 };
@@ -76,88 +82,103 @@ void reset_counts()
         c.store(0);
 }
 
+/* libmpi's definition of an interposed PMPI function. */
+void *real_sym(const char *name)
+{
+    void *f = dlsym(RTLD_NEXT, name);
+    if (f == nullptr) {
+        std::fprintf(stderr, "test_no_mpi_calls: dlsym(RTLD_NEXT, %s) failed: %s\n", name, dlerror());
+        std::abort();
+    }
+    return f;
+}
+
 } // namespace
+
+/* Resolved once per function (dlsym is not cheap; MPI calls are). */
+#define REAL(name) \
+    ([]() { static void *const f = real_sym("PMPI_" #name); return reinterpret_cast<decltype(&PMPI_##name)>(f); }())
 
 extern "C" {
 
-int MPI_Send(const void *b, int n, MPI_Datatype t, int d, int tag, MPI_Comm c)
-{ count_call(CALL_Send); return PMPI_Send(b, n, t, d, tag, c); }
-int MPI_Recv(void *b, int n, MPI_Datatype t, int s, int tag, MPI_Comm c, MPI_Status *st)
-{ count_call(CALL_Recv); return PMPI_Recv(b, n, t, s, tag, c, st); }
-int MPI_Isend(const void *b, int n, MPI_Datatype t, int d, int tag, MPI_Comm c, MPI_Request *r)
-{ count_call(CALL_Isend); return PMPI_Isend(b, n, t, d, tag, c, r); }
-int MPI_Irecv(void *b, int n, MPI_Datatype t, int s, int tag, MPI_Comm c, MPI_Request *r)
-{ count_call(CALL_Irecv); return PMPI_Irecv(b, n, t, s, tag, c, r); }
-int MPI_Ssend(const void *b, int n, MPI_Datatype t, int d, int tag, MPI_Comm c)
-{ count_call(CALL_Ssend); return PMPI_Ssend(b, n, t, d, tag, c); }
-int MPI_Rsend(const void *b, int n, MPI_Datatype t, int d, int tag, MPI_Comm c)
-{ count_call(CALL_Rsend); return PMPI_Rsend(b, n, t, d, tag, c); }
-int MPI_Test(MPI_Request *r, int *flag, MPI_Status *st)
-{ count_call(CALL_Test); return PMPI_Test(r, flag, st); }
-int MPI_Testall(int n, MPI_Request r[], int *flag, MPI_Status st[])
-{ count_call(CALL_Testall); return PMPI_Testall(n, r, flag, st); }
-int MPI_Testany(int n, MPI_Request r[], int *idx, int *flag, MPI_Status *st)
-{ count_call(CALL_Testany); return PMPI_Testany(n, r, idx, flag, st); }
-int MPI_Wait(MPI_Request *r, MPI_Status *st)
-{ count_call(CALL_Wait); return PMPI_Wait(r, st); }
-int MPI_Waitall(int n, MPI_Request r[], MPI_Status st[])
-{ count_call(CALL_Waitall); return PMPI_Waitall(n, r, st); }
-int MPI_Waitany(int n, MPI_Request r[], int *idx, MPI_Status *st)
-{ count_call(CALL_Waitany); return PMPI_Waitany(n, r, idx, st); }
-int MPI_Iprobe(int s, int tag, MPI_Comm c, int *flag, MPI_Status *st)
-{ count_call(CALL_Iprobe); return PMPI_Iprobe(s, tag, c, flag, st); }
-int MPI_Probe(int s, int tag, MPI_Comm c, MPI_Status *st)
-{ count_call(CALL_Probe); return PMPI_Probe(s, tag, c, st); }
-int MPI_Improbe(int s, int tag, MPI_Comm c, int *flag, MPI_Message *m, MPI_Status *st)
-{ count_call(CALL_Improbe); return PMPI_Improbe(s, tag, c, flag, m, st); }
-int MPI_Mprobe(int s, int tag, MPI_Comm c, MPI_Message *m, MPI_Status *st)
-{ count_call(CALL_Mprobe); return PMPI_Mprobe(s, tag, c, m, st); }
-int MPI_Barrier(MPI_Comm c)
-{ count_call(CALL_Barrier); return PMPI_Barrier(c); }
-int MPI_Ibarrier(MPI_Comm c, MPI_Request *r)
-{ count_call(CALL_Ibarrier); return PMPI_Ibarrier(c, r); }
-int MPI_Bcast(void *b, int n, MPI_Datatype t, int root, MPI_Comm c)
-{ count_call(CALL_Bcast); return PMPI_Bcast(b, n, t, root, c); }
-int MPI_Allgather(const void *sb, int sn, MPI_Datatype st, void *rb, int rn, MPI_Datatype rt, MPI_Comm c)
-{ count_call(CALL_Allgather); return PMPI_Allgather(sb, sn, st, rb, rn, rt, c); }
-int MPI_Allgatherv(const void *sb, int sn, MPI_Datatype st, void *rb, const int rn[], const int d[],
+int PMPI_Send(const void *b, int n, MPI_Datatype t, int d, int tag, MPI_Comm c)
+{ count_call(CALL_Send); return REAL(Send)(b, n, t, d, tag, c); }
+int PMPI_Recv(void *b, int n, MPI_Datatype t, int s, int tag, MPI_Comm c, MPI_Status *st)
+{ count_call(CALL_Recv); return REAL(Recv)(b, n, t, s, tag, c, st); }
+int PMPI_Isend(const void *b, int n, MPI_Datatype t, int d, int tag, MPI_Comm c, MPI_Request *r)
+{ count_call(CALL_Isend); return REAL(Isend)(b, n, t, d, tag, c, r); }
+int PMPI_Irecv(void *b, int n, MPI_Datatype t, int s, int tag, MPI_Comm c, MPI_Request *r)
+{ count_call(CALL_Irecv); return REAL(Irecv)(b, n, t, s, tag, c, r); }
+int PMPI_Ssend(const void *b, int n, MPI_Datatype t, int d, int tag, MPI_Comm c)
+{ count_call(CALL_Ssend); return REAL(Ssend)(b, n, t, d, tag, c); }
+int PMPI_Rsend(const void *b, int n, MPI_Datatype t, int d, int tag, MPI_Comm c)
+{ count_call(CALL_Rsend); return REAL(Rsend)(b, n, t, d, tag, c); }
+int PMPI_Test(MPI_Request *r, int *flag, MPI_Status *st)
+{ count_call(CALL_Test); return REAL(Test)(r, flag, st); }
+int PMPI_Testall(int n, MPI_Request r[], int *flag, MPI_Status st[])
+{ count_call(CALL_Testall); return REAL(Testall)(n, r, flag, st); }
+int PMPI_Testany(int n, MPI_Request r[], int *idx, int *flag, MPI_Status *st)
+{ count_call(CALL_Testany); return REAL(Testany)(n, r, idx, flag, st); }
+int PMPI_Wait(MPI_Request *r, MPI_Status *st)
+{ count_call(CALL_Wait); return REAL(Wait)(r, st); }
+int PMPI_Waitall(int n, MPI_Request r[], MPI_Status st[])
+{ count_call(CALL_Waitall); return REAL(Waitall)(n, r, st); }
+int PMPI_Waitany(int n, MPI_Request r[], int *idx, MPI_Status *st)
+{ count_call(CALL_Waitany); return REAL(Waitany)(n, r, idx, st); }
+int PMPI_Iprobe(int s, int tag, MPI_Comm c, int *flag, MPI_Status *st)
+{ count_call(CALL_Iprobe); return REAL(Iprobe)(s, tag, c, flag, st); }
+int PMPI_Probe(int s, int tag, MPI_Comm c, MPI_Status *st)
+{ count_call(CALL_Probe); return REAL(Probe)(s, tag, c, st); }
+int PMPI_Improbe(int s, int tag, MPI_Comm c, int *flag, MPI_Message *m, MPI_Status *st)
+{ count_call(CALL_Improbe); return REAL(Improbe)(s, tag, c, flag, m, st); }
+int PMPI_Mprobe(int s, int tag, MPI_Comm c, MPI_Message *m, MPI_Status *st)
+{ count_call(CALL_Mprobe); return REAL(Mprobe)(s, tag, c, m, st); }
+int PMPI_Barrier(MPI_Comm c)
+{ count_call(CALL_Barrier); return REAL(Barrier)(c); }
+int PMPI_Ibarrier(MPI_Comm c, MPI_Request *r)
+{ count_call(CALL_Ibarrier); return REAL(Ibarrier)(c, r); }
+int PMPI_Bcast(void *b, int n, MPI_Datatype t, int root, MPI_Comm c)
+{ count_call(CALL_Bcast); return REAL(Bcast)(b, n, t, root, c); }
+int PMPI_Allgather(const void *sb, int sn, MPI_Datatype st, void *rb, int rn, MPI_Datatype rt, MPI_Comm c)
+{ count_call(CALL_Allgather); return REAL(Allgather)(sb, sn, st, rb, rn, rt, c); }
+int PMPI_Allgatherv(const void *sb, int sn, MPI_Datatype st, void *rb, const int rn[], const int d[],
                    MPI_Datatype rt, MPI_Comm c)
-{ count_call(CALL_Allgatherv); return PMPI_Allgatherv(sb, sn, st, rb, rn, d, rt, c); }
-int MPI_Iallgather(const void *sb, int sn, MPI_Datatype st, void *rb, int rn, MPI_Datatype rt, MPI_Comm c,
+{ count_call(CALL_Allgatherv); return REAL(Allgatherv)(sb, sn, st, rb, rn, d, rt, c); }
+int PMPI_Iallgather(const void *sb, int sn, MPI_Datatype st, void *rb, int rn, MPI_Datatype rt, MPI_Comm c,
                    MPI_Request *r)
-{ count_call(CALL_Iallgather); return PMPI_Iallgather(sb, sn, st, rb, rn, rt, c, r); }
-int MPI_Gather(const void *sb, int sn, MPI_Datatype st, void *rb, int rn, MPI_Datatype rt, int root, MPI_Comm c)
-{ count_call(CALL_Gather); return PMPI_Gather(sb, sn, st, rb, rn, rt, root, c); }
-int MPI_Allreduce(const void *sb, void *rb, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c)
-{ count_call(CALL_Allreduce); return PMPI_Allreduce(sb, rb, n, t, op, c); }
-int MPI_Iallreduce(const void *sb, void *rb, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c, MPI_Request *r)
-{ count_call(CALL_Iallreduce); return PMPI_Iallreduce(sb, rb, n, t, op, c, r); }
-int MPI_Reduce(const void *sb, void *rb, int n, MPI_Datatype t, MPI_Op op, int root, MPI_Comm c)
-{ count_call(CALL_Reduce); return PMPI_Reduce(sb, rb, n, t, op, root, c); }
-int MPI_Alltoall(const void *sb, int sn, MPI_Datatype st, void *rb, int rn, MPI_Datatype rt, MPI_Comm c)
-{ count_call(CALL_Alltoall); return PMPI_Alltoall(sb, sn, st, rb, rn, rt, c); }
-int MPI_Alltoallv(const void *sb, const int sn[], const int sd[], MPI_Datatype st, void *rb, const int rn[],
+{ count_call(CALL_Iallgather); return REAL(Iallgather)(sb, sn, st, rb, rn, rt, c, r); }
+int PMPI_Gather(const void *sb, int sn, MPI_Datatype st, void *rb, int rn, MPI_Datatype rt, int root, MPI_Comm c)
+{ count_call(CALL_Gather); return REAL(Gather)(sb, sn, st, rb, rn, rt, root, c); }
+int PMPI_Allreduce(const void *sb, void *rb, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c)
+{ count_call(CALL_Allreduce); return REAL(Allreduce)(sb, rb, n, t, op, c); }
+int PMPI_Iallreduce(const void *sb, void *rb, int n, MPI_Datatype t, MPI_Op op, MPI_Comm c, MPI_Request *r)
+{ count_call(CALL_Iallreduce); return REAL(Iallreduce)(sb, rb, n, t, op, c, r); }
+int PMPI_Reduce(const void *sb, void *rb, int n, MPI_Datatype t, MPI_Op op, int root, MPI_Comm c)
+{ count_call(CALL_Reduce); return REAL(Reduce)(sb, rb, n, t, op, root, c); }
+int PMPI_Alltoall(const void *sb, int sn, MPI_Datatype st, void *rb, int rn, MPI_Datatype rt, MPI_Comm c)
+{ count_call(CALL_Alltoall); return REAL(Alltoall)(sb, sn, st, rb, rn, rt, c); }
+int PMPI_Alltoallv(const void *sb, const int sn[], const int sd[], MPI_Datatype st, void *rb, const int rn[],
                   const int rd[], MPI_Datatype rt, MPI_Comm c)
-{ count_call(CALL_Alltoallv); return PMPI_Alltoallv(sb, sn, sd, st, rb, rn, rd, rt, c); }
-int MPI_Sendrecv(const void *sb, int sn, MPI_Datatype st, int d, int stag, void *rb, int rn, MPI_Datatype rt,
+{ count_call(CALL_Alltoallv); return REAL(Alltoallv)(sb, sn, sd, st, rb, rn, rd, rt, c); }
+int PMPI_Sendrecv(const void *sb, int sn, MPI_Datatype st, int d, int stag, void *rb, int rn, MPI_Datatype rt,
                  int s, int rtag, MPI_Comm c, MPI_Status *status)
-{ count_call(CALL_Sendrecv); return PMPI_Sendrecv(sb, sn, st, d, stag, rb, rn, rt, s, rtag, c, status); }
-int MPI_Comm_dup(MPI_Comm c, MPI_Comm *n)
-{ count_call(CALL_Comm_dup); return PMPI_Comm_dup(c, n); }
-int MPI_Comm_split(MPI_Comm c, int color, int key, MPI_Comm *n)
-{ count_call(CALL_Comm_split); return PMPI_Comm_split(c, color, key, n); }
-int MPI_Comm_split_type(MPI_Comm c, int type, int key, MPI_Info info, MPI_Comm *n)
-{ count_call(CALL_Comm_split_type); return PMPI_Comm_split_type(c, type, key, info, n); }
-int MPI_Comm_free(MPI_Comm *c)
-{ count_call(CALL_Comm_free); return PMPI_Comm_free(c); }
-int MPI_Comm_rank(MPI_Comm c, int *r)
-{ count_call(CALL_Comm_rank); return PMPI_Comm_rank(c, r); }
-int MPI_Comm_size(MPI_Comm c, int *s)
-{ count_call(CALL_Comm_size); return PMPI_Comm_size(c, s); }
-int MPI_Get_count(const MPI_Status *st, MPI_Datatype t, int *n)
-{ count_call(CALL_Get_count); return PMPI_Get_count(st, t, n); }
-double MPI_Wtime(void)
-{ count_call(CALL_Wtime); return PMPI_Wtime(); }
+{ count_call(CALL_Sendrecv); return REAL(Sendrecv)(sb, sn, st, d, stag, rb, rn, rt, s, rtag, c, status); }
+int PMPI_Comm_dup(MPI_Comm c, MPI_Comm *n)
+{ count_call(CALL_Comm_dup); return REAL(Comm_dup)(c, n); }
+int PMPI_Comm_split(MPI_Comm c, int color, int key, MPI_Comm *n)
+{ count_call(CALL_Comm_split); return REAL(Comm_split)(c, color, key, n); }
+int PMPI_Comm_split_type(MPI_Comm c, int type, int key, MPI_Info info, MPI_Comm *n)
+{ count_call(CALL_Comm_split_type); return REAL(Comm_split_type)(c, type, key, info, n); }
+int PMPI_Comm_free(MPI_Comm *c)
+{ count_call(CALL_Comm_free); return REAL(Comm_free)(c); }
+int PMPI_Comm_rank(MPI_Comm c, int *r)
+{ count_call(CALL_Comm_rank); return REAL(Comm_rank)(c, r); }
+int PMPI_Comm_size(MPI_Comm c, int *s)
+{ count_call(CALL_Comm_size); return REAL(Comm_size)(c, s); }
+int PMPI_Get_count(const MPI_Status *st, MPI_Datatype t, int *n)
+{ count_call(CALL_Get_count); return REAL(Get_count)(st, t, n); }
+double PMPI_Wtime(void)
+{ count_call(CALL_Wtime); return REAL(Wtime)(); }
 
 } // extern "C"
 
@@ -184,7 +205,7 @@ TEST_F(NoMpiCalls, InterposersSeeCallsFromInsideWeft)
     int rc = weft_comm_create(MPI_COMM_WORLD, &c);
     counting = false;
     ASSERT_EQ(rc, WEFT_SUCCESS);
-    EXPECT_GT(call_counts[CALL_Comm_dup].load(), 0) << "weft_comm_create's MPI_Comm_dup was not seen; calls seen: "
+    EXPECT_GT(call_counts[CALL_Comm_dup].load(), 0) << "weft_comm_create's PMPI_Comm_dup was not seen; calls seen: "
                                                     << calls_seen();
     EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
 }

@@ -62,7 +62,30 @@ struct weft_p2p {
      * waits of this comm while they have nothing to do, lock released. */
     void                   (*idle_hook)(void *arg);
     void                    *idle_arg;
+    /* The application's wait hook (weft_comm_set_wait_hook): run by idle
+     * waits of this comm, lock released, in application threads only. */
+    void                   (*wait_hook)(void *arg);
+    void                    *wait_arg;
 };
+
+/* Set in weft's own threads (the stream engine's progress thread): they
+ * never run the application's wait hook, which may call into a library
+ * (MPI) that only the application's threads may enter. */
+extern _Thread_local int weft_p2p_internal_thread;
+
+/* Runs the application's wait hook, if any; lock held on entry and on
+ * return. */
+static inline void weft_p2p_run_wait_hook(struct weft_p2p *p)
+{
+    void (*fn)(void *) = p->wait_hook;
+    void *arg = p->wait_arg;
+
+    if (fn == NULL || weft_p2p_internal_thread)
+        return;
+    pthread_mutex_unlock(&p->lock);
+    fn(arg);
+    pthread_mutex_lock(&p->lock);
+}
 
 /* Runs the idle hook, if any; lock held on entry and on return. */
 static inline void weft_p2p_run_idle_hook(struct weft_p2p *p)

@@ -153,6 +153,21 @@ void weft_p2p_set_idle_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg
     pthread_mutex_unlock(&p->lock);
 }
 
+_Thread_local int weft_p2p_internal_thread;
+
+void weft_p2p_set_wait_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg)
+{
+    pthread_mutex_lock(&p->lock);
+    p->wait_hook = fn;
+    p->wait_arg = arg;
+    pthread_mutex_unlock(&p->lock);
+}
+
+void weft_p2p_mark_internal_thread(void)
+{
+    weft_p2p_internal_thread = 1;
+}
+
 void weft_p2p_watch(struct weft_request *r, const char *what)
 {
     struct weft_p2p *p = r->p2p;
@@ -416,6 +431,17 @@ int weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses
                             first = ps[j] != ps[i];
                         if (first)
                             ps[i]->idle_hook(ps[i]->idle_arg);
+                    }
+                /* The application's wait hooks (MPI progress for the PMPI
+                 * layer), once per comm. */
+                if (!weft_p2p_internal_thread)
+                    for (size_t i = 0; i < n; i++) {
+                        void (*fn)(void *) = ps[i] ? ps[i]->wait_hook : NULL;
+                        int first = 1;
+                        for (size_t j = 0; j < i && first; j++)
+                            first = ps[j] != ps[i];
+                        if (fn && first)
+                            fn(ps[i]->wait_arg);
                     }
                 struct timespec ts = { 0, 20 * 1000 };
                 nanosleep(&ts, NULL);

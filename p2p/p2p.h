@@ -73,6 +73,12 @@ int  weft_p2p_user_upper(struct weft_p2p *p, const struct weft_p2p_upper_ops *op
 /* The upper layer's work for idle waits of this comm (lock released when
  * it runs): fn(arg) must not block. Set once, before any wait. */
 void weft_p2p_set_idle_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg);
+/* The application's wait hook (weft_comm_set_wait_hook): fn(arg) runs in
+ * application threads waiting on this comm while their wait is idle, lock
+ * released, at least every WEFT_WAIT_HOOK_MS. fn NULL: none. Any time. */
+void weft_p2p_set_wait_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg);
+/* Called first thing by weft's own threads: they never run the wait hook. */
+void weft_p2p_mark_internal_thread(void);
 /* weft_comm_destroy, after the upper layer gave up its outstanding work:
  * UPPER requests never completed are failed (and counted by drain). */
 /* Looks at r's per-request clock once (a test loop over r). */

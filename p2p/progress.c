@@ -34,6 +34,11 @@
  * (bounds how late a wake-up from a source with no doorbell is seen). */
 #define WEFT_YIELD_S      0.002
 #define WEFT_SLEEP_MAX_MS 100
+/* The longest sleep of a waiter while the comm has a wait hook. */
+#define WEFT_WAIT_HOOK_MS 1
+/* While yielding, the wait hook runs at most this often: it costs more
+ * than a poll (an MPI progress pass), and the wait is idle only briefly. */
+#define WEFT_WAIT_HOOK_GAP_S 20e-6
 
 int weft_p2p_progress(struct weft_p2p *p)
 {
@@ -85,6 +90,10 @@ static void wait_sleep(struct weft_p2p *p, int timeout_ms)
      * not see the shm futex), so mixed comms sleep briefly. */
     if (p->waiters > 1 || sleepers > 1)
         timeout_ms = 1;
+    /* The application's wait hook must run often (MPI progress of its own
+     * messages, which may be what the peer we wait for waits on). */
+    if (p->wait_hook && !weft_p2p_internal_thread && timeout_ms > WEFT_WAIT_HOOK_MS)
+        timeout_ms = WEFT_WAIT_HOOK_MS;
 
     pthread_mutex_unlock(&p->lock);
     if (wakeless) {
@@ -158,7 +167,7 @@ int weft_p2p_progress_wait_until(struct weft_p2p *p, struct weft_request **reqs,
                                  const uint64_t *stop_epoch)
 {
     const struct weft_core *core = p->core;
-    double last = weft_now(), watched = 0;
+    double last = weft_now(), watched = 0, hooked = 0;
     double spin_s = core->oversubscribed ? 0.0 : 1e-6 * core->cfg.spin_us;
     size_t first = 0;   /* reqs before this index are done */
     int rc = WEFT_SUCCESS;
@@ -216,11 +225,17 @@ int weft_p2p_progress_wait_until(struct weft_p2p *p, struct weft_request **reqs,
             /* Idle: the layer above's work (non-blocking collectives
              * whose next steps wait for someone to issue them). */
             weft_p2p_run_idle_hook(p);
+            if (now - hooked >= WEFT_WAIT_HOOK_GAP_S) {
+                hooked = now;
+                weft_p2p_run_wait_hook(p);
+            }
             pthread_mutex_unlock(&p->lock);
             sched_yield();
             pthread_mutex_lock(&p->lock);
         } else {
             weft_p2p_run_idle_hook(p);
+            hooked = now;
+            weft_p2p_run_wait_hook(p);
             /* Short enough for the per-request clocks and heartbeats. */
             wait_sleep(p, core->cfg.timeout_s > 0 ? 50 : WEFT_SLEEP_MAX_MS);
         }

@@ -7,6 +7,7 @@
 #include "bootstrap_uid.h"
 #include "comm.h"
 #include "log.h"
+#include "p2p.h"
 
 int weft_comm_create(weft_mpi_comm_t mpi_comm, weft_comm_t **out)
 {
@@ -53,6 +54,14 @@ int weft_comm_abort(weft_comm_t *c)
     if (c == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_abort: comm is NULL");
     return weft_comm_abort_all(c);
+}
+
+int weft_comm_set_wait_hook(weft_comm_t *c, weft_wait_hook_t hook, void *arg)
+{
+    if (c == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_set_wait_hook: comm is NULL");
+    weft_p2p_set_wait_hook(c->p2p, hook, arg);
+    return WEFT_SUCCESS;
 }
 
 int weft_comm_rank(const weft_comm_t *c) { return c ? c->core.rank : -1; }

@@ -2,6 +2,10 @@
  * The MPI bootstrap: the only code of the library that calls MPI. The
  * user's communicator is duplicated, so weft's set-up traffic never mixes
  * with the application's own messages, and the duplicate is freed at destroy.
+ * Every call goes to the profiling name (PMPI_*): a PMPI layer that serves
+ * MPI collectives with weft (adapters/mpi/) must not see -- or recurse
+ * into -- weft's own MPI calls. The duplicate returns its errors (weft turns
+ * them into its own, naming the call) instead of aborting the job.
  */
 #include <stdlib.h>
 
@@ -22,35 +26,35 @@ static int mpi_check(struct weft_core *core, int mrc, const char *call)
     int len = 0;
     if (mrc == MPI_SUCCESS)
         return WEFT_SUCCESS;
-    MPI_Error_string(mrc, s, &len);
+    PMPI_Error_string(mrc, s, &len);
     return weft_set_error(core, WEFT_ERR_MPI, "%s failed: %s", call, s);
 }
 
 static int mpi_allgather(struct weft_bootstrap *b, const void *mine, void *all, size_t bytes)
 {
     struct boot_mpi *m = (struct boot_mpi *)b;
-    return mpi_check(b->core, MPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, m->comm),
+    return mpi_check(b->core, PMPI_Allgather(mine, (int)bytes, MPI_BYTE, all, (int)bytes, MPI_BYTE, m->comm),
                      "MPI_Allgather(rank cards)");
 }
 
 static int mpi_alltoall(struct weft_bootstrap *b, const void *send, void *recv, size_t bytes)
 {
     struct boot_mpi *m = (struct boot_mpi *)b;
-    return mpi_check(b->core, MPI_Alltoall(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, m->comm),
+    return mpi_check(b->core, PMPI_Alltoall(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, m->comm),
                      "MPI_Alltoall");
 }
 
 static int mpi_barrier(struct weft_bootstrap *b)
 {
     struct boot_mpi *m = (struct boot_mpi *)b;
-    return mpi_check(b->core, MPI_Barrier(m->comm), "MPI_Barrier(destroy)");
+    return mpi_check(b->core, PMPI_Barrier(m->comm), "MPI_Barrier(destroy)");
 }
 
 static int mpi_max(struct weft_bootstrap *b, long long *value)
 {
     struct boot_mpi *m = (struct boot_mpi *)b;
     long long out = 0;
-    if (MPI_Allreduce(value, &out, 1, MPI_LONG_LONG, MPI_MAX, m->comm) != MPI_SUCCESS)
+    if (PMPI_Allreduce(value, &out, 1, MPI_LONG_LONG, MPI_MAX, m->comm) != MPI_SUCCESS)
         return WEFT_ERR_MPI;
     *value = out;
     return WEFT_SUCCESS;
@@ -60,7 +64,7 @@ static void mpi_destroy(struct weft_bootstrap *b)
 {
     struct boot_mpi *m = (struct boot_mpi *)b;
     if (m->comm != MPI_COMM_NULL)
-        MPI_Comm_free(&m->comm);
+        PMPI_Comm_free(&m->comm);
     free(m);
 }
 
@@ -76,8 +80,8 @@ static const struct weft_bootstrap_ops mpi_ops = {
 int weft_bootstrap_mpi_check(weft_mpi_comm_t mpi_comm)
 {
     int initialized = 0, finalized = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
+    PMPI_Initialized(&initialized);
+    PMPI_Finalized(&finalized);
     if (!initialized || finalized)
         return weft_set_error(NULL, WEFT_ERR_MPI, "weft_comm_create: MPI is %s",
                               finalized ? "already finalized" : "not initialized");
@@ -96,13 +100,14 @@ int weft_bootstrap_mpi_create(weft_mpi_comm_t mpi_comm, struct weft_core *core, 
     m->b.ops = &mpi_ops;
     m->b.core = core;
     m->comm = MPI_COMM_NULL;
-    rc = mpi_check(core, MPI_Comm_dup(mpi_comm, &m->comm), "MPI_Comm_dup");
+    rc = mpi_check(core, PMPI_Comm_dup(mpi_comm, &m->comm), "MPI_Comm_dup");
     if (rc != WEFT_SUCCESS) {
         free(m);
         return rc;
     }
-    MPI_Comm_rank(m->comm, &m->b.rank);
-    MPI_Comm_size(m->comm, &m->b.size);
+    PMPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    PMPI_Comm_rank(m->comm, &m->b.rank);
+    PMPI_Comm_size(m->comm, &m->b.size);
     *out = &m->b;
     return WEFT_SUCCESS;
 }

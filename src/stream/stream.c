@@ -584,6 +584,7 @@ static void *progress_main(void *arg)
     unsigned idle = 0;
     double last_event = weft_now();
 
+    weft_p2p_mark_internal_thread();
     weft_list_init(&active);
     weft_queue_init(&ready);
     pthread_mutex_lock(&S->mu);
