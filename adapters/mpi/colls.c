@@ -1,0 +1,310 @@
+/*
+ * The intercepted MPI collectives.
+ *
+ * Each one: decide, on facts every rank of the call agrees on, whether
+ * weft serves it (route()); if not, PMPI_* with the same arguments. If so,
+ * lay each buffer out as contiguous bytes (datatype.c: as it is, or packed
+ * into scratch), map MPI_IN_PLACE onto weft's in-place forms, make the
+ * weft call, unpack, and turn a weft failure into an MPI error through the
+ * communicator's handler (errors.c).
+ *
+ * The size route() compares with the threshold (route.c) is one every rank
+ * computes alike: the receive side's count x type size (MPI requires the
+ * send signatures to match it), or the count of the reduced vector.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "weft_mpi.h"
+
+/* weft's comm for this call, or NULL: PMPI serves it. bytes == 0 never
+ * needs weft (nothing moves) except for the barrier, which passes 1. */
+static weft_comm_t *route(enum wmpi_coll coll, MPI_Comm comm, size_t bytes)
+{
+    weft_comm_t *wc = NULL;
+
+    if (wmpi_ready() && wmpi_enabled(coll) && bytes > 0 && bytes >= wmpi_min_bytes(coll))
+        wc = wmpi_comm_get(comm);
+    wmpi_count(coll, wc != NULL);
+    return wc;
+}
+
+static int comm_size(MPI_Comm comm)
+{
+    int n = 0;
+    PMPI_Comm_size(comm, &n);
+    return n;
+}
+
+static int comm_rank(MPI_Comm comm)
+{
+    int r = -1;
+    PMPI_Comm_rank(comm, &r);
+    return r;
+}
+
+/* A local MPI failure (packing) inside a served call. */
+static int mpi_fail(MPI_Comm comm, int mrc)
+{
+    PMPI_Comm_call_errhandler(comm, mrc);
+    return mrc;
+}
+
+/* One side of a call as contiguous bytes: data is where weft reads or
+ * writes; tmp, when not NULL, is scratch that stands for the user's buffer. */
+struct side {
+    void  *data;
+    void  *tmp;
+    size_t bytes;
+};
+
+/* The bytes of count elements at buf, packed into scratch when scattered
+ * (pack: copy the elements in; else scratch to receive into). */
+static int take(struct side *s, const void *buf, long long count, MPI_Datatype type, MPI_Comm comm, int pack)
+{
+    const void *start = NULL;
+
+    memset(s, 0, sizeof(*s));
+    if (wmpi_layout(buf, count, type, &start, &s->bytes)) {
+        s->data = (void *)start;
+        return MPI_SUCCESS;
+    }
+    if (count > INT_MAX || wmpi_type_bytes(type, count, &s->bytes) != 0)
+        return MPI_ERR_COUNT;   /* MPI_Pack counts are int */
+    if (pack) {
+        int rc = wmpi_pack(buf, (int)count, type, comm, &s->tmp, &s->bytes);
+        s->data = s->tmp;
+        return rc;
+    }
+    if ((s->tmp = malloc(s->bytes ? s->bytes : 1)) == NULL)
+        return MPI_ERR_NO_MEM;
+    s->data = s->tmp;
+    return MPI_SUCCESS;
+}
+
+/* Writes scratch back into the user's buffer (unpack) and frees it. */
+static int give(struct side *s, void *buf, long long count, MPI_Datatype type, MPI_Comm comm, int unpack)
+{
+    int rc = MPI_SUCCESS;
+
+    if (s->tmp && unpack)
+        rc = wmpi_unpack(s->tmp, s->bytes, buf, (int)count, type, comm);
+    free(s->tmp);
+    s->tmp = NULL;
+    return rc;
+}
+
+/* The per-rank signature of the send side must match the receive side's
+ * (MPI's rule); weft moves bytes, so a mismatch would corrupt data. */
+static int check_match(MPI_Comm comm, const char *fn, weft_comm_t *wc, size_t send, size_t recv)
+{
+    char why[160];
+
+    if (send == recv)
+        return MPI_SUCCESS;
+    snprintf(why, sizeof(why),
+             "the send side has %zu bytes (sendcount x sendtype size) but the receive side expects %zu", send, recv);
+    return wmpi_raise(comm, fn, WEFT_ERR_INVALID_ARG, wc, why);
+}
+
+WMPI_EXPORT int MPI_Barrier(MPI_Comm comm)
+{
+    /* No size: the threshold 0 serves it, any other leaves it to MPI. */
+    weft_comm_t *wc = route(WMPI_BARRIER, comm, wmpi_ready() && wmpi_min_bytes(WMPI_BARRIER) == 0 ? 1 : 0);
+    int wrc;
+
+    if (wc == NULL)
+        return PMPI_Barrier(comm);
+    if ((wrc = weft_barrier(wc)) != WEFT_SUCCESS)
+        return wmpi_raise(comm, "MPI_Barrier", wrc, wc, NULL);
+    return MPI_SUCCESS;
+}
+
+WMPI_EXPORT int MPI_Bcast(void *buf, int count, MPI_Datatype type, int root, MPI_Comm comm)
+{
+    size_t bytes = 0;
+    weft_comm_t *wc = NULL;
+    struct side s;
+    int rc, wrc;
+
+    if (comm != MPI_COMM_NULL && wmpi_type_bytes(type, count, &bytes) == 0 && root >= 0 && root < comm_size(comm))
+        wc = route(WMPI_BCAST, comm, bytes);
+    else
+        route(WMPI_BCAST, comm, 0);   /* counted; MPI reports the bad argument */
+    if (wc == NULL)
+        return PMPI_Bcast(buf, count, type, root, comm);
+    const int me = comm_rank(comm) == root;
+    if ((rc = take(&s, buf, count, type, comm, me)) != MPI_SUCCESS)
+        return mpi_fail(comm, rc);
+    wrc = weft_bcast(wc, s.data, s.bytes, root);
+    rc = give(&s, buf, count, type, comm, !me && wrc == WEFT_SUCCESS);
+    if (wrc != WEFT_SUCCESS)
+        return wmpi_raise(comm, "MPI_Bcast", wrc, wc, NULL);
+    return rc == MPI_SUCCESS ? MPI_SUCCESS : mpi_fail(comm, rc);
+}
+
+WMPI_EXPORT int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+                              int recvcount, MPI_Datatype recvtype, MPI_Comm comm)
+{
+    static const char fn[] = "MPI_Allgather";
+    size_t block = 0;
+    weft_comm_t *wc = NULL;
+    struct side in, out;
+    int rc, wrc;
+
+    if (comm != MPI_COMM_NULL && wmpi_type_bytes(recvtype, recvcount, &block) == 0)
+        wc = route(WMPI_ALLGATHER, comm, block);
+    else
+        route(WMPI_ALLGATHER, comm, 0);
+    if (wc == NULL)
+        return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+
+    const int n = comm_size(comm), rank = comm_rank(comm);
+    const long long all = (long long)recvcount * n;
+    if (sendbuf == MPI_IN_PLACE) {
+        /* Rank r's block is already at its place in recvbuf. */
+        if ((rc = take(&out, recvbuf, all, recvtype, comm, 1)) != MPI_SUCCESS)
+            return mpi_fail(comm, rc);
+        wrc = weft_allgather(wc, (char *)out.data + (size_t)rank * block, out.data, block);
+    } else {
+        if ((rc = take(&in, sendbuf, sendcount, sendtype, comm, 1)) != MPI_SUCCESS)
+            return mpi_fail(comm, rc);
+        if ((rc = check_match(comm, fn, wc, in.bytes, block)) != MPI_SUCCESS) {
+            give(&in, NULL, 0, sendtype, comm, 0);
+            return rc;
+        }
+        if ((rc = take(&out, recvbuf, all, recvtype, comm, 0)) != MPI_SUCCESS) {
+            give(&in, NULL, 0, sendtype, comm, 0);
+            return mpi_fail(comm, rc);
+        }
+        wrc = weft_allgather(wc, in.data, out.data, block);
+        give(&in, NULL, 0, sendtype, comm, 0);
+    }
+    rc = give(&out, recvbuf, all, recvtype, comm, wrc == WEFT_SUCCESS);
+    if (wrc != WEFT_SUCCESS)
+        return wmpi_raise(comm, fn, wrc, wc, NULL);
+    return rc == MPI_SUCCESS ? MPI_SUCCESS : mpi_fail(comm, rc);
+}
+
+WMPI_EXPORT int MPI_Alltoall(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
+                             int recvcount, MPI_Datatype recvtype, MPI_Comm comm)
+{
+    static const char fn[] = "MPI_Alltoall";
+    size_t block = 0;
+    weft_comm_t *wc = NULL;
+    struct side in, out;
+    int rc, wrc;
+
+    if (comm != MPI_COMM_NULL && wmpi_type_bytes(recvtype, recvcount, &block) == 0)
+        wc = route(WMPI_ALLTOALL, comm, block);
+    else
+        route(WMPI_ALLTOALL, comm, 0);
+    if (wc == NULL)
+        return PMPI_Alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
+
+    const int n = comm_size(comm);
+    const long long all = (long long)recvcount * n;
+    if (sendbuf == MPI_IN_PLACE) {
+        if ((rc = take(&out, recvbuf, all, recvtype, comm, 1)) != MPI_SUCCESS)
+            return mpi_fail(comm, rc);
+        wrc = weft_alltoall(wc, out.data, out.data, block);
+    } else {
+        if ((rc = take(&in, sendbuf, (long long)sendcount * n, sendtype, comm, 1)) != MPI_SUCCESS)
+            return mpi_fail(comm, rc);
+        if ((rc = check_match(comm, fn, wc, in.bytes, block * (size_t)n)) != MPI_SUCCESS) {
+            give(&in, NULL, 0, sendtype, comm, 0);
+            return rc;
+        }
+        if ((rc = take(&out, recvbuf, all, recvtype, comm, 0)) != MPI_SUCCESS) {
+            give(&in, NULL, 0, sendtype, comm, 0);
+            return mpi_fail(comm, rc);
+        }
+        wrc = weft_alltoall(wc, in.data, out.data, block);
+        give(&in, NULL, 0, sendtype, comm, 0);
+    }
+    rc = give(&out, recvbuf, all, recvtype, comm, wrc == WEFT_SUCCESS);
+    if (wrc != WEFT_SUCCESS)
+        return wmpi_raise(comm, fn, wrc, wc, NULL);
+    return rc == MPI_SUCCESS ? MPI_SUCCESS : mpi_fail(comm, rc);
+}
+
+/* The reductions: predefined types and ops weft has, else PMPI (agreed:
+ * every rank passes the same type and op). */
+static weft_comm_t *route_reduce(enum wmpi_coll coll, MPI_Comm comm, int count, MPI_Datatype type, MPI_Op op,
+                                 weft_dtype_t *dt, weft_op_t *wop)
+{
+    size_t bytes = 0;
+
+    if (comm == MPI_COMM_NULL || !wmpi_reduce_type(type, dt) || !wmpi_reduce_op(op, wop) ||
+        wmpi_type_bytes(type, count, &bytes) != 0)
+        bytes = 0;   /* MPI's: not a type/op weft reduces, or a bad argument */
+    return route(coll, comm, bytes);
+}
+
+WMPI_EXPORT int MPI_Allreduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype type, MPI_Op op,
+                              MPI_Comm comm)
+{
+    weft_dtype_t dt;
+    weft_op_t wop;
+    weft_comm_t *wc = route_reduce(WMPI_ALLREDUCE, comm, count, type, op, &dt, &wop);
+    int wrc;
+
+    if (wc == NULL)
+        return PMPI_Allreduce(sendbuf, recvbuf, count, type, op, comm);
+    if (sendbuf == MPI_IN_PLACE)
+        sendbuf = recvbuf;
+    if ((wrc = weft_allreduce(wc, sendbuf, recvbuf, (size_t)count, dt, wop)) != WEFT_SUCCESS)
+        return wmpi_raise(comm, "MPI_Allreduce", wrc, wc, NULL);
+    return MPI_SUCCESS;
+}
+
+WMPI_EXPORT int MPI_Reduce(const void *sendbuf, void *recvbuf, int count, MPI_Datatype type, MPI_Op op, int root,
+                           MPI_Comm comm)
+{
+    weft_dtype_t dt;
+    weft_op_t wop;
+    weft_comm_t *wc = NULL;
+    int wrc;
+
+    if (comm != MPI_COMM_NULL && root >= 0 && root < comm_size(comm))
+        wc = route_reduce(WMPI_REDUCE, comm, count, type, op, &dt, &wop);
+    else
+        route(WMPI_REDUCE, comm, 0);
+    if (wc == NULL)
+        return PMPI_Reduce(sendbuf, recvbuf, count, type, op, root, comm);
+    if (sendbuf == MPI_IN_PLACE)   /* valid at the root only */
+        sendbuf = recvbuf;
+    if ((wrc = weft_reduce(wc, sendbuf, recvbuf, (size_t)count, dt, wop, root)) != WEFT_SUCCESS)
+        return wmpi_raise(comm, "MPI_Reduce", wrc, wc, NULL);
+    return MPI_SUCCESS;
+}
+
+WMPI_EXPORT int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int recvcount, MPI_Datatype type,
+                                         MPI_Op op, MPI_Comm comm)
+{
+    weft_dtype_t dt;
+    weft_op_t wop;
+    weft_comm_t *wc = route_reduce(WMPI_REDUCE_SCATTER_BLOCK, comm, recvcount, type, op, &dt, &wop);
+    size_t block = 0;
+    int wrc;
+
+    if (wc == NULL)
+        return PMPI_Reduce_scatter_block(sendbuf, recvbuf, recvcount, type, op, comm);
+    wmpi_type_bytes(type, recvcount, &block);
+    if (sendbuf != MPI_IN_PLACE) {
+        wrc = weft_reduce_scatter(wc, sendbuf, recvbuf, (size_t)recvcount, dt, wop);
+    } else {
+        /* MPI's in place: the input fills recvbuf, the result goes to its
+         * start. weft's: the result lands on this rank's own block of the
+         * input. Reduce there, then move the block to the front. */
+        char *mine = (char *)recvbuf + (size_t)comm_rank(comm) * block;
+        wrc = weft_reduce_scatter(wc, recvbuf, mine, (size_t)recvcount, dt, wop);
+        if (wrc == WEFT_SUCCESS && mine != recvbuf)
+            memmove(recvbuf, mine, block);
+    }
+    if (wrc != WEFT_SUCCESS)
+        return wmpi_raise(comm, "MPI_Reduce_scatter_block", wrc, wc, NULL);
+    return MPI_SUCCESS;
+}

@@ -1,0 +1,247 @@
+/*
+ * One weft comm per MPI communicator, made at the communicator's first
+ * intercepted call and cached on it as an attribute.
+ *
+ * Made lazily because only the collectives the program really calls on a
+ * communicator should cost a weft set-up, and because every rank of the
+ * communicator reaches that first call together (it is a collective that
+ * every rank routes alike), which weft_comm_create needs.
+ *
+ * Freed by the attribute's delete callback: MPI runs it inside
+ * MPI_Comm_free (collective, so weft_comm_destroy -- also collective --
+ * has every rank) and MPI_Comm_dup does not copy the attribute
+ * (MPI_COMM_NULL_COPY_FN): a duplicate gets its own weft comm when first
+ * used. MPI_COMM_WORLD and communicators never freed are released at
+ * MPI_Finalize: MPI deletes MPI_COMM_SELF's attributes first thing there,
+ * while MPI still works, and the callback of an attribute this layer put on
+ * MPI_COMM_SELF destroys every weft comm still alive, in the order they
+ * were made (the order their collectives ran in, so the ranks of each
+ * destroy meet), then prints the WEFT_MPI_STATS line.
+ *
+ * A weft comm that cannot be made on some rank (a transport failing to set
+ * up, no memory) must not leave the others on weft: the ranks agree (one
+ * PMPI_Allreduce) and all fall back to PMPI for that communicator, the
+ * ranks that did make one dropping it locally (weft_comm_abort, so destroy
+ * waits for no one), with one WARN line where it failed.
+ */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "weft_mpi.h"
+
+struct entry {
+    weft_comm_t  *weft;        /* NULL: this communicator goes to PMPI */
+    MPI_Comm      mpi;         /* the program's handle */
+    unsigned long seq;         /* creation order */
+    struct entry *prev, *next; /* live entries, oldest first */
+};
+
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static int ready;                          /* set up without error */
+static int comm_key = MPI_KEYVAL_INVALID;  /* the entry on each communicator */
+static int self_key = MPI_KEYVAL_INVALID;  /* MPI_COMM_SELF: MPI_Finalize's hook */
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct entry *oldest, *newest;
+static unsigned long next_seq;
+static int finalizing;
+
+void wmpi_warn(const char *fmt, ...)
+{
+    char line[1024];
+    int rank = -1, init = 0, fin = 0, n;
+    va_list ap;
+
+    PMPI_Initialized(&init);
+    PMPI_Finalized(&fin);
+    if (init && !fin)
+        PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    n = snprintf(line, sizeof(line), "weft_mpi[rank %d] WARN: ", rank);
+    va_start(ap, fmt);
+    if (n > 0)
+        vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s\n", line);   /* one write per line: ranks' lines do not interleave */
+}
+
+/* While weft waits inside an intercepted call, MPI must still move the
+ * program's own messages: Open MPI over TCP progresses only inside MPI
+ * calls, and a legal `MPI_Isend; MPI_Barrier; MPI_Wait` against
+ * `MPI_Recv; MPI_Barrier` needs the Isend to move while this rank sits in
+ * the barrier. A probe is MPI's cheapest call that runs its progress. */
+static void mpi_progress(void *arg)
+{
+    MPI_Comm comm = *(MPI_Comm *)arg;
+    int flag = 0;
+    PMPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm, &flag, MPI_STATUS_IGNORE);
+}
+
+static void unlink_entry(struct entry *e)
+{
+    pthread_mutex_lock(&reg_lock);
+    if (e->prev)
+        e->prev->next = e->next;
+    else if (oldest == e)
+        oldest = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else if (newest == e)
+        newest = e->prev;
+    e->prev = e->next = NULL;
+    pthread_mutex_unlock(&reg_lock);
+}
+
+static void release(struct entry *e)
+{
+    if (e->weft) {
+        int rc = weft_comm_destroy(e->weft);
+        /* Aborted (a fallback, or after a failure): destroy says so; not news. */
+        if (rc != WEFT_SUCCESS && rc != WEFT_ERR_ABORTED)
+            wmpi_warn("weft_comm_destroy of the comm serving an MPI communicator failed: %s (%s)",
+                      weft_last_error(), weft_strerror(rc));
+    }
+    free(e);
+}
+
+/* MPI_Comm_free (or MPI_Finalize, below) of a communicator with an entry. */
+static int comm_delete(MPI_Comm comm, int key, void *value, void *extra)
+{
+    struct entry *e = value;
+    (void)comm;
+    (void)key;
+    (void)extra;
+    unlink_entry(e);
+    release(e);
+    return MPI_SUCCESS;
+}
+
+/* MPI_Finalize: every weft comm still alive, oldest first. */
+static int self_delete(MPI_Comm comm, int key, void *value, void *extra)
+{
+    (void)comm;
+    (void)key;
+    (void)value;
+    (void)extra;
+    pthread_mutex_lock(&reg_lock);
+    finalizing = 1;
+    pthread_mutex_unlock(&reg_lock);
+    for (;;) {
+        pthread_mutex_lock(&reg_lock);
+        struct entry *e = oldest;
+        pthread_mutex_unlock(&reg_lock);
+        if (e == NULL)
+            break;
+        /* Runs comm_delete, which unlinks and releases e; if MPI refuses
+         * (the communicator is already being freed), release it here. */
+        if (PMPI_Comm_delete_attr(e->mpi, comm_key) != MPI_SUCCESS) {
+            unlink_entry(e);
+            release(e);
+        }
+    }
+    wmpi_stats_print();
+    return MPI_SUCCESS;
+}
+
+static void setup(void)
+{
+    wmpi_settings_load();
+    if (PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, comm_delete, &comm_key, NULL) != MPI_SUCCESS ||
+        PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, self_delete, &self_key, NULL) != MPI_SUCCESS ||
+        PMPI_Comm_set_attr(MPI_COMM_SELF, self_key, NULL) != MPI_SUCCESS) {
+        wmpi_warn("cannot create the MPI attribute keys the weft layer needs; every call goes to MPI");
+        return;
+    }
+    if (wmpi_errors_init() != MPI_SUCCESS) {
+        wmpi_warn("cannot create weft's MPI error class; every call goes to MPI");
+        return;
+    }
+    ready = 1;
+}
+
+int wmpi_ready(void)
+{
+    int init = 0, fin = 0;
+
+    PMPI_Initialized(&init);
+    PMPI_Finalized(&fin);
+    if (!init || fin)
+        return 0;
+    pthread_once(&once, setup);
+    return ready;
+}
+
+/* Makes the weft comm of comm (every rank of comm is here). */
+static struct entry *make(MPI_Comm comm)
+{
+    struct entry *e = calloc(1, sizeof(*e));
+    weft_comm_t *wc = NULL;
+    int rc = WEFT_ERR_NO_MEMORY, ok, all_ok = 0;
+    const char *why = "no memory for the communicator's entry";
+
+    if (e != NULL) {
+        rc = weft_comm_create(comm, &wc);
+        why = weft_last_error();
+    }
+    ok = e != NULL && rc == WEFT_SUCCESS;
+    if (PMPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm) != MPI_SUCCESS)
+        all_ok = 0;
+    if (!ok) {
+        int size = -1;
+        PMPI_Comm_size(comm, &size);
+        wmpi_warn("weft cannot serve a communicator of %d ranks: %s (%s); its collectives go to MPI", size, why,
+                  weft_strerror(rc));
+    }
+    if (ok && !all_ok) {
+        /* Another rank could not: drop ours without waiting for anyone. */
+        weft_comm_abort(wc);
+        weft_comm_destroy(wc);
+        wc = NULL;
+    }
+    if (e == NULL)
+        return NULL;
+    e->weft = all_ok ? wc : NULL;
+    e->mpi = comm;
+    if (e->weft)
+        weft_comm_set_wait_hook(e->weft, mpi_progress, &e->mpi);
+    if (PMPI_Comm_set_attr(comm, comm_key, e) != MPI_SUCCESS) {
+        release(e);
+        return NULL;
+    }
+    pthread_mutex_lock(&reg_lock);
+    e->seq = next_seq++;
+    e->prev = newest;
+    if (newest)
+        newest->next = e;
+    else
+        oldest = e;
+    newest = e;
+    pthread_mutex_unlock(&reg_lock);
+    return e;
+}
+
+weft_comm_t *wmpi_comm_get(MPI_Comm comm)
+{
+    struct entry *e = NULL;
+    int found = 0, inter = 0, size = 0;
+
+    if (comm == MPI_COMM_NULL || !wmpi_ready())
+        return NULL;
+    if (PMPI_Comm_get_attr(comm, comm_key, &e, &found) != MPI_SUCCESS)
+        return NULL;
+    if (found)
+        return e ? e->weft : NULL;
+    /* Agreed by every rank of comm: an intercommunicator or a single rank
+     * stays with MPI (weft's comms are intra, and one rank needs no pipes). */
+    if (PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter)
+        return NULL;
+    if (PMPI_Comm_size(comm, &size) != MPI_SUCCESS || size < 2)
+        return NULL;
+    pthread_mutex_lock(&reg_lock);
+    int late = finalizing;
+    pthread_mutex_unlock(&reg_lock);
+    if (late)
+        return NULL;
+    e = make(comm);
+    return e ? e->weft : NULL;
+}

@@ -1,0 +1,66 @@
+/*
+ * Weft's failures, told the MPI way.
+ *
+ * A program reads MPI errors through its communicator's error handler:
+ * MPI_ERRORS_ARE_FATAL (the default) prints the error string and aborts
+ * the job; MPI_ERRORS_RETURN hands the code back, and MPI_Error_class /
+ * MPI_Error_string say what it was. So weft gets an MPI error class of its
+ * own and one error code per WEFT_* code under it; at a failure the code's
+ * string is set to weft's text (what failed, on which rank and peer, why)
+ * and the communicator's handler is called with the code.
+ *
+ * The string belongs to the code, not to the call: two threads failing
+ * with the same WEFT_* code at once leave the later text on it (both calls
+ * still get the right class and code).
+ */
+#include <pthread.h>
+#include <stdio.h>
+
+#include "weft_mpi.h"
+
+#define WMPI_NCODES (WEFT_ERR_ABORTED + 1)
+
+static int err_class = MPI_ERR_OTHER;
+static int codes[WMPI_NCODES];
+static pthread_mutex_t text_lock = PTHREAD_MUTEX_INITIALIZER;
+
+int wmpi_errors_init(void)
+{
+    char s[128];
+    int rc = PMPI_Add_error_class(&err_class);
+
+    if (rc != MPI_SUCCESS)
+        return rc;
+    PMPI_Add_error_string(err_class, "weft: a collective served by weft (libweft_mpi.so) failed");
+    for (int i = 1; i < WMPI_NCODES; i++) {
+        if ((rc = PMPI_Add_error_code(err_class, &codes[i])) != MPI_SUCCESS)
+            return rc;
+        snprintf(s, sizeof(s), "weft: %s", weft_strerror(i));
+        PMPI_Add_error_string(codes[i], s);
+    }
+    return MPI_SUCCESS;
+}
+
+int wmpi_error_class(void)
+{
+    return err_class;
+}
+
+int wmpi_raise(MPI_Comm comm, const char *fn, int wrc, weft_comm_t *wc, const char *text)
+{
+    char s[MPI_MAX_ERROR_STRING];
+    int rank = -1, size = -1;
+    int code = wrc > 0 && wrc < WMPI_NCODES ? codes[wrc] : codes[WEFT_ERR_INTERNAL];
+
+    PMPI_Comm_rank(comm, &rank);
+    PMPI_Comm_size(comm, &size);
+    if (text == NULL)
+        text = wc ? weft_comm_last_error(wc) : weft_last_error();
+    snprintf(s, sizeof(s), "weft: %s on rank %d of a communicator of %d ranks failed: %s (%s)", fn, rank, size,
+             text && *text ? text : "no detail", weft_strerror(wrc));
+    pthread_mutex_lock(&text_lock);
+    PMPI_Add_error_string(code, s);
+    pthread_mutex_unlock(&text_lock);
+    PMPI_Comm_call_errhandler(comm, code);
+    return code;
+}

@@ -1,0 +1,211 @@
+/*
+ * Settings and the routing rule of the PMPI layer.
+ *
+ * A call goes to weft or to PMPI on facts every rank of the call agrees on
+ * (which collective, the communicator, the total size, root, op, type),
+ * never on facts of one rank (alignment, contiguity of its own buffers):
+ * ranks that took different paths would wait for each other forever.
+ * Below a size per collective MPI's own algorithms are as fast or faster
+ * (weft's fixed per-call cost is higher), so those calls go to PMPI; the
+ * defaults come from bench/mpi/run.sh (docs/benchmarks.md, "PMPI drop-in").
+ *
+ * Variables (read once, at the first intercepted call):
+ *   WEFT_MPI=0|1                 0: the layer is off, every call to PMPI
+ *   WEFT_MPI_COLLS=a,b,...       only these collectives (names below, or "all")
+ *   WEFT_MPI_MIN_BYTES=N         every threshold = N bytes (0: weft for any size > 0)
+ *   WEFT_MPI_MIN_BYTES=coll=N,.. some thresholds
+ *   WEFT_MPI_STATS=1             per-rank counts of calls served each way, at MPI_Finalize
+ * A value that cannot be read turns the layer off with one WARN line
+ * naming it (a typo must not silently change which code serves the job).
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "weft_mpi.h"
+
+static const char *const names[WMPI_NCOLLS] = {
+    [WMPI_ALLGATHER] = "allgather",
+    [WMPI_BCAST] = "bcast",
+    [WMPI_BARRIER] = "barrier",
+    [WMPI_ALLREDUCE] = "allreduce",
+    [WMPI_REDUCE] = "reduce",
+    [WMPI_REDUCE_SCATTER_BLOCK] = "reduce_scatter_block",
+    [WMPI_ALLTOALL] = "alltoall",
+};
+
+/* The size each threshold compares with (colls.c): allgather, alltoall:
+ * the bytes one rank contributes per peer (recvcount x recvtype); bcast:
+ * the message; allreduce, reduce: the vector; reduce_scatter_block: one
+ * rank's block. Barrier: 0 serves it with weft, SIZE_MAX leaves it to MPI.
+ * Defaults: bench/mpi/run.sh on the 2-core development machine (shm), see
+ * docs/benchmarks.md; a site overrides them with WEFT_MPI_MIN_BYTES. */
+static const size_t default_min[WMPI_NCOLLS] = {
+    [WMPI_ALLGATHER] = 8192,
+    [WMPI_BCAST] = 8192,
+    [WMPI_BARRIER] = 0,
+    [WMPI_ALLREDUCE] = 16384,
+    [WMPI_REDUCE] = 16384,
+    [WMPI_REDUCE_SCATTER_BLOCK] = 4096,
+    [WMPI_ALLTOALL] = 8192,
+};
+
+static struct {
+    int    on[WMPI_NCOLLS];
+    size_t min[WMPI_NCOLLS];
+    int    stats;
+} S;
+
+static atomic_ulong served[WMPI_NCOLLS][2];
+
+const char *wmpi_coll_name(enum wmpi_coll coll)
+{
+    return (unsigned)coll < WMPI_NCOLLS ? names[coll] : "?";
+}
+
+static int coll_by_name(const char *s, size_t len)
+{
+    for (int i = 0; i < WMPI_NCOLLS; i++)
+        if (strlen(names[i]) == len && strncmp(names[i], s, len) == 0)
+            return i;
+    return -1;
+}
+
+/* A size: decimal digits only (no sign, no suffix). */
+static int read_size(const char *s, size_t len, size_t *out)
+{
+    char buf[32];
+    char *end;
+
+    if (len == 0 || len >= sizeof(buf))
+        return -1;
+    memcpy(buf, s, len);
+    buf[len] = '\0';
+    for (size_t i = 0; i < len; i++)
+        if (buf[i] < '0' || buf[i] > '9')
+            return -1;
+    errno = 0;
+    unsigned long long v = strtoull(buf, &end, 10);
+    if (errno != 0 || *end != '\0' || v > SIZE_MAX)
+        return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+static int refuse(const char *var, const char *value, const char *why)
+{
+    wmpi_warn("%s=\"%s\": %s; the weft MPI layer is off for this run (every call goes to MPI)", var, value, why);
+    for (int i = 0; i < WMPI_NCOLLS; i++)
+        S.on[i] = 0;
+    return -1;
+}
+
+static int load_colls(const char *v)
+{
+    if (strcmp(v, "all") == 0)
+        return 0;
+    for (int i = 0; i < WMPI_NCOLLS; i++)
+        S.on[i] = 0;
+    for (const char *p = v; *p;) {
+        size_t len = strcspn(p, ",");
+        int c = coll_by_name(p, len);
+        if (c < 0)
+            return refuse("WEFT_MPI_COLLS", v,
+                          "unknown collective (known: allgather, bcast, barrier, allreduce, reduce, "
+                          "reduce_scatter_block, alltoall, or all)");
+        S.on[c] = 1;
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    return 0;
+}
+
+static int load_min(const char *v)
+{
+    size_t n;
+
+    if (read_size(v, strlen(v), &n) == 0) {
+        for (int i = 0; i < WMPI_NCOLLS; i++)
+            S.min[i] = n;
+        return 0;
+    }
+    for (const char *p = v; *p;) {
+        size_t len = strcspn(p, ","), eq = strcspn(p, "=");
+        int c = eq < len ? coll_by_name(p, eq) : -1;
+        if (c < 0 || read_size(p + eq + 1, len - eq - 1, &n) != 0)
+            return refuse("WEFT_MPI_MIN_BYTES", v, "expected a byte count, or coll=bytes[,coll=bytes...]");
+        S.min[c] = n;
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    return 0;
+}
+
+void wmpi_settings_load(void)
+{
+    const char *v;
+
+    for (int i = 0; i < WMPI_NCOLLS; i++) {
+        S.on[i] = 1;
+        S.min[i] = default_min[i];
+    }
+    if ((v = getenv("WEFT_MPI_STATS")) != NULL && *v) {
+        if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) {
+            refuse("WEFT_MPI_STATS", v, "expected 0 or 1");
+            return;
+        }
+        S.stats = v[0] == '1';
+    }
+    if ((v = getenv("WEFT_MPI")) != NULL && *v) {
+        if (strcmp(v, "0") == 0) {
+            for (int i = 0; i < WMPI_NCOLLS; i++)
+                S.on[i] = 0;
+            return;
+        }
+        if (strcmp(v, "1") != 0) {
+            refuse("WEFT_MPI", v, "expected 0 or 1");
+            return;
+        }
+    }
+    if ((v = getenv("WEFT_MPI_COLLS")) != NULL && *v && load_colls(v) != 0)
+        return;
+    if ((v = getenv("WEFT_MPI_MIN_BYTES")) != NULL && *v)
+        load_min(v);
+}
+
+int wmpi_enabled(enum wmpi_coll coll)
+{
+    return S.on[coll];
+}
+
+size_t wmpi_min_bytes(enum wmpi_coll coll)
+{
+    return S.min[coll];
+}
+
+void wmpi_count(enum wmpi_coll coll, int by_weft)
+{
+    if (S.stats)
+        atomic_fetch_add_explicit(&served[coll][by_weft ? 1 : 0], 1, memory_order_relaxed);
+}
+
+void wmpi_stats_print(void)
+{
+    char line[512];
+    int rank = -1, n;
+
+    if (!S.stats)
+        return;
+    PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    n = snprintf(line, sizeof(line), "weft_mpi: rank %d:", rank);
+    for (int i = 0; i < WMPI_NCOLLS && n > 0 && (size_t)n < sizeof(line); i++)
+        n += snprintf(line + n, sizeof(line) - (size_t)n, " %s weft=%lu pmpi=%lu", names[i],
+                      atomic_load(&served[i][1]), atomic_load(&served[i][0]));
+    fprintf(stderr, "%s\n", line);
+}

@@ -1,0 +1,96 @@
+/*
+ * libweft_mpi.so: the PMPI drop-in. An unmodified MPI program, run with
+ * LD_PRELOAD=libweft_mpi.so, has its MPI collectives served by weft.
+ *
+ * Open MPI's MPI_* entry points are weak aliases of PMPI_*, so the
+ * MPI_Allgather (and friends) defined here win, and everything this layer
+ * does not serve goes on to PMPI_* unchanged. Who does what:
+ *   colls.c       the intercepted calls: route, lay the data out, call weft
+ *   route.c       settings (WEFT_MPI*), the routing rule, per-call counters
+ *   comm_cache.c  one weft comm per MPI communicator, cached as an attribute
+ *   datatype.c    MPI datatypes -> contiguous bytes (pack/unpack), reduce types/ops
+ *   errors.c      weft errors -> the communicator's MPI error handler, with weft's text
+ * This layer uses only weft.h and PMPI_*; it never calls MPI_* (that would
+ * come back into itself).
+ */
+#ifndef WEFT_MPI_H
+#define WEFT_MPI_H
+
+#include <mpi.h>
+#include <stddef.h>
+
+#include "weft.h"
+
+#if defined(__GNUC__)
+#define WMPI_EXPORT __attribute__((visibility("default")))
+#else
+#define WMPI_EXPORT
+#endif
+
+/* The intercepted collectives (index into the settings and counters). */
+enum wmpi_coll {
+    WMPI_ALLGATHER = 0,
+    WMPI_BCAST,
+    WMPI_BARRIER,
+    WMPI_ALLREDUCE,
+    WMPI_REDUCE,
+    WMPI_REDUCE_SCATTER_BLOCK,
+    WMPI_ALLTOALL,
+    WMPI_NCOLLS
+};
+
+/* ---- route.c ---- */
+/* The collective's name as WEFT_MPI_COLLS spells it ("allgather", ...). */
+const char *wmpi_coll_name(enum wmpi_coll coll);
+/* Reads the WEFT_MPI* variables once (the first intercepted call). */
+void wmpi_settings_load(void);
+/* Whether the layer serves coll at all (WEFT_MPI, WEFT_MPI_COLLS). */
+int  wmpi_enabled(enum wmpi_coll coll);
+/* The size (bytes every rank agrees on, see colls.c) from which weft
+ * serves coll; below it the call goes to PMPI. */
+size_t wmpi_min_bytes(enum wmpi_coll coll);
+/* Counts one call of coll, served by weft (1) or by PMPI (0). */
+void wmpi_count(enum wmpi_coll coll, int by_weft);
+/* WEFT_MPI_STATS=1: one line per rank to stderr (at MPI_Finalize). */
+void wmpi_stats_print(void);
+
+/* ---- comm_cache.c ---- */
+/* The weft comm serving comm, created at its first use (a collective over
+ * comm: every rank of comm calls this at the same call, since they route
+ * alike); NULL when comm goes to PMPI (intercomm, size 1, or weft could
+ * not be set up on some rank: then one WARN line, and PMPI for good). */
+weft_comm_t *wmpi_comm_get(MPI_Comm comm);
+/* The layer is set up (keyval, error codes, settings) once per process;
+ * 0 when MPI is not initialised or already finalised (go to PMPI). */
+int wmpi_ready(void);
+
+/* ---- datatype.c ---- */
+/* Where count elements of type lie: one run of *bytes bytes at *start
+ * (contiguous: returns 1), or scattered (returns 0: pack/unpack). */
+int  wmpi_layout(const void *buf, long long count, MPI_Datatype type, const void **start, size_t *bytes);
+/* Packs count elements of type at buf into a new buffer (*out, *bytes);
+ * unpack writes bytes back through the type map. MPI error code. */
+int  wmpi_pack(const void *buf, int count, MPI_Datatype type, MPI_Comm comm, void **out, size_t *bytes);
+int  wmpi_unpack(const void *packed, size_t bytes, void *buf, int count, MPI_Datatype type, MPI_Comm comm);
+/* A predefined MPI type or op that weft reduces: 1 and *out set; else 0. */
+int  wmpi_reduce_type(MPI_Datatype type, weft_dtype_t *out);
+int  wmpi_reduce_op(MPI_Op op, weft_op_t *out);
+/* Size in bytes of count elements of type; 0 and -1 on overflow/error. */
+int  wmpi_type_bytes(MPI_Datatype type, long long count, size_t *bytes);
+
+/* ---- errors.c ---- */
+/* A weft failure of fn on comm: the text goes to an MPI error code of
+ * weft's error class, the communicator's error handler is called with it
+ * (MPI_ERRORS_ARE_FATAL prints it and aborts), and the code is returned
+ * (MPI_ERRORS_RETURN). wrc: the WEFT_* code; wc: the weft comm (its last
+ * error is the text) or NULL with text given. */
+int  wmpi_raise(MPI_Comm comm, const char *fn, int wrc, weft_comm_t *wc, const char *text);
+/* Creates weft's MPI error class and codes (once, from wmpi_ready). */
+int  wmpi_errors_init(void);
+/* The MPI error class every weft error belongs to (tests read it). */
+int  wmpi_error_class(void);
+
+/* One line to stderr, "weft_mpi[rank R] WARN: ..." (R: MPI_COMM_WORLD's). */
+void wmpi_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif /* WEFT_MPI_H */
