@@ -11,8 +11,10 @@
 #include <mpi.h>
 
 #include <dirent.h>
+#include <pthread.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -380,6 +382,67 @@ TEST_F(CommWorld, SplitCommNextToWorldComm)
     ring_exchange(hc, 5, 1);
     EXPECT_EQ(weft_comm_destroy(hc), WEFT_SUCCESS);
     MPI_Comm_free(&half);
+}
+
+/* ---- weft_comm_set_wait_hook ---- */
+
+struct HookLog {
+    std::atomic<long> calls{0};
+    std::atomic<long> other_thread{0};   /* calls from a thread other than the waiter */
+    pthread_t waiter;
+};
+
+void count_hook(void *arg)
+{
+    auto *log = static_cast<HookLog *>(arg);
+    log->calls++;
+    if (!pthread_equal(pthread_self(), log->waiter))
+        log->other_thread++;
+}
+
+/* Rank 0 waits for a message rank 1 sends 200 ms late: its idle wait runs
+ * the hook, in the waiting thread (at least every millisecond, so far more
+ * than 20 times in 200 ms, allowing for a loaded machine). Removed (NULL),
+ * the hook is not run again. */
+TEST_F(CommWorld, WaitHookRunsInTheWaitingThreadWhileIdle)
+{
+    HookLog log;
+    log.waiter = pthread_self();
+    ASSERT_EQ(weft_comm_set_wait_hook(comm, count_hook, &log), WEFT_SUCCESS);
+    uint64_t v = 0;
+    if (rank == 1) {
+        usleep(200 * 1000);
+        v = 77;
+        ASSERT_EQ(weft_send(comm, &v, 8, 0, 3), WEFT_SUCCESS) << weft_comm_last_error(comm);
+    } else if (rank == 0) {
+        ASSERT_EQ(weft_recv(comm, &v, 8, 1, 3, nullptr), WEFT_SUCCESS) << weft_comm_last_error(comm);
+        EXPECT_EQ(v, 77u);
+        EXPECT_GT(log.calls.load(), 20) << "the hook ran " << log.calls.load() << " times in a 200 ms idle wait";
+    }
+    EXPECT_EQ(log.other_thread.load(), 0) << "the hook ran in a thread that was not waiting";
+
+    /* A blocking collective's wait runs it too (rank 1 is late again). */
+    log.calls = 0;
+    if (rank == 1)
+        usleep(100 * 1000);
+    ASSERT_EQ(weft_barrier(comm), WEFT_SUCCESS) << weft_comm_last_error(comm);
+    if (rank == 0) {
+        EXPECT_GT(log.calls.load(), 10) << "the hook ran " << log.calls.load() << " times in a 100 ms barrier";
+    }
+
+    ASSERT_EQ(weft_comm_set_wait_hook(comm, nullptr, nullptr), WEFT_SUCCESS);
+    log.calls = 0;
+    if (rank == 1)
+        usleep(100 * 1000);
+    ASSERT_EQ(weft_barrier(comm), WEFT_SUCCESS) << weft_comm_last_error(comm);
+    EXPECT_EQ(log.calls.load(), 0) << "a removed hook still ran";
+}
+
+TEST_F(CommWorld, WaitHookOnNullCommIsRefused)
+{
+    EXPECT_EQ(weft_comm_set_wait_hook(nullptr, count_hook, nullptr), WEFT_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(weft_last_error()).find("weft_comm_set_wait_hook"), std::string::npos)
+        << weft_last_error();
 }
 
 /* One rank waits on a request its peer never answers while the peer sits
