@@ -54,7 +54,7 @@ struct opts {
     size_t max_bytes;
     size_t factor;
     int    iters;        /* 0: from the size (auto_iters) */
-    int    warmup;
+    int    warmup;       /* 0: from the iterations (auto_warmup) */
     int    repeats;
     int    root;
     enum dtype dtype;
@@ -256,6 +256,15 @@ static int auto_iters(size_t size)
     return (int)it;
 }
 
+/* Warmup calls when -w is not given: a fifth of the timed ones, 2 to 5 (the
+ * first call of a size may set things up; 5 full calls at 16 MiB on an
+ * oversubscribed machine would cost more than they settle). */
+static int auto_warmup(int iters)
+{
+    int w = iters / 5;
+    return w < 2 ? 2 : w > 5 ? 5 : w;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -284,6 +293,7 @@ static long long run_size(const struct opts *o, enum coll c, size_t size, void *
     k.count = size / k.ts;
     k.blk = (c == C_ALLGATHER || c == C_ALLTOALL) ? k.count / (size_t)nranks : k.count;
     int iters = o->iters ? o->iters : auto_iters(size);
+    int warmup = o->warmup ? o->warmup : auto_warmup(iters);
     long long wrong = 0;
 
     for (int rep = 0; rep < o->repeats; rep++) {
@@ -291,7 +301,7 @@ static long long run_size(const struct opts *o, enum coll c, size_t size, void *
         poison(&k);
         run_once(&k);
         wrong += check(&k, rep);
-        for (int w = 1; w < o->warmup; w++)
+        for (int w = 1; w < warmup; w++)
             run_once(&k);
         poison(&k);
 
@@ -389,7 +399,7 @@ static void usage(FILE *f)
             "  -b  smallest size, bytes, k/M/G suffixes (8)     -e  largest size (16M)\n"
             "  -f  size factor (2)\n"
             "  -n  timed iterations per repeat (0: from the size, 64 MiB moved, 5..1000)\n"
-            "  -w  warmup calls per repeat, the first one checked (5)\n"
+            "  -w  warmup calls per repeat, the first one checked (0: iterations / 5, 2..5)\n"
             "  -r  repeats; the row is their median (5)\n"
             "  -d  element type: int8, int32, float, double (float)\n"
             "  -R  bcast root (0)\n"
@@ -401,7 +411,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 {
     *o = (struct opts){
         .colls = {1, 1, 1, 1}, .min_bytes = 8, .max_bytes = (size_t)16 << 20, .factor = 2,
-        .iters = 0, .warmup = 5, .repeats = 5, .root = 0, .dtype = D_FLOAT,
+        .iters = 0, .warmup = 0, .repeats = 5, .root = 0, .dtype = D_FLOAT,
     };
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -419,7 +429,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         case 'e': bad = parse_bytes(v, &o->max_bytes); break;
         case 'f': bad = parse_bytes(v, &o->factor) || o->factor < 2; break;
         case 'n': bad = parse_int(v, 0, &o->iters); break;
-        case 'w': bad = parse_int(v, 1, &o->warmup); break;
+        case 'w': bad = parse_int(v, 0, &o->warmup); break;
         case 'r': bad = parse_int(v, 1, &o->repeats); break;
         case 'R': bad = parse_int(v, 0, &o->root) || o->root >= nranks; break;
         case 'd':
@@ -489,8 +499,8 @@ int main(int argc, char **argv)
         int len = 0;
         MPI_Get_library_version(lib, &len);
         lib[strcspn(lib, "\n,")] = '\0';
-        printf("# mpi-coll-perf: np %d, %s, type %s, warmup %d, repeats %d, iters %s\n", nranks, lib,
-               dtype_names[o.dtype], o.warmup, o.repeats, o.iters ? "fixed" : "auto");
+        printf("# mpi-coll-perf: np %d, %s, type %s, repeats %d, iters %s, warmup %s\n", nranks, lib,
+               dtype_names[o.dtype], o.repeats, o.iters ? "fixed" : "auto", o.warmup ? "fixed" : "auto");
         printf("# time: us per call, slowest rank, median over repeats; min/max: fastest/slowest repeat\n");
         printf("%-9s %10s %10s %6s %5s %4s %11s %8s %8s %7s %11s %11s %6s\n", "# coll", "size", "count",
                "type", "redop", "root", "time(us)", "algbw", "busbw", "#wrong", "min(us)", "max(us)",
