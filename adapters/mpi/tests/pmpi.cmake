@@ -1,0 +1,81 @@
+# The PMPI drop-in (libweft_mpi.so) against MPI's own collectives, label
+# "pmpi". Included from adapters/mpi/CMakeLists.txt when tests are built;
+# uses weft_add_mpi_suite of mpi_tests/CMakeLists.txt (configs shm, tcp,
+# vnodes2: weft's transports; MPI's own stay Open MPI's choice unless an
+# entry sets OMPI_MCA_*).
+#
+# The binaries link libweft_mpi.so BEFORE libmpi (NEEDED order: the
+# drop-in's MPI_* collectives come first in the lookup). weft_pmpi_test
+# also defines the weft_* calls the drop-in makes, counted
+# (pmpi_counters.cc); ENABLE_EXPORTS puts them in the executable's dynamic
+# symbol table so libweft_mpi.so's references bind to them.
+#
+# Measured on the 2-core development machine: the whole label in ~70 s
+# at -j1 (docs in the entries below).
+if(NOT COMMAND weft_add_mpi_suite OR NOT TARGET weft_mpi)
+  return()
+endif()
+find_package(GTest REQUIRED)
+# weft_add_mpi_suite reads WEFT_MPI_TEST_COMMON_ENV (mpirun as root, loopback
+# only, WEFT_TIMEOUT, ...) in its caller's scope: a variable of the
+# mpi_tests directory, so fetched from there.
+get_directory_property(WEFT_MPI_TEST_COMMON_ENV DIRECTORY ${PROJECT_SOURCE_DIR}/mpi_tests
+                       DEFINITION WEFT_MPI_TEST_COMMON_ENV)
+if(NOT WEFT_MPI_TEST_COMMON_ENV)
+  message(FATAL_ERROR "pmpi.cmake: WEFT_MPI_TEST_COMMON_ENV of mpi_tests/ not found")
+endif()
+
+add_executable(weft_pmpi_test
+  ${PROJECT_SOURCE_DIR}/mpi_tests/mpi_main.cc
+  ${CMAKE_CURRENT_LIST_DIR}/test_pmpi.cc
+  ${CMAKE_CURRENT_LIST_DIR}/test_pmpi_errors.cc
+  ${CMAKE_CURRENT_LIST_DIR}/test_pmpi_env.cc
+  ${CMAKE_CURRENT_LIST_DIR}/pmpi_counters.cc)
+target_include_directories(weft_pmpi_test PRIVATE ${CMAKE_CURRENT_LIST_DIR} ${PROJECT_SOURCE_DIR}/include)
+# Order matters: weft_mpi first, MPI after it.
+target_link_libraries(weft_pmpi_test PRIVATE weft_mpi MPI::MPI_CXX GTest::gtest Threads::Threads ${CMAKE_DL_LIBS})
+target_compile_options(weft_pmpi_test PRIVATE ${WEFT_C_WARNINGS})
+set_target_properties(weft_pmpi_test PROPERTIES ENABLE_EXPORTS ON)
+
+add_executable(weft_pmpi_fatal ${CMAKE_CURRENT_LIST_DIR}/pmpi_fatal.c)
+target_link_libraries(weft_pmpi_fatal PRIVATE weft_mpi MPI::MPI_C)
+target_compile_options(weft_pmpi_fatal PRIVATE ${WEFT_C_WARNINGS})
+
+# Every intercepted call against PMPI, weft for every size > 0
+# (WEFT_MPI_MIN_BYTES=0), the exact weft calls counted; errors returned
+# with weft's class and text; MPI progress while weft waits.
+set(WEFT_PMPI_MAIN_FILTER "PmpiAll.*:PmpiErrors.*:PmpiProgress.*")
+weft_add_mpi_suite(NAME pmpi BINARY weft_pmpi_test NPS 1 2 3 4 CONFIGS shm tcp vnodes2
+                   GTEST_FILTER ${WEFT_PMPI_MAIN_FILTER} LABELS pmpi
+                   ENV WEFT_MPI_MIN_BYTES=0 WEFT_TIMEOUT=30 TIMEOUT 120)
+weft_add_mpi_suite(NAME pmpi BINARY weft_pmpi_test NPS 8 CONFIGS shm
+                   GTEST_FILTER ${WEFT_PMPI_MAIN_FILTER} LABELS "pmpi;np8"
+                   ENV WEFT_MPI_MIN_BYTES=0 WEFT_TIMEOUT=30 TIMEOUT 180)
+
+# The built-in thresholds: 8 B to MPI, 4 MiB to weft, for each collective.
+weft_add_mpi_suite(NAME pmpi_defaults BINARY weft_pmpi_test NPS 2 3 CONFIGS shm
+                   GTEST_FILTER "PmpiDefaults.*" LABELS pmpi TIMEOUT 60)
+# WEFT_MPI=0: nothing through weft.
+weft_add_mpi_suite(NAME pmpi_off BINARY weft_pmpi_test NPS 2 CONFIGS shm
+                   GTEST_FILTER "PmpiOff.*" LABELS pmpi ENV WEFT_MPI=0 TIMEOUT 60)
+# WEFT_MPI_COLLS=bcast: only bcast through weft.
+weft_add_mpi_suite(NAME pmpi_bcast_only BINARY weft_pmpi_test NPS 2 CONFIGS shm
+                   GTEST_FILTER "PmpiOnlyBcast.*" LABELS pmpi
+                   ENV WEFT_MPI_COLLS=bcast WEFT_MPI_MIN_BYTES=0 TIMEOUT 60)
+# `Isend; Barrier; Wait` against `Recv; Barrier` over Open MPI's TCP (no
+# asynchronous progress; 4 MiB: rendezvous): hangs unless the drop-in keeps
+# MPI moving while weft waits. WEFT_TIMEOUT=20: a regression fails in ~40 s.
+weft_add_mpi_suite(NAME pmpi_progress BINARY weft_pmpi_test NPS 2 3 CONFIGS tcp
+                   GTEST_FILTER "PmpiProgress.*" LABELS pmpi TIMEOUT 90
+                   ENV WEFT_MPI_MIN_BYTES=0 WEFT_TIMEOUT=20 OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,tcp)
+
+# MPI_ERRORS_ARE_FATAL: weft's failure aborts the job with weft's text.
+add_test(NAME pmpi_fatal_np3_shm
+  COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3 --oversubscribe --bind-to none
+          ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_pmpi_fatal> ${MPIEXEC_POSTFLAGS})
+set_tests_properties(pmpi_fatal_np3_shm PROPERTIES
+  ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};WEFT_TRANSPORTS=shm;WEFT_MPI_MIN_BYTES=0"
+  PASS_REGULAR_EXPRESSION "weft: MPI_Allgather on rank [0-9]+ of a communicator of 3 ranks failed: [^\n]*mismatch"
+  TIMEOUT 60
+  PROCESSORS 3
+  LABELS "mpi;pmpi;np3;shm")

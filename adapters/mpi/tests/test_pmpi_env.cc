@@ -1,0 +1,244 @@
+/*
+ * The drop-in's settings, and MPI's own messages moving while weft waits.
+ *
+ * Each routing suite runs only in the pmpi.cmake entry that sets its
+ * environment, and fails at once elsewhere (its counts depend on it):
+ *   PmpiDefaults   no WEFT_MPI* variable: the built-in thresholds
+ *   PmpiOff        WEFT_MPI=0: nothing through weft
+ *   PmpiOnlyBcast  WEFT_MPI_COLLS=bcast WEFT_MPI_MIN_BYTES=0: bcast only
+ * The thresholds themselves (adapters/mpi/route.c) are not repeated here:
+ * 8 bytes is below and 4 MiB above any of them, so the test holds when
+ * they are retuned.
+ *
+ * PmpiProgress (WEFT_MPI_MIN_BYTES=0) runs with the main suites and in an
+ * entry of its own over Open MPI's TCP (OMPI_MCA_btl=self,tcp), which moves
+ * a message only inside an MPI call: a legal `MPI_Isend; MPI_Barrier;
+ * MPI_Wait` against `MPI_Recv; MPI_Barrier` completes only if the drop-in
+ * keeps MPI progressing while weft waits in the barrier (the wait hook,
+ * comm_cache.c). WEFT_TIMEOUT=20 there: a regression fails, not hangs.
+ */
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "pmpi_test.h"
+
+using namespace pmpitest;
+
+namespace {
+
+const size_t kSmall = 8;        /* below every threshold */
+const size_t kLarge = 4u << 20; /* above every threshold */
+
+/* Which of the sized collectives weft served at `bytes` (the measure each
+ * threshold compares with, route.c): each called once on comm and checked
+ * against PMPI. Returns the counts' change. */
+Counts probe(MPI_Comm comm, size_t bytes)
+{
+    const int n = comm_size(comm), r = comm_rank(comm);
+    const int ints = (int)(bytes / sizeof(int));
+    Counts before = counts_now();
+    {
+        std::vector<unsigned char> send(bytes), a(bytes * n), b(bytes * n);
+        fill_bytes(send.data(), bytes, 10 + r);
+        MPI_Allgather(send.data(), (int)bytes, MPI_BYTE, a.data(), (int)bytes, MPI_BYTE, comm);
+        PMPI_Allgather(send.data(), (int)bytes, MPI_BYTE, b.data(), (int)bytes, MPI_BYTE, comm);
+        EXPECT_TRUE(SameBytes(a.data(), b.data(), a.size())) << "MPI_Allgather of " << bytes << " B";
+    }
+    {
+        std::vector<unsigned char> a(bytes), b(bytes);
+        fill_bytes(a.data(), bytes, 20 + r);
+        b = a;
+        MPI_Bcast(a.data(), (int)bytes, MPI_BYTE, n - 1, comm);
+        PMPI_Bcast(b.data(), (int)bytes, MPI_BYTE, n - 1, comm);
+        EXPECT_TRUE(SameBytes(a.data(), b.data(), a.size())) << "MPI_Bcast of " << bytes << " B";
+    }
+    {
+        std::vector<int> send(ints), a(ints), b(ints);
+        for (int i = 0; i < ints; i++)
+            send[i] = (i * 3 + r) % 1000;
+        MPI_Allreduce(send.data(), a.data(), ints, MPI_INT, MPI_SUM, comm);
+        PMPI_Allreduce(send.data(), b.data(), ints, MPI_INT, MPI_SUM, comm);
+        EXPECT_EQ(a, b) << "MPI_Allreduce of " << bytes << " B";
+        std::vector<int> c(ints, -1), d(ints, -1);
+        MPI_Reduce(send.data(), c.data(), ints, MPI_INT, MPI_MAX, 0, comm);
+        PMPI_Reduce(send.data(), d.data(), ints, MPI_INT, MPI_MAX, 0, comm);
+        EXPECT_EQ(c, d) << "MPI_Reduce of " << bytes << " B";
+    }
+    {
+        std::vector<int> send((size_t)ints * n), a(ints), b(ints);
+        for (size_t i = 0; i < send.size(); i++)
+            send[i] = (int)((i * 5 + (size_t)r) % 1000);
+        MPI_Reduce_scatter_block(send.data(), a.data(), ints, MPI_INT, MPI_SUM, comm);
+        PMPI_Reduce_scatter_block(send.data(), b.data(), ints, MPI_INT, MPI_SUM, comm);
+        EXPECT_EQ(a, b) << "MPI_Reduce_scatter_block of " << bytes << " B a block";
+    }
+    {
+        std::vector<unsigned char> send(bytes * n), a(bytes * n), b(bytes * n);
+        fill_bytes(send.data(), send.size(), 30 + r);
+        MPI_Alltoall(send.data(), (int)bytes, MPI_BYTE, a.data(), (int)bytes, MPI_BYTE, comm);
+        PMPI_Alltoall(send.data(), (int)bytes, MPI_BYTE, b.data(), (int)bytes, MPI_BYTE, comm);
+        EXPECT_TRUE(SameBytes(a.data(), b.data(), a.size())) << "MPI_Alltoall of " << bytes << " B a peer";
+    }
+    return counts_now() - before;
+}
+
+const Counted kSized[] = {W_ALLGATHER, W_BCAST, W_ALLREDUCE, W_REDUCE, W_REDUCE_SCATTER, W_ALLTOALL};
+
+/* want(c): how many weft calls of c `probe` should have made. */
+template <typename Want>
+void expect_probe(const Counts &got, size_t bytes, Want want)
+{
+    for (Counted c : kSized)
+        EXPECT_EQ(got[c], want(c)) << counted_name(c) << " at " << bytes << " B (all weft calls: " << got.str()
+                                   << ")";
+}
+
+} // namespace
+
+/* ---- the built-in thresholds ---- */
+
+class PmpiDefaults : public PmpiTest {
+protected:
+    void SetUp() override
+    {
+        PmpiTest::SetUp();
+        for (const char *v : {"WEFT_MPI", "WEFT_MPI_COLLS", "WEFT_MPI_MIN_BYTES"})
+            ASSERT_EQ(std::getenv(v), nullptr) << v << " is set; this suite checks the built-in thresholds";
+    }
+};
+
+TEST_F(PmpiDefaults, SmallCallsToMpiLargeToWeft)
+{
+    const bool weft = size > 1;
+    Counts small = probe(MPI_COMM_WORLD, kSmall);
+    expect_probe(small, kSmall, [](Counted) { return 0L; });
+    EXPECT_EQ(small[W_COMM_CREATE], 0) << "a weft comm made though no call needed one";
+    Counts large = probe(MPI_COMM_WORLD, kLarge);
+    expect_probe(large, kLarge, [&](Counted) { return weft ? 1L : 0L; });
+    EXPECT_EQ(large[W_COMM_CREATE], weft ? 1 : 0);
+    /* And small again, now that the communicator has a weft comm. */
+    expect_probe(probe(MPI_COMM_WORLD, kSmall), kSmall, [](Counted) { return 0L; });
+}
+
+/* ---- WEFT_MPI=0 ---- */
+
+class PmpiOff : public PmpiTest {
+protected:
+    void SetUp() override
+    {
+        PmpiTest::SetUp();
+        ASSERT_STREQ(env_or("WEFT_MPI", "(unset)"), "0") << "this suite checks WEFT_MPI=0";
+    }
+};
+
+TEST_F(PmpiOff, NothingThroughWeft)
+{
+    MPI_Comm d;
+    PMPI_Comm_dup(MPI_COMM_WORLD, &d);
+    Counts before = counts_now();
+    for (MPI_Comm c : {MPI_COMM_WORLD, d}) {
+        expect_probe(probe(c, kSmall), kSmall, [](Counted) { return 0L; });
+        expect_probe(probe(c, kLarge), kLarge, [](Counted) { return 0L; });
+        EXPECT_EQ(MPI_Barrier(c), MPI_SUCCESS);
+    }
+    PMPI_Comm_free(&d);
+    EXPECT_TRUE(CountsAre(before, {})) << "WEFT_MPI=0 must leave everything to MPI";
+}
+
+/* ---- WEFT_MPI_COLLS=bcast ---- */
+
+class PmpiOnlyBcast : public PmpiTest {
+protected:
+    void SetUp() override
+    {
+        PmpiTest::SetUp();
+        ASSERT_STREQ(env_or("WEFT_MPI_COLLS", "(unset)"), "bcast");
+        ASSERT_STREQ(env_or("WEFT_MPI_MIN_BYTES", "(unset)"), "0");
+    }
+};
+
+TEST_F(PmpiOnlyBcast, OnlyBcastThroughWeft)
+{
+    const long weft = size > 1 ? 1 : 0;
+    Counts before = counts_now();
+    for (size_t bytes : {kSmall, kLarge})
+        expect_probe(probe(MPI_COMM_WORLD, bytes), bytes, [&](Counted c) { return c == W_BCAST ? weft : 0L; });
+    EXPECT_EQ(MPI_Barrier(MPI_COMM_WORLD), MPI_SUCCESS);
+    EXPECT_TRUE(CountsAre(before, {{W_BCAST, 2 * weft}, {W_COMM_CREATE, weft}}));
+}
+
+/* ---- MPI progress while weft waits ---- */
+
+class PmpiProgress : public PmpiTest {
+protected:
+    void SetUp() override
+    {
+        PmpiTest::SetUp();
+        ASSERT_STREQ(env_or("WEFT_MPI_MIN_BYTES", "(unset)"), "0");
+        ASSERT_STREQ(env_or("WEFT_MPI", "1"), "1");
+        ASSERT_STREQ(env_or("WEFT_MPI_COLLS", "all"), "all");
+    }
+};
+
+/* Even rank r: MPI_Isend of 4 MiB (past MPI's eager limit: rendezvous) to
+ * r + 1, then a collective weft serves, then MPI_Wait. Odd rank r: MPI_Recv
+ * from r - 1, then the collective. The receiver sits in MPI_Recv until the
+ * sender's MPI moves the data, while the sender sits in weft's collective
+ * until the receiver arrives. The collectives: MPI_Barrier, and an
+ * MPI_Bcast of 1 MiB. The world's handler returns errors for the test, so
+ * a timeout fails it here (with weft's text) instead of aborting. */
+TEST_F(PmpiProgress, IsendCollectiveWaitAgainstRecvCollective)
+{
+    if (size < 2)
+        GTEST_SKIP() << "needs a sender and a receiver";
+    if (rank == 0)
+        std::printf("OMPI_MCA_btl=%s OMPI_MCA_pml=%s WEFT_TIMEOUT=%s\n", env_or("OMPI_MCA_btl", "(unset)"),
+                    env_or("OMPI_MCA_pml", "(unset)"), env_or("WEFT_TIMEOUT", "(unset)"));
+    PMPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Barrier(MPI_COMM_WORLD); /* the world's weft comm exists */
+    const size_t bytes = 4u << 20;
+    const bool sender = rank % 2 == 0 && rank + 1 < size, receiver = rank % 2 == 1;
+    for (int round = 0; round < 2; round++) {
+        SCOPED_TRACE(round == 0 ? "MPI_Barrier" : "MPI_Bcast of 1 MiB");
+        std::vector<unsigned char> msg(bytes);
+        std::vector<unsigned char> coll(1u << 20, (unsigned char)round);
+        if (sender)
+            fill_bytes(msg.data(), bytes, 1000 + rank + round);
+        MPI_Request req = MPI_REQUEST_NULL;
+        if (sender) {
+            EXPECT_EQ(MPI_Isend(msg.data(), (int)bytes, MPI_BYTE, rank + 1, 5 + round, MPI_COMM_WORLD, &req),
+                      MPI_SUCCESS);
+        }
+        if (receiver) {
+            EXPECT_EQ(MPI_Recv(msg.data(), (int)bytes, MPI_BYTE, rank - 1, 5 + round, MPI_COMM_WORLD,
+                               MPI_STATUS_IGNORE),
+                      MPI_SUCCESS);
+        }
+        Counts before = counts_now();
+        const double t0 = PMPI_Wtime();
+        if (rank == 0)
+            coll[0] = 0x77;
+        const int rc = round == 0 ? MPI_Barrier(MPI_COMM_WORLD)
+                                  : MPI_Bcast(coll.data(), (int)coll.size(), MPI_BYTE, 0, MPI_COMM_WORLD);
+        const double waited = PMPI_Wtime() - t0;
+        char text[MPI_MAX_ERROR_STRING] = "";
+        int len = 0;
+        if (rc != MPI_SUCCESS)
+            PMPI_Error_string(rc, text, &len);
+        EXPECT_EQ(rc, MPI_SUCCESS) << "after " << waited << " s: " << text;
+        EXPECT_TRUE(CountsAre(before, {{round == 0 ? W_BARRIER : W_BCAST, 1}}));
+        if (sender) {
+            EXPECT_EQ(MPI_Wait(&req, MPI_STATUS_IGNORE), MPI_SUCCESS);
+        }
+        if (receiver) {
+            std::vector<unsigned char> want(bytes);
+            fill_bytes(want.data(), bytes, 1000 + (rank - 1) + round);
+            EXPECT_TRUE(SameBytes(msg.data(), want.data(), bytes)) << "the message MPI moved";
+        }
+        if (round == 1) {
+            EXPECT_EQ(coll[0], 0x77) << "the bcast's data";
+        }
+    }
+    PMPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+}

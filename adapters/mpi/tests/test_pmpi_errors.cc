@@ -1,0 +1,181 @@
+/*
+ * Errors through the drop-in: a weft failure reaches the program the MPI
+ * way, through the communicator's error handler, with an error class of
+ * weft's own and weft's text (what failed, on which rank, why); bad
+ * arguments stay MPI's own errors.
+ *
+ * How weft is made to fail, deterministically: every rank passes its own
+ * count to MPI_Allgather (64 + 8 x rank bytes: eager messages, so every
+ * rank receives a peer's message of the wrong size at once and reports
+ * WEFT_ERR_MISMATCH). Tried and not used: different counts in the
+ * rendezvous range (1 MiB) -- at np >= 3 a rank whose announced send is
+ * never answered waits out WEFT_TIMEOUT now and then (1 run in 8 here);
+ * different roots to MPI_Bcast -- at 64 B every rank returns MPI_SUCCESS
+ * (each root's eager sends go unread), at 1 MiB ranks time out.
+ *
+ * Every test runs on a dup of MPI_COMM_WORLD with its own handler and frees
+ * it after; the world's handler stays MPI_ERRORS_ARE_FATAL, so a weft
+ * failure there still stops the job (pmpi_fatal.c checks that).
+ */
+#include <string>
+#include <vector>
+
+#include "pmpi_test.h"
+
+using namespace pmpitest;
+
+namespace {
+
+std::string error_string(int code)
+{
+    char s[MPI_MAX_ERROR_STRING + 1] = "";
+    int len = 0;
+    if (PMPI_Error_string(code, s, &len) != MPI_SUCCESS)
+        return "(MPI_Error_string failed)";
+    return std::string(s, (size_t)len);
+}
+
+int error_class(int code)
+{
+    int c = -1;
+    PMPI_Error_class(code, &c);
+    return c;
+}
+
+/* The codes a user error handler saw (this process, all comms). */
+std::vector<int> handler_codes;
+
+void record_handler(MPI_Comm *, int *code, ...)
+{
+    handler_codes.push_back(*code);
+}
+
+/* A dup of the world with a handler that records and returns (or
+ * MPI_ERRORS_RETURN), already served by weft: its first call made the
+ * weft comm, so the counts after it are the failing call's alone. */
+MPI_Comm served_dup(bool recording)
+{
+    MPI_Comm d;
+    PMPI_Comm_dup(MPI_COMM_WORLD, &d);
+    if (recording) {
+        MPI_Errhandler h;
+        PMPI_Comm_create_errhandler(record_handler, &h);
+        PMPI_Comm_set_errhandler(d, h);
+        PMPI_Errhandler_free(&h);
+    } else {
+        PMPI_Comm_set_errhandler(d, MPI_ERRORS_RETURN);
+    }
+    char b = 1;
+    MPI_Bcast(&b, 1, MPI_CHAR, 0, d);
+    return d;
+}
+
+class PmpiErrors : public PmpiTest {
+protected:
+    void SetUp() override
+    {
+        PmpiTest::SetUp();
+        /* The small calls below must reach weft. */
+        ASSERT_STREQ(env_or("WEFT_MPI_MIN_BYTES", "(unset)"), "0");
+        ASSERT_STREQ(env_or("WEFT_MPI", "1"), "1");
+    }
+};
+
+} // namespace
+
+/* Ranks disagree on the allgather's size: weft's WEFT_ERR_MISMATCH comes
+ * back as an error code of weft's class whose text names the call, the
+ * rank and the communicator's size; the communicator then frees cleanly
+ * (its weft comm destroyed) and the world still works. */
+TEST_F(PmpiErrors, MismatchReturnsWeftClassAndText)
+{
+    if (size < 2)
+        GTEST_SKIP() << "one rank cannot disagree with another";
+    for (bool recording : {false, true}) {
+        SCOPED_TRACE(recording ? "a user error handler" : "MPI_ERRORS_RETURN");
+        MPI_Comm d = served_dup(recording);
+        const int bytes = 64 + 8 * rank;
+        std::vector<char> send(bytes, 'a'), recv((size_t)bytes * size);
+        handler_codes.clear();
+        Counts before = counts_now();
+        const int rc = MPI_Allgather(send.data(), bytes, MPI_BYTE, recv.data(), bytes, MPI_BYTE, d);
+        EXPECT_TRUE(CountsAre(before, {{W_ALLGATHER, 1}})) << "the failing call did not go through weft";
+        /* EXPECT, not ASSERT, from here on: every rank must reach the free. */
+        EXPECT_NE(rc, MPI_SUCCESS);
+        const int cls = error_class(rc);
+        EXPECT_GT(cls, MPI_ERR_LASTCODE) << "not a class added at run time (weft's): " << error_string(cls);
+        EXPECT_EQ(error_string(cls).rfind("weft:", 0), 0u) << "the class's string: " << error_string(cls);
+        const std::string text = error_string(rc);
+        const std::string head = "weft: MPI_Allgather on rank " + std::to_string(rank) + " of a communicator of " +
+                                 std::to_string(size) + " ranks failed: ";
+        EXPECT_EQ(text.rfind(head, 0), 0u) << "the code's text: " << text;
+        EXPECT_NE(text.find("mismatch"), std::string::npos) << "the code's text: " << text;
+        if (recording) {
+            EXPECT_EQ(handler_codes.size(), 1u) << "the communicator's error handler was not called once";
+            if (!handler_codes.empty()) {
+                EXPECT_EQ(handler_codes[0], rc);
+            }
+        }
+        before = counts_now();
+        EXPECT_EQ(MPI_Comm_free(&d), MPI_SUCCESS);
+        EXPECT_TRUE(CountsAre(before, {{W_COMM_DESTROY, 1}}));
+    }
+    /* The world's weft comm is not hurt. */
+    int x = rank + 1, sum = 0;
+    EXPECT_EQ(MPI_Allreduce(&x, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD), MPI_SUCCESS);
+    EXPECT_EQ(sum, size * (size + 1) / 2);
+}
+
+/* Send and receive sides of different sizes on every rank: the drop-in
+ * refuses it locally (weft moves bytes: a mismatch would corrupt data),
+ * with weft's class and a text that says which sizes; nothing reaches
+ * weft, and the communicator keeps working. */
+TEST_F(PmpiErrors, SendRecvSizeMismatchIsRefusedLocally)
+{
+    if (size < 2)
+        GTEST_SKIP() << "a single rank goes to MPI";
+    MPI_Comm d = served_dup(false);
+    int send[2] = {1, 2};
+    std::vector<int> recv(3 * size, -1);
+    Counts before = counts_now();
+    const int rc = MPI_Allgather(send, 2, MPI_INT, recv.data(), 3, MPI_INT, d);
+    EXPECT_TRUE(CountsAre(before, {}));
+    EXPECT_NE(rc, MPI_SUCCESS);
+    EXPECT_GT(error_class(rc), MPI_ERR_LASTCODE);
+    const std::string text = error_string(rc);
+    EXPECT_EQ(text.rfind("weft: MPI_Allgather on rank " + std::to_string(rank), 0), 0u) << text;
+    EXPECT_NE(text.find("8 bytes"), std::string::npos) << text;
+    EXPECT_NE(text.find("12"), std::string::npos) << text;
+    std::vector<int> s2(2 * size), r2(2 * size, -1), ref(2 * size, -1);
+    for (int i = 0; i < 2 * size; i++)
+        s2[i] = rank * 100 + i;
+    before = counts_now();
+    EXPECT_EQ(MPI_Alltoall(s2.data(), 2, MPI_INT, r2.data(), 2, MPI_INT, d), MPI_SUCCESS);
+    EXPECT_TRUE(CountsAre(before, {{W_ALLTOALL, 1}}));
+    PMPI_Alltoall(s2.data(), 2, MPI_INT, ref.data(), 2, MPI_INT, d);
+    EXPECT_EQ(r2, ref);
+    before = counts_now();
+    EXPECT_EQ(MPI_Comm_free(&d), MPI_SUCCESS);
+    EXPECT_TRUE(CountsAre(before, {{W_COMM_DESTROY, 1}}));
+}
+
+/* Arguments MPI itself rejects stay MPI's errors (its classes), and never
+ * reach weft. */
+TEST_F(PmpiErrors, BadArgumentsAreMpisErrors)
+{
+    MPI_Comm d = served_dup(false);
+    int buf[4] = {0, 0, 0, 0};
+    std::vector<int> recv(4 * size);
+    Counts before = counts_now();
+    EXPECT_EQ(error_class(MPI_Bcast(buf, 4, MPI_INT, size, d)), MPI_ERR_ROOT);
+    EXPECT_EQ(error_class(MPI_Bcast(buf, 4, MPI_INT, -7, d)), MPI_ERR_ROOT);
+    EXPECT_EQ(error_class(MPI_Bcast(buf, -1, MPI_INT, 0, d)), MPI_ERR_COUNT);
+    EXPECT_EQ(error_class(MPI_Allgather(buf, 1, MPI_INT, recv.data(), 1, MPI_DATATYPE_NULL, d)), MPI_ERR_TYPE);
+    EXPECT_EQ(error_class(MPI_Reduce(buf, recv.data(), 4, MPI_INT, MPI_SUM, size, d)), MPI_ERR_ROOT);
+    EXPECT_EQ(error_class(MPI_Allreduce(buf, recv.data(), 4, MPI_INT, MPI_OP_NULL, d)), MPI_ERR_OP);
+    EXPECT_EQ(error_class(MPI_Alltoall(buf, -1, MPI_INT, recv.data(), -1, MPI_INT, d)), MPI_ERR_COUNT);
+    EXPECT_TRUE(CountsAre(before, {}));
+    before = counts_now();
+    EXPECT_EQ(MPI_Comm_free(&d), MPI_SUCCESS);
+    EXPECT_TRUE(CountsAre(before, {{W_COMM_DESTROY, size > 1 ? 1 : 0}}));
+}
