@@ -89,6 +89,30 @@ int wmpi_unpack(const void *packed, size_t bytes, void *buf, int count, MPI_Data
     return PMPI_Unpack(packed, (int)bytes, &pos, buf, count, type, comm);
 }
 
+/* Fortran types that C code passes too (libraries written in C for Fortran
+ * users, e.g. the BLACS, sum MPI_INTEGER): by the size this MPI gives them
+ * (0 when it was built without Fortran). */
+static int fortran_type(MPI_Datatype t, weft_dtype_t *out)
+{
+    int size = 0, is_int;
+
+    if (t == MPI_INTEGER || t == MPI_INTEGER4 || t == MPI_INTEGER8)
+        is_int = 1;
+    else if (t == MPI_REAL || t == MPI_DOUBLE_PRECISION || t == MPI_REAL4 || t == MPI_REAL8)
+        is_int = 0;
+    else
+        return 0;
+    if (PMPI_Type_size(t, &size) != MPI_SUCCESS)
+        return 0;
+    if (is_int && (size == 4 || size == 8))
+        *out = size == 4 ? WEFT_INT32 : WEFT_INT64;
+    else if (!is_int && (size == 4 || size == 8))
+        *out = size == 4 ? WEFT_FLOAT32 : WEFT_FLOAT64;
+    else
+        return 0;
+    return 1;
+}
+
 int wmpi_reduce_type(MPI_Datatype t, weft_dtype_t *out)
 {
     int ni, na, nd, combiner;
@@ -118,7 +142,7 @@ int wmpi_reduce_type(MPI_Datatype t, weft_dtype_t *out)
     else if (t == MPI_DOUBLE)
         *out = WEFT_FLOAT64;
     else
-        return 0;
+        return fortran_type(t, out);
     return 1;
 }
 
