@@ -4,10 +4,12 @@
  * and the counters (pmpi_counters.cc) must show exactly which calls weft
  * served.
  *
- * The suites here (PmpiLink, PmpiColl, PmpiReduce, PmpiComms, PmpiThreads)
- * run with WEFT_MPI_MIN_BYTES=0 (weft serves every call of size > 0 on an
- * intra-communicator of more than one rank; pmpi.cmake sets it), and fail
- * at once when it is not set: their exact counts depend on it.
+ * The suite here, PmpiAll (tests named Link*, Coll*, Reduce*, Comms*,
+ * Threads*), runs with WEFT_MPI_MIN_BYTES=0 (weft serves every call of
+ * size > 0 on an intra-communicator of more than one rank; pmpi.cmake sets
+ * it), and fails at once when it is not set: its exact counts depend on it.
+ * On MPI_COMM_WORLD (errors fatal) every call must succeed; the error
+ * paths are in test_pmpi_errors.cc, the settings in test_pmpi_env.cc.
  *
  * Inputs are chosen so every reduction is exact in any order (small
  * integers, also in float and double), so the drop-in and MPI must agree
@@ -17,7 +19,6 @@
 #include <time.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <string>
