@@ -61,6 +61,15 @@ int wmpi_raise(MPI_Comm comm, const char *fn, int wrc, weft_comm_t *wc, const ch
     pthread_mutex_lock(&text_lock);
     PMPI_Add_error_string(code, s);
     pthread_mutex_unlock(&text_lock);
+    /* Open MPI prints the fatal handler's banner (with this text) through
+     * mpirun, which now and then loses it as the job is torn down (seen
+     * under load, for plain MPI errors too): say it here first, once. */
+    MPI_Errhandler eh = MPI_ERRHANDLER_NULL;
+    if (PMPI_Comm_get_errhandler(comm, &eh) == MPI_SUCCESS && eh != MPI_ERRHANDLER_NULL) {
+        if (eh == MPI_ERRORS_ARE_FATAL)
+            fprintf(stderr, "%s\n", s);
+        PMPI_Errhandler_free(&eh);
+    }
     PMPI_Comm_call_errhandler(comm, code);
     return code;
 }

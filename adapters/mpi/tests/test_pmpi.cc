@@ -254,6 +254,11 @@ const RType kRTypes[] = {
     {"MPI_COUNT", MPI_COUNT, 0, true},
     {"MPI_FLOAT", MPI_FLOAT, 2, true},
     {"MPI_DOUBLE", MPI_DOUBLE, 2, true},
+    /* Fortran types C libraries pass (the BLACS sums MPI_INTEGER): weft's
+     * by their size (Open MPI here is built with Fortran: 4, 4, 8 bytes). */
+    {"MPI_INTEGER", MPI_INTEGER, 0, true},
+    {"MPI_REAL", MPI_REAL, 2, true},
+    {"MPI_DOUBLE_PRECISION", MPI_DOUBLE_PRECISION, 2, true},
     /* Not weft's: MPI serves them (counted +0), results still MPI's. */
     {"MPI_SHORT", MPI_SHORT, 0, false},
     {"MPI_UNSIGNED_SHORT", MPI_UNSIGNED_SHORT, 1, false},
@@ -287,10 +292,10 @@ void store(void *buf, size_t i, MPI_Datatype t, int kind, long v)
     const size_t sz = type_size(t);
     unsigned char *p = static_cast<unsigned char *>(buf) + i * sz;
     if (kind == 2) {
-        if (t == MPI_FLOAT) {
+        if (t == MPI_FLOAT || (t == MPI_REAL && sz == sizeof(float))) {
             float f = (float)v;
             std::memcpy(p, &f, sizeof(f));
-        } else if (t == MPI_DOUBLE) {
+        } else if (t == MPI_DOUBLE || (t == MPI_DOUBLE_PRECISION && sz == sizeof(double))) {
             double d = (double)v;
             std::memcpy(p, &d, sizeof(d));
         } else {
