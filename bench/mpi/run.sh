@@ -274,14 +274,14 @@ for np in $nps; do
     for coll in $colls; do
         # Runs already in $out (an earlier invocation) are kept: these follow them.
         i=$(($(ls "$out" | grep -c "^np$np\.$coll\.mpi\." || true) + 1))
-        last=$((i + runs - 1))
+        first=$i last=$((i + runs - 1))
         while [ "$i" -le "$last" ]; do
             for mode in $order; do
                 log=$out/np$np.$coll.$mode.$i.log
-                # WEFT_MPI_STATS in the first run only: its counter is one more
-                # atomic per call, which the other runs do not pay.
+                # WEFT_MPI_STATS in this invocation's first run only: its
+                # counter is one more atomic per call, which the others do not pay.
                 stats=
-                [ "$i" -gt 1 ] || stats="-x WEFT_MPI_STATS=1"
+                [ "$i" -gt "$first" ] || stats="-x WEFT_MPI_STATS=1"
                 case $mode in
                 mpi) env= ;;
                 weft) env="-x LD_PRELOAD=$lib $stats" ;;
