@@ -199,6 +199,31 @@ if "min0" in modes:
             cells.append(" / ".join(parts))
         print("| %s | %s |" % (coll, " | ".join(cells)))
     print()
+    print("Where weft wins with WEFT_MPI_MIN_BYTES=0: the runs of consecutive sizes whose median and")
+    print("best ratios are both above 1 (bytes per peer in brackets for allgather and alltoall).\n")
+    print("| collective | " + " | ".join("np %d" % n for n in nps) + " |")
+    print("|---|" + "---|" * len(nps))
+    for coll in colls:
+        cells = []
+        for np_ in nps:
+            r, rb = ratios.get((np_, coll, "min0"), {}), bests.get((np_, coll, "min0"), {})
+            runs_, cur = [], []
+            for sz in sorted(r):
+                if r[sz] > 1.0 and rb.get(sz, 0) > 1.0:
+                    cur.append(sz)
+                elif cur:
+                    runs_.append(cur); cur = []
+            if cur:
+                runs_.append(cur)
+            def span(a, b):
+                t = human(a) if a == b else "%s-%s" % (human(a), human(b))
+                if coll in ("allgather", "alltoall"):
+                    u = human(a // np_) if a == b else "%s-%s" % (human(a // np_), human(b // np_))
+                    t += " (%s)" % u
+                return t
+            cells.append(", ".join(span(x[0], x[-1]) for x in runs_) or "none")
+        print("| %s | %s |" % (coll, " | ".join(cells)))
+    print()
 
 if "weft" in modes:
     print("### Against the targets (default thresholds)\n")
