@@ -68,24 +68,12 @@ struct weft_p2p {
     void                    *wait_arg;
 };
 
-/* Set in weft's own threads (the stream engine's progress thread): they
- * never run the application's wait hook, which may call into a library
- * (MPI) that only the application's threads may enter. */
-extern _Thread_local int weft_p2p_internal_thread;
-
-/* Runs the application's wait hook, if any; lock held on entry and on
- * return. */
-static inline void weft_p2p_run_wait_hook(struct weft_p2p *p)
-{
-    void (*fn)(void *) = p->wait_hook;
-    void *arg = p->wait_arg;
-
-    if (fn == NULL || weft_p2p_internal_thread)
-        return;
-    pthread_mutex_unlock(&p->lock);
-    fn(arg);
-    pthread_mutex_lock(&p->lock);
-}
+/* Runs the application's wait hook, if any, unless this is one of weft's
+ * own threads; lock held on entry and on return (p2p.c). */
+void weft_p2p_run_wait_hook(struct weft_p2p *p);
+/* 1 in weft's own threads (weft_p2p_mark_internal_thread): they never run
+ * the application's wait hook. */
+int  weft_p2p_in_internal_thread(void);
 
 /* Runs the idle hook, if any; lock held on entry and on return. */
 static inline void weft_p2p_run_idle_hook(struct weft_p2p *p)

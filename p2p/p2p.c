@@ -153,7 +153,27 @@ void weft_p2p_set_idle_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg
     pthread_mutex_unlock(&p->lock);
 }
 
-_Thread_local int weft_p2p_internal_thread;
+/* Set in weft's own threads (the stream engine's progress thread): they
+ * never run the application's wait hook, which may call into a library
+ * (MPI) that only the application's threads may enter. */
+static _Thread_local int internal_thread;
+
+int weft_p2p_in_internal_thread(void)
+{
+    return internal_thread;
+}
+
+void weft_p2p_run_wait_hook(struct weft_p2p *p)
+{
+    void (*fn)(void *) = p->wait_hook;
+    void *arg = p->wait_arg;
+
+    if (fn == NULL || internal_thread)
+        return;
+    pthread_mutex_unlock(&p->lock);
+    fn(arg);
+    pthread_mutex_lock(&p->lock);
+}
 
 void weft_p2p_set_wait_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg)
 {
@@ -165,7 +185,7 @@ void weft_p2p_set_wait_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg
 
 void weft_p2p_mark_internal_thread(void)
 {
-    weft_p2p_internal_thread = 1;
+    internal_thread = 1;
 }
 
 void weft_p2p_watch(struct weft_request *r, const char *what)
@@ -434,7 +454,7 @@ int weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses
                     }
                 /* The application's wait hooks (MPI progress for the PMPI
                  * layer), once per comm. */
-                if (!weft_p2p_internal_thread)
+                if (!internal_thread)
                     for (size_t i = 0; i < n; i++) {
                         void (*fn)(void *) = ps[i] ? ps[i]->wait_hook : NULL;
                         int first = 1;

@@ -92,7 +92,7 @@ static void wait_sleep(struct weft_p2p *p, int timeout_ms)
         timeout_ms = 1;
     /* The application's wait hook must run often (MPI progress of its own
      * messages, which may be what the peer we wait for waits on). */
-    if (p->wait_hook && !weft_p2p_internal_thread && timeout_ms > WEFT_WAIT_HOOK_MS)
+    if (p->wait_hook && timeout_ms > WEFT_WAIT_HOOK_MS && !weft_p2p_in_internal_thread())
         timeout_ms = WEFT_WAIT_HOOK_MS;
 
     pthread_mutex_unlock(&p->lock);

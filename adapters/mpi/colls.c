@@ -25,10 +25,22 @@ static weft_comm_t *route(enum wmpi_coll coll, MPI_Comm comm, size_t bytes)
 {
     weft_comm_t *wc = NULL;
 
-    if (wmpi_ready() && wmpi_enabled(coll) && bytes > 0 && bytes >= wmpi_min_bytes(coll))
+    if (wmpi_ready() && wmpi_enabled(coll) && bytes > 0 && bytes >= wmpi_min_bytes(coll) &&
+        bytes <= wmpi_max_bytes(coll))
         wc = wmpi_comm_get(comm);
     wmpi_count(coll, wc != NULL);
     return wc;
+}
+
+/* The layer is off for coll (WEFT_MPI=0, not in WEFT_MPI_COLLS, MPI not
+ * up): counted, and the caller goes straight to PMPI before looking at
+ * any argument -- the cost of the layer there is this test. */
+static int off(enum wmpi_coll coll)
+{
+    if (wmpi_ready() && wmpi_enabled(coll))
+        return 0;
+    wmpi_count(coll, 0);
+    return 1;
 }
 
 static int comm_size(MPI_Comm comm)
@@ -111,10 +123,13 @@ static int check_match(MPI_Comm comm, const char *fn, weft_comm_t *wc, size_t se
 
 WMPI_EXPORT int MPI_Barrier(MPI_Comm comm)
 {
-    /* No size: the threshold 0 serves it, any other leaves it to MPI. */
-    weft_comm_t *wc = route(WMPI_BARRIER, comm, wmpi_ready() && wmpi_min_bytes(WMPI_BARRIER) == 0 ? 1 : 0);
+    weft_comm_t *wc;
     int wrc;
 
+    if (off(WMPI_BARRIER))
+        return PMPI_Barrier(comm);
+    /* No size: the threshold 0 serves it, any other leaves it to MPI. */
+    wc = route(WMPI_BARRIER, comm, wmpi_min_bytes(WMPI_BARRIER) == 0 ? 1 : 0);
     if (wc == NULL)
         return PMPI_Barrier(comm);
     if ((wrc = weft_barrier(wc)) != WEFT_SUCCESS)
@@ -129,6 +144,8 @@ WMPI_EXPORT int MPI_Bcast(void *buf, int count, MPI_Datatype type, int root, MPI
     struct side s;
     int rc, wrc;
 
+    if (off(WMPI_BCAST))
+        return PMPI_Bcast(buf, count, type, root, comm);
     if (comm != MPI_COMM_NULL && wmpi_type_bytes(type, count, &bytes) == 0 && root >= 0 && root < comm_size(comm))
         wc = route(WMPI_BCAST, comm, bytes);
     else
@@ -154,6 +171,8 @@ WMPI_EXPORT int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype s
     struct side in, out;
     int rc, wrc;
 
+    if (off(WMPI_ALLGATHER))
+        return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
     if (comm != MPI_COMM_NULL && wmpi_type_bytes(recvtype, recvcount, &block) == 0)
         wc = route(WMPI_ALLGATHER, comm, block);
     else
@@ -197,6 +216,8 @@ WMPI_EXPORT int MPI_Alltoall(const void *sendbuf, int sendcount, MPI_Datatype se
     struct side in, out;
     int rc, wrc;
 
+    if (off(WMPI_ALLTOALL))
+        return PMPI_Alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
     if (comm != MPI_COMM_NULL && wmpi_type_bytes(recvtype, recvcount, &block) == 0)
         wc = route(WMPI_ALLTOALL, comm, block);
     else
@@ -237,6 +258,8 @@ static weft_comm_t *route_reduce(enum wmpi_coll coll, MPI_Comm comm, int count, 
 {
     size_t bytes = 0;
 
+    if (off(coll))
+        return NULL;
     if (comm == MPI_COMM_NULL || !wmpi_reduce_type(type, dt) || !wmpi_reduce_op(op, wop) ||
         wmpi_type_bytes(type, count, &bytes) != 0)
         bytes = 0;   /* MPI's: not a type/op weft reduces, or a bad argument */

@@ -25,6 +25,7 @@
  * waits for no one), with one WARN line where it failed.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,13 +40,15 @@ struct entry {
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
-static int ready;                          /* set up without error */
+/* 0: not set up yet; 1: serving; 2: not serving (set-up failed, or
+ * MPI_Finalize began). Read on every intercepted call, so a served call
+ * pays one load for it instead of two MPI queries. */
+static atomic_int state;
 static int comm_key = MPI_KEYVAL_INVALID;  /* the entry on each communicator */
 static int self_key = MPI_KEYVAL_INVALID;  /* MPI_COMM_SELF: MPI_Finalize's hook */
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct entry *oldest, *newest;
 static unsigned long next_seq;
-static int finalizing;
 
 void wmpi_warn(const char *fmt, ...)
 {
@@ -123,9 +126,7 @@ static int self_delete(MPI_Comm comm, int key, void *value, void *extra)
     (void)key;
     (void)value;
     (void)extra;
-    pthread_mutex_lock(&reg_lock);
-    finalizing = 1;
-    pthread_mutex_unlock(&reg_lock);
+    atomic_store(&state, 2);   /* from here on every call goes to PMPI */
     for (;;) {
         pthread_mutex_lock(&reg_lock);
         struct entry *e = oldest;
@@ -150,25 +151,29 @@ static void setup(void)
         PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, self_delete, &self_key, NULL) != MPI_SUCCESS ||
         PMPI_Comm_set_attr(MPI_COMM_SELF, self_key, NULL) != MPI_SUCCESS) {
         wmpi_warn("cannot create the MPI attribute keys the weft layer needs; every call goes to MPI");
+        atomic_store(&state, 2);
         return;
     }
     if (wmpi_errors_init() != MPI_SUCCESS) {
         wmpi_warn("cannot create weft's MPI error class; every call goes to MPI");
+        atomic_store(&state, 2);
         return;
     }
-    ready = 1;
+    atomic_store(&state, 1);
 }
 
 int wmpi_ready(void)
 {
-    int init = 0, fin = 0;
+    int s = atomic_load_explicit(&state, memory_order_acquire), init = 0, fin = 0;
 
+    if (s != 0)
+        return s == 1;
     PMPI_Initialized(&init);
     PMPI_Finalized(&fin);
     if (!init || fin)
         return 0;
     pthread_once(&once, setup);
-    return ready;
+    return atomic_load(&state) == 1;
 }
 
 /* Makes the weft comm of comm (every rank of comm is here). */
@@ -236,11 +241,6 @@ weft_comm_t *wmpi_comm_get(MPI_Comm comm)
     if (PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter)
         return NULL;
     if (PMPI_Comm_size(comm, &size) != MPI_SUCCESS || size < 2)
-        return NULL;
-    pthread_mutex_lock(&reg_lock);
-    int late = finalizing;
-    pthread_mutex_unlock(&reg_lock);
-    if (late)
         return NULL;
     e = make(comm);
     return e ? e->weft : NULL;

@@ -49,6 +49,8 @@ int  wmpi_enabled(enum wmpi_coll coll);
 /* The size (bytes every rank agrees on, see colls.c) from which weft
  * serves coll; below it the call goes to PMPI. */
 size_t wmpi_min_bytes(enum wmpi_coll coll);
+/* The largest size weft serves (SIZE_MAX: no ceiling). */
+size_t wmpi_max_bytes(enum wmpi_coll coll);
 /* Counts one call of coll, served by weft (1) or by PMPI (0). */
 void wmpi_count(enum wmpi_coll coll, int by_weft);
 /* WEFT_MPI_STATS=1: one line per rank to stderr (at MPI_Finalize). */

@@ -54,9 +54,14 @@ weft_add_mpi_suite(NAME pmpi BINARY weft_pmpi_test NPS 8 CONFIGS shm
                    GTEST_FILTER ${WEFT_PMPI_MAIN_FILTER} LABELS "pmpi;np8"
                    ENV WEFT_MPI_MIN_BYTES=0 WEFT_TIMEOUT=30 TIMEOUT 180)
 
-# The built-in thresholds: 8 B to MPI, 4 MiB to weft, for each collective.
+# The built-in thresholds: 8 B to MPI, 4 MiB to weft (bcast and alltoall,
+# which have a default ceiling below it: to MPI), for each collective.
 weft_add_mpi_suite(NAME pmpi_defaults BINARY weft_pmpi_test NPS 2 3 CONFIGS shm
                    GTEST_FILTER "PmpiDefaults.*" LABELS pmpi TIMEOUT 60)
+# WEFT_MPI_MIN_BYTES / WEFT_MPI_MAX_BYTES: weft inside [1 KiB, 64 KiB] only.
+weft_add_mpi_suite(NAME pmpi_window BINARY weft_pmpi_test NPS 3 CONFIGS shm
+                   GTEST_FILTER "PmpiWindow.*" LABELS pmpi
+                   ENV WEFT_MPI_MIN_BYTES=1024 WEFT_MPI_MAX_BYTES=65536 TIMEOUT 60)
 # WEFT_MPI=0: nothing through weft.
 weft_add_mpi_suite(NAME pmpi_off BINARY weft_pmpi_test NPS 2 CONFIGS shm
                    GTEST_FILTER "PmpiOff.*" LABELS pmpi ENV WEFT_MPI=0 TIMEOUT 60)
