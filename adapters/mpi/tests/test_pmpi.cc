@@ -988,8 +988,16 @@ TEST_F(PmpiAll, CommsFreeThenReuse)
     if (rank == 0)
         std::printf("handle values reused after MPI_Comm_free: %d of 7 times\n", reused);
     /* Open MPI hands a freed handle's value to the next communicator; where
-     * an MPI never does, the case this test is for did not happen. */
+     * an MPI never does, the case this test is for did not happen. Under
+     * AddressSanitizer freed memory is quarantined (not handed out again
+     * soon), so the handles -- pointers in Open MPI -- are all new there:
+     * the reuse is exercised by the uninstrumented build's run. */
+#if defined(__SANITIZE_ADDRESS__)
+    if (reused == 0 && rank == 0)
+        std::printf("AddressSanitizer's quarantine: no handle value reused; the reuse case runs in the plain build\n");
+#else
     EXPECT_GT(reused, 0) << "no communicator got a freed handle value: the reuse case was not exercised";
+#endif
     /* The world's weft comm is untouched by all that. */
     battery(MPI_COMM_WORLD, 0, 30);
 }
