@@ -11,8 +11,10 @@ weft_add_mpi_test_binary(weft_mpi_contracts test_contracts.cc)
 weft_add_mpi_suite(NAME contracts_requests BINARY weft_mpi_contracts NPS 2 CONFIGS shm tcp
                    GTEST_FILTER "Requests.*" LABELS contracts)
 # B. Different collectives on different ranks: an error within WEFT_TIMEOUT + 1 s.
+# Label sleepy (here and below): the entry spends most of its time waiting
+# out a timeout, so scripts/test runs these entries side by side.
 weft_add_mpi_suite(NAME contracts_mismatch BINARY weft_mpi_contracts NPS 2 4 CONFIGS shm tcp vnodes2
-                   GTEST_FILTER "Mismatch.*" LABELS contracts ENV WEFT_TIMEOUT=5)
+                   GTEST_FILTER "Mismatch.*" LABELS "contracts;sleepy" ENV WEFT_TIMEOUT=5)
 # C. One waitall over two comms; WEFT_TIMEOUT=10 so a waitall that drives only
 # one comm fails in 10 s rather than 60 (the test wants it under 5 s).
 weft_add_mpi_suite(NAME contracts_two_comms BINARY weft_mpi_contracts NPS 4 8 CONFIGS tcp vnodes2 shm_nocma
@@ -25,7 +27,7 @@ weft_add_mpi_suite(NAME contracts_self_overlap BINARY weft_mpi_contracts NPS 1 2
                    GTEST_FILTER "SelfOverlap.*" LABELS contracts TIMEOUT 60)
 # F. A silent peer's receive times out after WEFT_TIMEOUT while another peer keeps sending.
 weft_add_mpi_suite(NAME contracts_request_timeout BINARY weft_mpi_contracts NPS 3 CONFIGS shm tcp
-                   GTEST_FILTER "RequestTimeout.*" LABELS contracts ENV WEFT_TIMEOUT=3)
+                   GTEST_FILTER "RequestTimeout.*" LABELS "contracts;sleepy" ENV WEFT_TIMEOUT=3)
 # G. 80 MiB of sends ahead of the receiver: its memory grows by the window, not the backlog.
 weft_add_mpi_suite(NAME contracts_flow_control BINARY weft_mpi_contracts NPS 2 CONFIGS shm tcp
                    GTEST_FILTER "FlowControl.*" LABELS contracts ENV WEFT_EAGER_WINDOW=1m)
@@ -65,6 +67,11 @@ foreach(config IN LISTS WEFT_FAULT_CONFIGS)
   foreach(fcase IN LISTS WEFT_FAULT_CASES)
     foreach(mode IN LISTS WEFT_FAULT_MODES)
       set(test_name faults_${fcase}_${mode}_${config})
+      # A stopped victim: the survivors wait out WEFT_TIMEOUT (label sleepy).
+      set(extra_labels "")
+      if(mode STREQUAL "stop")
+        set(extra_labels ";sleepy")
+      endif()
       add_test(NAME ${test_name}
         COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe --bind-to none
                 --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
@@ -75,7 +82,7 @@ foreach(config IN LISTS WEFT_FAULT_CONFIGS)
         FAIL_REGULAR_EXPRESSION "FAULT-FAIL"
         TIMEOUT 60
         PROCESSORS 4
-        LABELS "mpi;faults;np4;${config}")
+        LABELS "mpi;faults;np4;${config}${extra_labels}")
     endforeach()
   endforeach()
 endforeach()

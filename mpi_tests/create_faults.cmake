@@ -40,6 +40,12 @@ function(weft_add_create_fault fcase config)
     TIMEOUT 60
     PROCESSORS 4
     LABELS "mpi;faults;create_faults;np4;${config}")
+  # A victim that stops, sleeps or never joins: the survivors wait out
+  # WEFT_TIMEOUT (3 s), so the entry is mostly idle. scripts/test runs the
+  # sleepy entries side by side.
+  if(fcase MATCHES "(stop|sleep|absent)$")
+    set_property(TEST ${test_name} APPEND PROPERTY LABELS sleepy)
+  endif()
 endfunction()
 
 foreach(fcase IN LISTS WEFT_CREATE_FAULT_UID_CASES)
