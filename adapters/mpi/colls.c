@@ -162,14 +162,50 @@ WMPI_EXPORT int MPI_Bcast(void *buf, int count, MPI_Datatype type, int root, MPI
     return rc == MPI_SUCCESS ? MPI_SUCCESS : mpi_fail(comm, rc);
 }
 
+typedef int (*weft_exchange_fn)(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank);
+
+/* Allgather and alltoall: the same shape. The receive side holds n blocks
+ * of recvcount x recvtype; the send side holds send_blocks (1 or n) of
+ * sendcount x sendtype, or is MPI_IN_PLACE: then the data is in recvbuf and
+ * weft's in-place form reads it at in_place_at blocks from the start (this
+ * rank's block for allgather, 0 for alltoall). */
+static int exchange(const char *fn, weft_exchange_fn move, int send_blocks, int in_place_at,
+                    weft_comm_t *wc, size_t block, const void *sendbuf, int sendcount, MPI_Datatype sendtype,
+                    void *recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm)
+{
+    const long long all = (long long)recvcount * comm_size(comm);
+    struct side in, out;
+    int rc, wrc;
+
+    if (sendbuf == MPI_IN_PLACE) {
+        if ((rc = take(&out, recvbuf, all, recvtype, comm, 1)) != MPI_SUCCESS)
+            return mpi_fail(comm, rc);
+        wrc = move(wc, (char *)out.data + (size_t)in_place_at * block, out.data, block);
+    } else {
+        if ((rc = take(&in, sendbuf, (long long)sendcount * send_blocks, sendtype, comm, 1)) != MPI_SUCCESS)
+            return mpi_fail(comm, rc);
+        if ((rc = check_match(comm, fn, wc, in.bytes, block * (size_t)send_blocks)) != MPI_SUCCESS) {
+            give(&in, NULL, 0, sendtype, comm, 0);
+            return rc;
+        }
+        if ((rc = take(&out, recvbuf, all, recvtype, comm, 0)) != MPI_SUCCESS) {
+            give(&in, NULL, 0, sendtype, comm, 0);
+            return mpi_fail(comm, rc);
+        }
+        wrc = move(wc, in.data, out.data, block);
+        give(&in, NULL, 0, sendtype, comm, 0);
+    }
+    rc = give(&out, recvbuf, all, recvtype, comm, wrc == WEFT_SUCCESS);
+    if (wrc != WEFT_SUCCESS)
+        return wmpi_raise(comm, fn, wrc, wc, NULL);
+    return rc == MPI_SUCCESS ? MPI_SUCCESS : mpi_fail(comm, rc);
+}
+
 WMPI_EXPORT int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
                               int recvcount, MPI_Datatype recvtype, MPI_Comm comm)
 {
-    static const char fn[] = "MPI_Allgather";
     size_t block = 0;
     weft_comm_t *wc = NULL;
-    struct side in, out;
-    int rc, wrc;
 
     if (off(WMPI_ALLGATHER))
         return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
@@ -179,42 +215,16 @@ WMPI_EXPORT int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype s
         route(WMPI_ALLGATHER, comm, 0);
     if (wc == NULL)
         return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-
-    const int n = comm_size(comm), rank = comm_rank(comm);
-    const long long all = (long long)recvcount * n;
-    if (sendbuf == MPI_IN_PLACE) {
-        /* Rank r's block is already at its place in recvbuf. */
-        if ((rc = take(&out, recvbuf, all, recvtype, comm, 1)) != MPI_SUCCESS)
-            return mpi_fail(comm, rc);
-        wrc = weft_allgather(wc, (char *)out.data + (size_t)rank * block, out.data, block);
-    } else {
-        if ((rc = take(&in, sendbuf, sendcount, sendtype, comm, 1)) != MPI_SUCCESS)
-            return mpi_fail(comm, rc);
-        if ((rc = check_match(comm, fn, wc, in.bytes, block)) != MPI_SUCCESS) {
-            give(&in, NULL, 0, sendtype, comm, 0);
-            return rc;
-        }
-        if ((rc = take(&out, recvbuf, all, recvtype, comm, 0)) != MPI_SUCCESS) {
-            give(&in, NULL, 0, sendtype, comm, 0);
-            return mpi_fail(comm, rc);
-        }
-        wrc = weft_allgather(wc, in.data, out.data, block);
-        give(&in, NULL, 0, sendtype, comm, 0);
-    }
-    rc = give(&out, recvbuf, all, recvtype, comm, wrc == WEFT_SUCCESS);
-    if (wrc != WEFT_SUCCESS)
-        return wmpi_raise(comm, fn, wrc, wc, NULL);
-    return rc == MPI_SUCCESS ? MPI_SUCCESS : mpi_fail(comm, rc);
+    /* In place: rank r's block is already at its place in recvbuf. */
+    return exchange("MPI_Allgather", weft_allgather, 1, comm_rank(comm), wc, block, sendbuf,
+                    sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
 }
 
 WMPI_EXPORT int MPI_Alltoall(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf,
                              int recvcount, MPI_Datatype recvtype, MPI_Comm comm)
 {
-    static const char fn[] = "MPI_Alltoall";
     size_t block = 0;
     weft_comm_t *wc = NULL;
-    struct side in, out;
-    int rc, wrc;
 
     if (off(WMPI_ALLTOALL))
         return PMPI_Alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
@@ -224,31 +234,8 @@ WMPI_EXPORT int MPI_Alltoall(const void *sendbuf, int sendcount, MPI_Datatype se
         route(WMPI_ALLTOALL, comm, 0);
     if (wc == NULL)
         return PMPI_Alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-
-    const int n = comm_size(comm);
-    const long long all = (long long)recvcount * n;
-    if (sendbuf == MPI_IN_PLACE) {
-        if ((rc = take(&out, recvbuf, all, recvtype, comm, 1)) != MPI_SUCCESS)
-            return mpi_fail(comm, rc);
-        wrc = weft_alltoall(wc, out.data, out.data, block);
-    } else {
-        if ((rc = take(&in, sendbuf, (long long)sendcount * n, sendtype, comm, 1)) != MPI_SUCCESS)
-            return mpi_fail(comm, rc);
-        if ((rc = check_match(comm, fn, wc, in.bytes, block * (size_t)n)) != MPI_SUCCESS) {
-            give(&in, NULL, 0, sendtype, comm, 0);
-            return rc;
-        }
-        if ((rc = take(&out, recvbuf, all, recvtype, comm, 0)) != MPI_SUCCESS) {
-            give(&in, NULL, 0, sendtype, comm, 0);
-            return mpi_fail(comm, rc);
-        }
-        wrc = weft_alltoall(wc, in.data, out.data, block);
-        give(&in, NULL, 0, sendtype, comm, 0);
-    }
-    rc = give(&out, recvbuf, all, recvtype, comm, wrc == WEFT_SUCCESS);
-    if (wrc != WEFT_SUCCESS)
-        return wmpi_raise(comm, fn, wrc, wc, NULL);
-    return rc == MPI_SUCCESS ? MPI_SUCCESS : mpi_fail(comm, rc);
+    return exchange("MPI_Alltoall", weft_alltoall, comm_size(comm), 0, wc, block, sendbuf, sendcount,
+                    sendtype, recvbuf, recvcount, recvtype, comm);
 }
 
 /* The reductions: predefined types and ops weft has, else PMPI (agreed:
