@@ -44,7 +44,8 @@ enum {
     WEFT_ERR_MPI,           /* an MPI call inside create/destroy failed */
     WEFT_ERR_INTERNAL,
     WEFT_ERR_MISMATCH,      /* ranks called different collectives (kind, size, root or order) */
-    WEFT_ERR_ABORTED        /* weft_comm_abort was called on this comm (or on a peer's, for its pipe) */
+    WEFT_ERR_ABORTED,       /* weft_comm_abort was called on this comm (or on a peer's, for its pipe) */
+    WEFT_ERR_CLOSED         /* the message pipe was closed (by this side or its peer) first */
 };
 
 /* Completion status of a request. bytes: size of the message (for a
@@ -233,6 +234,136 @@ WEFT_API int  weft_alltoall_on_stream(weft_comm_t *c, const void *sendbuf, void 
                                       struct CUstream_st *stream);
 WEFT_API int  weft_group_start(void);
 WEFT_API int  weft_group_end(void);
+
+/* Message pipes (TensorPipe style). A pipe is an ordered stream of messages
+ * between two ranks of a comm, independent of tags and of other pipes. Both
+ * ranks open it with the same id (0 <= id < WEFT_PIPE_ID_MAX); opening is
+ * local (a message written before the peer opened waits for it); one rank
+ * may have many pipes open, to one peer or several, and to itself.
+ *
+ * A message is metadata bytes, payloads (host memory) and tensors (host or
+ * CUDA device memory), each buffer with metadata of its own. The writer's
+ * callback runs once every buffer of the message may be reused (it does not
+ * say the reader took the message). The reader first asks for the next
+ * message's descriptor (weft_pipe_read_descriptor: metadata and the size of
+ * every buffer), then hands one buffer per payload and tensor, of any
+ * memory kind, at least as large as the descriptor says (weft_pipe_read);
+ * the read callback runs once all of them are filled. So the receiver never
+ * guesses sizes: a truncation cannot happen.
+ *
+ * Callbacks of one pipe run in order (writes in write order, descriptors
+ * and reads in message order), one at a time per comm, with no lock of
+ * weft held, so a callback may write, read, open or close pipes of the comm
+ * (it must not block waiting on the comm, nor destroy it). They run on the
+ * comm's progress thread when the comm was made with WEFT_PROGRESS_THREAD=1,
+ * else only inside weft_progress(comm) of an application thread. err is a
+ * WEFT_* code and why says what failed, naming rank, peer, pipe and
+ * operation ("" on success); why is valid during the callback only.
+ *
+ * weft_pipe_close: local; every operation of this side not yet called back
+ * completes with WEFT_ERR_CLOSED (once weft no longer touches its buffers),
+ * the peer is told, and its pending operations complete with
+ * WEFT_ERR_CLOSED too (messages it wrote that nobody reads are discarded).
+ * The handle is invalid once weft_pipe_close returns (the callbacks still
+ * to run get it for identification only). The peer must close its side as
+ * well to free it; calls there return WEFT_ERR_CLOSED meanwhile. The id can
+ * be opened again once both sides' closing finished (WEFT_ERR_INVALID_ARG
+ * until then). weft_comm_destroy closes the pipes still open first and runs
+ * their callbacks. A failed peer fails every pending operation of its pipes
+ * with the error that names it. */
+#define WEFT_PIPE_ID_MAX  (1 << 20)
+#define WEFT_PIPE_HOST    (-1)   /* a buffer in host memory (device field) */
+#define WEFT_PIPE_ANY     (-2)   /* no target device requested */
+typedef struct weft_pipe weft_pipe_t;
+
+typedef struct {
+    const void *data;            /* host memory; may be NULL when bytes == 0 */
+    size_t      bytes;
+    const void *metadata;        /* opaque to weft, delivered in the descriptor */
+    size_t      metadata_bytes;
+} weft_pipe_payload_t;
+
+typedef struct {
+    const void         *data;    /* host or CUDA device memory (detected, as for weft_isend) */
+    size_t              bytes;
+    int                 device;  /* WEFT_PIPE_HOST or the CUDA device of data: told to the reader */
+    struct CUstream_st *stream;  /* device data is ready once the work queued on stream before
+                                    weft_pipe_write finished (weft waits for it); NULL: ready now */
+    int                 target_device;   /* what the writer asks the reader to allocate on:
+                                            WEFT_PIPE_ANY, WEFT_PIPE_HOST or a device; advice only */
+    const void         *metadata;
+    size_t              metadata_bytes;
+} weft_pipe_tensor_t;
+
+typedef struct {
+    const void                *metadata;
+    size_t                     metadata_bytes;
+    size_t                     num_payloads;
+    const weft_pipe_payload_t *payloads;
+    size_t                     num_tensors;
+    const weft_pipe_tensor_t  *tensors;
+} weft_pipe_message_t;
+
+/* What the reader learns before it allocates. Valid from the descriptor
+ * callback until the read of that message was called back (or failed, or
+ * the pipe closed). */
+typedef struct { size_t bytes; const void *metadata; size_t metadata_bytes; } weft_pipe_payload_desc_t;
+typedef struct {
+    size_t      bytes;
+    int         source_device;   /* the writer's device field */
+    int         target_device;   /* the writer's request */
+    const void *metadata;
+    size_t      metadata_bytes;
+} weft_pipe_tensor_desc_t;
+typedef struct {
+    const void                     *metadata;
+    size_t                          metadata_bytes;
+    size_t                          num_payloads;
+    const weft_pipe_payload_desc_t *payloads;
+    size_t                          num_tensors;
+    const weft_pipe_tensor_desc_t  *tensors;
+} weft_pipe_descriptor_t;
+
+/* Where the reader wants each buffer: one entry per payload and per tensor
+ * of the descriptor, in order; bytes is the room at data (>= the
+ * descriptor's size; may be NULL when that size is 0). Host or device
+ * memory, whatever the writer had. */
+typedef struct { void *data; size_t bytes; } weft_pipe_buffer_t;
+typedef struct {
+    size_t                    num_payloads;
+    const weft_pipe_buffer_t *payloads;
+    size_t                    num_tensors;
+    const weft_pipe_buffer_t *tensors;
+} weft_pipe_allocation_t;
+
+typedef void (*weft_pipe_cb_t)(weft_pipe_t *pipe, int err, const char *why, void *arg);
+typedef void (*weft_pipe_descriptor_cb_t)(weft_pipe_t *pipe, int err, const char *why,
+                                          const weft_pipe_descriptor_t *desc, void *arg);
+
+WEFT_API int  weft_pipe_open(weft_comm_t *c, int peer, int id, weft_pipe_t **pipe);
+/* Queues msg (copied: the arrays may go once this returns; the buffers
+ * they point at stay untouched until cb). cb may be NULL. */
+WEFT_API int  weft_pipe_write(weft_pipe_t *pipe, const weft_pipe_message_t *msg, weft_pipe_cb_t cb, void *arg);
+/* cb (not NULL) gets the descriptor of the next message whose descriptor
+ * was not yet asked for; several may be queued. */
+WEFT_API int  weft_pipe_read_descriptor(weft_pipe_t *pipe, weft_pipe_descriptor_cb_t cb, void *arg);
+/* Reads the oldest message whose descriptor was delivered and that was not
+ * yet read, into alloc (copied). cb may be NULL. An allocation that does
+ * not fit that descriptor (counts differ, a buffer too small, data NULL
+ * with bytes > 0) returns WEFT_ERR_INVALID_ARG saying which buffer, and the
+ * message is discarded (its data is dropped, the writer is not told; the
+ * pipe goes on with the next message). No delivered message to read:
+ * WEFT_ERR_INVALID_ARG, nothing changes. When a call returns an error its
+ * callback is never run. */
+WEFT_API int  weft_pipe_read(weft_pipe_t *pipe, const weft_pipe_allocation_t *alloc, weft_pipe_cb_t cb, void *arg);
+WEFT_API int  weft_pipe_close(weft_pipe_t *pipe);
+/* The peer rank and id of a pipe (-1 when pipe is NULL). */
+WEFT_API int  weft_pipe_peer(const weft_pipe_t *pipe);
+WEFT_API int  weft_pipe_id(const weft_pipe_t *pipe);
+/* Moves the message pipes of comm along and, when the comm has no progress
+ * thread, runs the callbacks that are due, in this thread. Never blocks
+ * (a callback running in another thread is not waited for). */
+WEFT_API int  weft_progress(weft_comm_t *c);
 
 /* Memory registration (RDMA). weft pins the buffers it sends from and
  * receives into on its own, through a cache (WEFT_IB_REG_CACHE_MB), so these

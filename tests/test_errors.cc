@@ -14,7 +14,7 @@ namespace {
 const int kAllCodes[] = {WEFT_SUCCESS,         WEFT_ERR_INVALID_ARG, WEFT_ERR_TRUNCATE,
                          WEFT_ERR_NO_MEMORY,   WEFT_ERR_UNSUPPORTED, WEFT_ERR_TRANSPORT,
                          WEFT_ERR_TIMEOUT,     WEFT_ERR_MPI,         WEFT_ERR_INTERNAL,
-                         WEFT_ERR_MISMATCH,    WEFT_ERR_ABORTED};
+                         WEFT_ERR_MISMATCH,    WEFT_ERR_ABORTED,     WEFT_ERR_CLOSED};
 
 TEST(Strerror, EveryCodeHasItsOwnText)
 {
@@ -41,7 +41,7 @@ TEST(Strerror, UnknownCodes)
     std::set<std::string> known;
     for (int code : kAllCodes)
         known.insert(weft_strerror(code));
-    for (int code : {-1, -11, WEFT_ERR_ABORTED + 1, 12345, INT32_MIN}) {
+    for (int code : {-1, -11, WEFT_ERR_CLOSED + 1, 12345, INT32_MIN}) {
         const char *s = weft_strerror(code);
         ASSERT_NE(s, nullptr) << "code " << code;
         EXPECT_FALSE(std::string(s).empty()) << "code " << code;

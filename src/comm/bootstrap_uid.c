@@ -1040,7 +1040,7 @@ static int rank_reply(struct boot_uid *u, const char *stage, void *out, size_t w
             if (e != 0)
                 return lost_root(u, stage, e);
             text[keep] = '\0';
-            if (code <= WEFT_SUCCESS || code > WEFT_ERR_ABORTED)
+            if (code <= WEFT_SUCCESS || code > WEFT_ERR_CLOSED)
                 code = WEFT_ERR_INTERNAL;
             return weft_set_error(core, code, "weft_comm_init: %s", text);
         }
