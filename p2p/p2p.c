@@ -735,3 +735,8 @@ int weft_p2p_mem_unpin(struct weft_p2p *p, const void *buf, size_t bytes)
     pthread_mutex_unlock(&p->lock);
     return WEFT_SUCCESS;
 }
+
+size_t weft_p2p_internal_eager(struct weft_p2p *p, int peer)
+{
+    return p->pipes[peer].eager_limit_internal;
+}

@@ -118,6 +118,17 @@ void weft_p2p_abort(struct weft_p2p *p);
  * its own between tests (the stream engine). Returns the number of events. */
 int  weft_p2p_poll(struct weft_p2p *p);
 
+/* For a thread with no request of its own to wait on (the message pipes'
+ * progress thread, weft_progress): one progress pass and a look at the
+ * peers' health (heartbeats; a dead peer's requests fail); when nothing
+ * happened and nap_ms > 0, sleeps in the transport a peer can knock on,
+ * at most nap_ms. Takes the lock. Returns the number of events. */
+int  weft_p2p_poll_nap(struct weft_p2p *p, int nap_ms);
+
+/* The largest message on peer's pipe that goes eagerly on a library lane
+ * (negative tag); fixed once the comm is connected. */
+size_t weft_p2p_internal_eager(struct weft_p2p *p, int peer);
+
 /* Nonzero once r completed (r stays valid until test/wait frees it). */
 int  weft_p2p_done(const struct weft_request *r);
 /* Waits until r completed, bounded by WEFT_TIMEOUT (the pipe of a stuck r

@@ -243,3 +243,16 @@ int weft_p2p_progress_wait_until(struct weft_p2p *p, struct weft_request **reqs,
     p->waiters--;
     return rc;
 }
+
+int weft_p2p_poll_nap(struct weft_p2p *p, int nap_ms)
+{
+    pthread_mutex_lock(&p->lock);
+    int n = weft_p2p_progress(p);
+    /* Heartbeats and the peers' health: what fails the requests of a
+     * peer that died, with no waiter of ours to look at their clocks. */
+    weft_health_tick(p, weft_now());
+    if (n == 0 && nap_ms > 0)
+        wait_sleep(p, nap_ms);
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}

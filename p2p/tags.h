@@ -18,6 +18,8 @@
  *                            (p2p/setup.c)
  *   -0x300001                weft_comm_split           the new comm's set-up exchanges
  *                            (src/comm/bootstrap_split.c) over the parent's pipes
+ *   -(0x400000 .. 0x5fffff)  message pipes             two lanes per pipe id (2^20 ids):
+ *                            (p2p/msgpipe.c)           descriptors + close markers, buffers
  */
 #ifndef WEFT_TAGS_H
 #define WEFT_TAGS_H
@@ -56,6 +58,18 @@ _Static_assert(WEFT_TAG_STAGE_BASE + WEFT_TAG_STAGE_COUNT <= 0x300000, "staging 
  * failed half-way is refused (WEFT_ERR_MISMATCH), never taken as data. */
 #define WEFT_TAG_SPLIT (-0x300001)
 _Static_assert(WEFT_TAG_SPLIT != WEFT_TAG_DESTROY, "split and destroy lanes overlap");
+
+/* Message pipes: pipe id k's descriptors and close markers travel on
+ * -(BASE + 2k), its buffers on -(BASE + 2k + 1). Ids are < 2^20
+ * (WEFT_PIPE_ID_MAX in weft.h). */
+#define WEFT_TAG_MSGPIPE_BASE  0x400000
+#define WEFT_TAG_MSGPIPE_IDS   0x100000
+_Static_assert(WEFT_TAG_MSGPIPE_BASE > 0x300001, "message pipe and split lanes overlap");
+_Static_assert((long long)WEFT_TAG_MSGPIPE_BASE + 2LL * WEFT_TAG_MSGPIPE_IDS <= 0x7fffffffLL,
+               "message pipe lanes overflow int");
+
+static inline int weft_tag_msgpipe_ctrl(int id) { return -(WEFT_TAG_MSGPIPE_BASE + 2 * id); }
+static inline int weft_tag_msgpipe_data(int id) { return -(WEFT_TAG_MSGPIPE_BASE + 2 * id + 1); }
 
 static inline int weft_tag_coll(unsigned slot, int phase)
 {

@@ -33,6 +33,7 @@
 #include "devcopy.h"
 #include "log.h"
 #include "p2p.h"
+#include "msgpipe.h"
 #include "registry.h"
 #include "stream.h"
 #include "transport.h"
@@ -234,6 +235,9 @@ static void load_cuda(struct weft_comm *c)
 
 static void comm_free(struct weft_comm *c)
 {
+    if (c->pipes)   /* a create that failed after making them: no pipe is open */
+        (void)weft_msgpipes_destroy(c->pipes);
+    c->pipes = NULL;
     if (c->stream)
         weft_stream_destroy(c->stream);
     weft_coll_fini(&c->coll);
@@ -358,6 +362,8 @@ int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make
         rc = weft_coll_init(&c->coll, c->p2p, &c->core, node);
     if (rc == WEFT_SUCCESS)
         rc = weft_stream_create(&c->core, c->p2p, &c->coll, &c->stream);
+    if (rc == WEFT_SUCCESS)
+        rc = weft_msgpipes_create(c->p2p, &c->pipes);
     free(node);
     rc = agree(c, rc, "setting up collectives");
     if (rc != WEFT_SUCCESS)
@@ -400,7 +406,12 @@ int weft_comm_destroy_all(struct weft_comm *c)
 {
     int rc, qrc, brc = WEFT_SUCCESS;
     int was_aborted = __atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE);
+    int prc;
 
+    /* Message pipes still open close first (their peers answer, being in
+     * destroy too), and their callbacks run here. */
+    prc = weft_msgpipes_destroy(c->pipes);
+    c->pipes = NULL;
     /* Stream-ordered operations still queued finish (or time out) first:
      * the progress thread must be gone before pipes are torn down. */
     qrc = c->stream ? weft_stream_quiesce(c->stream) : WEFT_SUCCESS;
@@ -410,6 +421,8 @@ int weft_comm_destroy_all(struct weft_comm *c)
     rc = weft_p2p_drain(c->p2p);
     if (rc == WEFT_SUCCESS)
         rc = qrc;
+    if (rc == WEFT_SUCCESS && !was_aborted)
+        rc = prc;
     /* The final barrier keeps a rank from tearing down what a peer still
      * reads; a failed rank would never join it, and after an abort peers
      * are not waited for: then destroy is local. */

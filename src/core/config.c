@@ -383,6 +383,11 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
      * unmatched messages per sender. */
     cfg->eager_window     = 4 << 20;
     cfg->spin_us          = 50;
+    /* Message pipes: 16 KiB inline keeps a small message to one transport
+     * message (under shm's 32 KiB internal eager limit) while the copy
+     * into and out of the descriptor stays a few microseconds. */
+    cfg->progress_thread  = 0;
+    cfg->pipe_inline      = 16 << 10;
     strcpy(cfg->ibverbs_lib, "libibverbs.so.1");
     cfg->ib_gid_index     = -1;
     cfg->ib_qps_per_peer  = 1;
@@ -475,6 +480,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
         { "WEFT_SHM_CMA",         &cfg->shm_cma,          0, 1,        "0 or 1" },
         { "WEFT_TCP_STREAMS",     &cfg->tcp_streams,      1, 64,       NULL },
         { "WEFT_SPIN_US",         &cfg->spin_us,          0, 10000000, "microseconds in [0, 10000000]" },
+        { "WEFT_PROGRESS_THREAD", &cfg->progress_thread,  0, 1,        "0 or 1" },
         { "WEFT_IB_GID_INDEX",    &cfg->ib_gid_index,    -1, 255,      "-1 (auto) or a GID index in [0, 255]" },
         { "WEFT_IB_QPS_PER_PEER", &cfg->ib_qps_per_peer,  1, 16,       NULL },
         { "WEFT_IB_TIMEOUT",      &cfg->ib_timeout,       1, 31,       "an exponent in [1, 31]" },
@@ -507,6 +513,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
         { "WEFT_TCP_EAGER",          &cfg->tcp_eager_limit,  0,         4u << 20,        1 },
         { "WEFT_TCP_CHUNK_KB",       &cfg->tcp_chunk,        4 << 10,   (size_t)1 << 30, 1024 },
         { "WEFT_SELF_EAGER",         &cfg->self_eager_limit, 0,         64u << 20,       1 },
+        { "WEFT_PIPE_INLINE",        &cfg->pipe_inline,      0,         1u << 20,        1 },
         { "WEFT_EAGER_WINDOW",       &cfg->eager_window,     64 << 10,  (size_t)1 << 30, 1 },
         { "WEFT_IB_CHUNK",           &cfg->ib_chunk,         4 << 10,   (size_t)1 << 30, 1 },
         { "WEFT_IB_EAGER",           &cfg->ib_eager_limit,   64,        1u << 20,        1 },

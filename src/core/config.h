@@ -36,6 +36,10 @@ struct weft_config {
                                   consumes messages. Bounds what a slow receiver must buffer per sender.
                                   Default 4 MiB, at least 64 KiB. Equal on every rank (checked at create). */
     int      spin_us;          /* WEFT_SPIN_US: busy-poll time before a waiter yields/sleeps */
+    int      progress_thread;  /* WEFT_PROGRESS_THREAD: 1 = the comm's message pipes get a progress thread
+                                  that runs their callbacks; 0 = callbacks run in weft_progress */
+    size_t   pipe_inline;      /* WEFT_PIPE_INLINE: host bytes of a message that travel inside its
+                                  descriptor (p2p/msgpipe.c), capped by the pair's eager limit */
 
     /* InfiniBand verbs (p2p/transport/ib/ib.c) */
     char     ibverbs_lib[256]; /* WEFT_IBVERBS_LIB: library to dlopen ("libibverbs.so.1") */

@@ -1,0 +1,1434 @@
+/*
+ * Message pipes: descriptor first, then the reader allocates, then reads.
+ *
+ * A pipe (peer, id) owns two library lanes of the pipe to peer (p2p/tags.h):
+ *
+ *   control lane  one descriptor per message, then one close marker
+ *   data lane     one pipe-layer message per buffer not carried inline
+ *
+ * Writer                                    Reader
+ *   write(msg) ---- descriptor (ctrl) ----->  ctrl receive always posted
+ *              ---- buffer 0 (data) ------>   (waits unmatched: rendezvous
+ *              ---- buffer 2 (data) ------>    RTS or eager copy)
+ *                                           read_descriptor -> callback(desc)
+ *                                           read(alloc): a receive per buffer,
+ *                                             in message order -> callback
+ *
+ * The descriptor is header | a record per buffer | the message's metadata |
+ * each buffer's metadata | the inline buffers' bytes. Host buffers go inline
+ * while they fit WEFT_PIPE_INLINE and the pair's eager limit, so a small
+ * message is one transport message; every other buffer is one message on
+ * the data lane, sent at write time (no extra round trip: a large one waits
+ * as a rendezvous announcement until the reader posts its buffer), and
+ * takes the rendezvous path the pipe layer picks for its (source, target)
+ * memory kinds (CMA, bounce ring, TCP stripes, RDMA, CUDA IPC, staging),
+ * each buffer on its own, several in flight at once. Both lanes are FIFO,
+ * and reads are taken in message order, so the k-th receive on the data
+ * lane always meets the k-th buffer sent: no sequence matching is needed.
+ * A descriptor larger than the posted control buffer (CTRL_BUF) comes in
+ * two parts; the first says the total.
+ *
+ * Closing. Each side sends one close marker, when closed locally or on
+ * seeing the peer's marker, and nothing after it. Everything before a
+ * marker is consumed by its receiver: read if a read is posted, else
+ * discarded (a zero-byte receive per buffer: the pipe layer drops the data
+ * as a truncation, and the writer is not told). A pipe is freed once it
+ * was closed locally, both markers passed and no request of its is
+ * outstanding; until then its id stays taken. A failed peer breaks the
+ * pipe instead (the pipe layer fails every request with the error that
+ * names it).
+ *
+ * Locking: one mutex per comm (m->lock) over every pipe of the comm, taken
+ * before the pipe layer's own lock (the p2p calls take that one). Callbacks
+ * run with no lock held, by one thread at a time per comm (the dispatcher),
+ * in the order they became due: per pipe, writes in write order, reads and
+ * descriptors in message order. Handles are generation-checked slots of a
+ * process-wide table, so a closed pipe's handle is refused, not followed.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core.h"
+#include "devcopy.h"
+#include "list.h"
+#include "log.h"
+#include "msgpipe.h"
+#include "p2p.h"
+#include "tags.h"
+#ifdef WEFT_HAVE_CUDA_HEADERS
+#include "cudawrap.h"
+#endif
+
+#define WIRE_MAGIC  0x31504d57u          /* "WMP1" */
+#define KIND_MSG    1
+#define KIND_CLOSE  2
+/* The posted control receive. A descriptor larger than this comes in two
+ * parts (the rest received into a buffer of the announced size). */
+#define CTRL_BUF    (64u << 10)
+/* Most buffers in one message (keeps a malformed count from allocating much). */
+#define MAX_BUFFERS (1u << 20)
+
+struct wire_hdr {
+    uint32_t magic;
+    uint16_t kind;
+    uint16_t pad;
+    uint64_t seq;
+    uint64_t total;         /* bytes of the whole descriptor, this header included */
+    uint64_t meta_bytes;    /* the message's metadata */
+    uint32_t npay, nten;
+};
+struct wire_rec {
+    uint64_t bytes;
+    uint64_t meta_bytes;
+    int32_t  src_dev, tgt_dev;
+    uint32_t inl;           /* 1: the bytes are in the descriptor */
+    uint32_t pad;
+};
+
+/* One message as its reader holds it. Shared by the descriptor callback and
+ * the read (or discard) of that message: freed when the last lets go. */
+struct mp_msg {
+    struct weft_list          link;    /* pipe->arrived or pipe->delivered */
+    int                       refs;
+    uint64_t                  seq;
+    unsigned char            *wire;
+    size_t                    nbuf;    /* payloads, then tensors */
+    const struct wire_rec    *rec;     /* [nbuf], in wire */
+    const unsigned char     **inl;     /* [nbuf]: the inline bytes, or NULL */
+    weft_pipe_descriptor_t    desc;
+    weft_pipe_payload_desc_t *pd;
+    weft_pipe_tensor_desc_t  *td;
+};
+
+enum { OP_WRITE = 1, OP_DESC, OP_READ, OP_DISCARD, OP_MARKER };
+
+/* One operation of a pipe: a write, a descriptor request, a read, or
+ * weft's own (the discard of a message, the close marker), which have no
+ * callback. Requests are NULLed as they are reaped. */
+struct mp_op {
+    struct weft_list           link;     /* its pipe's queue, then m->ready */
+    int                        kind;
+    weft_pipe_t               *handle;   /* what the callback gets */
+    weft_pipe_cb_t             cb;
+    weft_pipe_descriptor_cb_t  dcb;
+    void                      *arg;
+    int                        err;
+    int                        closed;   /* the pipe closed while it was pending */
+    char                       why[512];
+    struct mp_msg             *msg;      /* DESC, READ, DISCARD */
+    uint64_t                   seq;
+    size_t                     nreq;
+    struct weft_request      **req;      /* [nreq] */
+    /* WRITE: data-lane sends, started in order once the streams passed. */
+    unsigned char             *wire;
+    size_t                     nsend, started;
+    const void               **sbuf;     /* [nsend] */
+    size_t                    *sbytes;   /* [nsend] */
+    size_t                     nevents;
+    void                     **events;   /* cudaEvent_t recorded on the tensors' streams */
+};
+
+struct mp_pipe {
+    struct weft_list      link;          /* m->pipes */
+    struct weft_msgpipes *m;
+    int                   peer, id, ctag, dtag;
+    weft_pipe_t          *handle;        /* NULL once closed locally */
+    uint32_t              slot;
+    uint64_t              wseq, rseq;    /* messages written / arrived */
+    /* queues of operations, in order */
+    struct weft_list      writes, descs, reads, own;   /* own: DISCARD and MARKER */
+    struct weft_list      arrived;       /* messages no descriptor request took yet */
+    struct weft_list      delivered;     /* descriptors given out, not yet read */
+    /* the control receive */
+    struct weft_request  *ctrl;
+    unsigned char        *ctrl_buf;
+    unsigned char        *rest;          /* a two-part descriptor: the whole */
+    size_t                rest_total;
+    /* closing */
+    int                   local_closed, sent_close, got_close;
+    int                   broken;        /* the code that broke it (peer failed, abort) */
+    char                  broken_why[512];
+};
+
+struct weft_msgpipes {
+    struct weft_p2p  *p2p;
+    struct weft_core *core;
+    pthread_mutex_t   lock;
+    struct weft_list  pipes;
+    size_t            npipes;
+    struct weft_list  ready;          /* operations whose callbacks are due */
+    int               dispatching;
+    /* the progress thread (WEFT_PROGRESS_THREAD=1) */
+    int               use_thread;
+    int               thread_started, stop;
+    pthread_t         thread;
+    pthread_cond_t    wake;
+};
+
+/* ---- handles: a process-wide table of (pipe, generation) ---- */
+
+static pthread_mutex_t tab_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct { struct mp_pipe *pipe; uint32_t gen; } *tab;
+static uint32_t tab_cap, tab_hint;
+
+static weft_pipe_t *tab_add(struct mp_pipe *pp)
+{
+    weft_pipe_t *h = NULL;
+    pthread_mutex_lock(&tab_lock);
+    for (uint32_t i = 0; i < tab_cap; i++) {
+        uint32_t k = (tab_hint + i) % tab_cap;
+        if (tab[k].pipe == NULL) {
+            pp->slot = k;
+            goto found;
+        }
+    }
+    {
+        uint32_t cap = tab_cap ? 2 * tab_cap : 64;
+        void *t = cap <= (1u << 30) ? realloc(tab, (size_t)cap * sizeof(*tab)) : NULL;
+        if (t == NULL)
+            goto out;
+        tab = t;
+        for (uint32_t i = tab_cap; i < cap; i++) {
+            tab[i].pipe = NULL;
+            tab[i].gen = 1;
+        }
+        pp->slot = tab_cap;
+        tab_cap = cap;
+    }
+found:
+    tab[pp->slot].pipe = pp;
+    tab_hint = pp->slot + 1;
+    h = (weft_pipe_t *)(uintptr_t)(((uint64_t)tab[pp->slot].gen << 32) | ((uint64_t)pp->slot + 1));
+out:
+    pthread_mutex_unlock(&tab_lock);
+    return h;
+}
+
+/* Table lock held. */
+static struct mp_pipe *tab_find(const weft_pipe_t *h)
+{
+    uint64_t v = (uint64_t)(uintptr_t)h;
+    uint32_t slot = (uint32_t)(v & 0xffffffffu), gen = (uint32_t)(v >> 32);
+    if (slot == 0 || slot > tab_cap || tab[slot - 1].gen != gen)
+        return NULL;
+    return tab[slot - 1].pipe;
+}
+
+/* The pipe of a live handle with its comm's lock held, or NULL. */
+static struct mp_pipe *lookup_lock(const weft_pipe_t *h)
+{
+    pthread_mutex_lock(&tab_lock);
+    struct mp_pipe *pp = tab_find(h);
+    if (pp)
+        pthread_mutex_lock(&pp->m->lock);
+    pthread_mutex_unlock(&tab_lock);
+    return pp;
+}
+
+static void tab_release(struct mp_pipe *pp)
+{
+    pthread_mutex_lock(&tab_lock);
+    tab[pp->slot].pipe = NULL;
+    if (++tab[pp->slot].gen == 0)
+        tab[pp->slot].gen = 1;
+    pthread_mutex_unlock(&tab_lock);
+    pp->handle = NULL;
+}
+
+static int bad_handle(const char *fn)
+{
+    return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: the pipe handle is unknown or was closed", fn);
+}
+
+/* ---- errors ---- */
+
+static void last_error(struct weft_core *core, char *out, size_t n)
+{
+    /* A copy cut to n (the text's head names the rank, call and peer). */
+    pthread_mutex_lock(&core->err_lock);
+    size_t len = strnlen(core->last_error, n - 1);
+    memcpy(out, core->last_error, len);
+    out[len] = '\0';
+    pthread_mutex_unlock(&core->err_lock);
+}
+
+static const char *op_name(int kind)
+{
+    switch (kind) {
+    case OP_WRITE: return "weft_pipe_write";
+    case OP_DESC:  return "weft_pipe_read_descriptor";
+    case OP_READ:  return "weft_pipe_read";
+    default:       return "weft_pipe_close";
+    }
+}
+
+/* Records op's first failure; the text names rank, peer, pipe, operation. */
+static void op_fail(struct mp_pipe *pp, struct mp_op *op, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void op_fail(struct mp_pipe *pp, struct mp_op *op, int code, const char *fmt, ...)
+{
+    char detail[400];
+    va_list ap;
+
+    if (op->err != WEFT_SUCCESS)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(detail, sizeof(detail), fmt, ap);
+    va_end(ap);
+    op->err = code;
+    snprintf(op->why, sizeof(op->why), "rank %d: %s on pipe %d to rank %d (message %llu): %s (%s)",
+             pp->m->core->rank, op_name(op->kind), pp->id, pp->peer, (unsigned long long)op->seq, detail,
+             weft_err_str(code));
+}
+
+/* A request of op's failed with code: the pipe layer said why in the
+ * comm's last error, which names the peer. */
+static void op_fail_req(struct mp_pipe *pp, struct mp_op *op, int code)
+{
+    char le[400];
+    last_error(pp->m->core, le, sizeof(le));
+    op_fail(pp, op, code, "%s", le[0] ? le : "the transfer failed");
+}
+
+/* ---- messages ---- */
+
+static void msg_put(struct mp_msg *g)
+{
+    if (g && --g->refs == 0) {
+        free(g->wire);
+        free(g->inl);
+        free(g->pd);
+        free(g->td);
+        free(g);
+    }
+}
+
+/* Parses a descriptor (wire: total bytes, owned by the message on
+ * success). NULL with *why set: malformed. */
+static struct mp_msg *msg_parse(unsigned char *wire, size_t total, char *why, size_t whylen)
+{
+    const struct wire_hdr *h = (const void *)wire;
+    struct mp_msg *g = NULL;
+    size_t nbuf, off, meta_off, inl_off;
+
+    if (total < sizeof(*h) || h->total != total) {
+        snprintf(why, whylen, "a descriptor of %zu bytes says %llu", total,
+                 total >= sizeof(*h) ? (unsigned long long)h->total : 0ULL);
+        return NULL;
+    }
+    nbuf = (size_t)h->npay + h->nten;
+    if (h->npay > MAX_BUFFERS || h->nten > MAX_BUFFERS || nbuf > MAX_BUFFERS ||
+        sizeof(*h) + nbuf * sizeof(struct wire_rec) > total) {
+        snprintf(why, whylen, "a descriptor announces %u payloads and %u tensors in %zu bytes", h->npay, h->nten,
+                 total);
+        return NULL;
+    }
+    g = calloc(1, sizeof(*g));
+    if (g == NULL)
+        goto nomem;
+    g->inl = calloc(nbuf ? nbuf : 1, sizeof(*g->inl));
+    g->pd = calloc(h->npay ? h->npay : 1, sizeof(*g->pd));
+    g->td = calloc(h->nten ? h->nten : 1, sizeof(*g->td));
+    if (g->inl == NULL || g->pd == NULL || g->td == NULL)
+        goto nomem;
+    g->rec = (const void *)(wire + sizeof(*h));
+    g->nbuf = nbuf;
+    g->seq = h->seq;
+    /* Walk the variable part with overflow checks: a peer's bytes. */
+    meta_off = sizeof(*h) + nbuf * sizeof(struct wire_rec);
+    off = meta_off;
+    if (h->meta_bytes > total - off)
+        goto bad;
+    g->desc.metadata = h->meta_bytes ? wire + off : NULL;
+    g->desc.metadata_bytes = (size_t)h->meta_bytes;
+    off += (size_t)h->meta_bytes;
+    for (size_t i = 0; i < nbuf; i++) {
+        if (g->rec[i].meta_bytes > total - off)
+            goto bad;
+        const void *md = g->rec[i].meta_bytes ? wire + off : NULL;
+        if (i < h->npay) {
+            g->pd[i].bytes = (size_t)g->rec[i].bytes;
+            g->pd[i].metadata = md;
+            g->pd[i].metadata_bytes = (size_t)g->rec[i].meta_bytes;
+        } else {
+            weft_pipe_tensor_desc_t *t = &g->td[i - h->npay];
+            t->bytes = (size_t)g->rec[i].bytes;
+            t->source_device = g->rec[i].src_dev;
+            t->target_device = g->rec[i].tgt_dev;
+            t->metadata = md;
+            t->metadata_bytes = (size_t)g->rec[i].meta_bytes;
+        }
+        off += (size_t)g->rec[i].meta_bytes;
+    }
+    inl_off = off;
+    for (size_t i = 0; i < nbuf; i++) {
+        if (!g->rec[i].inl)
+            continue;
+        if (g->rec[i].bytes > total - inl_off)
+            goto bad;
+        g->inl[i] = wire + inl_off;
+        inl_off += (size_t)g->rec[i].bytes;
+    }
+    if (inl_off != total)
+        goto bad;
+    g->desc.num_payloads = h->npay;
+    g->desc.payloads = g->pd;
+    g->desc.num_tensors = h->nten;
+    g->desc.tensors = g->td;
+    g->wire = wire;
+    g->refs = 1;
+    return g;
+bad:
+    snprintf(why, whylen, "a descriptor of %zu bytes whose sizes do not add up", total);
+    goto out;
+nomem:
+    snprintf(why, whylen, "no memory for a descriptor of %zu bytes", total);
+out:
+    if (g) {
+        free(g->inl);
+        free(g->pd);
+        free(g->td);
+        free(g);
+    }
+    return NULL;
+}
+
+/* ---- operations ---- */
+
+static struct mp_op *op_new(struct mp_pipe *pp, int kind, size_t nreq)
+{
+    struct mp_op *op = calloc(1, sizeof(*op));
+    if (op == NULL)
+        return NULL;
+    op->req = nreq ? calloc(nreq, sizeof(*op->req)) : NULL;
+    if (nreq && op->req == NULL) {
+        free(op);
+        return NULL;
+    }
+    op->kind = kind;
+    op->handle = pp->handle;
+    return op;
+}
+
+static void op_free(struct mp_op *op)
+{
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    const struct weft_cuda *cu = weft_cuda_get();
+    for (size_t i = 0; i < op->nevents; i++)
+        if (op->events[i] && cu)
+            cu->EventDestroy((cudaEvent_t)op->events[i]);
+#endif
+    free(op->events);
+    free(op->sbuf);
+    free(op->sbytes);
+    free(op->wire);
+    free(op->req);
+    msg_put(op->msg);
+    free(op);
+}
+
+/* Reaps op's finished requests (the pipe layer frees them); 1 when none
+ * is outstanding. A truncation on the data lane is the reader discarding
+ * the message: the writer's buffers are free, which is all a write says. */
+static int op_reap(struct mp_pipe *pp, struct mp_op *op)
+{
+    int all = 1;
+    for (size_t i = 0; i < op->nreq; i++) {
+        struct weft_request *r = op->req[i];
+        weft_status_t st;
+        int done = 0;
+        if (r == NULL)
+            continue;
+        if (!weft_p2p_done(r)) {
+            all = 0;
+            continue;
+        }
+        int rc = weft_p2p_test(r, &done, &st);
+        op->req[i] = NULL;
+        if (rc == WEFT_ERR_TRUNCATE && (op->kind == OP_WRITE || op->kind == OP_DISCARD || op->kind == OP_MARKER))
+            rc = WEFT_SUCCESS;
+        if (rc != WEFT_SUCCESS)
+            op_fail_req(pp, op, rc);
+    }
+    return all;
+}
+
+/* op is due: its callback joins the ready queue (weft's own ops are freed). */
+static void op_due(struct weft_msgpipes *m, struct mp_pipe *pp, struct mp_op *op)
+{
+    weft_list_del(&op->link);
+    if (op->err == WEFT_SUCCESS && op->closed && op->kind != OP_DISCARD && op->kind != OP_MARKER)
+        op_fail(pp, op, WEFT_ERR_CLOSED, "the pipe was closed %s before it completed",
+                pp->local_closed ? "by this rank" : "by the peer");
+    if (op->kind == OP_DISCARD || op->kind == OP_MARKER || (op->cb == NULL && op->dcb == NULL)) {
+        op_free(op);
+        return;
+    }
+    weft_list_add_tail(&m->ready, &op->link);
+}
+
+/* ---- the lanes ---- */
+
+/* Posts the control receive (the next descriptor or the close marker). */
+static void ctrl_post(struct mp_pipe *pp)
+{
+    if (pp->ctrl || pp->got_close || pp->broken)
+        return;
+    if (pp->ctrl_buf == NULL && (pp->ctrl_buf = malloc(CTRL_BUF)) == NULL) {
+        pp->broken = WEFT_ERR_NO_MEMORY;
+        snprintf(pp->broken_why, sizeof(pp->broken_why), "no memory for the descriptor buffer");
+        return;
+    }
+    int rc = weft_p2p_irecv(pp->m->p2p, pp->ctrl_buf, CTRL_BUF, pp->peer, pp->ctag, &pp->ctrl, "weft_pipe_open");
+    if (rc != WEFT_SUCCESS) {
+        pp->ctrl = NULL;
+        pp->broken = rc;
+        last_error(pp->m->core, pp->broken_why, sizeof(pp->broken_why));
+    }
+}
+
+/* Posts a zero-byte receive for every buffer of g that is on the data lane:
+ * the pipe layer consumes each as a truncation and moves no data. */
+static void discard(struct mp_pipe *pp, struct mp_msg *g)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < g->nbuf; i++)
+        n += !g->rec[i].inl && g->rec[i].bytes > 0;
+    if (n == 0 || pp->broken) {
+        msg_put(g);
+        return;
+    }
+    struct mp_op *op = op_new(pp, OP_DISCARD, n);
+    if (op == NULL) {
+        /* The lane cannot be kept in step: break the pipe rather than hand
+         * a later read the wrong bytes. */
+        pp->broken = WEFT_ERR_NO_MEMORY;
+        snprintf(pp->broken_why, sizeof(pp->broken_why), "no memory to discard a message");
+        msg_put(g);
+        return;
+    }
+    op->msg = g;
+    op->seq = g->seq;
+    for (size_t i = 0, k = 0; i < g->nbuf; i++) {
+        if (g->rec[i].inl || g->rec[i].bytes == 0)
+            continue;
+        if (weft_p2p_irecv(pp->m->p2p, NULL, 0, pp->peer, pp->dtag, &op->req[k], "weft_pipe_read") != WEFT_SUCCESS)
+            op->req[k] = NULL;
+        k++;
+    }
+    op->nreq = n;
+    weft_list_add_tail(&pp->own, &op->link);
+}
+
+static void send_marker(struct mp_pipe *pp)
+{
+    struct wire_hdr h;
+    if (pp->sent_close)
+        return;
+    pp->sent_close = 1;
+    if (pp->broken)
+        return;
+    struct mp_op *op = op_new(pp, OP_MARKER, 1);
+    if (op == NULL)
+        return;   /* the peer then learns from its timeout; nothing of ours waits on it */
+    op->wire = calloc(1, sizeof(h));
+    if (op->wire == NULL) {
+        op_free(op);
+        return;
+    }
+    memset(&h, 0, sizeof(h));
+    h.magic = WIRE_MAGIC;
+    h.kind = KIND_CLOSE;
+    h.seq = pp->wseq;
+    h.total = sizeof(h);
+    memcpy(op->wire, &h, sizeof(h));
+    if (weft_p2p_isend(pp->m->p2p, op->wire, sizeof(h), pp->peer, pp->ctag, &op->req[0], "weft_pipe_close") !=
+        WEFT_SUCCESS)
+        op->req[0] = NULL;
+    op->nreq = 1;
+    weft_list_add_tail(&pp->own, &op->link);
+}
+
+/* Every operation pending on pp will complete with WEFT_ERR_CLOSED; what
+ * arrived and nobody reads is dropped. Closed locally or by the peer. */
+static void close_pending(struct weft_msgpipes *m, struct mp_pipe *pp)
+{
+    struct weft_list *n;
+    weft_list_for_each(x, &pp->writes)
+        weft_container_of(x, struct mp_op, link)->closed = 1;
+    weft_list_for_each(x, &pp->reads)
+        weft_container_of(x, struct mp_op, link)->closed = 1;
+    while ((n = weft_list_pop(&pp->descs)) != NULL) {
+        struct mp_op *op = weft_container_of(n, struct mp_op, link);
+        weft_list_add_tail(&pp->descs, &op->link);   /* op_due unlinks it */
+        op->closed = 1;
+        op_due(m, pp, op);
+    }
+    while ((n = weft_list_pop(&pp->arrived)) != NULL)
+        discard(pp, weft_container_of(n, struct mp_msg, link));
+    while ((n = weft_list_pop(&pp->delivered)) != NULL)
+        discard(pp, weft_container_of(n, struct mp_msg, link));
+}
+
+/* The pipe broke (its peer failed, the comm was aborted): operations
+ * complete as their requests fail; descriptor requests fail now. */
+static void pipe_break(struct weft_msgpipes *m, struct mp_pipe *pp)
+{
+    struct weft_list *n;
+    while ((n = weft_list_pop(&pp->descs)) != NULL) {
+        struct mp_op *op = weft_container_of(n, struct mp_op, link);
+        weft_list_add_tail(&pp->descs, &op->link);
+        op_fail(pp, op, pp->broken, "%s", pp->broken_why);
+        op_due(m, pp, op);
+    }
+    while ((n = weft_list_pop(&pp->arrived)) != NULL)
+        msg_put(weft_container_of(n, struct mp_msg, link));
+    while ((n = weft_list_pop(&pp->delivered)) != NULL)
+        msg_put(weft_container_of(n, struct mp_msg, link));
+}
+
+/* Descriptor requests take arrived messages, in order. */
+static void deliver(struct weft_msgpipes *m, struct mp_pipe *pp)
+{
+    while (!weft_list_empty(&pp->descs) && !weft_list_empty(&pp->arrived)) {
+        struct mp_op *op = weft_container_of(weft_list_first(&pp->descs), struct mp_op, link);
+        struct mp_msg *g = weft_container_of(weft_list_pop(&pp->arrived), struct mp_msg, link);
+        g->refs++;                 /* the descriptor callback's */
+        op->msg = g;
+        op->seq = g->seq;
+        weft_list_add_tail(&pp->delivered, &g->link);
+        op_due(m, pp, op);
+    }
+}
+
+/* A whole descriptor (or marker) arrived: wire holds total bytes (owned). */
+static void arrive(struct weft_msgpipes *m, struct mp_pipe *pp, unsigned char *wire, size_t total)
+{
+    const struct wire_hdr *h = (const void *)wire;
+    char why[200];
+
+    if (total >= sizeof(*h) && h->magic == WIRE_MAGIC && h->kind == KIND_CLOSE) {
+        free(wire);
+        pp->got_close = 1;
+        send_marker(pp);
+        close_pending(m, pp);
+        return;
+    }
+    struct mp_msg *g = (total >= sizeof(*h) && h->magic == WIRE_MAGIC && h->kind == KIND_MSG)
+                           ? msg_parse(wire, total, why, sizeof(why)) : NULL;
+    if (g == NULL) {
+        if (total < sizeof(*h) || h->magic != WIRE_MAGIC || h->kind != KIND_MSG)
+            snprintf(why, sizeof(why), "%zu bytes that are not a descriptor", total);
+        free(wire);
+        /* The lanes cannot be trusted past a malformed descriptor. */
+        pp->broken = WEFT_ERR_INTERNAL;
+        snprintf(pp->broken_why, sizeof(pp->broken_why), "rank %d sent %s on pipe %d", pp->peer, why, pp->id);
+        WEFT_WARN(m->core->rank, "message pipe %d to rank %d: %s", pp->id, pp->peer, pp->broken_why);
+        pipe_break(m, pp);
+        return;
+    }
+    pp->rseq++;
+    if (pp->local_closed) {
+        discard(pp, g);
+        return;
+    }
+    weft_list_add_tail(&pp->arrived, &g->link);
+    deliver(m, pp);
+}
+
+/* The control receive completed (or failed). */
+static int ctrl_poll(struct weft_msgpipes *m, struct mp_pipe *pp)
+{
+    int n = 0;
+    while (pp->ctrl && weft_p2p_done(pp->ctrl)) {
+        weft_status_t st;
+        int done = 0;
+        int rc = weft_p2p_test(pp->ctrl, &done, &st);
+        pp->ctrl = NULL;
+        n++;
+        if (rc != WEFT_SUCCESS) {
+            pp->broken = rc;
+            last_error(m->core, pp->broken_why, sizeof(pp->broken_why));
+            pipe_break(m, pp);
+            return n;
+        }
+        if (pp->rest) {   /* the second part of a large descriptor */
+            unsigned char *w = pp->rest;
+            pp->rest = NULL;
+            arrive(m, pp, w, pp->rest_total);
+        } else {
+            const struct wire_hdr *h = (const void *)pp->ctrl_buf;
+            if (st.bytes >= sizeof(*h) && h->magic == WIRE_MAGIC && h->total > CTRL_BUF && st.bytes == CTRL_BUF &&
+                h->total <= ((uint64_t)1 << 40)) {
+                pp->rest = malloc((size_t)h->total);
+                if (pp->rest == NULL) {
+                    pp->broken = WEFT_ERR_NO_MEMORY;
+                    snprintf(pp->broken_why, sizeof(pp->broken_why), "no memory for a descriptor of %llu bytes",
+                             (unsigned long long)h->total);
+                    pipe_break(m, pp);
+                    return n;
+                }
+                pp->rest_total = (size_t)h->total;
+                memcpy(pp->rest, pp->ctrl_buf, CTRL_BUF);
+                rc = weft_p2p_irecv(m->p2p, pp->rest + CTRL_BUF, pp->rest_total - CTRL_BUF, pp->peer, pp->ctag,
+                                    &pp->ctrl, "weft_pipe_read_descriptor");
+                if (rc != WEFT_SUCCESS) {
+                    pp->ctrl = NULL;
+                    pp->broken = rc;
+                    last_error(m->core, pp->broken_why, sizeof(pp->broken_why));
+                    pipe_break(m, pp);
+                }
+                continue;
+            }
+            /* Small: copy it out and keep the buffer; large: hand the
+             * buffer over and take a fresh one. */
+            unsigned char *w;
+            if (st.bytes <= 4096 && (w = malloc(st.bytes ? st.bytes : 1)) != NULL) {
+                memcpy(w, pp->ctrl_buf, st.bytes);
+            } else {
+                w = pp->ctrl_buf;
+                pp->ctrl_buf = NULL;
+            }
+            arrive(m, pp, w, st.bytes);
+        }
+        ctrl_post(pp);
+    }
+    return n;
+}
+
+/* Whether every event of op's streams passed. */
+static int gate_open(struct mp_op *op)
+{
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    const struct weft_cuda *cu = weft_cuda_get();
+    for (size_t i = 0; i < op->nevents; i++) {
+        if (op->events[i] == NULL || cu == NULL)
+            continue;
+        cudaError_t e = cu->EventQuery((cudaEvent_t)op->events[i]);
+        if (e == cudaErrorNotReady)
+            return 0;
+        /* Any other answer: the stream's work finished or failed; the
+         * data goes either way (a failed kernel is the stream's news). */
+        cu->EventDestroy((cudaEvent_t)op->events[i]);
+        op->events[i] = NULL;
+    }
+#else
+    (void)op;
+#endif
+    return 1;
+}
+
+/* Data-lane sends start in write order, each write's once its streams passed. */
+static int start_sends(struct mp_pipe *pp)
+{
+    int n = 0;
+    weft_list_for_each(x, &pp->writes) {
+        struct mp_op *op = weft_container_of(x, struct mp_op, link);
+        if (op->started == op->nsend)
+            continue;
+        if (!gate_open(op))
+            break;
+        for (; op->started < op->nsend; op->started++, n++) {
+            struct weft_request **r = &op->req[op->nreq - op->nsend + op->started];
+            int rc = weft_p2p_isend(pp->m->p2p, op->sbuf[op->started], op->sbytes[op->started], pp->peer, pp->dtag,
+                                    r, "weft_pipe_write");
+            if (rc != WEFT_SUCCESS) {
+                *r = NULL;
+                op_fail_req(pp, op, rc);
+            }
+        }
+    }
+    return n;
+}
+
+static void pipe_free(struct weft_msgpipes *m, struct mp_pipe *pp)
+{
+    weft_list_del(&pp->link);
+    m->npipes--;
+    free(pp->ctrl_buf);
+    free(pp->rest);
+    free(pp);
+}
+
+/* Whether a closed pipe finished: both markers passed (or it broke) and
+ * no request of its is outstanding. */
+static int pipe_finished(const struct mp_pipe *pp)
+{
+    return pp->local_closed && pp->sent_close && (pp->got_close || pp->broken) && pp->ctrl == NULL &&
+           weft_list_empty(&pp->writes) && weft_list_empty(&pp->reads) && weft_list_empty(&pp->own) &&
+           weft_list_empty(&pp->descs);
+}
+
+/* One pass over pp; m->lock held. Returns the number of events. */
+static int pipe_progress(struct weft_msgpipes *m, struct mp_pipe *pp)
+{
+    int n = start_sends(pp);
+    n += ctrl_poll(m, pp);
+    /* writes and reads complete in order; their requests are reaped as
+     * they finish (the pipe layer's resources go back at once) */
+    struct weft_list *qs[2] = { &pp->writes, &pp->reads };
+    for (int q = 0; q < 2; q++) {
+        int head = 1;
+        weft_list_for_each(x, qs[q]) {
+            struct mp_op *op = weft_container_of(x, struct mp_op, link);
+            int all = op_reap(pp, op) && op->started == op->nsend;
+            if (head && all) {
+                op_due(m, pp, op);
+                n++;
+            } else {
+                head = 0;
+                /* a stuck transfer of a live peer times out (WEFT_TIMEOUT) */
+                for (size_t i = 0; i < op->nreq; i++)
+                    if (op->req[i])
+                        weft_p2p_watch(op->req[i], op_name(op->kind));
+            }
+        }
+    }
+    weft_list_for_each(x, &pp->own) {
+        struct mp_op *op = weft_container_of(x, struct mp_op, link);
+        if (op_reap(pp, op)) {
+            op_due(m, pp, op);
+            n++;
+        }
+    }
+    if (pp->local_closed && pipe_finished(pp)) {
+        pipe_free(m, pp);
+        n++;
+    }
+    return n;
+}
+
+static int progress_locked(struct weft_msgpipes *m)
+{
+    int n = 0;
+    weft_list_for_each(x, &m->pipes)
+        n += pipe_progress(m, weft_container_of(x, struct mp_pipe, link));
+    return n;
+}
+
+/* Runs the callbacks due, in order, unless another thread is at it.
+ * Called without m->lock. */
+static int dispatch(struct weft_msgpipes *m)
+{
+    int n = 0;
+    pthread_mutex_lock(&m->lock);
+    if (m->dispatching || weft_list_empty(&m->ready)) {
+        pthread_mutex_unlock(&m->lock);
+        return 0;
+    }
+    m->dispatching = 1;
+    struct weft_list *x;
+    while ((x = weft_list_pop(&m->ready)) != NULL) {
+        struct mp_op *op = weft_container_of(x, struct mp_op, link);
+        pthread_mutex_unlock(&m->lock);
+        const char *why = op->err == WEFT_SUCCESS ? "" : op->why;
+        if (op->kind == OP_DESC)
+            op->dcb(op->handle, op->err, why, op->err == WEFT_SUCCESS ? &op->msg->desc : NULL, op->arg);
+        else
+            op->cb(op->handle, op->err, why, op->arg);
+        n++;
+        pthread_mutex_lock(&m->lock);
+        op_free(op);   /* drops the descriptor callback's hold on its message */
+    }
+    m->dispatching = 0;
+    pthread_mutex_unlock(&m->lock);
+    return n;
+}
+
+/* ---- the progress thread ---- */
+
+static void *thread_main(void *arg)
+{
+    struct weft_msgpipes *m = arg;
+    double spin_s = m->core->oversubscribed ? 0.0 : 1e-6 * m->core->cfg.spin_us;
+    double idle_since = weft_now();
+
+    weft_p2p_mark_internal_thread();
+    pthread_mutex_lock(&m->lock);
+    while (!m->stop) {
+        if (m->npipes == 0) {
+            /* Nothing to move: sleep until a pipe opens or destroy. */
+            pthread_cond_wait(&m->wake, &m->lock);
+            idle_since = weft_now();
+            continue;
+        }
+        int n = progress_locked(m);
+        pthread_mutex_unlock(&m->lock);
+        n += dispatch(m);
+        double now = weft_now();
+        if (n > 0) {
+            idle_since = now;
+        } else if (now - idle_since < spin_s) {
+            /* spin: a reply usually comes within microseconds */
+        } else if (now - idle_since < spin_s + 0.002) {
+            sched_yield();
+        } else {
+            /* Sleep in the transport a peer knocks on; 1 ms bounds how late
+             * a local completion (a write from another thread) is seen. */
+            (void)weft_p2p_poll_nap(m->p2p, 1);
+        }
+        n = weft_p2p_poll_nap(m->p2p, 0);
+        if (n > 0)
+            idle_since = weft_now();
+        pthread_mutex_lock(&m->lock);
+    }
+    pthread_mutex_unlock(&m->lock);
+    return NULL;
+}
+
+/* ---- public calls ---- */
+
+int weft_msgpipes_create(struct weft_p2p *p, struct weft_msgpipes **out)
+{
+    struct weft_msgpipes *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return weft_set_error(weft_p2p_core(p), WEFT_ERR_NO_MEMORY, "message pipes: no memory");
+    m->p2p = p;
+    m->core = weft_p2p_core(p);
+    m->use_thread = m->core->cfg.progress_thread;
+    pthread_mutex_init(&m->lock, NULL);
+    pthread_cond_init(&m->wake, NULL);
+    weft_list_init(&m->pipes);
+    weft_list_init(&m->ready);
+    *out = m;
+    return WEFT_SUCCESS;
+}
+
+int weft_msgpipe_open(struct weft_msgpipes *m, int peer, int id, weft_pipe_t **out)
+{
+    struct mp_pipe *pp;
+    int rc = WEFT_SUCCESS;
+
+    pthread_mutex_lock(&m->lock);
+    weft_list_for_each(x, &m->pipes) {
+        struct mp_pipe *q = weft_container_of(x, struct mp_pipe, link);
+        if (q->peer == peer && q->id == id) {
+            rc = weft_set_error(m->core, WEFT_ERR_INVALID_ARG, "weft_pipe_open: pipe %d to rank %d is %s", id, peer,
+                                q->local_closed ? "still closing (both sides must finish closing it first)"
+                                                : "already open on this rank");
+            goto out;
+        }
+    }
+    if (m->use_thread && !m->thread_started) {
+        int e = pthread_create(&m->thread, NULL, thread_main, m);
+        if (e != 0) {
+            rc = weft_set_error(m->core, WEFT_ERR_INTERNAL, "weft_pipe_open: cannot start the progress thread: %s",
+                                strerror(e));
+            goto out;
+        }
+        m->thread_started = 1;
+    }
+    pp = calloc(1, sizeof(*pp));
+    if (pp == NULL) {
+        rc = weft_set_error(m->core, WEFT_ERR_NO_MEMORY, "weft_pipe_open: no memory for pipe %d to rank %d", id, peer);
+        goto out;
+    }
+    pp->m = m;
+    pp->peer = peer;
+    pp->id = id;
+    pp->ctag = weft_tag_msgpipe_ctrl(id);
+    pp->dtag = weft_tag_msgpipe_data(id);
+    weft_list_init(&pp->writes);
+    weft_list_init(&pp->descs);
+    weft_list_init(&pp->reads);
+    weft_list_init(&pp->own);
+    weft_list_init(&pp->arrived);
+    weft_list_init(&pp->delivered);
+    pp->handle = tab_add(pp);
+    if (pp->handle == NULL) {
+        free(pp);
+        rc = weft_set_error(m->core, WEFT_ERR_NO_MEMORY, "weft_pipe_open: no memory for a pipe handle");
+        goto out;
+    }
+    ctrl_post(pp);
+    if (pp->broken) {
+        rc = pp->broken;
+        tab_release(pp);
+        free(pp->ctrl_buf);
+        free(pp);
+        goto out;
+    }
+    weft_list_add_tail(&m->pipes, &pp->link);
+    m->npipes++;
+    pthread_cond_signal(&m->wake);
+    *out = pp->handle;
+out:
+    pthread_mutex_unlock(&m->lock);
+    return rc;
+}
+
+/* Calls on a pipe the peer closed, or that broke, say so. */
+static int pipe_unusable(struct mp_pipe *pp, const char *fn)
+{
+    if (pp->broken)
+        return weft_set_error(pp->m->core, pp->broken, "%s: pipe %d to rank %d is broken: %s", fn, pp->id, pp->peer,
+                              pp->broken_why);
+    if (pp->got_close)
+        return weft_set_error(pp->m->core, WEFT_ERR_CLOSED, "%s: pipe %d to rank %d was closed by the peer", fn,
+                              pp->id, pp->peer);
+    return WEFT_SUCCESS;
+}
+
+static int host_kind(struct weft_core *core, const void *buf, size_t bytes, int peer, int tag, int *host)
+{
+    int kind, dev;
+    int rc = weft_mem_classify(core, buf, bytes, peer, tag, "weft_pipe_write", &kind, &dev);
+    if (rc == WEFT_SUCCESS)
+        *host = kind == 0;   /* WEFT_MEM_HOST */
+    return rc;
+}
+
+int weft_msgpipe_write(weft_pipe_t *h, const weft_pipe_message_t *msg, weft_pipe_cb_t cb, void *arg)
+{
+    struct mp_pipe *pp = lookup_lock(h);
+    if (pp == NULL)
+        return bad_handle("weft_pipe_write");
+    struct weft_msgpipes *m = pp->m;
+    struct weft_core *core = m->core;
+    size_t nbuf = msg->num_payloads + msg->num_tensors, nsend = 0, total, inl_total = 0, budget;
+    struct mp_op *op = NULL;
+    unsigned char *w;
+    int rc = pipe_unusable(pp, "weft_pipe_write");
+    int *inl = NULL;
+
+    if (rc != WEFT_SUCCESS)
+        goto out;
+    if (nbuf > MAX_BUFFERS) {
+        rc = weft_set_error(core, WEFT_ERR_INVALID_ARG, "weft_pipe_write: %zu buffers in one message (at most %u)",
+                            nbuf, MAX_BUFFERS);
+        goto out;
+    }
+    inl = calloc(nbuf ? nbuf : 1, sizeof(*inl));
+    if (inl == NULL)
+        goto nomem;
+    /* What goes inline: host buffers, greedily in order, within the
+     * budget (WEFT_PIPE_INLINE, and the pair's eager limit so the
+     * descriptor stays one eager message). */
+    total = sizeof(struct wire_hdr) + nbuf * sizeof(struct wire_rec) + msg->metadata_bytes;
+    for (size_t i = 0; i < nbuf; i++)
+        total += i < msg->num_payloads ? msg->payloads[i].metadata_bytes
+                                       : msg->tensors[i - msg->num_payloads].metadata_bytes;
+    budget = core->cfg.pipe_inline;
+    size_t eager = weft_p2p_internal_eager(m->p2p, pp->peer);
+    if (eager < total + budget)
+        budget = eager > total ? eager - total : 0;
+    for (size_t i = 0; i < nbuf; i++) {
+        const void *b = i < msg->num_payloads ? msg->payloads[i].data : msg->tensors[i - msg->num_payloads].data;
+        size_t n = i < msg->num_payloads ? msg->payloads[i].bytes : msg->tensors[i - msg->num_payloads].bytes;
+        int host = 1;
+        if (n == 0)
+            continue;
+        if ((rc = host_kind(core, b, n, pp->peer, pp->dtag, &host)) != WEFT_SUCCESS)
+            goto out;
+        if (host && n <= budget - inl_total) {
+            inl[i] = 1;
+            inl_total += n;
+        } else {
+            nsend++;
+        }
+    }
+    total += inl_total;
+    op = op_new(pp, OP_WRITE, (total > CTRL_BUF ? 2 : 1) + nsend);
+    if (op == NULL || (op->wire = malloc(total)) == NULL)
+        goto nomem;
+    if (nsend && ((op->sbuf = calloc(nsend, sizeof(*op->sbuf))) == NULL ||
+                  (op->sbytes = calloc(nsend, sizeof(*op->sbytes))) == NULL))
+        goto nomem;
+
+    /* The descriptor. */
+    struct wire_hdr hd;
+    memset(&hd, 0, sizeof(hd));
+    hd.magic = WIRE_MAGIC;
+    hd.kind = KIND_MSG;
+    hd.seq = pp->wseq;
+    hd.total = total;
+    hd.meta_bytes = msg->metadata_bytes;
+    hd.npay = (uint32_t)msg->num_payloads;
+    hd.nten = (uint32_t)msg->num_tensors;
+    memcpy(op->wire, &hd, sizeof(hd));
+    w = op->wire + sizeof(hd);
+    for (size_t i = 0; i < nbuf; i++) {
+        struct wire_rec r;
+        memset(&r, 0, sizeof(r));
+        if (i < msg->num_payloads) {
+            r.bytes = msg->payloads[i].bytes;
+            r.meta_bytes = msg->payloads[i].metadata_bytes;
+            r.src_dev = WEFT_PIPE_HOST;
+            r.tgt_dev = WEFT_PIPE_HOST;
+        } else {
+            const weft_pipe_tensor_t *t = &msg->tensors[i - msg->num_payloads];
+            r.bytes = t->bytes;
+            r.meta_bytes = t->metadata_bytes;
+            r.src_dev = t->device;
+            r.tgt_dev = t->target_device;
+        }
+        r.inl = (uint32_t)inl[i];
+        memcpy(w, &r, sizeof(r));
+        w += sizeof(r);
+    }
+    if (msg->metadata_bytes) {
+        memcpy(w, msg->metadata, msg->metadata_bytes);
+        w += msg->metadata_bytes;
+    }
+    for (size_t i = 0; i < nbuf; i++) {
+        const void *md = i < msg->num_payloads ? msg->payloads[i].metadata
+                                               : msg->tensors[i - msg->num_payloads].metadata;
+        size_t mn = i < msg->num_payloads ? msg->payloads[i].metadata_bytes
+                                          : msg->tensors[i - msg->num_payloads].metadata_bytes;
+        if (mn) {
+            memcpy(w, md, mn);
+            w += mn;
+        }
+    }
+    for (size_t i = 0, k = 0; i < nbuf; i++) {
+        const void *b = i < msg->num_payloads ? msg->payloads[i].data : msg->tensors[i - msg->num_payloads].data;
+        size_t n = i < msg->num_payloads ? msg->payloads[i].bytes : msg->tensors[i - msg->num_payloads].bytes;
+        if (n == 0)
+            continue;
+        if (inl[i]) {
+            memcpy(w, b, n);
+            w += n;
+        } else {
+            op->sbuf[k] = b;
+            op->sbytes[k] = n;
+            k++;
+        }
+    }
+    op->nsend = nsend;
+
+    /* Device data on a stream goes once the work queued there passed. */
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    for (size_t i = 0; i < msg->num_tensors; i++) {
+        const weft_pipe_tensor_t *t = &msg->tensors[i];
+        const struct weft_cuda *cu = weft_cuda_get();
+        if (t->stream == NULL || t->bytes == 0 || inl[msg->num_payloads + i])
+            continue;
+        if (cu == NULL || !core->cuda) {
+            rc = weft_set_error(core, WEFT_ERR_UNSUPPORTED, "weft_pipe_write: tensor %zu names a CUDA stream but the "
+                                "comm has no CUDA", i);
+            goto out;
+        }
+        if (op->events == NULL && (op->events = calloc(msg->num_tensors, sizeof(*op->events))) == NULL)
+            goto nomem;
+        cudaEvent_t ev;
+        cudaError_t e = cu->EventCreateWithFlags(&ev, cudaEventDisableTiming);
+        if (e == cudaSuccess && (e = cu->EventRecord(ev, (cudaStream_t)t->stream)) != cudaSuccess)
+            cu->EventDestroy(ev);
+        if (e != cudaSuccess) {
+            rc = weft_set_error(core, WEFT_ERR_TRANSPORT, "weft_pipe_write: cannot record an event on tensor %zu's "
+                                "stream: %s", i, cu->GetErrorString(e));
+            goto out;
+        }
+        op->events[op->nevents++] = (void *)ev;
+    }
+#else
+    for (size_t i = 0; i < msg->num_tensors; i++)
+        if (msg->tensors[i].stream != NULL && msg->tensors[i].bytes > 0) {
+            rc = weft_set_error(core, WEFT_ERR_UNSUPPORTED, "weft_pipe_write: tensor %zu names a CUDA stream but "
+                                "weft was built without CUDA", i);
+            goto out;
+        }
+#endif
+
+    /* The descriptor goes now, in one part or two. */
+    op->seq = pp->wseq;
+    op->cb = cb;
+    op->arg = arg;
+    size_t first = total > CTRL_BUF ? CTRL_BUF : total;
+    rc = weft_p2p_isend(m->p2p, op->wire, first, pp->peer, pp->ctag, &op->req[0], "weft_pipe_write");
+    if (rc == WEFT_SUCCESS && total > CTRL_BUF) {
+        rc = weft_p2p_isend(m->p2p, op->wire + CTRL_BUF, total - CTRL_BUF, pp->peer, pp->ctag, &op->req[1],
+                            "weft_pipe_write");
+        if (rc != WEFT_SUCCESS) {
+            /* The first part is out: the peer would wait for the rest
+             * forever. The pipe is no longer in step. */
+            op->req[1] = NULL;
+            op->nreq = 2 + nsend;
+            pp->broken = rc;
+            last_error(core, pp->broken_why, sizeof(pp->broken_why));
+            op_fail_req(pp, op, rc);
+            op->started = op->nsend;
+            pp->wseq++;
+            weft_list_add_tail(&pp->writes, &op->link);
+            op = NULL;
+            goto out;
+        }
+    }
+    if (rc != WEFT_SUCCESS) {
+        op->req[0] = NULL;
+        goto out;
+    }
+    op->nreq = (total > CTRL_BUF ? 2 : 1) + nsend;
+    pp->wseq++;
+    weft_list_add_tail(&pp->writes, &op->link);
+    op = NULL;
+    (void)start_sends(pp);
+    rc = WEFT_SUCCESS;
+    goto out;
+nomem:
+    rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "weft_pipe_write: no memory for a message of %zu buffers on pipe %d "
+                        "to rank %d", nbuf, pp->id, pp->peer);
+out:
+    if (op)
+        op_free(op);
+    free(inl);
+    pthread_mutex_unlock(&m->lock);
+    return rc;
+}
+
+int weft_msgpipe_read_descriptor(weft_pipe_t *h, weft_pipe_descriptor_cb_t cb, void *arg)
+{
+    struct mp_pipe *pp = lookup_lock(h);
+    if (pp == NULL)
+        return bad_handle("weft_pipe_read_descriptor");
+    struct weft_msgpipes *m = pp->m;
+    int rc = pipe_unusable(pp, "weft_pipe_read_descriptor");
+    if (rc == WEFT_SUCCESS) {
+        struct mp_op *op = op_new(pp, OP_DESC, 0);
+        if (op == NULL) {
+            rc = weft_set_error(m->core, WEFT_ERR_NO_MEMORY, "weft_pipe_read_descriptor: no memory");
+        } else {
+            op->dcb = cb;
+            op->arg = arg;
+            weft_list_add_tail(&pp->descs, &op->link);
+            deliver(m, pp);
+        }
+    }
+    pthread_mutex_unlock(&m->lock);
+    return rc;
+}
+
+int weft_msgpipe_read(weft_pipe_t *h, const weft_pipe_allocation_t *a, weft_pipe_cb_t cb, void *arg)
+{
+    struct mp_pipe *pp = lookup_lock(h);
+    if (pp == NULL)
+        return bad_handle("weft_pipe_read");
+    struct weft_msgpipes *m = pp->m;
+    struct weft_core *core = m->core;
+    struct mp_op *op = NULL;
+    struct mp_msg *g;
+    size_t nrecv = 0;
+    int rc = pipe_unusable(pp, "weft_pipe_read");
+
+    if (rc != WEFT_SUCCESS)
+        goto out;
+    if (weft_list_empty(&pp->delivered)) {
+        rc = weft_set_error(core, WEFT_ERR_INVALID_ARG, "weft_pipe_read: pipe %d to rank %d has no message whose "
+                            "descriptor was delivered and that was not read yet", pp->id, pp->peer);
+        goto out;
+    }
+    g = weft_container_of(weft_list_pop(&pp->delivered), struct mp_msg, link);
+    /* The allocation must fit the descriptor; else the message goes. */
+    if ((a->payloads == NULL && a->num_payloads > 0) || (a->tensors == NULL && a->num_tensors > 0)) {
+        rc = weft_set_error(core, WEFT_ERR_INVALID_ARG, "weft_pipe_read: the allocation's %s array is NULL with a "
+                            "count of %zu; message %llu on pipe %d from rank %d was discarded",
+                            a->payloads == NULL && a->num_payloads > 0 ? "payloads" : "tensors",
+                            a->payloads == NULL && a->num_payloads > 0 ? a->num_payloads : a->num_tensors,
+                            (unsigned long long)g->seq, pp->id, pp->peer);
+        discard(pp, g);
+        goto out;
+    }
+    if (a->num_payloads != g->desc.num_payloads || a->num_tensors != g->desc.num_tensors) {
+        rc = weft_set_error(core, WEFT_ERR_INVALID_ARG, "weft_pipe_read: message %llu on pipe %d from rank %d has %zu "
+                            "payloads and %zu tensors, the allocation %zu and %zu; the message was discarded",
+                            (unsigned long long)g->seq, pp->id, pp->peer, g->desc.num_payloads, g->desc.num_tensors,
+                            a->num_payloads, a->num_tensors);
+        discard(pp, g);
+        goto out;
+    }
+    for (size_t i = 0; i < g->nbuf; i++) {
+        int pay = i < g->desc.num_payloads;
+        size_t k = pay ? i : i - g->desc.num_payloads;
+        const weft_pipe_buffer_t *b = pay ? &a->payloads[k] : &a->tensors[k];
+        size_t need = (size_t)g->rec[i].bytes;
+        if (b->bytes < need || (need > 0 && b->data == NULL)) {
+            rc = weft_set_error(core, WEFT_ERR_INVALID_ARG, "weft_pipe_read: message %llu on pipe %d from rank %d: "
+                                "%s %zu needs %zu bytes, the allocation gives %zu%s; the message was discarded",
+                                (unsigned long long)g->seq, pp->id, pp->peer, pay ? "payload" : "tensor", k, need,
+                                b->bytes, b->data == NULL ? " at NULL" : "");
+            discard(pp, g);
+            goto out;
+        }
+        nrecv += !g->rec[i].inl && need > 0;
+    }
+    op = op_new(pp, OP_READ, nrecv);
+    if (op == NULL) {
+        rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "weft_pipe_read: no memory; the message was discarded");
+        discard(pp, g);
+        goto out;
+    }
+    op->msg = g;
+    op->seq = g->seq;
+    op->cb = cb;
+    op->arg = arg;
+    for (size_t i = 0, k = 0; i < g->nbuf; i++) {
+        int pay = i < g->desc.num_payloads;
+        const weft_pipe_buffer_t *b = pay ? &a->payloads[i] : &a->tensors[i - g->desc.num_payloads];
+        size_t need = (size_t)g->rec[i].bytes;
+        if (need == 0)
+            continue;
+        if (g->rec[i].inl) {
+            int e = weft_devcopy(core, b->data, g->inl[i], need, "weft_pipe_read");
+            if (e != WEFT_SUCCESS)
+                op_fail_req(pp, op, e);
+            continue;
+        }
+        /* Posted in message order: the k-th receive of the lane meets the
+         * k-th buffer sent. A refused one (device memory without CUDA)
+         * still consumes its buffer, so the lane stays in step. */
+        int e = weft_p2p_irecv(m->p2p, b->data, need, pp->peer, pp->dtag, &op->req[k], "weft_pipe_read");
+        if (e != WEFT_SUCCESS) {
+            op_fail_req(pp, op, e);
+            if (weft_p2p_irecv(m->p2p, NULL, 0, pp->peer, pp->dtag, &op->req[k], "weft_pipe_read") != WEFT_SUCCESS)
+                op->req[k] = NULL;
+        }
+        k++;
+    }
+    op->nreq = nrecv;
+    weft_list_add_tail(&pp->reads, &op->link);
+    op = NULL;
+out:
+    pthread_mutex_unlock(&m->lock);
+    return rc;
+}
+
+int weft_msgpipe_close(weft_pipe_t *h)
+{
+    struct mp_pipe *pp = lookup_lock(h);
+    if (pp == NULL)
+        return bad_handle("weft_pipe_close");
+    struct weft_msgpipes *m = pp->m;
+    tab_release(pp);
+    pp->local_closed = 1;
+    send_marker(pp);
+    if (pp->broken)
+        pipe_break(m, pp);
+    else
+        close_pending(m, pp);
+    (void)pipe_progress(m, pp);   /* may free pp */
+    pthread_mutex_unlock(&m->lock);
+    return WEFT_SUCCESS;
+}
+
+int weft_msgpipe_info(const weft_pipe_t *h, int *peer, int *id)
+{
+    struct mp_pipe *pp = lookup_lock(h);
+    if (pp == NULL)
+        return -1;
+    *peer = pp->peer;
+    *id = pp->id;
+    pthread_mutex_unlock(&pp->m->lock);
+    return 0;
+}
+
+struct weft_core *weft_msgpipe_core(const weft_pipe_t *h)
+{
+    struct mp_pipe *pp = lookup_lock(h);
+    if (pp == NULL)
+        return NULL;
+    struct weft_core *core = pp->m->core;
+    pthread_mutex_unlock(&pp->m->lock);
+    return core;
+}
+
+int weft_msgpipes_progress(struct weft_msgpipes *m)
+{
+    (void)weft_p2p_poll_nap(m->p2p, 0);
+    pthread_mutex_lock(&m->lock);
+    (void)progress_locked(m);
+    pthread_mutex_unlock(&m->lock);
+    if (!m->use_thread)
+        (void)dispatch(m);
+    return WEFT_SUCCESS;
+}
+
+int weft_msgpipes_destroy(struct weft_msgpipes *m)
+{
+    int rc = WEFT_SUCCESS;
+    if (m == NULL)
+        return rc;
+    pthread_mutex_lock(&m->lock);
+    weft_list_for_each(x, &m->pipes) {
+        struct mp_pipe *pp = weft_container_of(x, struct mp_pipe, link);
+        if (pp->local_closed)
+            continue;
+        tab_release(pp);
+        pp->local_closed = 1;
+        send_marker(pp);
+        if (pp->broken)
+            pipe_break(m, pp);
+        else
+            close_pending(m, pp);
+    }
+    m->stop = 1;
+    pthread_cond_signal(&m->wake);
+    pthread_mutex_unlock(&m->lock);
+    if (m->thread_started)
+        pthread_join(m->thread, NULL);
+
+    /* Drain here: the peers answer our markers (they are in destroy too,
+     * or progressing their pipes); bounded by WEFT_TIMEOUT. */
+    double timeout = m->core->cfg.timeout_s, start = weft_now(), last = start;
+    uint64_t seen = 0;
+    for (;;) {
+        (void)weft_p2p_poll_nap(m->p2p, 0);
+        pthread_mutex_lock(&m->lock);
+        int n = progress_locked(m);
+        size_t left = m->npipes;
+        pthread_mutex_unlock(&m->lock);
+        m->use_thread = 0;
+        n += dispatch(m);
+        if (left == 0)
+            break;
+        double now = weft_now();
+        if (n > 0 || seen == 0) {
+            last = now;
+            seen = 1;
+        }
+        if (timeout > 0 && now - last > timeout) {
+            rc = weft_set_error(m->core, WEFT_ERR_TIMEOUT, "weft_comm_destroy: %zu message pipe(s) did not finish "
+                                "closing within WEFT_TIMEOUT (the peer did not answer the close)", left);
+            break;
+        }
+        if (n == 0)
+            (void)weft_p2p_poll_nap(m->p2p, 1);
+    }
+    /* What is left (a timeout): its callbacks run with the error; the
+     * requests are the pipe layer's to fail at its drain. */
+    pthread_mutex_lock(&m->lock);
+    struct weft_list *x;
+    while ((x = weft_list_pop(&m->pipes)) != NULL) {
+        struct mp_pipe *pp = weft_container_of(x, struct mp_pipe, link);
+        struct weft_list *qs[4] = { &pp->writes, &pp->reads, &pp->descs, &pp->own };
+        for (int q = 0; q < 4; q++) {
+            struct weft_list *y;
+            while ((y = weft_list_pop(qs[q])) != NULL) {
+                struct mp_op *op = weft_container_of(y, struct mp_op, link);
+                memset(op->req, 0, op->nreq * sizeof(*op->req));
+                weft_list_add_tail(qs[q], &op->link);
+                op_fail(pp, op, WEFT_ERR_TIMEOUT, "weft_comm_destroy gave up on it (the peer did not answer)");
+                op_due(m, pp, op);
+            }
+        }
+        pipe_break(m, pp);
+        if (pp->ctrl)   /* never matched: withdraw it, it points into our buffer */
+            (void)weft_p2p_cancel(pp->ctrl, WEFT_ERR_CLOSED);
+        pp->ctrl_buf = pp->ctrl ? NULL : pp->ctrl_buf;   /* a matched one may still be written: leak it */
+        free(pp->ctrl_buf);
+        free(pp->rest);
+        free(pp);
+    }
+    pthread_mutex_unlock(&m->lock);
+    (void)dispatch(m);
+    pthread_cond_destroy(&m->wake);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+    return rc;
+}
