@@ -165,6 +165,7 @@ struct weft_msgpipes {
     size_t            npipes;
     struct weft_list  ready;          /* operations whose callbacks are due */
     int               dispatching;
+    unsigned          passes;         /* progress passes: per-request clocks are looked at every 64th */
     /* the progress thread (WEFT_PROGRESS_THREAD=1) */
     int               use_thread;
     int               thread_started, stop;
@@ -784,10 +785,12 @@ static int pipe_progress(struct weft_msgpipes *m, struct mp_pipe *pp)
                 n++;
             } else {
                 head = 0;
-                /* a stuck transfer of a live peer times out (WEFT_TIMEOUT) */
-                for (size_t i = 0; i < op->nreq; i++)
-                    if (op->req[i])
-                        weft_p2p_watch(op->req[i], op_name(op->kind));
+                /* A stuck transfer of a live peer times out (WEFT_TIMEOUT).
+                 * The clock costs more than a poll: every 64th pass. */
+                if (m->passes % 64 == 0)
+                    for (size_t i = 0; i < op->nreq; i++)
+                        if (op->req[i])
+                            weft_p2p_watch(op->req[i], op_name(op->kind));
             }
         }
     }
@@ -808,6 +811,7 @@ static int pipe_progress(struct weft_msgpipes *m, struct mp_pipe *pp)
 static int progress_locked(struct weft_msgpipes *m)
 {
     int n = 0;
+    m->passes++;
     weft_list_for_each(x, &m->pipes)
         n += pipe_progress(m, weft_container_of(x, struct mp_pipe, link));
     return n;
