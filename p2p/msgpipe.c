@@ -31,8 +31,8 @@
  * Closing. Each side sends one close marker, when closed locally or on
  * seeing the peer's marker, and nothing after it. Everything before a
  * marker is consumed by its receiver: read if a read is posted, else
- * discarded (a zero-byte receive per buffer: the pipe layer drops the data
- * as a truncation, and the writer is not told). A pipe is freed once it
+ * discarded (a discarding receive per buffer: the pipe layer drops the
+ * data without moving it, and the writer is not told). A pipe is freed once it
  * was closed locally, both markers passed and no request of its is
  * outstanding; until then its id stays taken. A failed peer breaks the
  * pipe instead (the pipe layer fails every request with the error that
@@ -289,13 +289,55 @@ static void op_fail(struct mp_pipe *pp, struct mp_op *op, int code, const char *
              weft_err_str(code));
 }
 
-/* A request of op's failed with code: the pipe layer said why in the
- * comm's last error, which names the peer. */
+/* op failed with code for a reason already said in full (text ends with
+ * its code's words): the operation's own words, then text. */
+static void op_fail_text(struct mp_pipe *pp, struct mp_op *op, int code, const char *text)
+{
+    if (op->err != WEFT_SUCCESS)
+        return;
+    op->err = code;
+    snprintf(op->why, sizeof(op->why), "rank %d: %s on pipe %d to rank %d (message %llu): %s", pp->m->core->rank,
+             op_name(op->kind), pp->id, pp->peer, (unsigned long long)op->seq, text);
+}
+
+/* The comm's last error without its "rank R: " head (the pipe layer's
+ * words for a failure it just decided: they name the peer and why). */
+static void reason(struct mp_pipe *pp, int code, char *out, size_t n)
+{
+    char le[512], prefix[32];
+    const char *t = le;
+    last_error(pp->m->core, le, sizeof(le));
+    snprintf(prefix, sizeof(prefix), "rank %d: ", pp->m->core->rank);
+    if (strncmp(le, prefix, strlen(prefix)) == 0)
+        t += strlen(prefix);
+    if (*t == '\0')
+        snprintf(out, n, "the transfer failed (%s)", weft_err_str(code));
+    else
+        snprintf(out, n, "%s", t);
+}
+
+/* A request of op's failed with code. */
 static void op_fail_req(struct mp_pipe *pp, struct mp_op *op, int code)
 {
-    char le[400];
-    last_error(pp->m->core, le, sizeof(le));
-    op_fail(pp, op, code, "%s", le[0] ? le : "the transfer failed");
+    char why[400];
+    if (op->err != WEFT_SUCCESS)
+        return;
+    reason(pp, code, why, sizeof(why));
+    op_fail_text(pp, op, code, why);
+}
+
+/* The pipe breaks with code; why: the pipe layer's last error. */
+static void break_with(struct mp_pipe *pp, int code)
+{
+    pp->broken = code;
+    reason(pp, code, pp->broken_why, sizeof(pp->broken_why));
+}
+
+/* The pipe breaks with code for a reason of this file's. */
+static void break_because(struct mp_pipe *pp, int code, const char *what)
+{
+    pp->broken = code;
+    snprintf(pp->broken_why, sizeof(pp->broken_why), "%s (%s)", what, weft_err_str(code));
 }
 
 /* ---- messages ---- */
@@ -436,8 +478,7 @@ static void op_free(struct mp_op *op)
 }
 
 /* Reaps op's finished requests (the pipe layer frees them); 1 when none
- * is outstanding. A truncation on the data lane is the reader discarding
- * the message: the writer's buffers are free, which is all a write says. */
+ * is outstanding. */
 static int op_reap(struct mp_pipe *pp, struct mp_op *op)
 {
     int all = 1;
@@ -453,8 +494,6 @@ static int op_reap(struct mp_pipe *pp, struct mp_op *op)
         }
         int rc = weft_p2p_test(r, &done, &st);
         op->req[i] = NULL;
-        if (rc == WEFT_ERR_TRUNCATE && (op->kind == OP_WRITE || op->kind == OP_DISCARD || op->kind == OP_MARKER))
-            rc = WEFT_SUCCESS;
         if (rc != WEFT_SUCCESS)
             op_fail_req(pp, op, rc);
     }
@@ -483,20 +522,18 @@ static void ctrl_post(struct mp_pipe *pp)
     if (pp->ctrl || pp->got_close || pp->broken)
         return;
     if (pp->ctrl_buf == NULL && (pp->ctrl_buf = malloc(CTRL_BUF)) == NULL) {
-        pp->broken = WEFT_ERR_NO_MEMORY;
-        snprintf(pp->broken_why, sizeof(pp->broken_why), "no memory for the descriptor buffer");
+        break_because(pp, WEFT_ERR_NO_MEMORY, "no memory for the descriptor buffer");
         return;
     }
     int rc = weft_p2p_irecv(pp->m->p2p, pp->ctrl_buf, CTRL_BUF, pp->peer, pp->ctag, &pp->ctrl, "weft_pipe_open");
     if (rc != WEFT_SUCCESS) {
         pp->ctrl = NULL;
-        pp->broken = rc;
-        last_error(pp->m->core, pp->broken_why, sizeof(pp->broken_why));
+        break_with(pp, rc);
     }
 }
 
-/* Posts a zero-byte receive for every buffer of g that is on the data lane:
- * the pipe layer consumes each as a truncation and moves no data. */
+/* Posts a discarding receive for every buffer of g that is on the data
+ * lane: the pipe layer consumes each and moves none of its data. */
 static void discard(struct mp_pipe *pp, struct mp_msg *g)
 {
     size_t n = 0;
@@ -510,8 +547,7 @@ static void discard(struct mp_pipe *pp, struct mp_msg *g)
     if (op == NULL) {
         /* The lane cannot be kept in step: break the pipe rather than hand
          * a later read the wrong bytes. */
-        pp->broken = WEFT_ERR_NO_MEMORY;
-        snprintf(pp->broken_why, sizeof(pp->broken_why), "no memory to discard a message");
+        break_because(pp, WEFT_ERR_NO_MEMORY, "no memory to discard a message");
         msg_put(g);
         return;
     }
@@ -520,7 +556,7 @@ static void discard(struct mp_pipe *pp, struct mp_msg *g)
     for (size_t i = 0, k = 0; i < g->nbuf; i++) {
         if (g->rec[i].inl || g->rec[i].bytes == 0)
             continue;
-        if (weft_p2p_irecv(pp->m->p2p, NULL, 0, pp->peer, pp->dtag, &op->req[k], "weft_pipe_read") != WEFT_SUCCESS)
+        if (weft_p2p_idiscard(pp->m->p2p, pp->peer, pp->dtag, &op->req[k], "weft_pipe_read") != WEFT_SUCCESS)
             op->req[k] = NULL;
         k++;
     }
@@ -586,7 +622,7 @@ static void pipe_break(struct weft_msgpipes *m, struct mp_pipe *pp)
     while ((n = weft_list_pop(&pp->descs)) != NULL) {
         struct mp_op *op = weft_container_of(n, struct mp_op, link);
         weft_list_add_tail(&pp->descs, &op->link);
-        op_fail(pp, op, pp->broken, "%s", pp->broken_why);
+        op_fail_text(pp, op, pp->broken, pp->broken_why);
         op_due(m, pp, op);
     }
     while ((n = weft_list_pop(&pp->arrived)) != NULL)
@@ -629,8 +665,9 @@ static void arrive(struct weft_msgpipes *m, struct mp_pipe *pp, unsigned char *w
             snprintf(why, sizeof(why), "%zu bytes that are not a descriptor", total);
         free(wire);
         /* The lanes cannot be trusted past a malformed descriptor. */
-        pp->broken = WEFT_ERR_INTERNAL;
-        snprintf(pp->broken_why, sizeof(pp->broken_why), "rank %d sent %s on pipe %d", pp->peer, why, pp->id);
+        char what[300];
+        snprintf(what, sizeof(what), "rank %d sent %s on pipe %d", pp->peer, why, pp->id);
+        break_because(pp, WEFT_ERR_INTERNAL, what);
         WEFT_WARN(m->core->rank, "message pipe %d to rank %d: %s", pp->id, pp->peer, pp->broken_why);
         pipe_break(m, pp);
         return;
@@ -655,8 +692,7 @@ static int ctrl_poll(struct weft_msgpipes *m, struct mp_pipe *pp)
         pp->ctrl = NULL;
         n++;
         if (rc != WEFT_SUCCESS) {
-            pp->broken = rc;
-            last_error(m->core, pp->broken_why, sizeof(pp->broken_why));
+            break_with(pp, rc);
             pipe_break(m, pp);
             return n;
         }
@@ -670,9 +706,10 @@ static int ctrl_poll(struct weft_msgpipes *m, struct mp_pipe *pp)
                 h->total <= ((uint64_t)1 << 40)) {
                 pp->rest = malloc((size_t)h->total);
                 if (pp->rest == NULL) {
-                    pp->broken = WEFT_ERR_NO_MEMORY;
-                    snprintf(pp->broken_why, sizeof(pp->broken_why), "no memory for a descriptor of %llu bytes",
+                    char what[80];
+                    snprintf(what, sizeof(what), "no memory for a descriptor of %llu bytes",
                              (unsigned long long)h->total);
+                    break_because(pp, WEFT_ERR_NO_MEMORY, what);
                     pipe_break(m, pp);
                     return n;
                 }
@@ -682,8 +719,7 @@ static int ctrl_poll(struct weft_msgpipes *m, struct mp_pipe *pp)
                                     &pp->ctrl, "weft_pipe_read_descriptor");
                 if (rc != WEFT_SUCCESS) {
                     pp->ctrl = NULL;
-                    pp->broken = rc;
-                    last_error(m->core, pp->broken_why, sizeof(pp->broken_why));
+                    break_with(pp, rc);
                     pipe_break(m, pp);
                 }
                 continue;
@@ -1155,8 +1191,7 @@ int weft_msgpipe_write(weft_pipe_t *h, const weft_pipe_message_t *msg, weft_pipe
              * forever. The pipe is no longer in step. */
             op->req[1] = NULL;
             op->nreq = 2 + nsend;
-            pp->broken = rc;
-            last_error(core, pp->broken_why, sizeof(pp->broken_why));
+            break_with(pp, rc);
             op_fail_req(pp, op, rc);
             op->started = op->nsend;
             pp->wseq++;
@@ -1290,7 +1325,7 @@ int weft_msgpipe_read(weft_pipe_t *h, const weft_pipe_allocation_t *a, weft_pipe
         int e = weft_p2p_irecv(m->p2p, b->data, need, pp->peer, pp->dtag, &op->req[k], "weft_pipe_read");
         if (e != WEFT_SUCCESS) {
             op_fail_req(pp, op, e);
-            if (weft_p2p_irecv(m->p2p, NULL, 0, pp->peer, pp->dtag, &op->req[k], "weft_pipe_read") != WEFT_SUCCESS)
+            if (weft_p2p_idiscard(m->p2p, pp->peer, pp->dtag, &op->req[k], "weft_pipe_read") != WEFT_SUCCESS)
                 op->req[k] = NULL;
         }
         k++;

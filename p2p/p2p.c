@@ -81,6 +81,18 @@ int weft_p2p_irecv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int ta
     return start_locked(p, 0, buf, bytes, peer, tag, NULL, 0, req, fn);
 }
 
+int weft_p2p_idiscard(struct weft_p2p *p, int peer, int tag, struct weft_request **req, const char *fn)
+{
+    struct weft_request *r;
+    int rc;
+    pthread_mutex_lock(&p->lock);
+    rc = aborted(p) ? aborted_error(p, fn) : weft_pipe_idiscard(&p->pipes[peer], tag, &r);
+    pthread_mutex_unlock(&p->lock);
+    if (rc == WEFT_SUCCESS)
+        *req = r;
+    return rc;
+}
+
 int weft_p2p_isend_checked(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag,
                            const struct weft_p2p_check *check, struct weft_request **req, const char *fn)
 {

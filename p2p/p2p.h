@@ -32,6 +32,10 @@ int  weft_p2p_isend(struct weft_p2p *p, const void *buf, size_t bytes, int peer,
                     struct weft_request **req, const char *fn);
 int  weft_p2p_irecv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag,
                     struct weft_request **req, const char *fn);
+/* Consumes the next message on (peer, tag) without moving its data,
+ * whatever its size: completes WEFT_SUCCESS, and a rendezvous sender
+ * completes with success too (message pipes drop unread messages so). */
+int  weft_p2p_idiscard(struct weft_p2p *p, int peer, int tag, struct weft_request **req, const char *fn);
 /* Start + wait + free under one lock hold. */
 int  weft_p2p_send(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag, const char *fn);
 int  weft_p2p_recv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag, weft_status_t *status,

@@ -570,6 +570,10 @@ static void deliver_eager(struct weft_pipe *p, struct weft_request *r, const str
         weft_pipe_complete(r, WEFT_ERR_TRANSPORT);
         return;
     }
+    if (r->discard) {   /* dropped on purpose: no copy, no error */
+        weft_pipe_complete(r, WEFT_SUCCESS);
+        return;
+    }
     if (m->bytes > r->bytes) {
         weft_set_error(core, WEFT_ERR_TRUNCATE,
                        "recv from peer %d tag %d: message of %llu bytes does not fit the %zu-byte buffer",
@@ -596,6 +600,12 @@ static void match_rts(struct weft_pipe *p, struct weft_request *r, const struct 
     r->msg_bytes = m->bytes;
     r->peer_req = m->sreq;
     r->xfer.bytes = m->bytes;
+    if (r->discard) {
+        /* Dropped on purpose: the sender is released as if delivered. */
+        weft_rndv_send_fin(p, m, WEFT_SUCCESS);
+        weft_pipe_complete(r, WEFT_SUCCESS);
+        return;
+    }
     if (m->bytes > r->bytes) {
         weft_set_error(p->p2p->core, WEFT_ERR_TRUNCATE,
                        "recv from peer %d tag %d: message of %llu bytes does not fit the %zu-byte buffer",
@@ -654,8 +664,22 @@ static void match_msg(struct weft_pipe *p, struct weft_request *r, const struct 
         match_rts(p, r, m);
 }
 
+static int irecv_(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
+                  const struct weft_p2p_check *check, int discard, struct weft_request **out);
+
 int weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                     const struct weft_p2p_check *check, struct weft_request **out)
+{
+    return irecv_(p, buf, bytes, tag, mem_kind, device, check, 0, out);
+}
+
+int weft_pipe_idiscard(struct weft_pipe *p, int tag, struct weft_request **out)
+{
+    return irecv_(p, NULL, 0, tag, 0 /* WEFT_MEM_HOST */, -1, NULL, 1, out);
+}
+
+static int irecv_(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
+                  const struct weft_p2p_check *check, int discard, struct weft_request **out)
 {
     struct weft_core *core = p->p2p->core;
     struct weft_request *r;
@@ -672,6 +696,7 @@ int weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int m
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "recv from peer %d tag %d: no memory", p->peer, tag);
     }
     r->state = WEFT_REQ_POSTED;
+    r->discard = (unsigned char)discard;
     *out = r;
     l->refuse = 0;
     if (!weft_queue_empty(&l->unexp)) {

@@ -93,6 +93,10 @@ void weft_pipe_fini(struct weft_pipe *p);
  * and device describe buf (classified by the caller). */
 int  weft_pipe_isend(struct weft_pipe *p, const void *buf, size_t bytes, int tag, int mem_kind, int device,
                      const struct weft_p2p_check *check, struct weft_request **out);
+/* A receive that consumes the next message of the lane whatever its size
+ * and moves none of it (completes WEFT_SUCCESS; a rendezvous sender is
+ * released with success). */
+int  weft_pipe_idiscard(struct weft_pipe *p, int tag, struct weft_request **out);
 int  weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                      const struct weft_p2p_check *check, struct weft_request **out);
 
