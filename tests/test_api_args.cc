@@ -7,6 +7,7 @@
  */
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 
 #include "weft.h"
@@ -65,6 +66,39 @@ TEST(ApiArgs, NullCommCollectives)
     EXPECT_EQ(weft_allgather(nullptr, &a, b, sizeof(int)), WEFT_ERR_INVALID_ARG);
     EXPECT_EQ(weft_barrier(nullptr), WEFT_ERR_INVALID_ARG);
     EXPECT_EQ(weft_bcast(nullptr, &a, sizeof(int), 0), WEFT_ERR_INVALID_ARG);
+}
+
+/* Message pipes: a NULL comm, a NULL or made-up handle is refused, never
+ * followed (handles are generation-checked slots, not addresses). */
+TEST(ApiArgs, MessagePipesWithoutAComm)
+{
+    weft_pipe_t *sentinel = reinterpret_cast<weft_pipe_t *>(0x1234);
+    weft_pipe_t *pipe = sentinel;
+    EXPECT_EQ(weft_pipe_open(nullptr, 0, 0, &pipe), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(pipe, sentinel) << "output set by a failing call";
+    EXPECT_NE(std::string(weft_last_error()).find("weft_pipe_open"), std::string::npos) << weft_last_error();
+    EXPECT_EQ(weft_progress(nullptr), WEFT_ERR_INVALID_ARG);
+
+    char b[8] = {0};
+    weft_pipe_payload_t pl = {b, sizeof(b), nullptr, 0};
+    weft_pipe_message_t msg = {nullptr, 0, 1, &pl, 0, nullptr};
+    weft_pipe_buffer_t buf = {b, sizeof(b)};
+    weft_pipe_allocation_t alloc = {1, &buf, 0, nullptr};
+    auto cb = [](weft_pipe_t *, int, const char *, void *) { ADD_FAILURE() << "callback of a refused call"; };
+    auto dcb = [](weft_pipe_t *, int, const char *, const weft_pipe_descriptor_t *, void *) {
+        ADD_FAILURE() << "callback of a refused call";
+    };
+    for (weft_pipe_t *h : {static_cast<weft_pipe_t *>(nullptr), sentinel,
+                           reinterpret_cast<weft_pipe_t *>(~static_cast<uintptr_t>(0))}) {
+        EXPECT_EQ(weft_pipe_write(h, &msg, cb, nullptr), WEFT_ERR_INVALID_ARG);
+        EXPECT_EQ(weft_pipe_read_descriptor(h, dcb, nullptr), WEFT_ERR_INVALID_ARG);
+        EXPECT_EQ(weft_pipe_read(h, &alloc, cb, nullptr), WEFT_ERR_INVALID_ARG);
+        EXPECT_EQ(weft_pipe_close(h), WEFT_ERR_INVALID_ARG);
+        EXPECT_EQ(weft_pipe_peer(h), -1);
+        EXPECT_EQ(weft_pipe_id(h), -1);
+    }
+    EXPECT_NE(std::string(weft_last_error()).find("weft_pipe_close"), std::string::npos) << weft_last_error();
+    EXPECT_NE(std::string(weft_strerror(WEFT_ERR_CLOSED)).find("closed"), std::string::npos);
 }
 
 TEST(ApiArgs, CommCreate)

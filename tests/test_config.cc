@@ -74,7 +74,7 @@ const std::vector<std::pair<std::string, std::string>> &numeric_variables()
         {"WEFT_IB_CHUNK", "65536"},     {"WEFT_IB_EAGER", "4096"},         {"WEFT_IB_RECV_DEPTH", "16"},
         {"WEFT_IB_SQ_DEPTH", "16"},     {"WEFT_IB_REG_CACHE_MB", "64"},    {"WEFT_IB_GDR", "1"},
         {"WEFT_CUDA_STAGE_CHUNK", "65536"}, {"WEFT_CUDA_STAGE_SLOTS", "2"}, {"WEFT_CUDA_IPC_CACHE", "16"},
-        {"WEFT_ALLGATHER_CHUNK_KB", "64"},
+        {"WEFT_ALLGATHER_CHUNK_KB", "64"}, {"WEFT_PROGRESS_THREAD", "1"},  {"WEFT_PIPE_INLINE", "4096"},
     };
     return v;
 }
@@ -107,6 +107,8 @@ TEST(Config, Defaults)
     EXPECT_LT(cfg.shm_eager_limit, cfg.shm_ring_bytes / 4);
     EXPECT_LE(cfg.shm_chunk, cfg.shm_ring_bytes / 2);
     EXPECT_GE(cfg.spin_us, 0);
+    EXPECT_EQ(cfg.progress_thread, 0) << "message-pipe callbacks run in weft_progress unless asked";
+    EXPECT_EQ(cfg.pipe_inline, 16u << 10);
 }
 
 TEST(Config, DefaultLookupIsGetenv)
@@ -157,6 +159,8 @@ TEST(Config, EveryVariableParsed)
         {"WEFT_CUDA_IPC_CACHE", "1"},
         {"WEFT_ALLGATHER_ALGO", "Bruck"},
         {"WEFT_ALLGATHER_CHUNK_KB", "256"},
+        {"WEFT_PROGRESS_THREAD", "1"},
+        {"WEFT_PIPE_INLINE", "4k"},
     });
     EXPECT_EQ(cfg.timeout_s, 2.5);
     EXPECT_EQ(cfg.log_level, WEFT_LOG_INFO);
@@ -193,6 +197,8 @@ TEST(Config, EveryVariableParsed)
     EXPECT_EQ(cfg.cuda_ipc_cache, 1);
     EXPECT_STREQ(cfg.allgather_algo, "bruck") << "stored in the spelling the collectives compare";
     EXPECT_EQ(cfg.allgather_chunk, 256u << 10);
+    EXPECT_EQ(cfg.progress_thread, 1);
+    EXPECT_EQ(cfg.pipe_inline, 4096u);
 }
 
 /* The cases of issue 10 that used to be accepted, with the exact message. */
@@ -254,6 +260,7 @@ TEST(Config, ZeroAcceptedWhereMeaningful)
     EXPECT_EQ(load_ok({{"WEFT_TCP_EAGER", "0"}}).tcp_eager_limit, 0u);
     EXPECT_EQ(load_ok({{"WEFT_SELF_EAGER", "0"}}).self_eager_limit, 0u);
     EXPECT_EQ(load_ok({{"WEFT_SPIN_US", "0"}}).spin_us, 0);                  /* never spin */
+    EXPECT_EQ(load_ok({{"WEFT_PIPE_INLINE", "0"}}).pipe_inline, 0u);         /* every buffer on the data lane */
     EXPECT_EQ(load_ok({{"WEFT_IB_RETRY_CNT", "0"}}).ib_retry_cnt, 0);
     EXPECT_EQ(load_ok({{"WEFT_IB_REG_CACHE_MB", "0"}}).ib_reg_cache, 0u);    /* no caching */
     EXPECT_EQ(load_ok({{"WEFT_IB_GID_INDEX", "0"}}).ib_gid_index, 0);
