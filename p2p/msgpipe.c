@@ -222,14 +222,28 @@ static struct mp_pipe *tab_find(const weft_pipe_t *h)
     return tab[slot - 1].pipe;
 }
 
-/* The pipe of a live handle with its comm's lock held, or NULL. */
+/* The pipe of a live handle with its comm's lock held, or NULL. The comm
+ * lock is taken before the table's everywhere (open adds, close releases
+ * under it), so the handle is looked up, the table let go, the comm lock
+ * taken, and the handle looked up again: a pipe is freed only under its
+ * comm lock and after it left the table, so once it is found again with
+ * the comm lock held it stays. */
 static struct mp_pipe *lookup_lock(const weft_pipe_t *h)
 {
     pthread_mutex_lock(&tab_lock);
     struct mp_pipe *pp = tab_find(h);
-    if (pp)
-        pthread_mutex_lock(&pp->m->lock);
+    struct weft_msgpipes *m = pp ? pp->m : NULL;
     pthread_mutex_unlock(&tab_lock);
+    if (m == NULL)
+        return NULL;
+    pthread_mutex_lock(&m->lock);
+    pthread_mutex_lock(&tab_lock);
+    struct mp_pipe *again = tab_find(h);
+    pthread_mutex_unlock(&tab_lock);
+    if (again != pp) {
+        pthread_mutex_unlock(&m->lock);
+        return NULL;
+    }
     return pp;
 }
 

@@ -165,7 +165,9 @@ void weft_pipe_complete(struct weft_request *r, int err)
     r->status.error = err;
     if (r->type == WEFT_REQ_RECV)
         r->status.bytes = r->msg_bytes;
-    r->state = WEFT_REQ_DONE;
+    /* weft_p2p_done reads it without the lock (the message pipes and the
+     * stream engine poll many requests): an atomic store. */
+    __atomic_store_n(&r->state, WEFT_REQ_DONE, __ATOMIC_RELEASE);
 }
 
 void weft_pipe_activate(struct weft_pipe *p, struct weft_request *r)
