@@ -268,8 +268,9 @@ WEFT_API int  weft_group_end(void);
  * to run get it for identification only). The peer must close its side as
  * well to free it; calls there return WEFT_ERR_CLOSED meanwhile. The id can
  * be opened again once both sides' closing finished (WEFT_ERR_INVALID_ARG
- * until then). weft_comm_destroy closes the pipes still open first and runs
- * their callbacks. A failed peer fails every pending operation of its pipes
+ * until then). weft_comm_destroy closes the pipes still open first, lets
+ * started transfers finish (until nothing moved for 2 s) and runs their
+ * callbacks. A failed peer fails every pending operation of its pipes
  * with the error that names it. */
 #define WEFT_PIPE_ID_MAX  (1 << 20)
 #define WEFT_PIPE_HOST    (-1)   /* a buffer in host memory (device field) */
