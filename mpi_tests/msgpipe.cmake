@@ -23,3 +23,32 @@ weft_add_mpi_suite(NAME msgpipe BINARY weft_mpi_msgpipe NPS 3 CONFIGS shm tcp
 # No buffer inline: every non-empty buffer is a message of its own on the data lane.
 weft_add_mpi_suite(NAME msgpipe_inline0 BINARY weft_mpi_msgpipe NPS 2 CONFIGS shm
                    GTEST_FILTER "-*TwoPeers*" LABELS msgpipe TIMEOUT 120 ENV WEFT_PIPE_INLINE=0)
+
+# ---- a peer killed mid-message (test_msgpipe_faults.cc) ----
+# np 2: rank 1 writes a message, then raises SIGKILL; rank 0's pending
+# write, descriptor request and read must fail with an error naming it.
+# Recovery on (rank 0 outlives rank 1); mpirun's exit code says nothing, so
+# the entry judges by rank 0's line. One entry per (config, progress mode).
+add_executable(weft_mpi_msgpipe_faults ${WEFT_MPI_TESTS_DIR}/test_msgpipe_faults.cc)
+target_include_directories(weft_mpi_msgpipe_faults PRIVATE ${WEFT_MPI_TESTS_DIR})
+# GTest only for weft_mpi_test.h (the data patterns); the binary has its own main.
+target_link_libraries(weft_mpi_msgpipe_faults PRIVATE weft MPI::MPI_CXX GTest::gtest Threads::Threads)
+target_compile_options(weft_mpi_msgpipe_faults PRIVATE ${WEFT_C_WARNINGS})
+add_dependencies(weft_mpi_msgpipe weft_mpi_msgpipe_faults)
+foreach(config shm shm_nocma tcp vnodes2)
+  weft_mpi_config_env(${config} config_env)
+  foreach(mode poll thread)
+    set(test_name msgpipe_fault_${mode}_np2_${config})
+    add_test(NAME ${test_name}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none
+              --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_msgpipe_faults> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(${test_name} PROPERTIES
+      ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=5;WEFT_MSGPIPE_FAULT_MODE=${mode}"
+      PASS_REGULAR_EXPRESSION "MSGPIPE-FAULT-OK rank 0:"
+      FAIL_REGULAR_EXPRESSION "MSGPIPE-FAULT-FAIL"
+      TIMEOUT 60
+      PROCESSORS 2
+      LABELS "mpi;msgpipe;faults;np2;${config}")
+  endforeach()
+endforeach()
