@@ -16,7 +16,8 @@
  *     -w progress|cond  how the main thread waits for the end of a run:
  *                       spinning on weft_progress (default without a progress
  *                       thread; callbacks then run in it) or on a condition
- *                       variable (default with WEFT_PROGRESS_THREAD=1)
+ *                       variable (default, and only allowed, with
+ *                       WEFT_PROGRESS_THREAD=1)
  * Host memory. Rank 0 writes, rank 1 reads (and echoes for the latency).
  */
 #include <errno.h>
@@ -490,6 +491,10 @@ int main(int argc, char **argv)
         conf = confbuf;
     }
     b->use_cond = wait ? strcmp(wait, "cond") == 0 : thread;
+    if (b->use_cond && !thread) {   /* nobody would run the callbacks */
+        fprintf(stderr, "pipe_perf_weft: -w cond needs WEFT_PROGRESS_THREAD=1 (else callbacks run only in weft_progress)\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
     pthread_mutex_init(&b->mu, NULL);
     pthread_cond_init(&b->cv, NULL);
     if (!p2p && (rc = weft_pipe_open(b->comm, 1 - b->rank, 0, &b->pipe)) != 0) {
