@@ -52,3 +52,26 @@ foreach(config shm shm_nocma tcp vnodes2)
       LABELS "mpi;msgpipe;faults;np2;${config}")
   endforeach()
 endforeach()
+
+# ---- device buffers (the emulated CUDA runtime, as in device.cmake) ----
+# The same source with WEFT_TEST_WITH_CUDA: the tensor tests mix device and
+# host memory on both sides (every other tensor of the 64 from device memory,
+# the reader on a device where target_device says so), and a device tensor
+# on a delayed stream keeps a read pending for a close. The binary links the
+# emulator and weft loads the same file (one emulated GPU state); ranks sit
+# on device rank % 2, devices 0 and 1 cannot reach each other (staged).
+if(TARGET weft_emu_cuda)
+  weft_add_mpi_test_binary(weft_mpi_msgpipe_dev test_msgpipe.cc)
+  target_compile_definitions(weft_mpi_msgpipe_dev PRIVATE WEFT_TEST_WITH_CUDA)
+  target_link_libraries(weft_mpi_msgpipe_dev PRIVATE weft_emu_cuda)
+  add_dependencies(weft_mpi_msgpipe weft_mpi_msgpipe_dev)
+  set(WEFT_MSGPIPE_DEV_ENV WEFT_CUDA_LIB=$<TARGET_FILE:weft_emu_cuda> WEFT_EMU_CUDA_DEVICES=2
+      WEFT_EMU_CUDA_NO_PEER=0-1)
+  set(WEFT_MSGPIPE_DEV_FILTER "*Tensor*:*EmptyMessages*:*Device*")
+  weft_add_mpi_suite(NAME msgpipe_dev BINARY weft_mpi_msgpipe_dev NPS 1 CONFIGS shm
+                     GTEST_FILTER ${WEFT_MSGPIPE_DEV_FILTER} LABELS "msgpipe;device" TIMEOUT 120
+                     ENV ${WEFT_MSGPIPE_DEV_ENV})
+  weft_add_mpi_suite(NAME msgpipe_dev BINARY weft_mpi_msgpipe_dev NPS 2 CONFIGS shm tcp vnodes2
+                     GTEST_FILTER ${WEFT_MSGPIPE_DEV_FILTER} LABELS "msgpipe;device" TIMEOUT 120
+                     ENV ${WEFT_MSGPIPE_DEV_ENV})
+endif()

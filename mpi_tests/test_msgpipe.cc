@@ -654,6 +654,14 @@ protected:
     {
         auto out = make_out(s, rank, id, index);
         ASSERT_EQ(out->error(), "");
+        roundtrip_written(rec, p, id, s, index, *out);
+    }
+
+    /* roundtrip with the writer's message made by the caller. */
+    void roundtrip_written(Recorder &rec, weft_pipe_t *p, int id, const MsgSpec &s, uint64_t index, OutMsg &o,
+                           weft_pipe_cb_t wcb = nullptr, void *wcb_arg = nullptr)
+    {
+        OutMsg *out = &o;
         OpArg warg{&rec, 'W', id, index};
         OpArg rarg{&rec, 'R', id, index};
         DescArg darg;
@@ -663,7 +671,8 @@ protected:
         darg.expect = &s;
         darg.sender = peer;
         darg.wire_id = id;
-        ASSERT_EQ(weft_pipe_write(p, &out->msg, on_done, &warg), WEFT_SUCCESS) << last_error();
+        ASSERT_EQ(weft_pipe_write(p, &out->msg, wcb ? wcb : on_done, wcb ? wcb_arg : &warg), WEFT_SUCCESS)
+            << last_error();
         ASSERT_EQ(weft_pipe_read_descriptor(p, on_desc_keep, &darg), WEFT_SUCCESS) << last_error();
         ASSERT_TRUE(drive([&] {
             std::lock_guard<std::mutex> lk(darg.mu);
@@ -953,7 +962,7 @@ TEST_P(MsgPipe, OneTensor)
     uint64_t index = 0;
     /* Every (writer memory, reader memory) pair; host only without CUDA. */
     for (bool src_dev : {false, true})
-        for (int target : {(int)WEFT_PIPE_HOST, device_of(rank ^ 1)}) {
+        for (int target : {(int)WEFT_PIPE_HOST, 1}) {
             if ((src_dev || target >= 0) && !have_device() && index > 0)
                 continue;
             MsgSpec s;
@@ -1907,6 +1916,154 @@ TEST_P(MsgPipe, ThreadsWritingAndProgressing)
     for (int k = 0; k < 2; k++)
         EXPECT_EQ(weft_pipe_close(p[k]), WEFT_SUCCESS);
 }
+
+#ifdef WEFT_TEST_WITH_CUDA
+/* A callback that also notes whether `stream` had finished its work when
+ * it ran (cudaStreamQuery): weft may call a write back only after the work
+ * queued on the tensors' streams before the write finished. */
+struct StreamArg {
+    OpArg op;
+    cudaStream_t stream;
+    std::atomic<int> query{-1};
+};
+void on_done_query(weft_pipe_t *pipe, int err, const char *why, void *arg)
+{
+    StreamArg *a = static_cast<StreamArg *>(arg);
+    a->query = (int)cudaStreamQuery(a->stream);
+    on_done(pipe, err, why, &a->op);
+}
+
+/* ---- a read kept pending by the writer's stream, then close ---- */
+
+/* The writer's device tensor waits for 1.5 s of queued work on its stream,
+ * so the reader's read is certainly pending (its descriptor came at once)
+ * when the writer closes: both end with WEFT_ERR_CLOSED. */
+TEST_P(MsgPipe, DeviceStreamGatedReadThenClose)
+{
+    if (!pair_test())
+        GTEST_SKIP() << "np 1 or 2";
+    constexpr int kId = 70;
+    const bool writer = rank == 0, reader = size == 1 || rank == 1;
+    Recorder rec;
+    weft_pipe_t *p = nullptr;
+    ASSERT_EQ(open(peer, kId, &p), WEFT_SUCCESS);
+    MsgSpec s;
+    s.meta = 4;
+    s.ten.push_back({(1u << 20) + 1, 2, true, 1});
+    cudaStream_t stream = nullptr;
+    std::unique_ptr<OutMsg> out;
+    const std::vector<unsigned char> produced = pattern_bytes(seed_of(rank, kId, 0, 2, 0), s.ten[0].bytes);
+    OpArg rarg{&rec, 'R', kId, 0};
+    StreamArg sarg;
+    sarg.op = {&rec, 'W', kId, 0};
+    /* The reader's buffers first: Mem synchronizes the device, which would
+     * wait out the writer's delayed stream (np 1: the same process). */
+    std::unique_ptr<InMsg> in;
+    if (reader)
+        in = make_in(s);
+    if (writer) {
+        ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+        out = make_out(s, rank, kId, 0, stream);
+        ASSERT_EQ(out->error(), "");
+        /* The data is the stream's work: wiped now, copied in after the delay. */
+        ASSERT_EQ(cudaMemset(out->ten_mem[0]->data(), kFresh, s.ten[0].bytes), cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        ASSERT_EQ(weft_emu_cuda_stream_delay(stream, 1500000), cudaSuccess);
+        ASSERT_EQ(cudaMemcpyAsync(out->ten_mem[0]->data(), produced.data(), s.ten[0].bytes, cudaMemcpyHostToDevice,
+                                  stream), cudaSuccess);
+        sarg.stream = stream;
+        ASSERT_EQ(weft_pipe_write(p, &out->msg, on_done_query, &sarg), WEFT_SUCCESS) << last_error();
+    }
+    if (reader) {
+        DescArg d;
+        d.rec = &rec;
+        d.pipe_id = kId;
+        d.index = 0;
+        d.expect = &s;
+        d.sender = size == 1 ? rank : 0;
+        d.wire_id = kId;
+        ASSERT_EQ(weft_pipe_read_descriptor(p, on_desc_keep, &d), WEFT_SUCCESS);
+        ASSERT_TRUE(drive([&] { return rec.count('D') == 1; }, 1.0)) << "the descriptor waited for the stream";
+        {
+            std::lock_guard<std::mutex> lk(d.mu);
+            EXPECT_EQ(d.problem, "");
+        }
+        ASSERT_EQ(weft_pipe_read(p, &in->alloc, on_done, &rarg), WEFT_SUCCESS) << last_error();
+    }
+    barrier();
+    if (writer) {
+        /* Local and non-blocking: not held up by the stream's work. */
+        const double t0 = now_s();
+        ASSERT_EQ(weft_pipe_close(p), WEFT_SUCCESS) << last_error();
+        EXPECT_LT(now_s() - t0, 0.5) << "weft_pipe_close waited";
+    }
+    ASSERT_TRUE(drive([&] { return (!writer || rec.count('W') == 1) && (!reader || rec.count('R') == 1); }, 10));
+    if (writer) {
+        auto w = rec.events('W', kId);
+        EXPECT_EQ(w[0].err, WEFT_ERR_CLOSED) << w[0].why;
+        EXPECT_EQ(sarg.query.load(), (int)cudaSuccess) << "the write was called back before its stream's work finished";
+    }
+    if (reader) {
+        auto r = rec.events('R', kId);
+        EXPECT_EQ(r[0].err, WEFT_ERR_CLOSED) << "a read pending when the writer closed: " << r[0].why;
+        if (r[0].err == WEFT_SUCCESS) {
+            EXPECT_EQ(data_problem(*in, s, size == 1 ? rank : 0, kId, 0), "") << "the read succeeded: its bytes";
+        }
+        EXPECT_NE(r[0].why.find("weft_pipe_read"), std::string::npos) << r[0].why;
+    }
+    if (reader && !writer) {
+        EXPECT_EQ(weft_pipe_close(p), WEFT_SUCCESS);
+    }
+    expect_threads(rec);
+    if (stream) {
+        EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        cudaStreamDestroy(stream);
+    }
+    barrier();
+}
+
+/* The data of a device tensor is produced on its stream after a delay (a
+ * slow "kernel", then a copy): what the reader gets must be the stream's
+ * result, not what the buffer held when weft_pipe_write was called. */
+TEST_P(MsgPipe, DeviceStreamOrderedData)
+{
+    if (!pair_test())
+        GTEST_SKIP() << "np 1 or 2";
+    constexpr int kId = 71;
+    MsgSpec s;
+    s.meta = 6;
+    s.ten.push_back({(2u << 20) + 9, 3, true, 1});
+    s.ten.push_back({70000, 0, true, WEFT_PIPE_HOST});
+    Recorder rec;
+    weft_pipe_t *p = nullptr;
+    ASSERT_EQ(open(peer, kId, &p), WEFT_SUCCESS);
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    auto out = make_out(s, rank, kId, 0, stream);
+    ASSERT_EQ(out->error(), "");
+    /* The buffers lose their pattern now; the stream puts it back after 300 ms. */
+    std::vector<std::vector<unsigned char>> host;
+    for (size_t k = 0; k < s.ten.size(); k++) {
+        host.push_back(pattern_bytes(seed_of(rank, kId, 0, 2, k), s.ten[k].bytes));
+        ASSERT_EQ(cudaMemset(out->ten_mem[k]->data(), kFresh, s.ten[k].bytes), cudaSuccess);
+    }
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(weft_emu_cuda_stream_delay(stream, 300000), cudaSuccess);
+    for (size_t k = 0; k < s.ten.size(); k++)
+        ASSERT_EQ(cudaMemcpyAsync(out->ten_mem[k]->data(), host[k].data(), s.ten[k].bytes, cudaMemcpyHostToDevice,
+                                  stream), cudaSuccess);
+    StreamArg sarg;
+    sarg.op = {&rec, 'W', kId, 0};
+    sarg.stream = stream;
+    roundtrip_written(rec, p, kId, s, 0, *out, on_done_query, &sarg);
+    EXPECT_EQ(sarg.query.load(), (int)cudaSuccess) << "the write was called back before its stream's work finished";
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    cudaStreamDestroy(stream);
+    expect_threads(rec);
+    barrier();
+    EXPECT_EQ(weft_pipe_close(p), WEFT_SUCCESS);
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(Modes, MsgPipe, ::testing::Values(false, true), mode_name);
 
