@@ -739,10 +739,11 @@ static int ctrl_poll(struct weft_msgpipes *m, struct mp_pipe *pp)
                 }
                 continue;
             }
-            /* Small: copy it out and keep the buffer; large: hand the
-             * buffer over and take a fresh one. */
+            /* Up to half the buffer: copy it out and keep the buffer (a
+             * fresh 64 KiB allocation per message cost more than the
+             * copy, measured); larger: hand the buffer over. */
             unsigned char *w;
-            if (st.bytes <= 4096 && (w = malloc(st.bytes ? st.bytes : 1)) != NULL) {
+            if (st.bytes <= CTRL_BUF / 2 && (w = malloc(st.bytes ? st.bytes : 1)) != NULL) {
                 memcpy(w, pp->ctrl_buf, st.bytes);
             } else {
                 w = pp->ctrl_buf;

@@ -41,6 +41,7 @@
 #include "log.h"
 #include "health.h"
 #include "rndv.h"
+#include "tags.h"
 
 _Static_assert(WEFT_MEM_DEVICE == 2 && WEFT_MEM_MANAGED == 3 && WEFT_MEM_PINNED < 2,
                "weft_mem_is_device (pipe.h) assumes this order of enum weft_mem_kind");
@@ -498,7 +499,12 @@ int weft_pipe_isend(struct weft_pipe *p, const void *buf, size_t bytes, int tag,
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory for a request", p->peer,
                               tag);
     r->seq = p->send_seq++;
-    r->rndv = bytes > (tag < 0 ? p->eager_limit_internal : p->eager_limit);
+    /* The library's lanes go eagerly further (collectives' blocks are
+     * always received at once); a message pipe's buffers are the
+     * application's and wait for the reader's read: above the user limit,
+     * an eager copy would wait unmatched and fill the flow-control window,
+     * while a rendezvous moves it once, straight into the read's buffer. */
+    r->rndv = bytes > (tag < 0 && !weft_tag_is_msgpipe_data(tag) ? p->eager_limit_internal : p->eager_limit);
 
     if (weft_queue_empty(&p->out))
         rc = send_req_now(p, r);

@@ -70,6 +70,14 @@ _Static_assert((long long)WEFT_TAG_MSGPIPE_BASE + 2LL * WEFT_TAG_MSGPIPE_IDS <= 
 
 static inline int weft_tag_msgpipe_ctrl(int id) { return -(WEFT_TAG_MSGPIPE_BASE + 2 * id); }
 static inline int weft_tag_msgpipe_data(int id) { return -(WEFT_TAG_MSGPIPE_BASE + 2 * id + 1); }
+/* A message pipe's data lane carries the application's buffers: they take
+ * the eager limit of user messages, not the larger one of the library's
+ * own lanes (p2p/pipe.c). */
+static inline int weft_tag_is_msgpipe_data(int tag)
+{
+    return tag < 0 && -tag >= WEFT_TAG_MSGPIPE_BASE && -tag < WEFT_TAG_MSGPIPE_BASE + 2 * WEFT_TAG_MSGPIPE_IDS &&
+           ((-tag - WEFT_TAG_MSGPIPE_BASE) & 1) == 1;
+}
 
 static inline int weft_tag_coll(unsigned slot, int phase)
 {

@@ -108,7 +108,7 @@ TEST(Config, Defaults)
     EXPECT_LE(cfg.shm_chunk, cfg.shm_ring_bytes / 2);
     EXPECT_GE(cfg.spin_us, 0);
     EXPECT_EQ(cfg.progress_thread, 0) << "message-pipe callbacks run in weft_progress unless asked";
-    EXPECT_EQ(cfg.pipe_inline, 16u << 10);
+    EXPECT_EQ(cfg.pipe_inline, 4u << 10);
 }
 
 TEST(Config, DefaultLookupIsGetenv)

@@ -383,11 +383,13 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
      * unmatched messages per sender. */
     cfg->eager_window     = 4 << 20;
     cfg->spin_us          = 50;
-    /* Message pipes: 16 KiB inline keeps a small message to one transport
-     * message (under shm's 32 KiB internal eager limit) while the copy
-     * into and out of the descriptor stays a few microseconds. */
+    /* Message pipes: up to 4 KiB inline keeps a small message to one
+     * transport message; larger buffers go by rendezvous (one copy, into
+     * the read's buffer), which streams faster than inline's copy into the
+     * descriptor and out of it (bench/pipe: 4-16 KiB windows 3-7x slower
+     * inlined). */
     cfg->progress_thread  = 0;
-    cfg->pipe_inline      = 16 << 10;
+    cfg->pipe_inline      = 4 << 10;
     strcpy(cfg->ibverbs_lib, "libibverbs.so.1");
     cfg->ib_gid_index     = -1;
     cfg->ib_qps_per_peer  = 1;
