@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <time.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,11 +212,22 @@ void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why
     weft_pipe_break(pp, code);
 }
 
+#define LINK_DEATH_WAIT_MS 250
+
 void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char *why)
 {
     struct weft_pipe *pp = &p->pipes[rank];
     if (pp->same_host && pp->pid > 0 && !process_gone(pp)) {
+        /* A killed process closes its sockets while it exits, before it
+         * becomes a zombie: a reset can come while it still looks alive.
+         * Exiting takes milliseconds; a live process with only this link
+         * down keeps running. Look again for up to LINK_DEATH_WAIT_MS. */
         char st = proc_state(pp->pid);
+        for (int ms = 0; ms < LINK_DEATH_WAIT_MS && st != 0 && st != 'Z' && st != 'X' && !process_gone(pp); ms += 5) {
+            struct timespec ts = { 0, 5 * 1000 * 1000 };
+            nanosleep(&ts, NULL);
+            st = process_gone(pp) ? 'X' : proc_state(pp->pid);
+        }
         if (st != 0 && st != 'Z' && st != 'X') {
             weft_set_error(p->core, code, "peer %d: %s (its process %d still runs: only this link is down)", rank,
                            why, pp->pid);
