@@ -1691,7 +1691,11 @@ TEST_P(MsgPipe, CloseWithWorkPending)
             return rec.count('W') == wspecs.size() && rec.count('D') == dargs.size() && rec.count('R') == 1;
         })) << rec.count('W') << " writes, " << rec.count('D') << " descriptors, " << rec.count('R') << " reads";
         EXPECT_EQ(ran.load(), 0);
-        EXPECT_EQ(w_before, 0u) << "a large write completed before anyone read it";
+        /* np 1 in thread mode: the progress thread may finish the read of
+         * message 0, and with it write 0, before the close. */
+        if (!(self && thread_mode)) {
+            EXPECT_EQ(w_before, 0u) << "a large write completed before anyone read it";
+        }
         auto w = rec.events('W', kId);
         for (size_t i = 0; i < w.size(); i++) {
             EXPECT_EQ(w[i].index, i) << "writes called back out of order";
