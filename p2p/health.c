@@ -212,7 +212,7 @@ void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why
     weft_pipe_break(pp, code);
 }
 
-#define LINK_DEATH_WAIT_MS 250
+#define LINK_DEATH_WAIT_MS 1000
 
 void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char *why)
 {
@@ -221,7 +221,8 @@ void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char 
         /* A killed process closes its sockets while it exits, before it
          * becomes a zombie: a reset can come while it still looks alive.
          * Exiting takes milliseconds; a live process with only this link
-         * down keeps running. Look again for up to LINK_DEATH_WAIT_MS. */
+         * down keeps running. Look again for up to LINK_DEATH_WAIT_MS (a loaded
+         * 2-core machine took more than 250 ms once). */
         char st = proc_state(pp->pid);
         for (int ms = 0; ms < LINK_DEATH_WAIT_MS && st != 0 && st != 'Z' && st != 'X' && !process_gone(pp); ms += 5) {
             struct timespec ts = { 0, 5 * 1000 * 1000 };

@@ -311,8 +311,9 @@ static void op_fail_text(struct mp_pipe *pp, struct mp_op *op, int code, const c
     if (op->err != WEFT_SUCCESS)
         return;
     op->err = code;
-    snprintf(op->why, sizeof(op->why), "rank %d: %s on pipe %d to rank %d (message %llu): %s", pp->m->core->rank,
-             op_name(op->kind), pp->id, pp->peer, (unsigned long long)op->seq, text);
+    /* the head names rank, call, pipe, peer, message: at most ~110 bytes */
+    snprintf(op->why, sizeof(op->why), "rank %d: %s on pipe %d to rank %d (message %llu): %.390s",
+             pp->m->core->rank, op_name(op->kind), pp->id, pp->peer, (unsigned long long)op->seq, text);
 }
 
 /* The comm's last error without its "rank R: " head (the pipe layer's
@@ -328,7 +329,7 @@ static void reason(struct mp_pipe *pp, int code, char *out, size_t n)
     if (*t == '\0')
         snprintf(out, n, "the transfer failed (%s)", weft_err_str(code));
     else
-        snprintf(out, n, "%s", t);
+        snprintf(out, n, "%.*s", (int)(n - 1), t);
 }
 
 /* A request of op's failed with code. */
@@ -1394,14 +1395,36 @@ struct weft_core *weft_msgpipe_core(const weft_pipe_t *h)
     return core;
 }
 
+/* The calling thread's run of idle weft_progress calls (per thread: each
+ * spinning thread backs off on its own). */
+static _Thread_local unsigned idle_calls;
+static _Thread_local double   idle_since;
+static _Thread_local int      idle_yield;
+
 int weft_msgpipes_progress(struct weft_msgpipes *m)
 {
-    (void)weft_p2p_poll_nap(m->p2p, 0);
+    int n = weft_p2p_poll_nap(m->p2p, 0);
     pthread_mutex_lock(&m->lock);
-    (void)progress_locked(m);
+    n += progress_locked(m);
     pthread_mutex_unlock(&m->lock);
     if (!m->use_thread)
-        (void)dispatch(m);
+        n += dispatch(m);
+    /* An application that spins on weft_progress would take the CPU from
+     * the peer it waits for (the other rank on a shared core, the kernel's
+     * TCP work): once idle for WEFT_SPIN_US (at once when the node has
+     * more ranks than cores), each idle call yields, as weft's own waits
+     * do. The clock is read every 32nd idle call. */
+    if (n > 0) {
+        idle_calls = 0;
+        idle_yield = 0;
+        return WEFT_SUCCESS;
+    }
+    if (++idle_calls == 1)
+        idle_since = weft_now();
+    else if (!idle_yield && idle_calls % 32 == 0 && weft_now() - idle_since > 1e-6 * m->core->cfg.spin_us)
+        idle_yield = 1;
+    if (idle_yield || m->core->oversubscribed)
+        sched_yield();
     return WEFT_SUCCESS;
 }
 
