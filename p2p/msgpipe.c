@@ -141,7 +141,7 @@ struct mp_pipe {
     int                   peer, id, ctag, dtag;
     weft_pipe_t          *handle;        /* NULL once closed locally */
     uint32_t              slot;
-    uint64_t              wseq, rseq;    /* messages written / arrived */
+    uint64_t              wseq;          /* messages written */
     /* queues of operations, in order */
     struct weft_list      writes, descs, reads, own;   /* own: DISCARD and MARKER */
     struct weft_list      arrived;       /* messages no descriptor request took yet */
@@ -688,7 +688,6 @@ static void arrive(struct weft_msgpipes *m, struct mp_pipe *pp, unsigned char *w
         pipe_break(m, pp);
         return;
     }
-    pp->rseq++;
     if (pp->local_closed) {
         discard(pp, g);
         return;
@@ -921,19 +920,16 @@ static void *thread_main(void *arg)
         pthread_mutex_unlock(&m->lock);
         n += dispatch(m);
         double now = weft_now();
-        if (n > 0) {
-            idle_since = now;
-        } else if (now - idle_since < spin_s) {
-            /* spin: a reply usually comes within microseconds */
-        } else if (now - idle_since < spin_s + 0.002) {
-            sched_yield();
-        } else {
-            /* Sleep in the transport a peer knocks on; 1 ms bounds how late
-             * a local completion (a write from another thread) is seen. */
-            (void)weft_p2p_poll_nap(m->p2p, 1);
-        }
-        n = weft_p2p_poll_nap(m->p2p, 0);
+        int nap = 0;
         if (n > 0)
+            idle_since = now;
+        else if (now - idle_since >= spin_s + 0.002)
+            nap = 1;   /* sleep in the transport a peer knocks on; 1 ms bounds how late
+                          a local completion (a write from another thread) is seen */
+        else if (now - idle_since >= spin_s)
+            sched_yield();
+        /* (else spin: a reply usually comes within microseconds) */
+        if (weft_p2p_poll_nap(m->p2p, nap) > 0)
             idle_since = weft_now();
         pthread_mutex_lock(&m->lock);
     }
@@ -1043,6 +1039,18 @@ static int host_kind(struct weft_core *core, const void *buf, size_t bytes, int 
     return rc;
 }
 
+/* Buffer i of msg: payloads first, then tensors. */
+struct buf_view { const void *data; size_t bytes; const void *meta; size_t meta_bytes; };
+static struct buf_view buf_of(const weft_pipe_message_t *msg, size_t i)
+{
+    if (i < msg->num_payloads) {
+        const weft_pipe_payload_t *b = &msg->payloads[i];
+        return (struct buf_view){ b->data, b->bytes, b->metadata, b->metadata_bytes };
+    }
+    const weft_pipe_tensor_t *t = &msg->tensors[i - msg->num_payloads];
+    return (struct buf_view){ t->data, t->bytes, t->metadata, t->metadata_bytes };
+}
+
 int weft_msgpipe_write(weft_pipe_t *h, const weft_pipe_message_t *msg, weft_pipe_cb_t cb, void *arg)
 {
     struct mp_pipe *pp = lookup_lock(h);
@@ -1071,23 +1079,21 @@ int weft_msgpipe_write(weft_pipe_t *h, const weft_pipe_message_t *msg, weft_pipe
      * descriptor stays one eager message). */
     total = sizeof(struct wire_hdr) + nbuf * sizeof(struct wire_rec) + msg->metadata_bytes;
     for (size_t i = 0; i < nbuf; i++)
-        total += i < msg->num_payloads ? msg->payloads[i].metadata_bytes
-                                       : msg->tensors[i - msg->num_payloads].metadata_bytes;
+        total += buf_of(msg, i).meta_bytes;
     budget = core->cfg.pipe_inline;
     size_t eager = weft_p2p_internal_eager(m->p2p, pp->peer);
     if (eager < total + budget)
         budget = eager > total ? eager - total : 0;
     for (size_t i = 0; i < nbuf; i++) {
-        const void *b = i < msg->num_payloads ? msg->payloads[i].data : msg->tensors[i - msg->num_payloads].data;
-        size_t n = i < msg->num_payloads ? msg->payloads[i].bytes : msg->tensors[i - msg->num_payloads].bytes;
+        struct buf_view b = buf_of(msg, i);
         int host = 1;
-        if (n == 0)
+        if (b.bytes == 0)
             continue;
-        if ((rc = host_kind(core, b, n, pp->peer, pp->dtag, &host)) != WEFT_SUCCESS)
+        if ((rc = host_kind(core, b.data, b.bytes, pp->peer, pp->dtag, &host)) != WEFT_SUCCESS)
             goto out;
-        if (host && n <= budget - inl_total) {
+        if (host && b.bytes <= budget - inl_total) {
             inl[i] = 1;
-            inl_total += n;
+            inl_total += b.bytes;
         } else {
             nsend++;
         }
@@ -1136,26 +1142,22 @@ int weft_msgpipe_write(weft_pipe_t *h, const weft_pipe_message_t *msg, weft_pipe
         w += msg->metadata_bytes;
     }
     for (size_t i = 0; i < nbuf; i++) {
-        const void *md = i < msg->num_payloads ? msg->payloads[i].metadata
-                                               : msg->tensors[i - msg->num_payloads].metadata;
-        size_t mn = i < msg->num_payloads ? msg->payloads[i].metadata_bytes
-                                          : msg->tensors[i - msg->num_payloads].metadata_bytes;
-        if (mn) {
-            memcpy(w, md, mn);
-            w += mn;
+        struct buf_view b = buf_of(msg, i);
+        if (b.meta_bytes) {
+            memcpy(w, b.meta, b.meta_bytes);
+            w += b.meta_bytes;
         }
     }
     for (size_t i = 0, k = 0; i < nbuf; i++) {
-        const void *b = i < msg->num_payloads ? msg->payloads[i].data : msg->tensors[i - msg->num_payloads].data;
-        size_t n = i < msg->num_payloads ? msg->payloads[i].bytes : msg->tensors[i - msg->num_payloads].bytes;
-        if (n == 0)
+        struct buf_view b = buf_of(msg, i);
+        if (b.bytes == 0)
             continue;
         if (inl[i]) {
-            memcpy(w, b, n);
-            w += n;
+            memcpy(w, b.data, b.bytes);
+            w += b.bytes;
         } else {
-            op->sbuf[k] = b;
-            op->sbytes[k] = n;
+            op->sbuf[k] = b.data;
+            op->sbytes[k] = b.bytes;
             k++;
         }
     }
@@ -1356,12 +1358,10 @@ out:
     return rc;
 }
 
-int weft_msgpipe_close(weft_pipe_t *h)
+/* This side closes pp: its handle goes, the peer is told, what is
+ * pending ends with WEFT_ERR_CLOSED (or the error that broke the pipe). */
+static void close_local(struct weft_msgpipes *m, struct mp_pipe *pp)
 {
-    struct mp_pipe *pp = lookup_lock(h);
-    if (pp == NULL)
-        return bad_handle("weft_pipe_close");
-    struct weft_msgpipes *m = pp->m;
     tab_release(pp);
     pp->local_closed = 1;
     send_marker(pp);
@@ -1369,6 +1369,15 @@ int weft_msgpipe_close(weft_pipe_t *h)
         pipe_break(m, pp);
     else
         close_pending(m, pp);
+}
+
+int weft_msgpipe_close(weft_pipe_t *h)
+{
+    struct mp_pipe *pp = lookup_lock(h);
+    if (pp == NULL)
+        return bad_handle("weft_pipe_close");
+    struct weft_msgpipes *m = pp->m;
+    close_local(m, pp);
     (void)pipe_progress(m, pp);   /* may free pp */
     pthread_mutex_unlock(&m->lock);
     return WEFT_SUCCESS;
@@ -1454,15 +1463,8 @@ int weft_msgpipes_destroy(struct weft_msgpipes *m)
     m->destroying = 1;
     weft_list_for_each(x, &m->pipes) {
         struct mp_pipe *pp = weft_container_of(x, struct mp_pipe, link);
-        if (!pp->local_closed) {
-            tab_release(pp);
-            pp->local_closed = 1;
-            send_marker(pp);
-            if (pp->broken)
-                pipe_break(m, pp);
-            else
-                close_pending(m, pp);
-        }
+        if (!pp->local_closed)
+            close_local(m, pp);
         if (pp->ctrl && !pp->rest && weft_p2p_cancel(pp->ctrl, WEFT_ERR_CLOSED)) {
             weft_status_t st;
             int done;

@@ -21,11 +21,12 @@ struct weft_msgpipes;
 /* The comm's message-pipe state (no pipe, no thread yet: both come with
  * the first weft_pipe_open). Sets *out only on success. */
 int  weft_msgpipes_create(struct weft_p2p *p, struct weft_msgpipes **out);
-/* weft_comm_destroy, before the pipes drain: closes every pipe still open,
- * stops the progress thread, then progresses and runs the callbacks due
- * in this thread until every pipe finished closing (bounded by
- * WEFT_TIMEOUT), and frees everything. Returns WEFT_SUCCESS or the
- * timeout. NULL: nothing. */
+/* weft_comm_destroy, before the pipes drain: stops the progress thread,
+ * closes every pipe still open without waiting for the peers' markers
+ * (both lanes refuse what still comes), progresses and runs the callbacks
+ * due in this thread until the started transfers finished or nothing
+ * moved for 2 s (WEFT_TIMEOUT if shorter), fails what is left with
+ * WEFT_ERR_CLOSED, and frees everything. WEFT_SUCCESS. NULL: nothing. */
 int  weft_msgpipes_destroy(struct weft_msgpipes *m);
 
 /* The public calls, arguments checked by src/api/pipe.c (handles are
