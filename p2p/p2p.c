@@ -583,7 +583,13 @@ int weft_p2p_poll(struct weft_p2p *p)
 
 int weft_p2p_done(const struct weft_request *r)
 {
-    return __atomic_load_n(&r->state, __ATOMIC_RELAXED) == WEFT_REQ_DONE;
+    /* Under the lock: the pipe layer moves a request through its states
+     * with plain stores (TSan: an unlocked read races with them). */
+    struct weft_p2p *p = r->p2p;
+    pthread_mutex_lock(&p->lock);
+    int done = r->state == WEFT_REQ_DONE;
+    pthread_mutex_unlock(&p->lock);
+    return done;
 }
 
 int weft_p2p_test_check(struct weft_request *r, int *done, weft_status_t *status, struct weft_p2p_check *peer)
