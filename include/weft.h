@@ -232,6 +232,15 @@ WEFT_API int  weft_reduce_scatter_on_stream(weft_comm_t *c, const void *sendbuf,
 WEFT_API int  weft_bcast_on_stream(weft_comm_t *c, void *buf, size_t bytes, int root, struct CUstream_st *stream);
 WEFT_API int  weft_alltoall_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
                                       struct CUstream_st *stream);
+WEFT_API int  weft_reduce_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
+                                    weft_dtype_t dtype, weft_op_t op, int root, struct CUstream_st *stream);
+/* The error of a stream-ordered operation of comm that failed after its
+ * call returned and that no call reported yet, without taking it (the next
+ * stream-ordered call still returns it); WEFT_ERR_ABORTED once
+ * weft_comm_abort was called on comm; else WEFT_SUCCESS. Local, never
+ * blocks, callable from any thread (a watchdog polling for failures, as
+ * ncclCommGetAsyncError does); weft_comm_last_error() says why. */
+WEFT_API int  weft_comm_async_error(weft_comm_t *c);
 WEFT_API int  weft_group_start(void);
 WEFT_API int  weft_group_end(void);
 

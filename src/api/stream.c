@@ -5,6 +5,7 @@
  */
 #include "check.h"
 #include "coll.h"
+#include "log.h"
 #include "comm.h"
 #include "stream.h"
 #include "weft.h"
@@ -73,6 +74,24 @@ int weft_alltoall_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, 
     int rc = weft_check_alltoall(c, sendbuf, recvbuf, bytes_per_rank, fn);
     struct weft_coll_args a = { WEFT_COLL_ALLTOALL, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1 };
     return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
+}
+
+int weft_reduce_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t count, weft_dtype_t dtype,
+                          weft_op_t op, int root, struct CUstream_st *stream)
+{
+    const char *fn = "weft_reduce_on_stream";
+    int rc = weft_check_reduce(c, WEFT_COLL_REDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, root, fn);
+    struct weft_coll_args a = { WEFT_COLL_REDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, root };
+    return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
+}
+
+int weft_comm_async_error(weft_comm_t *c)
+{
+    if (c == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_async_error: comm is NULL");
+    if (__atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE))
+        return WEFT_ERR_ABORTED;
+    return weft_stream_peek_error(c->stream);
 }
 
 int weft_group_start(void)

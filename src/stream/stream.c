@@ -314,6 +314,17 @@ int weft_stream_take_error(struct weft_stream *S)
     return err;
 }
 
+int weft_stream_peek_error(struct weft_stream *S)
+{
+    int err;
+    if (S == NULL)
+        return WEFT_SUCCESS;
+    pthread_mutex_lock(&S->mu);
+    err = S->async_err;
+    pthread_mutex_unlock(&S->mu);
+    return err;
+}
+
 /* ---- counters, streams, events (S->mu held) ---- */
 
 static int counter_alloc(struct weft_stream *S, uint32_t **host, CUdeviceptr *dev, uint32_t *value)
@@ -1108,5 +1119,6 @@ int weft_stream_group_end(void)
 int  weft_stream_quiesce(struct weft_stream *s) { (void)s; return WEFT_SUCCESS; }
 void weft_stream_destroy(struct weft_stream *s) { free(s); }
 int  weft_stream_take_error(struct weft_stream *s) { (void)s; return WEFT_SUCCESS; }
+int  weft_stream_peek_error(struct weft_stream *s) { (void)s; return WEFT_SUCCESS; }
 
 #endif /* WEFT_HAVE_CUDA_HEADERS */

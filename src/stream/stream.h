@@ -43,6 +43,8 @@ void weft_stream_destroy(struct weft_stream *s);
  * WEFT_SUCCESS; taking it clears it, and re-records its text as the last
  * error. For other entry points that should report it too. */
 int  weft_stream_take_error(struct weft_stream *s);
+/* The same error without taking it (WEFT_SUCCESS when none, or s NULL). */
+int  weft_stream_peek_error(struct weft_stream *s);
 
 /* The operations, arguments already checked (src/api/check.c): CUDA
  * present, no pending error; then queued at once, or recorded in the
