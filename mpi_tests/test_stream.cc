@@ -321,8 +321,8 @@ TEST_F(StreamTest, ReductionsBcastAlltoallOnStream)
     const size_t nb = n * sizeof(int32_t), total = nb * (size_t)size;
     Stream s;
     Dev in(total), out(total), a2a(total);
-    Pinned src(total), res(total), res2(total), res3(nb), res4(nb), res5(total);
-    ASSERT_TRUE(in.p && out.p && a2a.p && src.p && res.p && res2.p && res3.p && res4.p && res5.p);
+    Pinned src(total), res(total), res2(total), res3(nb), res4(nb), res5(total), res6(nb);
+    ASSERT_TRUE(in.p && out.p && a2a.p && src.p && res.p && res2.p && res3.p && res4.p && res5.p && res6.p);
     int32_t *sv = reinterpret_cast<int32_t *>(src.p);
     for (size_t i = 0; i < n * (size_t)size; i++)
         sv[i] = (int32_t)(rank * 7 + (int)(i % 1000));
@@ -352,18 +352,24 @@ TEST_F(StreamTest, ReductionsBcastAlltoallOnStream)
     ASSERT_EQ(stream_copy(in.p, src.p, total, s.s), cudaSuccess);
     ASSERT_EQ(weft_alltoall_on_stream(comm, in.p, a2a.p, nb, s.s), WEFT_SUCCESS) << last_error();
     ASSERT_EQ(stream_copy(res5.p, a2a.p, total, s.s), cudaSuccess);
+    /* reduce (min) of the restored input to rank 0; out is the root's only */
+    ASSERT_EQ(stream_copy(in.p, src.p, total, s.s), cudaSuccess);
+    ASSERT_EQ(weft_reduce_on_stream(comm, in.p, rank == 0 ? out.p : nullptr, n, WEFT_INT32, WEFT_MIN, 0, s.s),
+              WEFT_SUCCESS) << last_error();
+    ASSERT_EQ(stream_copy(res6.p, rank == 0 ? out.p : in.p, nb, s.s), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
 
     const int32_t *r1 = reinterpret_cast<const int32_t *>(res.p), *r2 = reinterpret_cast<const int32_t *>(res2.p);
     const int32_t *r3 = reinterpret_cast<const int32_t *>(res3.p), *r4 = reinterpret_cast<const int32_t *>(res4.p);
-    const int32_t *r5 = reinterpret_cast<const int32_t *>(res5.p);
-    int bad[5] = { 0, 0, 0, 0, 0 };
+    const int32_t *r5 = reinterpret_cast<const int32_t *>(res5.p), *r6 = reinterpret_cast<const int32_t *>(res6.p);
+    int bad[6] = { 0, 0, 0, 0, 0, 0 };
     for (size_t i = 0; i < n; i++) {
-        int32_t sum = 0, mx = INT32_MIN, rs = 0;
+        int32_t sum = 0, mx = INT32_MIN, mn = INT32_MAX, rs = 0;
         for (int r = 0; r < size; r++) {
             int32_t v = (int32_t)(r * 7 + (int)(i % 1000));
             sum += v;
             mx = v > mx ? v : mx;
+            mn = v < mn ? v : mn;
             rs += (int32_t)(r * 7 + (int)(((size_t)rank * n + i) % 1000));
         }
         bad[0] += r1[i] != sum;
@@ -372,12 +378,15 @@ TEST_F(StreamTest, ReductionsBcastAlltoallOnStream)
         bad[3] += r4[i] != (int32_t)((size - 1) * 7 + (int)(i % 1000));
         for (int r = 0; r < size; r++)   /* block r came from rank r: its block `rank` */
             bad[4] += r5[(size_t)r * n + i] != (int32_t)(r * 7 + (int)(((size_t)rank * n + i) % 1000));
+        /* root: the minimum; elsewhere the input is untouched */
+        bad[5] += r6[i] != (rank == 0 ? mn : (int32_t)(rank * 7 + (int)(i % 1000)));
     }
     EXPECT_EQ(bad[0], 0) << "allreduce sum on stream";
     EXPECT_EQ(bad[1], 0) << "allreduce max in place on stream";
     EXPECT_EQ(bad[2], 0) << "reduce_scatter on stream";
     EXPECT_EQ(bad[3], 0) << "bcast on stream";
     EXPECT_EQ(bad[4], 0) << "alltoall on stream";
+    EXPECT_EQ(bad[5], 0) << "reduce (min to rank 0) on stream";
     /* Zero counts queue nothing. */
     EXPECT_EQ(weft_allreduce_on_stream(comm, nullptr, nullptr, 0, WEFT_FLOAT32, WEFT_SUM, s.s), WEFT_SUCCESS);
     EXPECT_EQ(weft_allreduce_on_stream(comm, in.p, out.p, 4, (weft_dtype_t)99, WEFT_SUM, s.s), WEFT_ERR_INVALID_ARG);
@@ -404,11 +413,15 @@ TEST_F(StreamTest, AsyncErrorReportedByNextCall)
     ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);   /* must not hang */
 
     if (!sender) {
+        /* A peek (weft_comm_async_error, for watchdogs) sees it and leaves it. */
+        EXPECT_EQ(weft_comm_async_error(comm), WEFT_ERR_TRUNCATE);
+        EXPECT_EQ(weft_comm_async_error(comm), WEFT_ERR_TRUNCATE);
         int rc = weft_recv_on_stream(comm, buf.p, 64, peer, 2, s.s);
         EXPECT_EQ(rc, WEFT_ERR_TRUNCATE) << weft_strerror(rc);
         std::string err = last_error();
         EXPECT_NE(err.find("peer " + std::to_string(peer)), std::string::npos) << err;
         EXPECT_NE(err.find("weft_recv_on_stream"), std::string::npos) << err;
+        EXPECT_EQ(weft_comm_async_error(comm), WEFT_SUCCESS) << "taken by the call that reported it";
     } else {
         /* The send fails with the same code or completes: take the error, if
          * any, with a matched pair to this rank itself. */

@@ -58,6 +58,8 @@ TEST(ApiArgs, NullCommQueries)
     const char *e = weft_comm_last_error(nullptr);
     ASSERT_NE(e, nullptr);
     EXPECT_EQ(weft_comm_destroy(nullptr), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_comm_async_error(nullptr), WEFT_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(weft_last_error()).find("weft_comm_async_error"), std::string::npos) << weft_last_error();
 }
 
 TEST(ApiArgs, NullCommCollectives)
@@ -66,6 +68,7 @@ TEST(ApiArgs, NullCommCollectives)
     EXPECT_EQ(weft_allgather(nullptr, &a, b, sizeof(int)), WEFT_ERR_INVALID_ARG);
     EXPECT_EQ(weft_barrier(nullptr), WEFT_ERR_INVALID_ARG);
     EXPECT_EQ(weft_bcast(nullptr, &a, sizeof(int), 0), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_reduce_on_stream(nullptr, &a, b, 1, WEFT_INT32, WEFT_SUM, 0, nullptr), WEFT_ERR_INVALID_ARG);
 }
 
 /* Message pipes: a NULL comm, a NULL or made-up handle is refused, never
