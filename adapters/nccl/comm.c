@@ -26,6 +26,143 @@ struct nccl_reg {
     size_t           size;
 };
 
+/* ---- cliques: the ranks of one comm that live in this process ----
+ *
+ * weft_comm_destroy is collective (a final barrier), while NCCL's
+ * ncclCommDestroy is not: a process holding several ranks of one comm
+ * (ncclCommInitAll, a group of inits) destroys them one after the other
+ * from one thread, as nccl-tests does. So while other ranks of the same
+ * comm are still alive in this process, a destroy runs in a thread of its
+ * own and the call returns; the destroy of the last of them runs in the
+ * caller, then joins the others and returns the first error of all. A
+ * comm's ranks in this process are found by what made them: the unique id
+ * (init), or the parent's clique, which split of it, and the color (split). */
+struct nccl_clique {
+    struct nccl_clique *next;
+    unsigned char       key[sizeof(ncclUniqueId) + 32];
+    size_t              keylen;
+    int                 live;        /* members not destroyed yet */
+    int                 nthreads, cap;
+    pthread_t          *threads;     /* destroys running in the background */
+    ncclResult_t        err;         /* first error of those */
+    char                errtext[1024];
+};
+
+static pthread_mutex_t     g_cliques_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct nccl_clique *g_cliques;
+
+static struct nccl_clique *clique_join(const void *key, size_t keylen)
+{
+    struct nccl_clique *q;
+    pthread_mutex_lock(&g_cliques_mu);
+    for (q = g_cliques; q; q = q->next)
+        if (q->keylen == keylen && memcmp(q->key, key, keylen) == 0)
+            break;
+    if (q == NULL && (q = calloc(1, sizeof(*q))) != NULL) {
+        memcpy(q->key, key, keylen);
+        q->keylen = keylen;
+        q->next = g_cliques;
+        g_cliques = q;
+    }
+    if (q)
+        q->live++;
+    pthread_mutex_unlock(&g_cliques_mu);
+    return q;   /* NULL (no memory): the comm is destroyed in the caller, as a lone rank */
+}
+
+static void comm_join_clique(struct ncclComm *c)
+{
+    unsigned char key[sizeof(((struct nccl_clique *)0)->key)];
+    size_t len;
+    if (c->init_kind == 0) {
+        key[0] = 'I';
+        memcpy(key + 1, c->init_id.internal, sizeof(c->init_id.internal));
+        len = 1 + sizeof(c->init_id.internal);
+    } else {
+        const void *parent = c->split_parent->clique;
+        key[0] = 'S';
+        memcpy(key + 1, &parent, sizeof(parent));
+        memcpy(key + 1 + sizeof(parent), &c->split_seq, sizeof(int));
+        memcpy(key + 1 + sizeof(parent) + sizeof(int), &c->split_color, sizeof(int));
+        len = 1 + sizeof(parent) + 2 * sizeof(int);
+    }
+    c->clique = clique_join(key, len);
+}
+
+static void *background_destroy(void *arg)
+{
+    struct ncclComm *c = arg;
+    struct nccl_clique *q = c->clique;
+    struct nccl_devguard g;
+    int e;
+    nccl_dev_enter(c, &g, "ncclCommDestroy");
+    e = weft_comm_destroy(c->w);
+    if (e != WEFT_SUCCESS) {
+        const char *why = weft_last_error();
+        pthread_mutex_lock(&g_cliques_mu);
+        if (q->err == ncclSuccess) {
+            q->err = nccl_code_of_weft(e);
+            snprintf(q->errtext, sizeof(q->errtext), "rank %d of %d (destroyed in the background): %s (%s)",
+                     c->rank, c->nranks, why && *why ? why : "weft_comm_destroy failed", weft_strerror(e));
+        }
+        pthread_mutex_unlock(&g_cliques_mu);
+    }
+    c->w = NULL;
+    nccl_shell_free(c);
+    return NULL;
+}
+
+/* Leaves c's clique. Returns 1 when c's destroy was started in the
+ * background (other members live on); 0 when the caller destroys it. */
+static int clique_defer_destroy(struct ncclComm *c)
+{
+    struct nccl_clique *q = c->clique;
+    int deferred = 0;
+    if (q == NULL)
+        return 0;
+    pthread_mutex_lock(&g_cliques_mu);
+    if (q->live > 1 && (q->nthreads < q->cap || (q->cap = q->cap ? 2 * q->cap : 4,
+                                                   q->threads = realloc(q->threads, (size_t)q->cap *
+                                                                        sizeof(pthread_t))) != NULL)) {
+        if (pthread_create(&q->threads[q->nthreads], NULL, background_destroy, c) == 0) {
+            q->nthreads++;
+            q->live--;
+            deferred = 1;
+        }
+    }
+    pthread_mutex_unlock(&g_cliques_mu);
+    return deferred;
+}
+
+/* The caller destroyed a member itself: when it was the last, joins the
+ * background destroys and frees the clique; their first error. */
+static ncclResult_t clique_leave(struct nccl_clique *q, const char *fn)
+{
+    struct nccl_clique **pp;
+    ncclResult_t rc = ncclSuccess;
+    if (q == NULL)
+        return ncclSuccess;
+    pthread_mutex_lock(&g_cliques_mu);
+    if (--q->live > 0) {
+        pthread_mutex_unlock(&g_cliques_mu);
+        return ncclSuccess;
+    }
+    for (pp = &g_cliques; *pp; pp = &(*pp)->next)
+        if (*pp == q) {
+            *pp = q->next;
+            break;
+        }
+    pthread_mutex_unlock(&g_cliques_mu);
+    /* Nobody else can reach q now: its threads only touch q->err under the lock. */
+    for (int i = 0; i < q->nthreads; i++)
+        pthread_join(q->threads[i], NULL);
+    if (q->err != ncclSuccess)
+        rc = nccl_fail(NULL, q->err, fn, "%s", q->errtext);
+    free(q->threads);
+    free(q);
+    return rc;
+}
+
 NCCL_API(ncclResult_t, ncclGetVersion, int *version)
 {
     if (version == NULL)
@@ -174,6 +311,8 @@ void nccl_comm_run_init(struct ncclComm *c)
             c->nranks = weft_comm_size(w);
         }
         c->init_result = ncclSuccess;
+        if (w != NULL)
+            comm_join_clique(c);
         log_ready(c, c->init_kind == 0 ? "weft_comm_init" : "weft_comm_split");
         __atomic_store_n(&c->state, COMM_READY, __ATOMIC_RELEASE);
     }
@@ -378,6 +517,9 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
     c->split_parent = comm;
     c->split_color = color < 0 ? WEFT_SPLIT_NONE : color;
     c->split_key = key;
+    pthread_mutex_lock(&comm->mu);
+    c->split_seq = comm->nsplits++;
+    pthread_mutex_unlock(&comm->mu);
     if (nccl_group_depth() > 0) {
         /* Split is collective over the parent: several splits by one thread
          * (a rank per device) must run side by side, at the group's end.
@@ -425,7 +567,8 @@ NCCL_API(ncclResult_t, ncclCommFinalize, ncclComm_t comm)
 
 static ncclResult_t destroy(ncclComm_t comm, int abort, const char *fn)
 {
-    ncclResult_t rc = ncclSuccess;
+    struct nccl_clique *q;
+    ncclResult_t rc = ncclSuccess, rc2;
     int e;
     if (comm == NULL)
         return abort ? ncclSuccess : nccl_fail(NULL, ncclInvalidArgument, fn, "comm is NULL");
@@ -433,6 +576,9 @@ static ncclResult_t destroy(ncclComm_t comm, int abort, const char *fn)
         return nccl_fail(NULL, ncclInvalidArgument, fn, "comm %p is not a live communicator (destroyed twice?)",
                          (const void *)comm);
     join_init(comm);
+    if (!abort && comm->w != NULL && clique_defer_destroy(comm))
+        return ncclSuccess;   /* the last rank of this comm in the process reports its error */
+    q = comm->clique;
     if (comm->w != NULL) {
         struct nccl_devguard g;
         nccl_dev_enter(comm, &g, fn);
@@ -446,7 +592,8 @@ static ncclResult_t destroy(ncclComm_t comm, int abort, const char *fn)
         nccl_dev_leave(&g);
     }
     nccl_shell_free(comm);
-    return rc;
+    rc2 = clique_leave(q, fn);
+    return rc != ncclSuccess ? rc : rc2;
 }
 
 NCCL_API(ncclResult_t, ncclCommDestroy, ncclComm_t comm)

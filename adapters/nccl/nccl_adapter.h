@@ -50,6 +50,7 @@ struct nccl_premul_op {
 };
 
 struct nccl_reg;        /* comm.c: a registration handle */
+struct nccl_clique;     /* comm.c: the ranks of one comm living in this process */
 struct nccl_premul_tmp; /* premul.c: buffers of a pre-multiply in flight */
 
 struct ncclComm {
@@ -67,6 +68,9 @@ struct ncclComm {
     ncclUniqueId    init_id;
     struct ncclComm *split_parent;
     int             split_color, split_key;
+    int             split_seq;       /* which split of the parent this is */
+    int             nsplits;         /* splits made from this comm so far */
+    struct nccl_clique *clique;
     int             free_after_init; /* a deferred NOCOLOR split: the caller got NULL */
     int             init_thread_live;
     int             init_done;       /* atomic: the init thread finished */
