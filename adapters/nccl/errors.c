@@ -54,10 +54,12 @@ ncclResult_t nccl_from_weft(const struct ncclComm *c, int err, const char *fn)
 {
     char text[1024];
     const char *why = c != NULL && c->w != NULL ? weft_comm_last_error(c->w) : weft_last_error();
+    /* weft's text already names the rank (and the peer) and ends with the
+     * code's meaning. */
     if (why == NULL || why[0] == '\0')
-        why = weft_strerror(err);
-    /* weft's text already names the rank (and the peer). */
-    snprintf(text, sizeof(text), "%s: %s (%s)", fn, why, weft_strerror(err));
+        snprintf(text, sizeof(text), "%s: %s", fn, weft_strerror(err));
+    else
+        snprintf(text, sizeof(text), "%s: %s", fn, why);
     record(text);
     return nccl_code_of_weft(err);
 }
