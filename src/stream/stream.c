@@ -666,8 +666,12 @@ static void *progress_main(void *arg)
             events++;
         }
 
-        /* Progress on every pipe, then look at the ops started. */
-        events += weft_p2p_poll(S->p2p) > 0;
+        /* Progress on every pipe, then look at the ops started. The
+         * peers' health too (heartbeats, a dead process on this host):
+         * no waiter of the application's looks at it while only stream
+         * operations are pending, and without it a dead peer is only
+         * found by WEFT_TIMEOUT. */
+        events += weft_p2p_poll_nap(S->p2p, 0) > 0;
 
         double now = weft_now();
         double timeout = S->core->cfg.timeout_s;
