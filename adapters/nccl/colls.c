@@ -127,6 +127,22 @@ static ncclResult_t stream_copy(const struct ncclComm *c, void *dst, const void 
     return ncclSuccess;
 }
 
+/* A stream being captured into a CUDA graph is refused: weft runs the
+ * operation from its progress thread when the stream reaches it, which a
+ * graph launched later would not replay (it would wait forever or move
+ * nothing). Then the comm's device is made current. */
+static ncclResult_t enter(const struct ncclComm *c, struct nccl_devguard *g, cudaStream_t stream, const char *fn)
+{
+    const struct nccl_cuda *cu = nccl_cuda(NULL);
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cu != NULL && cu->StreamIsCapturing != NULL && cu->StreamIsCapturing(stream, &st) == cudaSuccess &&
+        st != cudaStreamCaptureStatusNone)
+        return nccl_fail(c, ncclInvalidUsage, fn,
+                         "stream %p is being captured into a CUDA graph: weft's operations run from a host "
+                         "thread, which a graph cannot replay; call it outside the capture", (void *)stream);
+    return nccl_dev_enter(c, g, fn);
+}
+
 /* ---- reductions ---- */
 
 enum red_kind { RED_ALLREDUCE, RED_REDUCE_SCATTER, RED_REDUCE };
@@ -165,7 +181,7 @@ static ncclResult_t reduction(enum red_kind kind, const void *sendbuff, void *re
                          nccl_type_name(datatype));
     if ((rc = nccl_op_check(comm, op, datatype, fn)) != ncclSuccess)
         return rc;
-    if ((rc = nccl_dev_enter(comm, &g, fn)) != ncclSuccess)
+    if ((rc = enter(comm, &g, stream, fn)) != ncclSuccess)
         return rc;
     if ((int)op >= (int)ncclNumOps && in_count > 0 &&
         (rc = nccl_premul_prepare(comm, op, datatype, sendbuff, in_count, stream, &input, &tmp, fn)) != ncclSuccess)
@@ -224,7 +240,7 @@ NCCL_API(ncclResult_t, ncclAllGather, const void *sendbuff, void *recvbuff, size
     if ((rc = front(comm, datatype, sendcount, 1, &bytes, fn)) != ncclSuccess ||
         (rc = need_buf(comm, sendbuff, bytes, "sendbuff", fn)) != ncclSuccess ||
         (rc = need_buf(comm, recvbuff, bytes, "recvbuff", fn)) != ncclSuccess ||
-        (rc = nccl_dev_enter(comm, &g, fn)) != ncclSuccess)
+        (rc = enter(comm, &g, stream, fn)) != ncclSuccess)
         return rc;
     rc = weft_rc(comm, weft_allgather_on_stream(comm->w, sendbuff, recvbuff, bytes, stream), fn);
     nccl_dev_leave(&g);
@@ -241,7 +257,7 @@ NCCL_API(ncclResult_t, ncclAlltoAll, const void *sendbuff, void *recvbuff, size_
     if ((rc = front(comm, datatype, count, 1, &bytes, fn)) != ncclSuccess ||
         (rc = need_buf(comm, sendbuff, bytes, "sendbuff", fn)) != ncclSuccess ||
         (rc = need_buf(comm, recvbuff, bytes, "recvbuff", fn)) != ncclSuccess ||
-        (rc = nccl_dev_enter(comm, &g, fn)) != ncclSuccess)
+        (rc = enter(comm, &g, stream, fn)) != ncclSuccess)
         return rc;
     rc = weft_rc(comm, weft_alltoall_on_stream(comm->w, sendbuff, recvbuff, bytes, stream), fn);
     nccl_dev_leave(&g);
@@ -258,7 +274,7 @@ static ncclResult_t broadcast(const void *sendbuff, void *recvbuff, size_t count
         (rc = in_range(comm, root, "root", fn)) != ncclSuccess ||
         (comm->rank == root && (rc = need_buf(comm, sendbuff, bytes, "sendbuff", fn)) != ncclSuccess) ||
         (rc = need_buf(comm, recvbuff, bytes, "recvbuff", fn)) != ncclSuccess ||
-        (rc = nccl_dev_enter(comm, &g, fn)) != ncclSuccess)
+        (rc = enter(comm, &g, stream, fn)) != ncclSuccess)
         return rc;
     /* Queued before the broadcast on the same stream (in a group too: the
      * group's operations wait for the work queued on their streams). */
@@ -294,7 +310,7 @@ static ncclResult_t p2p(int send, void *buf, size_t count, ncclDataType_t dataty
     if ((rc = front(comm, datatype, count, 0, &bytes, fn)) != ncclSuccess ||
         (rc = in_range(comm, peer, "peer", fn)) != ncclSuccess ||
         (rc = need_buf(comm, buf, bytes, send ? "sendbuff" : "recvbuff", fn)) != ncclSuccess ||
-        (rc = nccl_dev_enter(comm, &g, fn)) != ncclSuccess)
+        (rc = enter(comm, &g, stream, fn)) != ncclSuccess)
         return rc;
     e = send ? weft_send_on_stream(comm->w, buf, bytes, peer, NCCLW_TAG_P2P, stream)
              : weft_recv_on_stream(comm->w, buf, bytes, peer, NCCLW_TAG_P2P, stream);
@@ -334,7 +350,7 @@ static ncclResult_t rooted(int to_root, const void *sendbuff, void *recvbuff, si
         return rc;
     if (bytes == 0)
         return ncclSuccess;
-    if ((rc = nccl_dev_enter(comm, &g, fn)) != ncclSuccess)
+    if ((rc = enter(comm, &g, stream, fn)) != ncclSuccess)
         return rc;
     if (is_root) {
         char *blocks = to_root ? (char *)recvbuff : (char *)(uintptr_t)sendbuff;

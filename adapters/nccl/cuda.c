@@ -64,6 +64,7 @@ static int load(const char *path)
     SYM(StreamSynchronize, "cudaStreamSynchronize");
     SYM(GetErrorString, "cudaGetErrorString");
 #undef SYM
+    *(void **)(&g_cuda.StreamIsCapturing) = dlsym(h, "cudaStreamIsCapturing");
     if (missing != NULL) {
         snprintf(g_why, sizeof(g_why), "the CUDA runtime %s has no %s", path, missing);
         memset(&g_cuda, 0, sizeof(g_cuda));

@@ -115,6 +115,8 @@ struct nccl_cuda {
     cudaError_t (*LaunchHostFunc)(cudaStream_t s, cudaHostFn_t fn, void *arg);
     cudaError_t (*StreamSynchronize)(cudaStream_t s);
     const char *(*GetErrorString)(cudaError_t err);
+    /* optional (NULL when the runtime has none) */
+    cudaError_t (*StreamIsCapturing)(cudaStream_t s, enum cudaStreamCaptureStatus *status);
 };
 /* The runtime (loaded at the first call), or NULL with *why saying why. */
 const struct nccl_cuda *nccl_cuda(const char **why);

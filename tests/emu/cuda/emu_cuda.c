@@ -488,6 +488,7 @@ struct CUstream_st {
     int             priority;
     int             special;  /* STREAM_LEGACY / STREAM_PERTHREAD / 0 */
     int             destroying;
+    int             capturing; /* cudaStreamBeginCapture .. EndCapture (state only) */
     int             refs;     /* under g_mu: user handle, worker, ops */
     pthread_t       thread;
     struct CUstream_st *next_all;
@@ -1738,6 +1739,45 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream)
     cudaError_t e = stream_resolve(stream, &s);
     if (e) return rt_ret(e);
     stream_sync(s);
+    return cudaSuccess;
+}
+
+/* Stream capture: the state only, so a library can be shown to refuse a
+ * capturing stream. Work queued while capturing still runs at once and no
+ * graph is made (EndCapture gives NULL). */
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
+{
+    (void)mode;
+    ENSURE();
+    struct CUstream_st *s;
+    cudaError_t e = stream_resolve(stream, &s);
+    if (e) return rt_ret(e);
+    if (s->special) return rt_ret(cudaErrorStreamCaptureUnsupported);
+    if (__atomic_exchange_n(&s->capturing, 1, __ATOMIC_ACQ_REL)) return rt_ret(cudaErrorIllegalState);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph)
+{
+    if (!graph) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    struct CUstream_st *s;
+    cudaError_t e = stream_resolve(stream, &s);
+    if (e) return rt_ret(e);
+    if (!__atomic_exchange_n(&s->capturing, 0, __ATOMIC_ACQ_REL)) return rt_ret(cudaErrorIllegalState);
+    *graph = NULL;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *status)
+{
+    if (!status) return rt_ret(cudaErrorInvalidValue);
+    ENSURE();
+    struct CUstream_st *s;
+    cudaError_t e = stream_resolve(stream, &s);
+    if (e) return rt_ret(e);
+    *status = __atomic_load_n(&s->capturing, __ATOMIC_ACQUIRE) ? cudaStreamCaptureStatusActive
+                                                               : cudaStreamCaptureStatusNone;
     return cudaSuccess;
 }
 
