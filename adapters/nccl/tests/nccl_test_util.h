@@ -73,22 +73,25 @@ static inline const char *tu_res_name(ncclResult_t r)
 }
 
 /* A call with an expected result code; on a mismatch the line carries ncclGetLastError. */
-#define NCHECK_RC(call, expect)                                                                         \
-    ({                                                                                                  \
-        ncclResult_t tu_r_ = (call);                                                                    \
-        CHECK(tu_r_ == (expect), #call, "expected %s, got %s (last error: \"%s\")", tu_res_name(expect), \
-              tu_res_name(tu_r_), tu_r_ == (expect) ? "" : ncclGetLastError(NULL));                     \
-        tu_r_;                                                                                          \
-    })
-#define NCHECK(call) (NCHECK_RC(call, ncclSuccess) == ncclSuccess)
+static inline ncclResult_t tu_ncheck(ncclResult_t r, ncclResult_t expect, const char *call, const char *file, int line)
+{
+    tu_check(r == expect, file, line, call, "expected %s, got %s (last error: \"%s\")", tu_res_name(expect),
+             tu_res_name(r), r == expect ? "" : ncclGetLastError(NULL));
+    return r;
+}
+#define NCHECK_RC(call, expect) tu_ncheck((call), (expect), #call, __FILE__, __LINE__)
+static inline int tu_nok(ncclResult_t r, const char *call, const char *file, int line)
+{
+    return tu_ncheck(r, ncclSuccess, call, file, line) == ncclSuccess;
+}
+#define NCHECK(call) tu_nok((call), #call, __FILE__, __LINE__)
 
-#define CUCHECK(call)                                                                                   \
-    ({                                                                                                  \
-        cudaError_t tu_e_ = (call);                                                                     \
-        CHECK(tu_e_ == cudaSuccess, #call, "expected cudaSuccess, got %d (%s)", (int)tu_e_,             \
-              cudaGetErrorString(tu_e_));                                                               \
-        tu_e_ == cudaSuccess;                                                                           \
-    })
+static inline int tu_cucheck(cudaError_t e, const char *call, const char *file, int line)
+{
+    return tu_check(e == cudaSuccess, file, line, call, "expected cudaSuccess, got %d (%s)", (int)e,
+                    cudaGetErrorString(e));
+}
+#define CUCHECK(call) tu_cucheck((call), #call, __FILE__, __LINE__)
 
 /* A fatal failure: nothing after it can run meaningfully. */
 #define FATAL(...)                                                                                      \
@@ -293,14 +296,52 @@ static inline double tu_decode(ncclDataType_t t, const void *p)
 
 /* ---- device buffers ---- */
 
-/* cudaMalloc of at least one byte (count-0 calls still get a real buffer). */
-static inline void *tu_dmalloc(size_t bytes)
+/* Device buffers come from one cudaMalloc'ed arena, carved in order and
+ * given back by mark/release around each call: applications (and
+ * frameworks' caching allocators) reuse their buffers, and the test
+ * exercises the library, not a fresh allocation per call. The one section
+ * that frees and allocates between calls (test "churn") uses cudaMalloc. */
+static unsigned char *tu_arena;
+static size_t tu_arena_size, tu_arena_off;
+static int tu_fresh_alloc;   /* set: tu_dmalloc is cudaMalloc, tu_dfree cudaFree (churn) */
+
+static inline void tu_arena_init(size_t bytes)
 {
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    cudaError_t e = cudaMalloc(&p, bytes);
     if (e != cudaSuccess)
-        FATAL("cudaMalloc(%zu): %s", bytes, cudaGetErrorString(e));
+        FATAL("cudaMalloc(%zu) for the arena: %s", bytes, cudaGetErrorString(e));
+    tu_arena = p;
+    tu_arena_size = bytes;
+    tu_arena_off = 0;
+}
+static inline size_t tu_arena_mark(void) { return tu_arena_off; }
+static inline void tu_arena_release(size_t mark) { tu_arena_off = mark; }
+
+/* At least one byte (count-0 calls still get a real buffer), 256-aligned. */
+static inline void *tu_dmalloc(size_t bytes)
+{
+    size_t need = ((bytes ? bytes : 1) + 255) & ~(size_t)255;
+    if (tu_fresh_alloc) {
+        void *p = NULL;
+        cudaError_t e = cudaMalloc(&p, need);
+        if (e != cudaSuccess)
+            FATAL("cudaMalloc(%zu): %s", need, cudaGetErrorString(e));
+        return p;
+    }
+    if (tu_arena == NULL || tu_arena_off + need > tu_arena_size)
+        FATAL("device arena exhausted (%zu + %zu > %zu)", tu_arena_off, need, tu_arena_size);
+    void *p = tu_arena + tu_arena_off;
+    tu_arena_off += need;
     return p;
+}
+/* Arena buffers go back with tu_arena_release; anything else is cudaFree'd. */
+static inline void tu_dfree(void *p)
+{
+    unsigned char *q = p;
+    if (q >= tu_arena && q < tu_arena + tu_arena_size)
+        return;
+    cudaFree(p);
 }
 static inline void tu_h2d(void *d, const void *h, size_t bytes)
 {
@@ -320,10 +361,29 @@ static inline void *tu_xmalloc(size_t bytes)
     return p;
 }
 
-/* Waits for a stream; reports (as a check) a stream that errs. */
+/* Waits for a stream, with a bound: WEFT_TIMEOUT + 10 s (weft fails any
+ * stalled operation within WEFT_TIMEOUT, so a stream still busy after that
+ * is a hang). A hang is reported as a failed check naming the section, and
+ * the job is ended (MPI_Abort) instead of waiting for ctest's timeout.
+ * Reports a stream that errs too. */
 static inline int tu_sync(cudaStream_t s)
 {
-    return CUCHECK(cudaStreamSynchronize(s));
+    const char *t = getenv("WEFT_TIMEOUT");
+    double bound = (t ? atof(t) : 60) + 10, t0 = tu_now();
+    unsigned nap = 1;
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(s);
+        if (e != cudaErrorNotReady)
+            return CUCHECK(e);
+        if (tu_now() - t0 > bound) {
+            CHECK(0, "stream wait", "the stream's work done within %.0f s (WEFT_TIMEOUT + 10), still busy: a hang",
+                  bound);
+            FATAL("stream still busy after %.0f s in section \"%s\"", bound, tu_section);
+        }
+        usleep(nap);
+        if (nap < 1000)
+            nap *= 2;
+    }
 }
 
 /* Rank 0 prints "N checks, M failed" over all ranks; returns the exit code. */

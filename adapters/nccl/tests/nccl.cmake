@@ -1,0 +1,136 @@
+# Tests of weft's NCCL library (issue 16), included from
+# adapters/nccl/CMakeLists.txt under WEFT_BUILD_TESTS (after mpi_tests/).
+# Label: nccl (every entry), plus mpi/np<N>/<config> for the mpirun ones.
+#
+#   nccl_symbols   every function nccl.h declares, and its pnccl alias, is a
+#                  defined dynamic symbol of libweft_nccl.so; SONAME libnccl.so.2
+#   nccl_colls_np<N>_<config>   nccl_test_colls.c: the whole API, call by call
+#                  (N = 2, 4; config = shm, tcp, vnodes2 as in mpi_tests/).
+#                  The unique ids go rank 0 -> others by MPI_Bcast, and in the
+#                  tcp entries through a file (written whole, then renamed).
+#   nccl_fault_{abort,peerdeath}_np2_{shm,tcp}   nccl_test_fault.c:
+#                  ncclCommAbort from a second thread releases a stream held
+#                  by a recv; a peer that _exits makes rank 0's allreduce fail
+#                  with ncclRemoteError naming rank 1. WEFT_TIMEOUT=10; label
+#                  sleepy too. Judged by rank 0's NCCL-FAULT-OK line.
+#
+# The C programs are written against NCCL's nccl.h and linked with -lnccl
+# found in WEFT_NCCL_LIB_DIR (lib/libnccl.so -> libweft_nccl.so), so their
+# NEEDED entry is libnccl.so.2, as for a program built against real NCCL;
+# BUILD_RPATH points the loader at that directory. They link the emulated
+# CUDA runtime, and WEFT_CUDA_LIB points weft and the NCCL library at the
+# same file: one emulated GPU state (tests/emu/cuda/README.md). Two emulated
+# devices per process; rank r uses device r % 2.
+
+if(NOT TARGET weft_nccl OR NOT TARGET weft_emu_cuda)
+  message(STATUS "weft: NCCL library tests: no (needs weft_nccl and the emulated CUDA runtime)")
+  return()
+endif()
+
+# ---- the symbols ----
+find_program(WEFT_NCCL_PYTHON NAMES python3 HINTS /usr/bin)
+if(EXISTS /usr/bin/python3)
+  set(WEFT_NCCL_PYTHON /usr/bin/python3)
+endif()
+if(CMAKE_READELF)
+  set(WEFT_NCCL_READELF ${CMAKE_READELF})
+else()
+  find_program(WEFT_NCCL_READELF readelf)
+endif()
+add_test(NAME nccl_symbols
+  COMMAND ${WEFT_NCCL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/tests/check_symbols.py
+          ${WEFT_NCCL_INCLUDE_DIR}/nccl.h $<TARGET_FILE:weft_nccl> ${CMAKE_NM} ${WEFT_NCCL_READELF})
+set_tests_properties(nccl_symbols PROPERTIES TIMEOUT 30 LABELS nccl)
+
+# ---- the programs ----
+function(weft_nccl_test_program target source)
+  add_executable(${target} ${CMAKE_CURRENT_SOURCE_DIR}/tests/${source})
+  target_include_directories(${target} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/tests ${WEFT_NCCL_INCLUDE_DIR})
+  target_compile_options(${target} PRIVATE ${WEFT_C_WARNINGS})
+  # -lnccl as an application would link it: the symlink made when weft_nccl is built.
+  target_link_directories(${target} PRIVATE ${WEFT_NCCL_LIB_DIR})
+  target_link_libraries(${target} PRIVATE nccl weft_emu_cuda MPI::MPI_C Threads::Threads m)
+  add_dependencies(${target} weft_nccl)
+  set_target_properties(${target} PROPERTIES BUILD_RPATH "${WEFT_NCCL_LIB_DIR}")
+endfunction()
+weft_nccl_test_program(weft_nccl_test_colls nccl_test_colls.c)
+weft_nccl_test_program(weft_nccl_test_fault nccl_test_fault.c)
+
+# The environment of every mpirun entry (as mpi_tests/CMakeLists.txt's
+# WEFT_MPI_TEST_COMMON_ENV, which is not visible from this directory).
+set(WEFT_NCCL_TEST_ENV
+  OMPI_ALLOW_RUN_AS_ROOT=1
+  OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  OMPI_MCA_btl_tcp_if_include=lo
+  OMPI_MCA_oob_tcp_if_include=lo
+  OMPI_MCA_rmaps_base_oversubscribe=1
+  OMPI_MCA_mpi_yield_when_idle=1
+  WEFT_TIMEOUT=60
+  WEFT_CUDA_LIB=$<TARGET_FILE:weft_emu_cuda>
+  WEFT_EMU_CUDA_DEVICES=2)
+
+# The transport configs of mpi_tests/ (weft_mpi_config_env where defined).
+function(weft_nccl_config_env config out_var)
+  if(COMMAND weft_mpi_config_env)
+    weft_mpi_config_env(${config} env)
+  elseif(config STREQUAL "shm")
+    set(env WEFT_TRANSPORTS=shm)
+  elseif(config STREQUAL "tcp")
+    set(env WEFT_TRANSPORTS=tcp)
+  elseif(config STREQUAL "vnodes2")
+    set(env WEFT_VIRTUAL_NODES=2)
+  else()
+    message(FATAL_ERROR "nccl.cmake: unknown config '${config}'")
+  endif()
+  set(${out_var} "${env}" PARENT_SCOPE)
+endfunction()
+
+set(WEFT_NCCL_ID_DIR ${CMAKE_CURRENT_BINARY_DIR}/nccl_test_ids)
+file(MAKE_DIRECTORY ${WEFT_NCCL_ID_DIR})
+foreach(np 2 4)
+  foreach(config shm tcp vnodes2)
+    weft_nccl_config_env(${config} config_env)
+    set(test_name nccl_colls_np${np}_${config})
+    # The tcp entries pass their unique ids through files instead of MPI_Bcast.
+    set(id_args "")
+    if(config STREQUAL "tcp")
+      set(id_args --id-file ${WEFT_NCCL_ID_DIR}/${test_name})
+    endif()
+    add_test(NAME ${test_name}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe --bind-to none
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_nccl_test_colls> ${id_args} ${MPIEXEC_POSTFLAGS})
+    # WEFT_TIMEOUT 30: the programs give a stream WEFT_TIMEOUT + 10 s, then
+    # report a hang and end the job (rather than ctest's TIMEOUT).
+    set(env ${WEFT_NCCL_TEST_ENV} ${config_env} WEFT_TIMEOUT=30)
+    # The 64 MiB calls at np 2 only: the time of the np 4 entries is in their many small calls.
+    if(NOT np EQUAL 2)
+      list(APPEND env NCCL_TEST_BIG=0)
+    endif()
+    set_tests_properties(${test_name} PROPERTIES
+      ENVIRONMENT "${env}"
+      TIMEOUT 90
+      PROCESSORS ${np}
+      FAIL_REGULAR_EXPRESSION "FAIL rank|FATAL rank"
+      LABELS "nccl;mpi;np${np};${config}")
+  endforeach()
+endforeach()
+
+# Fault entries: recovery on so rank 0 outlives rank 1; mpirun's exit code
+# says nothing then, so they are judged by rank 0's line.
+foreach(mode abort peerdeath)
+  foreach(config shm tcp)
+    weft_nccl_config_env(${config} config_env)
+    set(test_name nccl_fault_${mode}_np2_${config})
+    add_test(NAME ${test_name}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none
+              --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_nccl_test_fault> ${mode} ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(${test_name} PROPERTIES
+      ENVIRONMENT "${WEFT_NCCL_TEST_ENV};${config_env};WEFT_TIMEOUT=10"
+      PASS_REGULAR_EXPRESSION "NCCL-FAULT-OK rank 0 ${mode}: [0-9]+ checks, 0 failed"
+      FAIL_REGULAR_EXPRESSION "NCCL-FAULT-FAIL|FAIL rank|FATAL rank"
+      TIMEOUT 60
+      PROCESSORS 2
+      LABELS "nccl;mpi;faults;sleepy;np2;${config}")
+  endforeach()
+endforeach()
