@@ -16,7 +16,13 @@
  *     perf_p2p.c   perf_sendrecv, perf_init
  *     perf_coll.c  perf_allgather, perf_bcast
  *     perf_reduce.c perf_allreduce, perf_reduce_scatter, perf_alltoall
+ *     perf_exchange.c perf_exchange
  *     perf_mem.c   buffers in host or CUDA device memory (-d host|cuda)
+ *
+ * Output: every subcommand starts with perf_print_header and hands each
+ * result row to perf_report, which prints either the subcommand's own table
+ * line or (--csv) one CSV line per library, so the two formats never drift
+ * apart and no subcommand formats CSV itself.
  */
 #ifndef WEFT_PERF_H
 #define WEFT_PERF_H
@@ -44,6 +50,8 @@ struct perf_opts {
     const char *algo;          /* -a: collectives: force an algorithm (the mode's WEFT_*_ALGO); NULL = selector */
     int         root;          /* -R: bcast root */
     int         device;        /* -d cuda: buffers in CUDA device memory (every mode but init) */
+    int         csv;           /* --csv: CSV lines (perf_report) instead of tables */
+    uint64_t    seed;          /* -s: exchange: seed of the message pattern */
 
     /* Filled by perf_mem_init. */
     int         mpi_direct;    /* MPI gets the benchmark's buffers as they are (host memory, or a
@@ -65,6 +73,7 @@ int perf_bcast(const struct perf_opts *o, weft_comm_t *c);     /* perf_coll.c */
 int perf_allreduce(const struct perf_opts *o, weft_comm_t *c);      /* perf_reduce.c */
 int perf_reduce_scatter(const struct perf_opts *o, weft_comm_t *c); /* perf_reduce.c */
 int perf_alltoall(const struct perf_opts *o, weft_comm_t *c);       /* perf_reduce.c */
+int perf_exchange(const struct perf_opts *o, weft_comm_t *c);       /* perf_exchange.c */
 
 /* ---- helpers (weft_perf.c) ---- */
 
@@ -132,8 +141,32 @@ const char *perf_size_str(size_t bytes, char *buf, size_t len);
 
 /* Rank 0 prints the comment header every table starts with: the command
  * line, np, nodes, WEFT_TRANSPORTS and the MPI transport settings seen in
- * the environment, then `what` (the table's own title line). */
+ * the environment, then `what` (the table's own title and column lines).
+ * With --csv it prints the CSV header line instead, once per run (sendrecv
+ * has two tables, one CSV). */
 void perf_print_header(const struct perf_opts *o, const char *what);
+
+/* One library's figures at one size, for perf_report. */
+struct perf_result {
+    const char *library;   /* "weft", "MPI", or a part of it ("weft_create") */
+    double      time_s;    /* the time the table shows, in seconds */
+    double      algbw;     /* GB/s; < 0: not meaningful (empty CSV field) */
+    double      busbw;     /* GB/s; < 0: not meaningful */
+    long long   wrong;     /* bad bytes/elements; < 0: not checked (empty CSV field) */
+};
+
+/* The CSV columns, in order (the header line --csv prints). */
+#define PERF_CSV_HEADER "subcommand,np,transport,bytes,library,time_us,algbw_GBps,busbw_GBps,wrong"
+
+/* Rank 0 only (others return at once): one result row of a table. Table
+ * mode prints table_line (no newline needed); --csv prints one line per
+ * res[0..n): test (the subcommand, or "sendrecv-lat"/"sendrecv-bw"), np,
+ * the library's transport configuration (weft: WEFT_TRANSPORTS, ',' written
+ * '+', or "default", plus "/vnodes=N" under WEFT_VIRTUAL_NODES; MPI: the
+ * btl (OMPI_MCA_btl) or "default"), bytes (the table's size column),
+ * library, time in microseconds, algbw, busbw and wrong. */
+void perf_report(const struct perf_opts *o, const char *test, size_t bytes,
+                 const struct perf_result *res, int n, const char *table_line);
 
 /* Reports a failed weft call (rank, call, code, the comm's last error) on
  * stderr and returns 1, so callers can `return perf_weft_fail(...)`. */

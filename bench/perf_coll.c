@@ -180,23 +180,25 @@ static int coll_run(const struct perf_opts *o, weft_comm_t *c, int is_bcast)
     b.rhost = o->mpi_direct ? b.rbuf : perf_alloc(max_result ? max_result : 1);
     b.shost = o->mpi_direct ? b.sbuf : is_bcast ? NULL : perf_alloc(max_b ? max_b : 1);
 
-    char title[512];
+    char title[1024];
+    int len;
     const char *algo = o->algo ? o->algo : getenv("WEFT_ALLGATHER_ALGO");
     if (is_bcast)
-        snprintf(title, sizeof title, "# bcast, root %d: weft_bcast vs MPI_Bcast, median of %d reps, "
-                 "busbw = algbw", o->root, reps);
+        len = snprintf(title, sizeof title, "# bcast, root %d: weft_bcast vs MPI_Bcast, median of %d reps, "
+                       "busbw = algbw\n", o->root, reps);
     else
-        snprintf(title, sizeof title, "# allgather: weft_allgather (%s) vs MPI_Allgather, median of %d reps, "
-                 "algbw = n*size/time, busbw = algbw*(n-1)/n",
-                 algo && *algo ? algo : "selector", reps);
+        len = snprintf(title, sizeof title, "# allgather: weft_allgather (%s) vs MPI_Allgather, median of %d reps, "
+                       "algbw = n*size/time, busbw = algbw*(n-1)/n\n",
+                       algo && *algo ? algo : "selector", reps);
+    /* The column lines belong to the header: --csv prints neither. */
+    if (len > 0 && (size_t)len < sizeof title)
+        len += snprintf(title + len, sizeof title - (size_t)len, "# %10s %10s %11s %8s %8s %11s %8s %7s %7s\n",
+                        is_bcast ? "size(B)" : "size(B/rank)", "count(f32)", "weft(us)", "algbw", "busbw",
+                        "MPI(us)", "busbw", "ratio", "#wrong");
+    if (len > 0 && (size_t)len < sizeof title)
+        snprintf(title + len, sizeof title - (size_t)len, "# %10s %10s %11s %8s %8s %11s %8s %7s %7s", "", "", "",
+                 "(GB/s)", "(GB/s)", "", "(GB/s)", "MPI/weft", "");
     perf_print_header(o, title);
-    if (o->rank == 0) {
-        printf("# %10s %10s %11s %8s %8s %11s %8s %7s %7s\n", is_bcast ? "size(B)" : "size(B/rank)",
-               "count(f32)", "weft(us)", "algbw", "busbw", "MPI(us)", "busbw", "ratio", "#wrong");
-        printf("# %10s %10s %11s %8s %8s %11s %8s %7s %7s\n", "", "", "", "(GB/s)", "(GB/s)", "", "(GB/s)",
-               "MPI/weft", "");
-        fflush(stdout);
-    }
 
     double *times[2];
     times[0] = malloc((size_t)reps * sizeof(double));
@@ -213,7 +215,7 @@ static int coll_run(const struct perf_opts *o, weft_comm_t *c, int is_bcast)
         b.bytes = bytes;
         size_t moved = result_bytes(&b);
         int iters = perf_scale_iters(o, moved, COLL_BUDGET, 2, 1000);
-        size_t wrong_local = 0;
+        size_t wrong_local[2] = { 0, 0 };   /* per library */
 
         /* One checked call each with a fresh pattern, then warm-up. */
         for (int lib = 0; lib < 2; lib++) {
@@ -222,7 +224,7 @@ static int coll_run(const struct perf_opts *o, weft_comm_t *c, int is_bcast)
                 rc = 1;
                 goto out;
             }
-            wrong_local += (size_t)w;
+            wrong_local[lib] += (size_t)w;
             if (!o->check)
                 coll_fill(&b, iter, lib); /* timed calls move real data */
             for (int i = 0; i < o->warmup; i++)
@@ -235,7 +237,7 @@ static int coll_run(const struct perf_opts *o, weft_comm_t *c, int is_bcast)
             /* Alternate which library goes first. */
             for (int k = 0; k < 2; k++) {
                 int lib = (rep + k) % 2;
-                double t = coll_batch(&b, lib, iters, iter, &wrong_local);
+                double t = coll_batch(&b, lib, iters, iter, &wrong_local[lib]);
                 iter += (uint64_t)iters;
                 if (t < 0) {
                     rc = 1;
@@ -244,16 +246,22 @@ static int coll_run(const struct perf_opts *o, weft_comm_t *c, int is_bcast)
                 times[lib][rep] = t;
             }
         }
-        unsigned long long wrong = 0, wl = wrong_local;
-        MPI_Reduce(&wl, &wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, o->mpi);
+        unsigned long long wrong[2] = { 0, 0 }, wl[2] = { wrong_local[0], wrong_local[1] };
+        MPI_Reduce(wl, wrong, 2, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, o->mpi);
         if (o->rank == 0) {
             double tw = perf_median(times[LIB_WEFT], reps), tm = perf_median(times[LIB_MPI], reps);
             double bus = is_bcast ? 1.0 : (double)(n - 1) / (double)n;
             double algw = tw > 0 ? (double)moved / tw * 1e-9 : 0, algm = tm > 0 ? (double)moved / tm * 1e-9 : 0;
-            char sz[32];
-            printf("%12s %10zu %11.2f %8.3f %8.3f %11.2f %8.3f %7.2f %7llu\n", perf_size_str(bytes, sz, sizeof sz),
-                   bytes / 4, tw * 1e6, algw, algw * bus, tm * 1e6, algm * bus, tw > 0 ? tm / tw : 0.0, wrong);
-            fflush(stdout);
+            char sz[32], line[256];
+            /* The table keeps one #wrong column (weft + MPI); CSV has it per library. */
+            snprintf(line, sizeof line, "%12s %10zu %11.2f %8.3f %8.3f %11.2f %8.3f %7.2f %7llu",
+                     perf_size_str(bytes, sz, sizeof sz), bytes / 4, tw * 1e6, algw, algw * bus, tm * 1e6,
+                     algm * bus, tw > 0 ? tm / tw : 0.0, wrong[0] + wrong[1]);
+            const struct perf_result res[2] = {
+                { "weft", tw, algw, algw * bus, (long long)wrong[0] },
+                { "MPI", tm, algm, algm * bus, (long long)wrong[1] },
+            };
+            perf_report(o, is_bcast ? "bcast" : "allgather", bytes, res, 2, line);
         }
     }
 out:

@@ -5,10 +5,11 @@
  *
  * This file holds main(), option parsing and the helpers every subcommand
  * shares (perf.h). The subcommands are in perf_p2p.c (sendrecv, init),
- * perf_coll.c (allgather, bcast) and perf_reduce.c (allreduce,
- * reduce_scatter, alltoall).
+ * perf_coll.c (allgather, bcast), perf_reduce.c (allreduce,
+ * reduce_scatter, alltoall) and perf_exchange.c (exchange).
  */
 #include <errno.h>
+#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +176,17 @@ void perf_print_header(const struct perf_opts *o, const char *what)
 {
     if (o->rank != 0)
         return;
+    if (o->csv) {
+        /* One header per run, however many tables the subcommand has: the
+         * output is then one CSV table, and files of several runs can be
+         * concatenated after dropping their first lines. */
+        static int printed;
+        if (!printed)
+            printf("%s\n", PERF_CSV_HEADER);
+        printed = 1;
+        fflush(stdout);
+        return;
+    }
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
     time_t now = time(NULL);
@@ -217,6 +229,62 @@ void perf_print_header(const struct perf_opts *o, const char *what)
     fflush(stdout);
 }
 
+/* Copies src into dst (len > 0) with ',' as '+', so a value such as
+ * WEFT_TRANSPORTS=shm,tcp stays one CSV field without quoting. */
+static void csv_field(char *dst, size_t len, const char *src)
+{
+    size_t i = 0;
+    for (; src[i] && i + 1 < len; i++)
+        dst[i] = src[i] == ',' ? '+' : src[i];
+    dst[i] = '\0';
+}
+
+/* The transport configuration of a library's rows (perf.h, perf_report). */
+static void csv_transport(char *buf, size_t len, const char *library)
+{
+    char v[128];
+    if (strncmp(library, "MPI", 3) == 0) {
+        const char *btl = getenv("OMPI_MCA_btl");
+        csv_field(buf, len, btl && *btl ? btl : "default");
+        return;
+    }
+    const char *tp = getenv("WEFT_TRANSPORTS"), *vn = getenv("WEFT_VIRTUAL_NODES");
+    csv_field(v, sizeof v, tp && *tp ? tp : "default");
+    if (vn && *vn) {
+        char n[32];
+        csv_field(n, sizeof n, vn);
+        snprintf(buf, len, "%s/vnodes=%s", v, n);
+    } else {
+        snprintf(buf, len, "%s", v);
+    }
+}
+
+void perf_report(const struct perf_opts *o, const char *test, size_t bytes,
+                 const struct perf_result *res, int n, const char *table_line)
+{
+    if (o->rank != 0)
+        return;
+    if (!o->csv) {
+        printf("%s\n", table_line);
+        fflush(stdout);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const struct perf_result *r = &res[i];
+        char tp[192], alg[32] = "", bus[32] = "", wrong[32] = "";
+        csv_transport(tp, sizeof tp, r->library);
+        if (r->algbw >= 0)
+            snprintf(alg, sizeof alg, "%.4f", r->algbw);
+        if (r->busbw >= 0)
+            snprintf(bus, sizeof bus, "%.4f", r->busbw);
+        if (r->wrong >= 0)
+            snprintf(wrong, sizeof wrong, "%lld", r->wrong);
+        printf("%s,%d,%s,%zu,%s,%.3f,%s,%s,%s\n", test, o->size, tp, bytes, r->library, r->time_s * 1e6,
+               alg, bus, wrong);
+    }
+    fflush(stdout);
+}
+
 int perf_weft_fail(const struct perf_opts *o, weft_comm_t *c, const char *call, int err)
 {
     fprintf(stderr, "weft-perf rank %d: %s failed: %s (%d)%s%s\n", o->rank, call, weft_strerror(err), err,
@@ -247,16 +315,24 @@ static void usage(FILE *f)
         "  alltoall   weft_alltoall vs MPI_Alltoall\n"
         "             (these three: size = the collective's whole buffer per rank, as\n"
         "             nccl-tests; 8 B .. 64M by default)\n"
+        "  exchange   every rank sends -n messages (default 10000) to random peers, sizes\n"
+        "             random in -b .. -e (default 8 .. 64K), at most -w sends in flight\n"
+        "             per rank; every message verified; weft_isend/irecv/waitall vs\n"
+        "             MPI_Isend/Irecv/Waitall on the same pattern (seed -s); whole-run\n"
+        "             time, median of -r runs (default 5)\n"
         "\n"
         "options:\n"
         "  -b SIZE    smallest size (default 8)\n"
         "  -e SIZE    largest size (sendrecv, allreduce, reduce_scatter, alltoall: 64M;\n"
         "             allgather, bcast: 16M)\n"
         "  -f N       size factor between steps (default 2)\n"
-        "  -r N       repetitions per size; the table shows medians (sendrecv 15, init 10)\n"
-        "  -n N       iterations per repetition (default: scaled down with size)\n"
+        "  -r N       repetitions per size; the table shows medians (sendrecv 15, init 10,\n"
+        "             exchange 5)\n"
+        "  -n N       iterations per repetition (default: scaled down with size);\n"
+        "             exchange: messages each rank sends (default 10000)\n"
         "  -W N       untimed iterations at the start of each measurement (default 1)\n"
-        "  -w N       sendrecv: messages in flight in the bandwidth test (default 64)\n"
+        "  -w N       sendrecv: messages in flight in the bandwidth test (default 64);\n"
+        "             exchange: sends in flight per rank (default 64)\n"
         "  -m SIZE    sendrecv: memory cap of one side's window buffers (default 256M);\n"
         "             the window shrinks for sizes where -w messages would not fit\n"
         "  -o         sendrecv: only ranks 0 and 1 exchange, the others wait\n"
@@ -266,6 +342,10 @@ static void usage(FILE *f)
         "  -a ALGO    collectives: force an algorithm (sets the mode's WEFT_ALLGATHER_ALGO,\n"
         "             WEFT_ALLREDUCE_ALGO, WEFT_REDUCE_SCATTER_ALGO or WEFT_ALLTOALL_ALGO)\n"
         "  -R RANK    bcast root (default 0)\n"
+        "  -s SEED    exchange: seed of the message pattern (default 1)\n"
+        "  --csv      CSV instead of tables, from rank 0: one header line, then one line\n"
+        "             per size and library (subcommand,np,transport,bytes,library,\n"
+        "             time_us,algbw_GBps,busbw_GBps,wrong); scripts/plot draws them\n"
         "  -d MEM     buffers in host memory (host, default) or CUDA device memory (cuda):\n"
         "             every mode but init. The CUDA runtime is loaded at run time from\n"
         "             WEFT_CUDA_LIB (as weft does), else libcudart.so; one device per local\n"
@@ -314,10 +394,17 @@ static int parse_int(const char *s, int lo, int *out)
  * by rank 0), 2 for -h. */
 static int parse_options(int argc, char **argv, struct perf_opts *o)
 {
+    /* --csv has no one-letter form: the letters are nccl-tests' and taken. */
+    enum { OPT_CSV = 1000 };
+    static const struct option longopts[] = {
+        { "csv", no_argument, NULL, OPT_CSV },
+        { "help", no_argument, NULL, 'h' },
+        { NULL, 0, NULL, 0 },
+    };
     int factor = 2, opt;
     opterr = 0;
     optind = 1;
-    while ((opt = getopt(argc, argv, "b:e:f:r:n:W:w:m:ot:ca:R:d:h")) != -1) {
+    while ((opt = getopt_long(argc, argv, "b:e:f:r:n:W:w:m:ot:ca:R:d:s:h", longopts, NULL)) != -1) {
         int bad = 0;
         switch (opt) {
         case 'b': bad = parse_size(optarg, &o->min_bytes); break;
@@ -337,10 +424,23 @@ static int parse_options(int argc, char **argv, struct perf_opts *o)
         case 'a': o->algo = optarg; break;
         case 'R': bad = parse_int(optarg, 0, &o->root); break;
         case 'd': bad = perf_mem_parse(optarg, &o->device); break;
+        case 's': {
+            char *end = NULL;
+            errno = 0;
+            unsigned long long v = strtoull(optarg, &end, 0);
+            bad = errno || end == optarg || *end != '\0' || optarg[0] == '-';
+            o->seed = (uint64_t)v;
+            break;
+        }
+        case OPT_CSV: o->csv = 1; break;
         case 'h': return 2;
         default:
-            if (o->rank == 0)
-                fprintf(stderr, "weft-perf: unknown option or missing value: -%c\n", optopt);
+            if (o->rank == 0) {
+                if (optopt)
+                    fprintf(stderr, "weft-perf: unknown option or missing value: -%c\n", optopt);
+                else
+                    fprintf(stderr, "weft-perf: unknown option: %s\n", argv[optind - 1]);
+            }
             return 1;
         }
         if (bad) {
@@ -387,6 +487,7 @@ static const struct { const char *name; perf_fn fn; int needs_comm; const char *
     { "allreduce",      perf_allreduce,      1, "WEFT_ALLREDUCE_ALGO" },
     { "reduce_scatter", perf_reduce_scatter, 1, "WEFT_REDUCE_SCATTER_ALGO" },
     { "alltoall",       perf_alltoall,       1, "WEFT_ALLTOALL_ALGO" },
+    { "exchange",       perf_exchange,       1, "WEFT_ALLGATHER_ALGO" },
 };
 
 int main(int argc, char **argv)
@@ -397,6 +498,7 @@ int main(int argc, char **argv)
     o.warmup = 1;
     o.window = 64;
     o.window_cap = (size_t)256 << 20;
+    o.seed = 1;
     o.argc = argc;
     o.argv = argv;
 
