@@ -8,6 +8,9 @@
 #                  (N = 2, 4; config = shm, tcp, vnodes2 as in mpi_tests/).
 #                  The unique ids go rank 0 -> others by MPI_Bcast, and in the
 #                  tcp entries through a file (written whole, then renamed).
+#   nccl_env_<case>_np2   NCCL_DEBUG=INFO's "Init COMPLETE" line per rank,
+#                  NCCL_SHM_DISABLE=1 -> tcp between the ranks, an NCCL_*
+#                  variable with no weft equivalent -> one "ignored" line.
 #   nccl_fault_{abort,peerdeath}_np2_{shm,tcp}   nccl_test_fault.c:
 #                  ncclCommAbort from a second thread releases a stream held
 #                  by a recv; a peer that _exits makes rank 0's allreduce fail
@@ -114,6 +117,30 @@ foreach(np 2 4)
       LABELS "nccl;mpi;np${np};${config}")
   endforeach()
 endforeach()
+
+# NCCL_* environment and NCCL_DEBUG lines (np 2, init and destroy only).
+set(WEFT_NCCL_ONLY_INIT
+  NCCL_TEST_SKIP=basics,args,reductions,moves,bcast,p2p,refused,split,ops,memory,nonblocking,scalable,groupinit,initall,big,churn)
+function(weft_nccl_env_test name regex)
+  set(test_name nccl_env_${name}_np2)
+  add_test(NAME ${test_name}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_nccl_test_colls> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(${test_name} PROPERTIES
+    ENVIRONMENT "${WEFT_NCCL_TEST_ENV};${WEFT_NCCL_ONLY_INIT};${ARGN}"
+    PASS_REGULAR_EXPRESSION "${regex}"
+    FAIL_REGULAR_EXPRESSION "FAIL rank|FATAL rank"
+    TIMEOUT 60
+    PROCESSORS 2
+    LABELS "nccl;mpi;np2")
+endfunction()
+# What rank 1's output must show, and the environment.
+weft_nccl_env_test(debug_info "NCCL INFO [^\n]*rank 1 nranks 2 [^\n]*weft [0-9.]+[^\n]*NCCL 2[.]28[.]9 API[^\n]*Init COMPLETE"
+                   NCCL_DEBUG=INFO WEFT_TRANSPORTS=shm)
+weft_nccl_env_test(shm_disable "weft.rank 1. INFO: peer 0: transport tcp"
+                   NCCL_DEBUG=INFO NCCL_SHM_DISABLE=1)
+weft_nccl_env_test(ignored "NCCL INFO NCCL_P2P_DISABLE=1 ignored .no weft equivalent."
+                   NCCL_DEBUG=INFO NCCL_P2P_DISABLE=1 WEFT_TRANSPORTS=shm)
 
 # Fault entries: recovery on so rank 0 outlives rank 1; mpirun's exit code
 # says nothing then, so they are judged by rank 0's line.
