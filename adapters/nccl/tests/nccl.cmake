@@ -17,6 +17,19 @@
 #                  with ncclRemoteError naming rank 1. WEFT_TIMEOUT=10; label
 #                  sleepy too. Judged by rank 0's NCCL-FAULT-OK line.
 #
+# Seconds, plain -Werror build, ctest -j1 on the 2-core machine, measured
+# with the sections that hang in weft today skipped (see below): colls np2
+# shm 1.6 (+0.3 for the 64 MiB calls), tcp 4.6 (+0.4), vnodes2 4.5 (+0.4),
+# np4 shm 0.8, tcp 11.0, vnodes2 9.9; faults 1.4 + 1.3 + 0.5 + 0.5; env
+# 0.4 + 1.4 + 0.4; symbols 0.05: about 40 s for the label. Most of the tcp
+# entries' time is comm set-up (several 1-2 s steps in the scalable,
+# group-init, InitAll and split sections), not data.
+# A hang (a stream still busy WEFT_TIMEOUT + 10 s after the call) is reported
+# by the program itself ("stream wait ... a hang", then MPI_Abort): with
+# WEFT_TIMEOUT=30 such an entry fails after ~40 s instead of at TIMEOUT.
+# NCCL_TEST_SKIP=<part,...> leaves parts out when chasing one failure
+# (nccl_test_colls.c, main); NCCL_TEST_TRACE=1 prints each call first.
+#
 # The C programs are written against NCCL's nccl.h and linked with -lnccl
 # found in WEFT_NCCL_LIB_DIR (lib/libnccl.so -> libweft_nccl.so), so their
 # NEEDED entry is libnccl.so.2, as for a program built against real NCCL;
