@@ -82,6 +82,7 @@ struct weft_coll {
      * can reduce (pinned when CUDA allows), kept for reuse (coll_stage.c). */
     pthread_mutex_t         stage_lock;
     struct weft_coll_stage *stages;
+    struct weft_coll_stage *scratches;   /* device scratch of the reduction kernels, reused (stage_lock) */
 
     /* Non-blocking collectives in flight (coll_nb.c): advanced by any
      * wait of the comm (the p2p progress hook), and call seq waits for

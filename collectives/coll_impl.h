@@ -93,6 +93,11 @@ int  coll_reduce_launch(struct weft_coll *cc, struct weft_sched_call *call, cons
 struct weft_coll_stage *coll_stage_get(struct weft_coll *cc, size_t bytes);
 void *coll_stage_ptr(struct weft_coll_stage *st);
 void  coll_stage_put(struct weft_coll *cc, struct weft_coll_stage *st);
+/* Device scratch of the reduction kernels (on the comm's device), reused
+ * across calls like the staging buffers; NULL: no memory. */
+struct weft_coll_stage *coll_scratch_get(struct weft_coll *cc, size_t bytes);
+void  coll_scratch_put(struct weft_coll *cc, struct weft_coll_stage *st);
+/* Frees both lists: only at destroy, once no stream waits on the comm. */
 void  coll_stage_fini(struct weft_coll *cc);
 /* Before call seq takes its lanes: a non-blocking call of the same slot
  * still in flight is driven to completion (its result kept for its

@@ -78,6 +78,7 @@ int coll_reduce_begin(struct weft_coll *cc, const struct weft_coll_args *a, size
     if ((sdev || in_bytes == 0) && (rdev || out_bytes == 0) && (!sdev || !rdev || sdevno == rdevno) &&
         weft_reduce_device_available(core, devno, why, sizeof why)) {
         call->scratch_dev = 1;
+        call->stage_cc = cc;   /* its device scratch comes from (and goes back to) cc's list */
         return WEFT_SUCCESS;
     }
     if (!__atomic_exchange_n(why[0] ? &staged_logged_refused : &staged_logged_mixed, 1, __ATOMIC_RELAXED))

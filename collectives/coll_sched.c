@@ -339,7 +339,9 @@ static int op_advance(struct weft_coll_op *op)
 /* Frees the op and what it holds (device scratch, staging). */
 static void op_free(struct weft_coll_op *op)
 {
-    if (op->scratch_dev)
+    if (op->scratch_st)
+        coll_scratch_put(op->stage_cc, op->scratch_st);   /* never cudaFree here: coll_stage.c says why */
+    else if (op->scratch_dev)
         weft_reduce_device_free(op->core, op->scratch_dev);
     if (op->stage)
         coll_stage_put(op->stage_cc, op->stage);
@@ -377,6 +379,7 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct 
     op->nranks = call->nranks > 0 ? call->nranks : 1;
     op->dev = call->scratch_dev;
     op->scratch_dev = NULL;
+    op->scratch_st = NULL;
     op->stage_cc = call->stage_cc;
     op->stage = call->stage;
     op->epoch = (uint64_t)-1;   /* looked at before anything is issued */
@@ -385,7 +388,12 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct 
     op->lo = 0;
     op->scratch = host_scratch ? (char *)op + head : NULL;
     if (call->scratch_dev && call->scratch_bytes > 0) {
-        op->scratch_dev = weft_reduce_device_alloc(core, call->scratch_bytes);
+        if (call->stage_cc != NULL) {
+            op->scratch_st = coll_scratch_get(call->stage_cc, call->scratch_bytes);
+            op->scratch_dev = op->scratch_st ? coll_stage_ptr(op->scratch_st) : NULL;
+        } else {
+            op->scratch_dev = weft_reduce_device_alloc(core, call->scratch_bytes);
+        }
         if (op->scratch_dev == NULL) {
             op->stage = NULL;
             free(op);

@@ -96,7 +96,8 @@ struct weft_coll_op {
     struct weft_p2p_check   check;   /* sig + seq as it travels */
     int                     nranks;  /* REDUCE F_AVG's divisor */
     int                     dev;     /* REDUCE runs CUDA kernels (device buffers, kernels loaded) */
-    void                   *scratch_dev; /* device scratch of a dev op (freed with the op) */
+    void                   *scratch_dev; /* device scratch of a dev op */
+    struct weft_coll_stage *scratch_st;  /* ... when it came from the comm's list (returned there) */
     struct weft_coll       *stage_cc;/* host staging taken from stage_cc (returned with the op) */
     struct weft_coll_stage *stage;
     uint64_t                epoch;   /* the p2p fault epoch last looked at */

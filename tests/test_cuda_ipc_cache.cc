@@ -66,7 +66,16 @@ void fake_close(void *ctx, weft_ipc_cache_entry *e)
     f->closes++;
 }
 
-const weft_ipc_cache_ops kOps = {fake_open, fake_close};
+const weft_ipc_cache_ops kOps = {fake_open, fake_close, nullptr};
+
+/* may_close for the deferral test: closing allowed only when g_may_close. */
+int g_may_close = 1;
+int fake_may_close(void *ctx)
+{
+    (void)ctx;
+    return g_may_close;
+}
+const weft_ipc_cache_ops kOpsDeferring = {fake_open, fake_close, fake_may_close};
 
 class IpcCache : public ::testing::Test {
 protected:
@@ -115,6 +124,51 @@ TEST_F(IpcCache, RepeatedBufferOpensOnce)
     EXPECT_EQ(s.hits, 5u);
     EXPECT_EQ(s.opens, 1u);
     EXPECT_EQ(s.entries, 1u);
+}
+
+/* While may_close says no (cuda_ipc: a stream waits on weft's stream
+ * engine, and closing a mapping would wait for the device), stale and
+ * evicted entries are not closed but parked; the first get once closing is
+ * allowed closes them, and destroy closes what is still parked. */
+TEST_F(IpcCache, ClosesPutOffWhileNotAllowed)
+{
+    c = weft_ipc_cache_create(2, &kOpsDeferring, &f);
+    ASSERT_NE(c, nullptr);
+    g_may_close = 0;
+    use(1, 0x500000, 10);
+    use(1, 0x500000, 11);            /* stale: 10 would be closed now */
+    use(1, 0x600000, 12);
+    use(1, 0x700000, 13);            /* over the cap of 2: an eviction */
+    EXPECT_EQ(f.closes, 0) << "closed while may_close said no";
+    auto s = stats();
+    EXPECT_EQ(s.deferred, 2u);
+    EXPECT_EQ(s.entries, 2u) << "parked entries do not count against the cap";
+    g_may_close = 1;
+    use(1, 0x700000, 13);            /* a hit; the parked ones are closed first */
+    EXPECT_EQ(f.closes, 2);
+    ASSERT_EQ(f.closed.size(), 2u);
+    EXPECT_TRUE((f.closed[0] == Key{1, 0x500000, 10} || f.closed[1] == Key{1, 0x500000, 10}));
+    g_may_close = 0;
+    use(1, 0x500000, 14);            /* stale again, parked */
+    EXPECT_EQ(f.closes, 2);
+    g_may_close = 1;                 /* TearDown's destroy closes the rest */
+}
+
+/* Destroy closes parked entries even while closing is not allowed (it runs
+ * after the stream engine was quiesced). */
+TEST_F(IpcCache, DestroyClosesParkedEntries)
+{
+    c = weft_ipc_cache_create(1, &kOpsDeferring, &f);
+    ASSERT_NE(c, nullptr);
+    g_may_close = 0;
+    use(2, 0x500000, 1);
+    use(2, 0x500000, 2);
+    use(2, 0x500000, 3);
+    EXPECT_EQ(f.closes, 0);
+    weft_ipc_cache_destroy(c);
+    c = nullptr;
+    EXPECT_EQ(f.closes, 3);
+    g_may_close = 1;
 }
 
 TEST_F(IpcCache, KeyIncludesPeer)

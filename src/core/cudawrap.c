@@ -339,3 +339,15 @@ const char *weft_cuda_why(void)
 {
     return load_why;
 }
+
+static long g_stream_waits;
+
+void weft_cuda_stream_waits_add(long delta)
+{
+    __atomic_add_fetch(&g_stream_waits, delta, __ATOMIC_ACQ_REL);
+}
+
+long weft_cuda_stream_waits(void)
+{
+    return __atomic_load_n(&g_stream_waits, __ATOMIC_ACQUIRE);
+}

@@ -58,6 +58,15 @@ int  weft_cuda_mem_attr(const void *ptr, struct weft_mem_attr *out);
  * for once, like weft_cuda_mem_attr does). Callers on a hot path test this
  * once and skip classifying buffers in host-only processes. */
 int  weft_cuda_present(void);
+/* Stream-ordered operations of this process whose streams wait (on the
+ * device) for a counter weft's stream engine has not written yet; the
+ * engine counts them (src/stream/stream.c). While any exists, a CUDA call
+ * that waits for the device (cudaFree, cudaFreeHost, closing an IPC
+ * mapping) made by weft can wait for itself: the counter is written by
+ * weft. Such calls are put off until this is 0 (cuda_ipc's stale mappings)
+ * or until destroy (the collectives' buffers). */
+void weft_cuda_stream_waits_add(long delta);
+long weft_cuda_stream_waits(void);
 
 #ifdef WEFT_HAVE_CUDA_HEADERS
 #include <cuda.h>

@@ -537,6 +537,7 @@ static int publish(struct weft_stream *S, struct sstream *ss)
         __atomic_store_n(ss->host, seq, __ATOMIC_RELEASE);
         S->outstanding -= (size_t)n;
         S->completed += (uint64_t)n;
+        weft_cuda_stream_waits_add(-(long)n);
     }
     return n;
 }
@@ -581,6 +582,7 @@ static void abandon_all(struct weft_stream *S, int abandon)
             op_free(weft_container_of(n, struct sop, fifo), abandon);
         __atomic_store_n(ss->host, ss->next_seq, __ATOMIC_RELEASE);
     }
+    weft_cuda_stream_waits_add(-(long)S->outstanding);
     S->outstanding = 0;
 }
 
@@ -901,6 +903,7 @@ static int submit(struct gop *ops, size_t n, const char *fn)
         b->nevs = s->nst;
         weft_queue_push(&S->queue, &b->qn);
         S->outstanding += b->nops;
+        weft_cuda_stream_waits_add((long)b->nops);
         pthread_cond_signal(&S->cv);
         free(s->st);
     }

@@ -248,7 +248,16 @@ static void import_close(void *ctx, struct weft_ipc_cache_entry *e)
     e->mapped = NULL;
 }
 
-static const struct weft_ipc_cache_ops import_ops = { import_open, import_close };
+/* Closing a mapping waits for the device: not while a stream waits on
+ * weft's stream engine, whose progress thread may be the one closing
+ * (cudawrap.h, weft_cuda_stream_waits). */
+static int import_may_close(void *ctx)
+{
+    (void)ctx;
+    return weft_cuda_stream_waits() == 0;
+}
+
+static const struct weft_ipc_cache_ops import_ops = { import_open, import_close, import_may_close };
 
 struct export_arg {
     const struct weft_cuda *cu;
@@ -270,7 +279,7 @@ static int export_open(void *ctx, struct weft_ipc_cache_entry *e, const void *ar
     return 0;
 }
 
-static const struct weft_ipc_cache_ops export_ops = { export_open, NULL };
+static const struct weft_ipc_cache_ops export_ops = { export_open, NULL, NULL };
 
 /* ---------------------------------------------------------------- set-up */
 

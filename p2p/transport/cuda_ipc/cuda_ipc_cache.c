@@ -19,6 +19,7 @@ struct weft_ipc_cache {
     size_t                            count;       /* live entries (in the table and the LRU) */
     struct weft_list                  lru;         /* live entries, most recently used first (lru nodes) */
     struct weft_list                  dead;        /* dead entries still referenced (lru nodes) */
+    struct weft_list                  closing;     /* unreferenced entries whose close was put off (lru nodes) */
     struct weft_ipc_cache_stats       st;
 };
 
@@ -53,6 +54,7 @@ struct weft_ipc_cache *weft_ipc_cache_create(size_t cap, const struct weft_ipc_c
     c->ctx = ctx;
     weft_list_init(&c->lru);
     weft_list_init(&c->dead);
+    weft_list_init(&c->closing);
     c->nbuckets = 64;
     c->buckets = buckets_new(c->nbuckets);
     if (c->buckets == NULL) {
@@ -96,12 +98,38 @@ struct weft_ipc_cache_entry *weft_ipc_cache_peek(const struct weft_ipc_cache *c,
 
 /* ---- closing ---- */
 
-static void entry_close(struct weft_ipc_cache *c, struct weft_ipc_cache_entry *e)
+static void entry_close_now(struct weft_ipc_cache *c, struct weft_ipc_cache_entry *e)
 {
     if (c->ops && c->ops->close)
         c->ops->close(c->ctx, e);
     c->st.closes++;
     free(e);
+}
+
+static int may_close(const struct weft_ipc_cache *c)
+{
+    return c->ops == NULL || c->ops->may_close == NULL || c->ops->may_close(c->ctx);
+}
+
+/* e is out of the table and the LRU, unreferenced: closed now, or parked. */
+static void entry_close(struct weft_ipc_cache *c, struct weft_ipc_cache_entry *e)
+{
+    if (!may_close(c)) {
+        c->st.deferred++;
+        weft_list_add_head(&c->closing, &e->lru);
+        return;
+    }
+    entry_close_now(c, e);
+}
+
+/* Closes the parked entries once closing is allowed again. */
+static void drain_closing(struct weft_ipc_cache *c)
+{
+    struct weft_list *n;
+    if (weft_list_empty(&c->closing) || !may_close(c))
+        return;
+    while ((n = weft_list_pop(&c->closing)) != NULL)
+        entry_close_now(c, ENTRY_OF_LRU(n));
 }
 
 /* Takes a live entry out of the table and the LRU: closed now when unused,
@@ -147,6 +175,7 @@ int weft_ipc_cache_get(struct weft_ipc_cache *c, int peer, uint64_t base, uint64
     *out = NULL;
     if (hit)
         *hit = 0;
+    drain_closing(c);
     if (e && e->buffer_id == buffer_id) {
         weft_list_del(&e->lru);
         weft_list_add_head(&c->lru, &e->lru);
@@ -220,6 +249,9 @@ void weft_ipc_cache_destroy(struct weft_ipc_cache *c)
         entry_close(c, ENTRY_OF_LRU(n));
     while ((n = weft_list_pop(&c->dead)) != NULL)
         entry_close(c, ENTRY_OF_LRU(n));
+    /* Destroy runs after the stream engine was quiesced: nothing waits. */
+    while ((n = weft_list_pop(&c->closing)) != NULL)
+        entry_close_now(c, ENTRY_OF_LRU(n));
     free(c->buckets);
     free(c);
 }

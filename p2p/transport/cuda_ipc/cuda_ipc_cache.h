@@ -49,6 +49,12 @@ struct weft_ipc_cache_ops {
     int  (*open)(void *ctx, struct weft_ipc_cache_entry *e, const void *arg);
     /* Closes what open made (NULL: nothing to close). */
     void (*close)(void *ctx, struct weft_ipc_cache_entry *e);
+    /* Whether close may run now (NULL: always). When not, an entry to
+     * close waits on a list of its own (out of the table, not counted
+     * against the cap) and is closed by a later get/put that may, or by
+     * destroy. cuda_ipc: not while a stream waits on weft's stream engine,
+     * since closing a mapping waits for the device (cudawrap.h). */
+    int  (*may_close)(void *ctx);
 };
 
 struct weft_ipc_cache_stats {
@@ -58,6 +64,7 @@ struct weft_ipc_cache_stats {
     uint64_t closes;      /* closes (stale + evicted + destroy) */
     uint64_t stale;       /* entries replaced because the buffer id changed */
     uint64_t evictions;   /* entries closed by the LRU cap */
+    uint64_t deferred;    /* closes put off because may_close said no */
     size_t   entries;     /* entries in the table now */
 };
 
