@@ -17,12 +17,11 @@
 #                  with ncclRemoteError naming rank 1. WEFT_TIMEOUT=10; label
 #                  sleepy too. Judged by rank 0's NCCL-FAULT-OK line.
 #
-# Seconds, plain -Werror build, ctest -j1 on the 2-core machine, measured
-# with the sections that hang in weft today skipped (see below): colls np2
-# shm 1.6 (+0.3 for the 64 MiB calls), tcp 4.6 (+0.4), vnodes2 4.5 (+0.4),
-# np4 shm 0.8, tcp 11.0, vnodes2 9.9; faults 1.4 + 1.3 + 0.5 + 0.5; env
-# 0.4 + 1.4 + 0.4; symbols 0.05: about 40 s for the label. Most of the tcp
-# entries' time is comm set-up (several 1-2 s steps in the scalable,
+# Seconds, plain -Werror build, ctest -j1 on the 2-core machine (whole
+# programs, weft at 2b4e967): colls np2 shm 3.0, tcp 5.9, vnodes2 5.0, np4
+# shm 0.9, tcp 14.0, vnodes2 10.1; env 0.4 + 0.4 + 0.4; faults 1.4 + 1.4 +
+# 0.5 + 0.5; symbols 0.1: 44 s for the label (not measured under ASan). Most
+# of the tcp entries' time is comm set-up (1-2 s steps in the scalable,
 # group-init, InitAll and split sections), not data.
 # A hang (a stream still busy WEFT_TIMEOUT + 10 s after the call) is reported
 # by the program itself ("stream wait ... a hang", then MPI_Abort): with
