@@ -1212,7 +1212,8 @@ static void test_basics(void)
         "no error",
         "unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
         "unhandled system error (run with NCCL_DEBUG=INFO for details)",
-        "internal error - please report this issue to the NCCL developers",
+        /* NCCL's text but for whom to tell: an internal error here is weft's (docs/nccl.md) */
+        "internal error - please report this issue to the weft developers",
         "invalid argument (run with NCCL_DEBUG=WARN for details)",
         "invalid usage (run with NCCL_DEBUG=WARN for details)",
         "remote process exited or there was a network error",
