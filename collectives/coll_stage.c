@@ -29,77 +29,62 @@ struct weft_coll_stage {
     int                     pinned;
 };
 
-struct weft_coll_stage *coll_stage_get(struct weft_coll *cc, size_t bytes)
+/* Takes the first buffer of *list at least bytes large (NULL: none). */
+static struct weft_coll_stage *list_take(struct weft_coll *cc, struct weft_coll_stage **list, size_t bytes)
 {
     struct weft_coll_stage **pp, *st = NULL;
     pthread_mutex_lock(&cc->stage_lock);
-    for (pp = &cc->stages; *pp; pp = &(*pp)->next)
+    for (pp = list; *pp; pp = &(*pp)->next)
         if ((*pp)->bytes >= bytes) {
             st = *pp;
             *pp = st->next;
             break;
         }
     pthread_mutex_unlock(&cc->stage_lock);
+    return st;
+}
+
+static void list_push(struct weft_coll *cc, struct weft_coll_stage **list, struct weft_coll_stage *st)
+{
+    if (st == NULL)
+        return;
+    pthread_mutex_lock(&cc->stage_lock);
+    st->next = *list;
+    *list = st;
+    pthread_mutex_unlock(&cc->stage_lock);
+}
+
+/* A reused buffer from *list, else a new one from alloc (device: the
+ * reduction kernels' scratch, else pinned host memory). */
+static struct weft_coll_stage *get(struct weft_coll *cc, struct weft_coll_stage **list, size_t bytes, int device)
+{
+    struct weft_coll_stage *st = list_take(cc, list, bytes);
     if (st)
         return st;
     st = calloc(1, sizeof *st);
     if (st == NULL)
         return NULL;
     st->bytes = bytes;
-    st->mem = weft_devcopy_host_alloc(cc->core, bytes, &st->pinned);
+    st->mem = device ? weft_reduce_device_alloc(cc->core, bytes) : weft_devcopy_host_alloc(cc->core, bytes, &st->pinned);
     if (st->mem == NULL) {
         free(st);
         return NULL;
     }
     return st;
 }
+
+struct weft_coll_stage *coll_stage_get(struct weft_coll *cc, size_t bytes) { return get(cc, &cc->stages, bytes, 0); }
 
 void *coll_stage_ptr(struct weft_coll_stage *st) { return st->mem; }
 
-void coll_stage_put(struct weft_coll *cc, struct weft_coll_stage *st)
-{
-    if (st == NULL)
-        return;
-    pthread_mutex_lock(&cc->stage_lock);
-    st->next = cc->stages;
-    cc->stages = st;
-    pthread_mutex_unlock(&cc->stage_lock);
-}
+void coll_stage_put(struct weft_coll *cc, struct weft_coll_stage *st) { list_push(cc, &cc->stages, st); }
 
 struct weft_coll_stage *coll_scratch_get(struct weft_coll *cc, size_t bytes)
 {
-    struct weft_coll_stage **pp, *st = NULL;
-    pthread_mutex_lock(&cc->stage_lock);
-    for (pp = &cc->scratches; *pp; pp = &(*pp)->next)
-        if ((*pp)->bytes >= bytes) {
-            st = *pp;
-            *pp = st->next;
-            break;
-        }
-    pthread_mutex_unlock(&cc->stage_lock);
-    if (st)
-        return st;
-    st = calloc(1, sizeof *st);
-    if (st == NULL)
-        return NULL;
-    st->bytes = bytes;
-    st->mem = weft_reduce_device_alloc(cc->core, bytes);
-    if (st->mem == NULL) {
-        free(st);
-        return NULL;
-    }
-    return st;
+    return get(cc, &cc->scratches, bytes, 1);
 }
 
-void coll_scratch_put(struct weft_coll *cc, struct weft_coll_stage *st)
-{
-    if (st == NULL)
-        return;
-    pthread_mutex_lock(&cc->stage_lock);
-    st->next = cc->scratches;
-    cc->scratches = st;
-    pthread_mutex_unlock(&cc->stage_lock);
-}
+void coll_scratch_put(struct weft_coll *cc, struct weft_coll_stage *st) { list_push(cc, &cc->scratches, st); }
 
 void coll_stage_fini(struct weft_coll *cc)
 {

@@ -230,38 +230,36 @@ NCCL_API(ncclResult_t, ncclReduce, const void *sendbuff, void *recvbuff, size_t 
 
 /* ---- data movement ---- */
 
-NCCL_API(ncclResult_t, ncclAllGather, const void *sendbuff, void *recvbuff, size_t sendcount,
-         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
+/* Allgather (alltoall 0) or alltoall (1): count elements per rank each way. */
+static ncclResult_t all_to_all(int alltoall, const void *sendbuff, void *recvbuff, size_t count,
+                               ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream, const char *fn)
 {
-    const char *fn = "ncclAllGather";
     struct nccl_devguard g;
     size_t bytes;
     ncclResult_t rc;
-    if ((rc = front(comm, datatype, sendcount, 1, &bytes, fn)) != ncclSuccess ||
-        (rc = need_buf(comm, sendbuff, bytes, "sendbuff", fn)) != ncclSuccess ||
-        (rc = need_buf(comm, recvbuff, bytes, "recvbuff", fn)) != ncclSuccess ||
-        (rc = enter(comm, &g, stream, fn)) != ncclSuccess)
-        return rc;
-    rc = weft_rc(comm, weft_allgather_on_stream(comm->w, sendbuff, recvbuff, bytes, stream), fn);
-    nccl_dev_leave(&g);
-    return rc;
-}
-
-NCCL_API(ncclResult_t, ncclAlltoAll, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
-         ncclComm_t comm, cudaStream_t stream)
-{
-    const char *fn = "ncclAlltoAll";
-    struct nccl_devguard g;
-    size_t bytes;
-    ncclResult_t rc;
+    int e;
     if ((rc = front(comm, datatype, count, 1, &bytes, fn)) != ncclSuccess ||
         (rc = need_buf(comm, sendbuff, bytes, "sendbuff", fn)) != ncclSuccess ||
         (rc = need_buf(comm, recvbuff, bytes, "recvbuff", fn)) != ncclSuccess ||
         (rc = enter(comm, &g, stream, fn)) != ncclSuccess)
         return rc;
-    rc = weft_rc(comm, weft_alltoall_on_stream(comm->w, sendbuff, recvbuff, bytes, stream), fn);
+    e = alltoall ? weft_alltoall_on_stream(comm->w, sendbuff, recvbuff, bytes, stream)
+                 : weft_allgather_on_stream(comm->w, sendbuff, recvbuff, bytes, stream);
+    rc = weft_rc(comm, e, fn);
     nccl_dev_leave(&g);
     return rc;
+}
+
+NCCL_API(ncclResult_t, ncclAllGather, const void *sendbuff, void *recvbuff, size_t sendcount,
+         ncclDataType_t datatype, ncclComm_t comm, cudaStream_t stream)
+{
+    return all_to_all(0, sendbuff, recvbuff, sendcount, datatype, comm, stream, "ncclAllGather");
+}
+
+NCCL_API(ncclResult_t, ncclAlltoAll, const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+         ncclComm_t comm, cudaStream_t stream)
+{
+    return all_to_all(1, sendbuff, recvbuff, count, datatype, comm, stream, "ncclAlltoAll");
 }
 
 static ncclResult_t broadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
