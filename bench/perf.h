@@ -18,6 +18,7 @@
  *     perf_reduce.c perf_allreduce, perf_reduce_scatter, perf_alltoall
  *     perf_exchange.c perf_exchange
  *     perf_mem.c   buffers in host or CUDA device memory (-d host|cuda)
+ *     perf_ucx.c   sendrecv's UCX column (only where CMake finds UCX)
  *
  * Output: every subcommand starts with perf_print_header and hands each
  * result row to perf_report, which prints either the subcommand's own table
@@ -136,6 +137,30 @@ size_t perf_buf_verify(const struct perf_opts *o, const void *buf, size_t bytes,
 void   perf_buf_to_host(const struct perf_opts *o, void *host, const void *buf, size_t bytes);
 void   perf_buf_from_host(const struct perf_opts *o, void *buf, const void *host, size_t bytes);
 
+#ifdef WEFT_PERF_HAVE_UCX
+/* ---- the UCX column of sendrecv (perf_ucx.c; built where CMake finds UCX) ----
+ * UCP tag send/recv to one peer; UCX_* of the environment configure it.
+ * Every call returns 0, or 1 after printing what failed on stderr. */
+struct perf_ucx;
+/* Collective over o->mpi: context, worker, addresses exchanged with
+ * MPI_Allgather(v), one endpoint to peer (none when peer < 0). Fails on
+ * every rank when one rank fails. */
+int  perf_ucx_open(const struct perf_opts *o, int peer, struct perf_ucx **out);
+/* Collective: closes the endpoint, then a barrier that keeps progressing. */
+void perf_ucx_close(struct perf_ucx *u);
+/* UCX_TLS, or "default". */
+const char *perf_ucx_tls(void);
+/* Blocking: return once buf may be reused / holds the message (*got its length). */
+int  perf_ucx_send(struct perf_ucx *u, const void *buf, size_t bytes, int tag);
+int  perf_ucx_recv(struct perf_ucx *u, void *buf, size_t bytes, int tag, size_t *got);
+/* Non-blocking: *req is NULL when the operation completed at once (a receive's
+ * length then in *got_now), else a request for perf_ucx_wait. */
+int  perf_ucx_isend(struct perf_ucx *u, const void *buf, size_t bytes, int tag, void **req);
+int  perf_ucx_irecv(struct perf_ucx *u, void *buf, size_t bytes, int tag, void **req, size_t *got_now);
+/* Completes and frees req (NULL: nothing to do); got: a receive's length, NULL for sends. */
+int  perf_ucx_wait(struct perf_ucx *u, void *req, const char *what, size_t *got);
+#endif
+
 /* "8", "4K", "64M" style, into buf (at least 16 bytes). */
 const char *perf_size_str(size_t bytes, char *buf, size_t len);
 
@@ -148,7 +173,7 @@ void perf_print_header(const struct perf_opts *o, const char *what);
 
 /* One library's figures at one size, for perf_report. */
 struct perf_result {
-    const char *library;   /* "weft", "MPI", or a part of it ("weft_create") */
+    const char *library;   /* "weft", "MPI", "ucx", "gloo", or a part of one ("weft_create") */
     double      time_s;    /* the time the table shows, in seconds */
     double      algbw;     /* GB/s; < 0: not meaningful (empty CSV field) */
     double      busbw;     /* GB/s; < 0: not meaningful */
@@ -163,7 +188,7 @@ struct perf_result {
  * res[0..n): test (the subcommand, or "sendrecv-lat"/"sendrecv-bw"), np,
  * the library's transport configuration (weft: WEFT_TRANSPORTS, ',' written
  * '+', or "default", plus "/vnodes=N" under WEFT_VIRTUAL_NODES; MPI: the
- * btl (OMPI_MCA_btl) or "default"), bytes (the table's size column),
+ * btl (OMPI_MCA_btl) or "default"; ucx: UCX_TLS or "default"), bytes (the table's size column),
  * library, time in microseconds, algbw, busbw and wrong. */
 void perf_report(const struct perf_opts *o, const char *test, size_t bytes,
                  const struct perf_result *res, int n, const char *table_line);

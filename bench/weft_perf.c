@@ -224,6 +224,9 @@ void perf_print_header(const struct perf_opts *o, const char *what)
     if (any)
         printf("\n");
     printf("# MPI transports: %s\n", getenv("OMPI_MCA_btl") ? getenv("OMPI_MCA_btl") : "Open MPI default");
+#ifdef WEFT_PERF_HAVE_UCX
+    printf("# UCX transports (sendrecv's UCX column): %s\n", getenv("UCX_TLS") ? getenv("UCX_TLS") : "UCX default");
+#endif
     perf_mem_describe(o);
     printf("%s\n", what);
     fflush(stdout);
@@ -246,6 +249,12 @@ static void csv_transport(char *buf, size_t len, const char *library)
     if (strncmp(library, "MPI", 3) == 0) {
         const char *btl = getenv("OMPI_MCA_btl");
         csv_field(buf, len, btl && *btl ? btl : "default");
+        return;
+    }
+    if (strcmp(library, "ucx") == 0) {
+        /* UCX picks its transports from UCX_TLS (perf_ucx.c). */
+        const char *tls = getenv("UCX_TLS");
+        csv_field(buf, len, tls && *tls ? tls : "default");
         return;
     }
     const char *tp = getenv("WEFT_TRANSPORTS"), *vn = getenv("WEFT_VIRTUAL_NODES");
@@ -306,6 +315,9 @@ static void usage(FILE *f)
         "  sendrecv   ping-pong latency (half round trip) and streaming bandwidth\n"
         "             (window of -w messages) between pairs of ranks (r, r + np/2);\n"
         "             MPI_Send/Recv and MPI_Isend/Irecv/Waitall as reference\n"
+#ifdef WEFT_PERF_HAVE_UCX
+        "             (and UCP tag send/recv: a UCX column, transports from UCX_TLS)\n"
+#endif
         "  init       weft_comm_create / weft_comm_destroy time vs\n"
         "             MPI_Comm_dup + MPI_Allgather of one rank card / MPI_Comm_free\n"
         "  allgather  weft_allgather vs MPI_Allgather\n"

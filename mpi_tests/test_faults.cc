@@ -8,6 +8,11 @@
  *                                               forced with WEFT_ALLGATHER_ALGO
  *           bcast                               weft_bcast, root = the victim
  *           barrier                             weft_barrier
+ *           first                               no warm-up: the survivors'
+ *                                               first message to the victim
+ *                                               (a send and a receive), so
+ *                                               the pipe is made after the
+ *                                               fault (lazy connection)
  *     mode: kill   the victim (rank 2) raises SIGKILL on itself
  *           stop   it raises SIGSTOP (alive, silent); a survivor SIGKILLs it
  *                  once the checks are done
@@ -153,6 +158,20 @@ int run_collective(weft_comm_t *c, uint64_t index, bool verify, std::vector<std:
     const int me = g_run.rank, n = g_run.size;
     if (g_run.kase == "barrier")
         return weft_barrier(c);
+    if (g_run.kase == "first") {
+        unsigned char out[100], in[100];
+        fill_pattern(out, sizeof out, pattern_seed(me, 702, index));
+        weft_request_t *rq[2] = {nullptr, nullptr};
+        int rc = weft_irecv(c, in, sizeof in, kVictim, 702, &rq[0]);
+        if (rc != WEFT_SUCCESS)
+            return rc;
+        rc = weft_isend(c, out, sizeof out, kVictim, 702, &rq[1]);
+        if (rc != WEFT_SUCCESS) {
+            weft_wait(rq[0], nullptr);   /* fails too: the pipe broke */
+            return rc;
+        }
+        return weft_waitall(2, rq, nullptr);
+    }
     if (g_run.kase == "bcast") {
         std::vector<unsigned char> buf(kBcastBytes);
         if (me == kVictim)
@@ -280,9 +299,10 @@ int main(int argc, char **argv)
     g_run.kase = argc > 1 ? argv[1] : env_or("WEFT_FAULT_CASE", "");
     g_run.mode = argc > 2 ? argv[2] : env_or("WEFT_FAULT_MODE", "");
     g_run.timeout = std::atof(env_or("WEFT_TIMEOUT", "60"));
-    const bool known_case = is_allgather_case(g_run.kase) || g_run.kase == "bcast" || g_run.kase == "barrier";
+    const bool known_case = is_allgather_case(g_run.kase) || g_run.kase == "bcast" || g_run.kase == "barrier" ||
+                            g_run.kase == "first";
     if (!known_case || (g_run.mode != "kill" && g_run.mode != "stop") || g_run.size <= kVictim)
-        finish(false, "usage: weft_mpi_faults ring|rd|bruck|direct|hier|bcast|barrier kill|stop, on at least " +
+        finish(false, "usage: weft_mpi_faults ring|rd|bruck|direct|hier|bcast|barrier|first kill|stop, on at least " +
                           std::to_string(kVictim + 1) + " ranks");
 
     const bool victim = g_run.rank == kVictim;
@@ -312,8 +332,9 @@ int main(int argc, char **argv)
         finish(false, std::string("weft_comm_create failed (on this rank: ") + weft_strerror(rc) + ")");
     }
 
-    /* Warm-up: the same collective with every rank alive, verified. */
-    {
+    /* Warm-up: the same collective with every rank alive, verified (not
+     * for "first": no pipe to the victim may exist before the fault). */
+    if (g_run.kase != "first") {
         Watchdog wd(g_run.timeout + 20, "the warm-up " + g_run.kase);
         rc = run_collective(c, 0, true, problems);
         if (rc != WEFT_SUCCESS)

@@ -174,6 +174,13 @@ void weft_health_tick(struct weft_p2p *p, double now)
             }
             continue;
         }
+        /* Only pipes in use: something went either way, or a receive is
+         * posted for the peer (a lane exists). A heartbeat is a message,
+         * and a message makes a lazy connection: beating every pipe would
+         * connect every pair on other hosts at the first wait. The peer
+         * beats back once it has heard from us. */
+        if (pp->send_seq == 0 && pp->heard == 0 && pp->nlanes == 0)
+            continue;
         if (now - pp->hb_at >= hb) {
             struct weft_wire_hdr h;
             memset(&h, 0, sizeof(h));

@@ -165,10 +165,15 @@ size_t weft_p2p_card_bytes(void);
  * blobs into this rank's card. */
 int    weft_p2p_offer(struct weft_p2p *p, unsigned char *cards);
 /* After the exchange: picks each pair's carrier and mover (registry order,
- * reach()), connects every transport (collective: coll, agreed after each
- * transport), logs the choices at info level. cards stays valid until
- * weft_p2p_destroy. */
-int    weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struct weft_tp_collective *coll);
+ * reach()), tells every rank which transports some pair uses (one
+ * alltoall, which also agrees on the choice), connects every transport
+ * (each may run collectives of its own through coll), logs the choices at
+ * info level. Collective: every rank calls it. Returns this rank's result
+ * of the connects, NOT agreed: the caller agrees (once, with what it sets
+ * up next). scratch: 8 * size bytes the caller owns, so no allocation can
+ * fail on one rank only. cards stays valid until weft_p2p_destroy. */
+int    weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struct weft_tp_collective *coll,
+                        void *scratch);
 /* weft_comm_destroy: progress until no transport or path holds anything a
  * peer may wait for (bounded by WEFT_TIMEOUT); warns about requests still
  * in flight. */

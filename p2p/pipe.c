@@ -75,13 +75,15 @@ static int lanes_grow(struct weft_pipe *p)
 }
 
 /* The lane of tag; created when create is set. NULL: absent or no memory. */
-static struct weft_lane *lane_get(struct weft_pipe *p, int tag, int create)
+static __attribute__((noinline)) struct weft_lane *lane_lookup(struct weft_pipe *p, int tag, int create)
 {
     struct weft_list *b = &p->buckets[lane_hash(tag, p->nbuckets)];
     weft_list_for_each(n, b) {
         struct weft_lane *l = weft_container_of(n, struct weft_lane, hash);
-        if (l->tag == tag)
+        if (l->tag == tag) {
+            p->lane_last = l;
             return l;
+        }
     }
     if (!create)
         return NULL;
@@ -95,7 +97,19 @@ static struct weft_lane *lane_get(struct weft_pipe *p, int tag, int create)
     weft_queue_init(&l->unexp);
     weft_list_add_head(b, &l->hash);
     p->nlanes++;
+    p->lane_last = l;
     return l;
+}
+
+/* A stream of messages on one tag posts and matches on the same lane over
+ * and over: the last lane found is looked at before the hash (inline, the
+ * hash and the creation out of line). */
+static inline struct weft_lane *lane_get(struct weft_pipe *p, int tag, int create)
+{
+    struct weft_lane *last = p->lane_last;
+    if (last != NULL && last->tag == tag)
+        return last;
+    return lane_lookup(p, tag, create);
 }
 
 void weft_pipe_lane_release(struct weft_pipe *p, int tag)
@@ -105,6 +119,8 @@ void weft_pipe_lane_release(struct weft_pipe *p, int tag)
         return;
     weft_list_del(&l->hash);
     p->nlanes--;
+    if (p->lane_last == l)
+        p->lane_last = NULL;
     free(l);
 }
 
@@ -153,6 +169,7 @@ void weft_pipe_fini(struct weft_pipe *p)
         }
         free(p->buckets);
         p->buckets = NULL;
+        p->lane_last = NULL;
     }
     struct weft_qnode *q;
     while ((q = weft_queue_pop(&p->out)) != NULL)
@@ -273,14 +290,22 @@ static int credit_send(struct weft_pipe *p)
     return rc;
 }
 
-/* A message of ours... of the peer's was consumed: report every quarter window. */
-static void fc_consume(struct weft_pipe *p, uint64_t cost)
+static void fc_report(struct weft_pipe *p);
+
+/* A message of ours... of the peer's was consumed: report every quarter
+ * window (inline: every delivery passes here; the report is out of line). */
+static inline void fc_consume(struct weft_pipe *p, uint64_t cost)
 {
     if (!fc_on(p))
         return;
     p->fc_consumed += cost;
     if (p->credit_owed || p->fc_consumed - p->fc_reported < p->p2p->core->cfg.eager_window / 4)
         return;
+    fc_report(p);
+}
+
+static __attribute__((noinline)) void fc_report(struct weft_pipe *p)
+{
     int rc = credit_send(p);
     if (rc == WEFT_EAGAIN) {
         p->credit_owed = 1;          /* flush retries it before anything queued */
@@ -458,8 +483,10 @@ int weft_pipe_flush(struct weft_pipe *p)
     return n;
 }
 
-static struct weft_request *req_new(struct weft_pipe *p, int type, void *buf, size_t bytes, int tag, int mem_kind,
-                                    int device, const struct weft_p2p_check *check)
+/* Inlined: its two callers (isend, irecv) are each on a small message's path. */
+static inline __attribute__((always_inline)) struct weft_request *
+req_new(struct weft_pipe *p, int type, void *buf, size_t bytes, int tag, int mem_kind, int device,
+        const struct weft_p2p_check *check)
 {
     struct weft_request *r = weft_req_alloc(p->p2p);
     if (r == NULL)
@@ -506,8 +533,26 @@ int weft_pipe_isend(struct weft_pipe *p, const void *buf, size_t bytes, int tag,
      * while a rendezvous moves it once, straight into the read's buffer. */
     r->rndv = bytes > (tag < 0 && !weft_tag_is_msgpipe_data(tag) ? p->eager_limit_internal : p->eager_limit);
 
-    if (weft_queue_empty(&p->out))
+    if (!weft_queue_empty(&p->out)) {
+        /* behind earlier frames: queued below */
+    } else if (!r->rndv && check == NULL && !weft_mem_is_device(mem_kind)) {
+        /* The common small message, what send_req_now and send_req_first
+         * do for it, without their generality: the 16-byte header, within
+         * the window, complete as soon as the carrier owns the bytes. */
+        uint64_t cost = bytes + WEFT_WIRE_MSG_COST;
+        if (fc_may_send(p, cost)) {
+            struct weft_wire_small s = { WEFT_WIRE_EAGER_SMALL, 0, 0, tag, r->seq };
+            rc = carrier_send(p, &s, sizeof(s), buf, bytes);
+            if (rc == WEFT_SUCCESS) {
+                p->fc_sent += cost;
+                weft_pipe_complete(r, WEFT_SUCCESS);
+                *out = r;
+                return WEFT_SUCCESS;
+            }
+        }
+    } else {
         rc = send_req_now(p, r);
+    }
     if (rc == WEFT_EAGAIN) {
         struct weft_outbound *o = calloc(1, sizeof(*o));
         if (o == NULL) {

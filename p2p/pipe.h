@@ -61,6 +61,7 @@ struct weft_pipe {
 
     struct weft_list        *buckets;      /* lanes hashed by tag */
     size_t                   nbuckets, nlanes;
+    struct weft_lane        *lane_last;    /* the lane found last (most traffic stays on one tag), or NULL */
 
     struct weft_queue        out;          /* waiting for ctrl_send room, FIFO */
     struct weft_list         inflight;     /* sends/recvs waiting on the peer (for abort) */

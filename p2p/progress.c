@@ -167,7 +167,9 @@ int weft_p2p_progress_wait_until(struct weft_p2p *p, struct weft_request **reqs,
                                  const uint64_t *stop_epoch)
 {
     const struct weft_core *core = p->core;
-    double last = weft_now(), watched = 0, hooked = 0;
+    /* The idle clock starts at the first idle look (last < 0: not read
+     * yet): a wait that completes at once never reads the clock. */
+    double last = -1.0, watched = 0, hooked = 0;
     double spin_s = core->oversubscribed ? 0.0 : 1e-6 * core->cfg.spin_us;
     size_t first = 0;   /* reqs before this index are done */
     int rc = WEFT_SUCCESS;

@@ -45,9 +45,20 @@ struct weft_request *weft_req_alloc(struct weft_p2p *p)
     struct weft_request *r = weft_container_of(weft_queue_pop(&pl->free), struct weft_request, free_link);
     /* Everything after the slot's identity up to the transport's private
      * area, which its owner initialises (a memset of it cost ~15% of a
-     * small message). */
-    memset((char *)r + offsetof(struct weft_request, pipe), 0,
-           offsetof(struct weft_request, xfer.priv) - offsetof(struct weft_request, pipe));
+     * small message). It starts at free_link, meaningless while the slot
+     * is in use: from there the range is 16-byte aligned and is cleared
+     * with 16-byte stores. A memset of it compiles to rep stos, whose
+     * start-up costs more than the stores themselves at this size. */
+    typedef uint64_t clear16 __attribute__((vector_size(16), may_alias));
+    enum { CLEAR_FROM = offsetof(struct weft_request, free_link),
+           CLEAR_N = (offsetof(struct weft_request, xfer.priv) - CLEAR_FROM) / 16 };
+    _Static_assert(CLEAR_FROM + sizeof(r->free_link) == offsetof(struct weft_request, pipe) && CLEAR_FROM % 16 == 0 &&
+                       (offsetof(struct weft_request, xfer.priv) - CLEAR_FROM) % 16 == 0,
+                   "free_link sits right before pipe, the cleared range is whole 16-byte words");
+    clear16 *z = (clear16 *)(void *)((char *)r + CLEAR_FROM);
+#pragma GCC unroll 16
+    for (int i = 0; i < CLEAR_N; i++)
+        z[i] = (clear16){ 0, 0 };
     r->p2p = p;
     r->state = WEFT_REQ_QUEUED;
     weft_list_init(&r->link);

@@ -217,7 +217,8 @@ int weft_p2p_offer(struct weft_p2p *p, unsigned char *cards)
     return rc;
 }
 
-int weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struct weft_tp_collective *coll)
+int weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struct weft_tp_collective *coll,
+                     void *scratch)
 {
     struct weft_core *core = p->core;
     int me = p->rank, rc = WEFT_SUCCESS;
@@ -228,17 +229,10 @@ int weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struc
         p->tps[i].env.cards.base = cards;
         p->tps[i].env.coll = coll;
     }
-    /* Every pair's choice (the same on every rank), ours first. */
-    for (int a = 0; a < p->size; a++) {
-        for (int b = a; b < p->size; b++) {
-            int carrier, mover;
-            choose(cards, a, b, &carrier, &mover, NULL, 0);
-            if (carrier >= 0)
-                used_anywhere[carrier] = 1;
-            if (mover >= 0)
-                used_anywhere[mover] = 1;
-        }
-    }
+    /* This rank's pairs only (O(n) reach() calls, not O(n^2)); which
+     * transports they use goes to every rank in the alltoall below, whose
+     * OR over all ranks says which transports some pair uses. */
+    uint32_t used_here = 0;
     for (int peer = 0; peer < p->size && rc == WEFT_SUCCESS; peer++) {
         struct weft_pipe *pp = &p->pipes[peer];
         int carrier, mover;
@@ -256,26 +250,44 @@ int weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struc
         pp->carrier.ctx = p->tps[carrier].ctx;
         p->tps[carrier].uses[peer] = 1;
         p->tps[carrier].used = 1;
+        used_here |= 1u << carrier;
         if (mover >= 0) {
+            used_here |= 1u << mover;
             pp->mover.tp = p->tps[mover].tp;
             pp->mover.ctx = p->tps[mover].ctx;
             p->tps[mover].uses[peer] = 1;
             p->tps[mover].used = 1;
         }
     }
-    rc = coll->agree(coll->arg, rc, "choosing transports");
-    if (rc != WEFT_SUCCESS)
-        return rc;
+    /* The exchange is also the agreement on the choice: a rank that found
+     * no carrier sends the failure bit, every rank sees it, and all of them
+     * then agree (so the messages name the rank that failed). */
+    const uint32_t failed_bit = 1u << 31;
+    uint32_t *masks = scratch;
+    for (int i = 0; i < p->size; i++)
+        masks[i] = used_here | (rc != WEFT_SUCCESS ? failed_bit : 0);
+    int xrc = coll->alltoall(coll->arg, masks, masks + p->size, sizeof(uint32_t));
+    int any_failed = xrc != WEFT_SUCCESS;
+    for (int i = 0; xrc == WEFT_SUCCESS && i < p->size; i++) {
+        any_failed |= (masks[p->size + i] & failed_bit) != 0;
+        for (int t = 0; t < p->ntps; t++)
+            if (masks[p->size + i] & (1u << t))
+                used_anywhere[t] = 1;
+    }
+    if (any_failed)
+        return coll->agree(coll->arg, rc != WEFT_SUCCESS ? rc : xrc, "choosing transports");
 
-    /* Every rank connects every transport, in one order (collective). */
+    /* Every rank connects every transport, in one order (each may run its
+     * own collectives, whatever happened to the others here). */
     for (int i = 0; i < p->ntps; i++) {
         struct weft_p2p_tp *t = &p->tps[i];
         t->env.used_anywhere = used_anywhere[i];
-        rc = t->tp->connect(&t->env, t->ctx);
-        rc = coll->agree(coll->arg, rc, t->tp->name);
-        if (rc != WEFT_SUCCESS)
-            return rc;
+        int trc = t->tp->connect(&t->env, t->ctx);
+        if (rc == WEFT_SUCCESS)
+            rc = trc;
     }
+    if (rc != WEFT_SUCCESS)
+        return rc;
     weft_health_connect(p, cards, card_bytes);
     p->nused = 0;
     for (int i = 0; i < p->ntps; i++)

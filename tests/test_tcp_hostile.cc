@@ -1,10 +1,11 @@
 // The TCP transport's listener against hostile or broken connections that
-// arrive while the ranks connect (p2p/transport/tcp/tcp_listen.h): random
+// arrive while it listens (p2p/transport/tcp/tcp_listen.h): random
 // bytes, a hello cut short, idle connections, wrong tokens, bad hellos, a
 // flood of idle connections from another process, and a descriptor limit
 // that accept runs into. Two fake ranks in this process drive the transport
 // through its vtable alone (as test_tcp_pair.cc does); each case checks
-// that connect succeeds, that the ranks then exchange data correctly, that
+// that the ranks' first message connects them (connections are lazy: made
+// at a pair's first message), that they then exchange data correctly, that
 // every turned-away connection got exactly one WARN line naming it, and
 // that the process has no more descriptors open after destroy than before.
 #include <gtest/gtest.h>
@@ -133,8 +134,9 @@ std::unique_ptr<Rank> fake_rank(int rank, int size)
 weft_card_hdr *card_hdr(Rank &r, int rank) { return reinterpret_cast<weft_card_hdr *>(&r.cards[(size_t)rank * card_stride()]); }
 unsigned char *blob(Rank &r, int rank) { return &r.cards[(size_t)rank * card_stride() + blob_off()]; }
 
-// Two ranks with listeners open and every card exchanged; rank 0 connects
-// to rank 1, so rank 1's listener is the one strangers go for.
+// Two ranks with listeners open and every card exchanged; rank 0 sends the
+// first message, so it connects to rank 1, and rank 1's listener is the
+// one strangers go for.
 struct Pair {
     std::unique_ptr<Rank> r[2];
     Pair()
@@ -182,9 +184,9 @@ struct Pair {
         for (auto &x : r)
             tcp.progress(x->ctx);
     }
-    bool pump_until(const std::function<bool()> &done)
+    bool pump_until(const std::function<bool()> &done, int seconds = 10)
     {
-        auto end = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
         while (!done()) {
             if (std::chrono::steady_clock::now() > end)
                 return false;
@@ -265,16 +267,38 @@ std::vector<std::string> lines_with(const std::string &text, const std::string &
 
 const char kRejected[] = "weft[rank 1] WARN: tcp: rejected connection from ";
 
-// Both ranks connect, each on its own thread; rank 0 starts `delay0` later.
+// Rank 0's first message to rank 1 starts the pair's connection (rank 0
+// connects, rank 1 accepts); pumps until it is up on both sides (the frame
+// arrived and the one rank 1 sends back too), then forgets those frames.
+// Returns false if that took longer than 10 s.
+bool bring_up(Pair &p)
+{
+    int rc = tcp.ctrl_send(p.a().ctx, 1, "\2", 1, nullptr, 0);
+    EXPECT_TRUE(rc == WEFT_EAGAIN || rc == WEFT_SUCCESS) << p.a().last_error();
+    bool sent = rc == WEFT_SUCCESS, back = false;
+    bool ok = p.pump_until([&] {
+        if (!sent)
+            sent = (rc = tcp.ctrl_send(p.a().ctx, 1, "\2", 1, nullptr, 0)) == WEFT_SUCCESS;
+        if (sent && !back && !p.b().frames.empty())
+            back = tcp.ctrl_send(p.b().ctx, 0, "\2", 1, nullptr, 0) == WEFT_SUCCESS;
+        return back && !p.a().frames.empty();
+    });
+    p.a().frames.clear();
+    p.b().frames.clear();
+    return ok;
+}
+
+// Both ranks connect (only bookkeeping: no socket yet); rank 1 alone
+// progresses for `delay0` (its listener meets whatever waits on it), then
+// rank 0's first message brings the pair up.
 void connect_pair(Pair &p, std::chrono::milliseconds delay0, int rcs[2])
 {
-    std::thread t1([&] { rcs[1] = tcp.connect(&p.b().env, p.b().ctx); });
-    std::thread t0([&] {
-        std::this_thread::sleep_for(delay0);
-        rcs[0] = tcp.connect(&p.a().env, p.a().ctx);
-    });
-    t0.join();
-    t1.join();
+    rcs[1] = tcp.connect(&p.b().env, p.b().ctx);
+    rcs[0] = tcp.connect(&p.a().env, p.a().ctx);
+    auto end = std::chrono::steady_clock::now() + delay0;
+    while (std::chrono::steady_clock::now() < end)
+        tcp.progress(p.b().ctx);
+    EXPECT_TRUE(bring_up(p)) << p.a().last_error() << " / " << p.b().last_error();
 }
 
 // After connect: a control frame each way and a striped message 0 -> 1.
@@ -499,8 +523,8 @@ TEST(TcpHostile, EveryKindOfStrangerIsClosedCountedAndWarnedOnce)
         ASSERT_EQ(send(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
         strangers.push_back({fd, local_addr(fd), "WEFT_TCP_STREAMS=2"});
 
-        // Rank 0 comes late, so rank 1 is still listening when the silent
-        // ones run out of time.
+        // Rank 0's first message comes late, so the silent ones run out of
+        // time first.
         int rcs[2] = {-1, -1};
         auto t0 = std::chrono::steady_clock::now();
         connect_pair(p, std::chrono::milliseconds(3500), rcs);
@@ -569,6 +593,9 @@ TEST(TcpHostile, IdleFloodCostsAtMostThePendingCapUnderUlimit256)
         // through accept before rank 0's sockets did.
         EXPECT_EQ(st.accepted, (size_t)kIdle + 4);
         EXPECT_EQ(st.peers, 4u);
+        // The listener stays open: the last pending strangers are turned
+        // away when their hello is overdue.
+        ASSERT_TRUE(p.pump_until([&] { return weft_tcp_listen_rejected(&(st = p.stats(1))) >= (size_t)kIdle; }));
         EXPECT_EQ(weft_tcp_listen_rejected(&st), (size_t)kIdle);
         EXPECT_EQ(st.pending_max, (size_t)TCP_PENDING_MAX);
         EXPECT_GE(st.evicted, (size_t)(kIdle - TCP_PENDING_MAX));
@@ -606,25 +633,30 @@ TEST(TcpHostile, AcceptOutOfDescriptorsClosesStrangersNotTheJob)
         Flood flood(p.listener(1), kIdle);
         ASSERT_TRUE(flood.ok()) << "the flood's connections were not all established";
         int rcs[2] = {-1, -1};
+        rcs[0] = tcp.connect(&p.a().env, p.a().ctx);
+        rcs[1] = tcp.connect(&p.b().env, p.b().ctx);
+        ASSERT_EQ(rcs[0], WEFT_SUCCESS) << p.a().last_error();
+        ASSERT_EQ(rcs[1], WEFT_SUCCESS) << p.b().last_error();
         // Rank 0 first: in one process the ranks share the limit, and rank
         // 0 (a process of its own in a real job) must have its sockets
-        // before rank 1 uses up the rest on strangers.
+        // before rank 1 uses up the rest on strangers. Its first message
+        // opens them (the kernel completes the connects into rank 1's
+        // backlog, behind the flood).
         const int before = count_fds();
-        std::thread t0([&] { rcs[0] = tcp.connect(&p.a().env, p.a().ctx); });
-        auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-        while (count_fds() < before + 4 && std::chrono::steady_clock::now() < end)
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        int rc0 = tcp.ctrl_send(p.a().ctx, 1, "\2", 1, nullptr, 0);
+        ASSERT_TRUE(rc0 == WEFT_SUCCESS || rc0 == WEFT_EAGAIN) << p.a().last_error();
+        ASSERT_EQ(count_fds(), before + 4);
         {
             // Room for rank 1's 4 sockets and 12 more: accept runs short
             // long before the flood is through.
             FdLimit limit(limit_with_room(4 + 12));
-            rcs[1] = tcp.connect(&p.b().env, p.b().ctx);
-            t0.join();
+            ASSERT_TRUE(bring_up(p)) << p.a().last_error() << " / " << p.b().last_error();
         }
-        ASSERT_EQ(rcs[0], WEFT_SUCCESS) << p.a().last_error();
-        ASSERT_EQ(rcs[1], WEFT_SUCCESS) << p.b().last_error();
 
         weft_tcp_listen_stats st = p.stats(1);
+        // The listener stays open: the strangers still pending are turned
+        // away when their hello is overdue.
+        ASSERT_TRUE(p.pump_until([&] { return weft_tcp_listen_rejected(&(st = p.stats(1))) >= (size_t)kIdle; }));
         EXPECT_EQ(st.peers, 4u);
         EXPECT_EQ(weft_tcp_listen_rejected(&st), (size_t)kIdle);
         EXPECT_GE(st.accept_short, 1u);

@@ -3,10 +3,13 @@
 // its own core, rank cards and upcalls that record what the transport
 // reports, connect over 127.0.0.1. Covers the accept path's token check
 // with a stranger connecting, control frames in order, rendezvous striped
-// across data sockets, and a peer that goes away.
+// across data sockets, a peer that goes away, and the lazy connection: no
+// socket before a pair's first message, both ranks sending first at once
+// (one set of sockets survives), a peer that is gone or never answers.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -29,6 +32,7 @@ extern "C" {
 #include "config.h"
 #include "core.h"
 #include "tcp_hello.h"
+#include "tcp_listen.h"
 #include "transport.h"
 extern const struct weft_transport weft_transport_tcp;
 }
@@ -211,6 +215,20 @@ bool pump_until(const Ranks &ranks, const std::function<bool()> &done, double se
     }
 }
 
+// Open descriptors of this process (the directory's own one not counted).
+int count_fds()
+{
+    DIR *d = opendir("/proc/self/fd");
+    if (d == nullptr)
+        return -1;
+    int n = 0;
+    while (dirent *e = readdir(d))
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n - 1;
+}
+
 // Sends one control frame, pumping while the transport says "no room now".
 int send_frame(const Ranks &ranks, Rank &from, int to, const std::string &hdr, const std::string &payload)
 {
@@ -252,6 +270,26 @@ std::unique_ptr<weft_tp_xfer> make_xfer(void *buf, size_t bytes, int peer, int t
     x->peer = peer;
     x->tag = tag;
     return x;
+}
+
+// Connects every rank and brings every pair up: connections are lazy, so
+// each pair exchanges one frame each way (then forgotten).
+void connect_up(const Ranks &ranks)
+{
+    for (int rc : connect_all(ranks))
+        ASSERT_EQ(rc, WEFT_SUCCESS);
+    for (size_t i = 0; i < ranks.size(); i++)
+        for (size_t j = 0; j < ranks.size(); j++)
+            if (i != j)
+                ASSERT_EQ(send_frame(ranks, *ranks[i], (int)j, "\5", "up"), WEFT_SUCCESS) << ranks[i]->last_error();
+    ASSERT_TRUE(pump_until(ranks, [&] {
+        for (Rank *r : ranks)
+            if (r->frames.size() != ranks.size() - 1)
+                return false;
+        return true;
+    }));
+    for (Rank *r : ranks)
+        r->frames.clear();
 }
 
 size_t done_count(const Rank &r, int err)
@@ -592,9 +630,7 @@ TEST(TcpPair, PeerThatGoesAwayIsReportedByNameAndItsTransfersDropped)
 {
     Pair p;
     exchange_cards(p.ranks());
-    std::vector<int> rcs = connect_all(p.ranks());
-    ASSERT_EQ(rcs[0], WEFT_SUCCESS) << p.a->last_error();
-    ASSERT_EQ(rcs[1], WEFT_SUCCESS) << p.b->last_error();
+    connect_up(p.ranks());
 
     // Rank 0 waits for a large message from rank 1 and is pushing one to it
     // (rank 1 expected it) when rank 1 disappears.
@@ -630,24 +666,195 @@ TEST(TcpPair, PeerThatGoesAwayIsReportedByNameAndItsTransfersDropped)
     EXPECT_EQ(tcp.busy(p.a->ctx), 0);
 }
 
-TEST(TcpPair, DifferentStripingSettingsFailConnectWithAClearError)
+TEST(TcpPair, DifferentStripingSettingsFailTheFirstMessageWithAClearError)
 {
     Env e0 = small_env(), e1 = small_env();
     e0["WEFT_TIMEOUT"] = e1["WEFT_TIMEOUT"] = "2";
     e1["WEFT_TCP_STREAMS"] = "2";
     std::unique_ptr<Rank> a = fake_rank(0, 2, e0);
     std::unique_ptr<Rank> b = fake_rank(1, 2, e1);
-    exchange_cards({a.get(), b.get()});
-    std::vector<int> rcs = connect_all({a.get(), b.get()});
-    EXPECT_EQ(rcs[0], WEFT_ERR_TRANSPORT) << a->last_error();
+    Ranks both = {a.get(), b.get()};
+    exchange_cards(both);
+    std::vector<int> rcs = connect_all(both);
+    EXPECT_EQ(rcs[0], WEFT_SUCCESS) << a->last_error();
+    EXPECT_EQ(rcs[1], WEFT_SUCCESS) << b->last_error();
+    // Rank 0's first message (the lower rank's goes out right after its
+    // hello): rank 1 turns the hello down, and rank 0's pipe learns it
+    // through peer_failed with an error naming the peer.
+    int rc = tcp.ctrl_send(a->ctx, 1, "\1", 1, nullptr, 0);
+    EXPECT_TRUE(rc == WEFT_SUCCESS || rc == WEFT_EAGAIN) << rc << ": " << a->last_error();
+    ASSERT_TRUE(pump_until(both, [&] { return !a->failed.empty(); }, 10)) << a->last_error();
+    EXPECT_EQ(a->failed[0].peer, 1);
     EXPECT_NE(a->last_error().find("peer 1"), std::string::npos) << a->last_error();
-    EXPECT_EQ(rcs[1], WEFT_ERR_TIMEOUT) << b->last_error();
-    EXPECT_NE(b->last_error().find("peer 0"), std::string::npos) << b->last_error();
-    // A failed connect leaves the state for destroy, and nothing usable.
-    EXPECT_EQ(tcp.progress(a->ctx), 0);
+    EXPECT_NE(a->last_error().find("WEFT_TCP_"), std::string::npos) << a->last_error();
+    weft_tcp_listen_stats s1;
+    weft_tcp_listen_stats_get(b->ctx, &s1);
+    EXPECT_GE(s1.bad_hello, 1u);
+    EXPECT_EQ(s1.peers, 0u);
+    EXPECT_EQ(tcp.busy(a->ctx), 0) << "a failed peer's frames would keep destroy waiting";
+    EXPECT_TRUE(b->frames.empty()) << "a frame was read from a connection whose hello was turned down";
+    // Nothing usable afterwards: the failed pair refuses at once.
     EXPECT_NE(tcp.ctrl_send(a->ctx, 1, "\1", 1, nullptr, 0), WEFT_SUCCESS);
+    EXPECT_NE(tcp.ctrl_send(a->ctx, 1, "\1", 1, nullptr, 0), WEFT_EAGAIN);
+    // The other direction fails the same way on rank 1.
+    rc = tcp.ctrl_send(b->ctx, 0, "\1", 1, nullptr, 0);
+    EXPECT_TRUE(rc == WEFT_SUCCESS || rc == WEFT_EAGAIN) << rc << ": " << b->last_error();
+    ASSERT_TRUE(pump_until(both, [&] { return !b->failed.empty(); }, 10)) << b->last_error();
+    EXPECT_NE(b->last_error().find("peer 0"), std::string::npos) << b->last_error();
+    EXPECT_TRUE(a->frames.empty());
     free_rank(a);
     free_rank(b);
+}
+
+TEST(TcpPair, NoSocketIsOpenedBeforeAPairsFirstMessage)
+{
+    const int baseline = count_fds();
+    std::vector<std::unique_ptr<Rank>> own;
+    Ranks ranks;
+    for (int r = 0; r < 3; r++) {
+        own.push_back(fake_rank(r, 3, small_env()));
+        ranks.push_back(own.back().get());
+    }
+    exchange_cards(ranks);
+    for (int rc : connect_all(ranks))
+        ASSERT_EQ(rc, WEFT_SUCCESS);
+    pump(ranks);
+    pump(ranks);
+    // The three listeners, nothing else.
+    EXPECT_EQ(count_fds(), baseline + 3);
+    // 0 -> 1 talks; 2 never does: only pair (0, 1) opens 1 + 3 sockets a side.
+    ASSERT_EQ(send_frame(ranks, *ranks[0], 1, "\1", "x"), WEFT_SUCCESS) << ranks[0]->last_error();
+    ASSERT_TRUE(pump_until(ranks, [&] { return ranks[1]->frames.size() == 1; }));
+    EXPECT_EQ(count_fds(), baseline + 3 + 2 * 4);
+    for (int r = 0; r < 3; r++)
+        EXPECT_TRUE(ranks[(size_t)r]->failed.empty()) << ranks[(size_t)r]->last_error();
+    for (auto &r : own)
+        free_rank(r);
+    EXPECT_EQ(count_fds(), baseline);
+}
+
+// The pipe's retry, in miniature: frames wait in a queue while ctrl_send
+// says WEFT_EAGAIN and go out in order once it takes them.
+struct Outbox {
+    std::vector<std::string> q;
+    size_t sent = 0;
+    void flush(Rank &from, int to)
+    {
+        while (sent < q.size()) {
+            int rc = tcp.ctrl_send(from.ctx, to, q[sent].data(), 1, q[sent].data() + 1, q[sent].size() - 1);
+            if (rc == WEFT_EAGAIN)
+                return;
+            ASSERT_EQ(rc, WEFT_SUCCESS) << from.last_error();
+            sent++;
+        }
+    }
+};
+
+TEST(TcpPair, FirstMessagesBothWaysAtOnceKeepOneSetOfSocketsAndTheirOrder)
+{
+    const int baseline = count_fds();
+    {
+        Pair p;
+        exchange_cards(p.ranks());
+        for (int rc : connect_all(p.ranks()))
+            ASSERT_EQ(rc, WEFT_SUCCESS);
+        Rank *rk[2] = {p.a.get(), p.b.get()};
+        Outbox box[2];
+        for (int from = 0; from < 2; from++)
+            for (int i = 0; i < 200; i++)
+                box[from].q.push_back("\1" + std::to_string(from) + ":" + std::to_string(i));
+        // Both ranks start their connection before either side progresses
+        // (their frames go out on their own control sockets right after
+        // the hello).
+        for (int from = 0; from < 2; from++) {
+            box[from].flush(*rk[from], 1 - from);
+            EXPECT_EQ(count_fds(), baseline + 2 + 4 * (from + 1)) << "sockets not started by rank " << from;
+        }
+        ASSERT_TRUE(pump_until(p.ranks(), [&] {
+            box[0].flush(*rk[0], 1);
+            box[1].flush(*rk[1], 0);
+            return rk[0]->frames.size() == 200 && rk[1]->frames.size() == 200;
+        })) << rk[0]->last_error() << " / " << rk[1]->last_error();
+        for (int to = 0; to < 2; to++)
+            for (size_t i = 0; i < 200; i++)
+                ASSERT_EQ(rk[to]->frames[i].bytes, box[1 - to].q[i]) << "frame " << i << " to rank " << to;
+        // The lower rank's set won: rank 1 accepted it, rank 0 turned rank
+        // 1's down, and once the losing data sockets are closed each side
+        // holds its listener, one set of 1 + 3 sockets, and rank 1's own
+        // control socket, which carries rank 1's frames (kept: they may be
+        // on it before the verdict).
+        weft_tcp_listen_stats s0, s1;
+        weft_tcp_listen_stats_get(p.a->ctx, &s0);
+        weft_tcp_listen_stats_get(p.b->ctx, &s1);
+        EXPECT_EQ(s1.peers, 4u);
+        EXPECT_EQ(s0.peers, 0u);
+        EXPECT_EQ(s0.collided, 4u);
+        EXPECT_EQ(weft_tcp_listen_rejected(&s0) + weft_tcp_listen_rejected(&s1), 0u);
+        EXPECT_TRUE(pump_until(p.ranks(), [&] { return count_fds() == baseline + 2 + 2 * 5; }, 5))
+            << count_fds() - baseline;
+        EXPECT_TRUE(rk[0]->failed.empty());
+        EXPECT_TRUE(rk[1]->failed.empty());
+        // Rendezvous data flows on the surviving set both ways.
+        std::vector<unsigned char> s(70000, 3), d(70000);
+        auto rx = make_xfer(d.data(), d.size(), 0);
+        auto sx = make_xfer(s.data(), s.size(), 1);
+        size_t keylen = 0;
+        unsigned char key[WEFT_TP_KEY_MAX];
+        ASSERT_EQ(tcp.rndv_expect(p.b->ctx, 0, rx.get(), nullptr, key, &keylen), WEFT_SUCCESS);
+        ASSERT_EQ(tcp.rndv_push(p.a->ctx, 1, sx.get(), key, keylen), WEFT_SUCCESS);
+        ASSERT_TRUE(pump_until(p.ranks(), [&] { return p.a->done.size() == 1 && p.b->done.size() == 1; }));
+        EXPECT_EQ(d, s);
+    }
+    EXPECT_EQ(count_fds(), baseline);
+}
+
+TEST(TcpPair, FirstMessageToAPeerThatIsGoneFailsNamingIt)
+{
+    Pair p;
+    exchange_cards(p.ranks());
+    for (int rc : connect_all(p.ranks()))
+        ASSERT_EQ(rc, WEFT_SUCCESS);
+    destroy(*p.b);   // its listener is closed: the connection is refused
+    // However soon the refusal shows (on loopback often inside connect()
+    // itself), the pipe learns it the same way: through peer_failed at the
+    // next progress pass, never from inside its send.
+    int rc = tcp.ctrl_send(p.a->ctx, 1, "\1", 1, nullptr, 0);
+    EXPECT_TRUE(rc == WEFT_SUCCESS || rc == WEFT_EAGAIN) << rc << ": " << p.a->last_error();
+    EXPECT_TRUE(p.a->failed.empty());
+    ASSERT_TRUE(pump_until({p.a.get()}, [&] { return !p.a->failed.empty(); }, 5)) << p.a->last_error();
+    EXPECT_EQ(p.a->failed.size(), 1u);
+    EXPECT_EQ(p.a->failed[0].peer, 1);
+    EXPECT_EQ(p.a->failed[0].err, WEFT_ERR_TRANSPORT);
+    EXPECT_NE(p.a->last_error().find("peer 1 (127.0.0.1:"), std::string::npos) << p.a->last_error();
+    EXPECT_NE(p.a->last_error().find("refused"), std::string::npos) << p.a->last_error();
+    EXPECT_NE(tcp.ctrl_send(p.a->ctx, 1, "\1", 1, nullptr, 0), WEFT_EAGAIN);
+}
+
+// 2 x WEFT_TIMEOUT: requests waiting on the pair fail after WEFT_TIMEOUT
+// through the pipe's health checks first (tcp.c: TCP_CONNECT_TIMEOUT_FACTOR).
+TEST(TcpPair, PeerThatNeverAnswersFailsAfterTwiceWeftTimeout)
+{
+    Env env = small_env();
+    env["WEFT_TIMEOUT"] = "0.5";
+    Pair p(env);
+    exchange_cards(p.ranks());
+    for (int rc : connect_all(p.ranks()))
+        ASSERT_EQ(rc, WEFT_SUCCESS);
+    // Rank 1 never progresses (busy elsewhere): the kernel completes the
+    // connects into its backlog, but no hello is ever answered.
+    auto t0 = std::chrono::steady_clock::now();
+    int rc = tcp.ctrl_send(p.a->ctx, 1, "\1", 1, nullptr, 0);
+    ASSERT_TRUE(rc == WEFT_SUCCESS || rc == WEFT_EAGAIN) << rc << ": " << p.a->last_error();
+    ASSERT_TRUE(pump_until({p.a.get()}, [&] { return !p.a->failed.empty(); }, 10)) << p.a->last_error();
+    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_GE(took, 0.9);
+    EXPECT_LT(took, 3.0);
+    EXPECT_EQ(p.a->failed[0].peer, 1);
+    EXPECT_EQ(p.a->failed[0].err, WEFT_ERR_TIMEOUT);
+    EXPECT_NE(p.a->last_error().find("peer 1 (127.0.0.1:"), std::string::npos) << p.a->last_error();
+    EXPECT_NE(p.a->last_error().find("no connection after 1 s (2 x WEFT_TIMEOUT)"), std::string::npos)
+        << p.a->last_error();
+    EXPECT_EQ(tcp.busy(p.a->ctx), 0) << "a failed peer's frames would keep destroy waiting";
 }
 
 TEST(TcpPair, OtherPeersKeepWorkingWhenOnePeerGoesAway)
@@ -659,8 +866,7 @@ TEST(TcpPair, OtherPeersKeepWorkingWhenOnePeerGoesAway)
         ranks.push_back(own.back().get());
     }
     exchange_cards(ranks);
-    for (int rc : connect_all(ranks))
-        ASSERT_EQ(rc, WEFT_SUCCESS);
+    connect_up(ranks);
     destroy(*ranks[2]);   // rank 2 vanishes
 
     // Ranks 0 and 1 notice on their next progress passes...

@@ -206,7 +206,11 @@ struct weft_transport {
     int  (*reach)(const struct weft_tp_cards *k, int me, int peer, char *why, size_t whylen);
 
     /* After the exchange, with env->uses set: connect to the peers that use
-     * it. Called on EVERY rank for EVERY transport, also where create was
+     * it, or only prepare to (a lazy transport, tcp: each pair connects at
+     * its first ctrl_send, which answers WEFT_EAGAIN until the pair is up,
+     * and reports a connection that fails or never comes up through
+     * peer_failed).
+     * Called on EVERY rank for EVERY transport, also where create was
      * not called (ctx NULL: the rank offers nothing and only takes part in
      * env->coll exchanges). The comm agrees on the result afterwards.
      * Errors name the peer. */

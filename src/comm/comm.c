@@ -114,6 +114,48 @@ static int coll_agree(void *arg, int rc, const char *stage)
     return agree(arg, rc, stage);
 }
 
+/* Scratch of the set-up's gathers, allocated once before the first
+ * agreement (so no gather can fail on one rank only for want of memory):
+ * room for every rank's record of the largest gather, with its code in
+ * front, plus this rank's own. */
+struct gather_scratch {
+    unsigned char *buf;
+    size_t         rec;     /* bytes per record: 8 (code) + payload rounded up */
+};
+
+static size_t gather_rec(size_t bytes)
+{
+    return 8 + ((bytes + 7) & ~(size_t)7);
+}
+
+/* An allgather that is also an agreement: each rank's record carries its
+ * code in front, so when every rank is fine it costs one collective, not
+ * an agree and an allgather. When some rank failed, every rank sees that
+ * in the gathered codes and all of them run agree() (so the collectives
+ * stay matched), which leaves the usual messages: a failed rank keeps its
+ * own, the others name it. all (may be NULL) gets the payloads only. */
+static int allgather_agreed(struct weft_comm *c, struct gather_scratch *g, int rc, const char *stage,
+                            const void *mine, void *all, size_t bytes)
+{
+    const int size = c->core.size;
+    unsigned char *send = g->buf + (size_t)size * g->rec, *recv = g->buf;
+    int32_t code = rc;
+    memset(send, 0, g->rec);
+    memcpy(send, &code, sizeof(code));
+    memcpy(send + 8, mine, bytes);
+    int brc = c->boot->ops->allgather(c->boot, send, recv, g->rec);
+    if (brc != WEFT_SUCCESS)
+        return agree(c, brc, stage);   /* a bootstrap failure: agree says which */
+    int failed = 0;
+    for (int r = 0; r < size; r++) {
+        memcpy(&code, recv + (size_t)r * g->rec, sizeof(code));
+        failed |= code != WEFT_SUCCESS;
+        if (all)
+            memcpy((unsigned char *)all + (size_t)r * bytes, recv + (size_t)r * g->rec + 8, bytes);
+    }
+    return failed ? agree(c, rc, stage) : WEFT_SUCCESS;
+}
+
 /* Settings that shape the wire or the protocol must be equal on every rank
  * (docs/configuration.md, "Settings that must agree"). Checked here, once,
  * because a difference otherwise shows late and on one rank only: a tcp
@@ -122,30 +164,36 @@ static int coll_agree(void *arg, int rc, const char *stage)
  * transports, then src/core/config.c's list) and runs the same comparison,
  * so all fail at once with the same message: the first differing setting,
  * its value on rank 0 and on the lowest rank that differs from it. */
-static int check_settings_agree(struct weft_comm *c, unsigned mask)
+enum { SETTINGS_N = 1 + WEFT_CONFIG_AGREED_COUNT };
+
+/* rank r's setting i, in the scratch the gather left it in */
+static int64_t setting_of(const struct gather_scratch *g, int r, int i)
 {
-    enum { N = 1 + WEFT_CONFIG_AGREED_COUNT };
-    int64_t mine[N], *all;
-    int rc, size = c->core.size;
+    int64_t v;
+    memcpy(&v, g->buf + (size_t)r * g->rec + 8 + (size_t)i * sizeof(v), sizeof(v));
+    return v;
+}
+
+/* Also the agreement on reading the configuration: rc is this rank's. */
+static int check_settings_agree(struct weft_comm *c, struct gather_scratch *g, int rc, unsigned mask)
+{
+    enum { N = SETTINGS_N };
+    int64_t mine[N];
+    int size = c->core.size;
 
     mine[0] = (int64_t)mask;
     weft_config_agreed_values(&c->core.cfg, mine + 1);
-    all = calloc((size_t)size, sizeof(mine));
-    rc = all ? WEFT_SUCCESS
-             : weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "%s: no memory to compare settings", c->what);
-    rc = agree(c, rc, "comparing settings");
-    if (rc == WEFT_SUCCESS)
-        rc = c->boot->ops->allgather(c->boot, mine, all, sizeof(mine));
+    rc = allgather_agreed(c, g, rc, "reading the WEFT_* configuration", mine, NULL, sizeof(mine));
     for (int i = 0; rc == WEFT_SUCCESS && i < N; i++) {
         int r = 1;
-        while (r < size && all[(size_t)r * N + i] == all[i])
+        while (r < size && setting_of(g, r, i) == setting_of(g, 0, i))
             r++;
         if (r == size)
             continue;
         char v0[160] = "", vr[160] = "";
         const char *name = i == 0 ? "WEFT_TRANSPORTS" : weft_config_agreed_name(i - 1);
         for (int k = 0; k < 2; k++) {
-            int64_t v = all[(size_t)(k ? r : 0) * N + i];
+            int64_t v = setting_of(g, k ? r : 0, i);
             char *buf = k ? vr : v0;
             if (i > 0) {
                 weft_config_agreed_format(i - 1, v, buf, sizeof(v0));
@@ -162,7 +210,6 @@ static int check_settings_agree(struct weft_comm *c, unsigned mask)
                             "%s: %s differs between ranks: %s on rank 0, %s on rank %d "
                             "(settings that shape the protocol must be equal on every rank)", c->what, name, v0, vr, r);
     }
-    free(all);
     return rc;
 }
 
@@ -196,14 +243,38 @@ static struct weft_card_hdr *card_hdr(struct weft_comm *c, int rank)
 static void number_nodes(struct weft_comm *c)
 {
     int nodes = 0, size = c->core.size, me = c->core.rank;
+    /* (host, virtual block) -> node through an open-addressing table, so
+     * this is O(ranks), not O(ranks^2) (10,000 ranks: 10^4, not 10^8). */
+    size_t cap = 16;
+    while (cap < 2 * (size_t)size)
+        cap <<= 1;
+    int *slot = malloc(cap * sizeof(*slot));   /* rank whose key fills the slot, -1 = empty */
+    for (size_t i = 0; slot && i < cap; i++)
+        slot[i] = -1;
     for (int r = 0; r < size; r++) {
         struct weft_card_hdr *h = card_hdr(c, r);
         int found = -1;
-        for (int q = 0; q < r && found < 0; q++)
-            if (card_hdr(c, q)->node_key == h->node_key && card_hdr(c, q)->vblock == h->vblock)
-                found = card_hdr(c, q)->node;
+        if (slot) {
+            uint64_t key = h->node_key ^ ((uint64_t)(uint32_t)h->vblock * 0x9e3779b97f4a7c15ull);
+            size_t i = (size_t)(key ^ (key >> 29)) & (cap - 1);
+            for (; slot[i] >= 0; i = (i + 1) & (cap - 1)) {
+                const struct weft_card_hdr *o = card_hdr(c, slot[i]);
+                if (o->node_key == h->node_key && o->vblock == h->vblock) {
+                    found = o->node;
+                    break;
+                }
+            }
+            if (found < 0)
+                slot[i] = r;
+        } else {
+            /* no memory for the table: the quadratic search */
+            for (int q = 0; q < r && found < 0; q++)
+                if (card_hdr(c, q)->node_key == h->node_key && card_hdr(c, q)->vblock == h->vblock)
+                    found = card_hdr(c, q)->node;
+        }
         h->node = found >= 0 ? found : nodes++;
     }
+    free(slot);
     c->core.num_nodes = nodes;
 
     int local = 0, same_host = 0;
@@ -256,6 +327,7 @@ int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make
     struct weft_card_hdr mine;
     struct weft_tp_collective coll;
     char cfg_err[256] = "";
+    struct gather_scratch g = { NULL, 0 };
     unsigned mask = 0;
     int rc, *node = NULL;
 
@@ -286,15 +358,36 @@ int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make
         weft_set_error(&c->core, rc, "%s: bad configuration: %s", what, cfg_err);
     if (c->core.cfg.transports[0] == '\0')
         mask = weft_registry_mask_all();
-    rc = agree(c, rc, "reading the WEFT_* configuration");
-    if (rc == WEFT_SUCCESS)
-        rc = check_settings_agree(c, mask);
-    if (rc != WEFT_SUCCESS)
+
+    /* Every buffer the set-up's gathers need, before the first of them:
+     * from here on only a rank's own step can fail, and each gather carries
+     * that as its agreement (allgather_agreed), so the common path costs
+     * six collectives after the bootstrap's own set-up: settings, an
+     * agreement, card headers, whole cards, the transports' choice, and the
+     * final agreement on connecting them and setting up the collectives. */
+    c->card_bytes = weft_p2p_card_bytes();
+    g.rec = gather_rec(c->card_bytes);
+    if (gather_rec(SETTINGS_N * sizeof(int64_t)) > g.rec)
+        g.rec = gather_rec(SETTINGS_N * sizeof(int64_t));
+    if (gather_rec(sizeof(mine)) > g.rec)
+        g.rec = gather_rec(sizeof(mine));
+    c->cards = calloc((size_t)c->core.size, c->card_bytes);
+    g.buf = malloc(((size_t)c->core.size + 1) * g.rec);
+    if (rc == WEFT_SUCCESS && (c->cards == NULL || g.buf == NULL))
+        rc = weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "%s: no memory for %d peers", what, c->core.size);
+    if (g.buf == NULL) {
+        /* Too little memory for the scratch: agree on that alone (a gather
+         * needs the scratch), so no rank waits in a gather the others skip. */
+        rc = agree(c, rc, "allocating peers");
+        if (rc == WEFT_SUCCESS)
+            rc = WEFT_ERR_INTERNAL;
         goto fail;
+    }
+    rc = check_settings_agree(c, &g, rc, mask);
+    if (rc != WEFT_SUCCESS)
+        goto fail_scratch;
 
     /* This rank's card header, then everyone's. */
-    c->card_bytes = weft_p2p_card_bytes();
-    c->cards = calloc((size_t)c->core.size, c->card_bytes);
     memset(&mine, 0, sizeof(mine));
     gethostname(mine.hostname, sizeof(mine.hostname) - 1);
     mine.node_key = host_key(mine.hostname);
@@ -305,54 +398,43 @@ int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make
         int k = c->core.cfg.virtual_nodes < c->core.size ? c->core.cfg.virtual_nodes : c->core.size;
         mine.vblock = (int32_t)(((long long)c->core.rank * k) / c->core.size);
     }
-    {
-        struct weft_card_hdr *all = calloc((size_t)c->core.size, sizeof(*all));
-        rc = (c->cards && all) ? WEFT_SUCCESS
-                               : weft_set_error(&c->core, WEFT_ERR_NO_MEMORY,
-                                                "%s: no memory for %d peers", what, c->core.size);
-        rc = agree(c, rc, "allocating peers");
-        if (rc == WEFT_SUCCESS)
-            rc = c->boot->ops->allgather(c->boot, &mine, all, sizeof(mine));
-        for (int r = 0; rc == WEFT_SUCCESS && r < c->core.size; r++)
-            memcpy(card_hdr(c, r), &all[r], sizeof(all[r]));
-        free(all);
-        if (rc != WEFT_SUCCESS)
-            goto fail;
-    }
+    /* An agreement of its own first: a rank lost here (the point where
+     * mpi_tests/test_create_faults.cc stops or kills one) is then named and
+     * bounded by WEFT_TIMEOUT the way every bootstrap's agreement does it
+     * (their allgathers report a lost member less precisely). */
+    rc = agree(c, WEFT_SUCCESS, "exchanging rank cards");
+    if (rc == WEFT_SUCCESS)
+        rc = allgather_agreed(c, &g, WEFT_SUCCESS, "exchanging rank cards", &mine, NULL, sizeof(mine));
+    for (int r = 0; rc == WEFT_SUCCESS && r < c->core.size; r++)
+        memcpy(card_hdr(c, r), g.buf + (size_t)r * g.rec + 8, sizeof(mine));
+    if (rc != WEFT_SUCCESS)
+        goto fail_scratch;
     number_nodes(c);
     load_cuda(c);
 
-    /* The pipe layer offers its transports: their blobs in this rank's card. */
+    /* The pipe layer offers its transports: their blobs in this rank's
+     * card; whether that worked travels with the card. */
     rc = weft_p2p_create(&c->core, &c->p2p);
     if (rc == WEFT_SUCCESS)
         rc = weft_p2p_offer(c->p2p, c->cards);
-    rc = agree(c, rc, "preparing transports");
-    if (rc != WEFT_SUCCESS)
-        goto fail;
     memcpy(&mine, card_hdr(c, c->core.rank), sizeof(mine));
-    {
-        unsigned char *my_card = malloc(c->card_bytes);
-        rc = my_card ? WEFT_SUCCESS : weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "%s: no memory", what);
-        rc = agree(c, rc, "allocating peers");
-        if (rc == WEFT_SUCCESS) {
-            memcpy(my_card, c->cards + (size_t)c->core.rank * c->card_bytes, c->card_bytes);
-            rc = c->boot->ops->allgather(c->boot, my_card, c->cards, c->card_bytes);
-        }
-        free(my_card);
-        if (rc != WEFT_SUCCESS)
-            goto fail;
-    }
+    rc = allgather_agreed(c, &g, rc, "preparing transports", c->cards + (size_t)c->core.rank * c->card_bytes,
+                          c->cards, c->card_bytes);
+    if (rc != WEFT_SUCCESS)
+        goto fail_scratch;
     number_nodes(c);
 
+    /* Transports chosen and connected, then the layers above the pipes:
+     * all local after the choice's exchange, agreed once at the end. */
     coll.arg = c;
     coll.alltoall = coll_alltoall;
     coll.agree = coll_agree;
-    rc = weft_p2p_connect(c->p2p, c->cards, &coll);
-    if (rc != WEFT_SUCCESS)
-        goto fail;
-
-    /* The layers above the pipes. */
-    rc = weft_devcopy_init(&c->core);
+    /* collective: every rank calls it; the scratch holds 2 words per rank */
+    rc = weft_p2p_connect(c->p2p, c->cards, &coll, g.buf);
+    free(g.buf);
+    g.buf = NULL;
+    if (rc == WEFT_SUCCESS)
+        rc = weft_devcopy_init(&c->core);
     node = rc == WEFT_SUCCESS ? calloc((size_t)c->core.size, sizeof(*node)) : NULL;
     if (rc == WEFT_SUCCESS && node == NULL)
         rc = weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "%s: no memory for %d peers", what, c->core.size);
@@ -365,7 +447,7 @@ int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make
     if (rc == WEFT_SUCCESS)
         rc = weft_msgpipes_create(c->p2p, &c->pipes);
     free(node);
-    rc = agree(c, rc, "setting up collectives");
+    rc = agree(c, rc, "connecting transports and setting up collectives");
     if (rc != WEFT_SUCCESS)
         goto fail;
     /* What only create needed (a unique id's meeting point) goes now. */
@@ -374,6 +456,8 @@ int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make
     *out = c;
     return WEFT_SUCCESS;
 
+fail_scratch:
+    free(g.buf);
 fail:
     /* The step that failed logged its message at warn (weft_set_error), on
      * every rank (agree); logging it again would print each failure twice.

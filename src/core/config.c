@@ -371,6 +371,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     cfg->shm_eager_limit  = 4 << 10;
     cfg->shm_coll_eager   = 32 << 10;
     cfg->shm_ring_bytes   = 1 << 20;
+    cfg->shm_budget       = (size_t)64 << 20;
     cfg->shm_chunk        = 64 << 10;
     cfg->shm_cma_min      = 0;
     cfg->tcp_streams      = 4;
@@ -510,6 +511,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
         { "WEFT_SHM_EAGER",          &cfg->shm_eager_limit,  0,         1u << 20,        1 },
         { "WEFT_SHM_COLL_EAGER",     &cfg->shm_coll_eager,   0,         1u << 20,        1 },
         { "WEFT_SHM_RING_KB",        &cfg->shm_ring_bytes,   64 << 10,  (size_t)1 << 30, 1024 },
+        { "WEFT_SHM_BUDGET_MB",      &cfg->shm_budget,       0,         (size_t)1 << 44, (size_t)1 << 20 },
         { "WEFT_SHM_CHUNK_KB",       &cfg->shm_chunk,        4 << 10,   64u << 20,       1024 },
         { "WEFT_SHM_CMA_MIN_KB",     &cfg->shm_cma_min,      0,         SIZE_MAX,        1024 },
         { "WEFT_TCP_EAGER",          &cfg->tcp_eager_limit,  0,         4u << 20,        1 },

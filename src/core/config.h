@@ -21,7 +21,8 @@ struct weft_config {
     int      shm_cma;          /* WEFT_SHM_CMA: 1 = single-copy CMA allowed, 0 = bounce buffers only */
     size_t   shm_eager_limit;  /* WEFT_SHM_EAGER: largest message sent eagerly through the ring */
     size_t   shm_coll_eager;   /* WEFT_SHM_COLL_EAGER: the same for collectives' internal lanes */
-    size_t   shm_ring_bytes;   /* WEFT_SHM_RING_KB: bytes of each peer-to-peer ring */
+    size_t   shm_ring_bytes;   /* WEFT_SHM_RING_KB: the most a peer-to-peer ring grows to */
+    size_t   shm_budget;       /* WEFT_SHM_BUDGET_MB: bytes of rings this rank's lanes may grow to; 0 = they never grow */
     size_t   shm_chunk;        /* WEFT_SHM_CHUNK_KB: bounce-buffer chunk of the pipelined copy */
     size_t   shm_cma_min;      /* WEFT_SHM_CMA_MIN_KB: receiver uses CMA from this size up */
     int      tcp_streams;      /* WEFT_TCP_STREAMS: data sockets per peer (besides the control one) */

@@ -32,8 +32,9 @@ extern "C" {
 #define SHM_RING_ALIGN 64u     /* record alignment: one cache line */
 #define SHM_RING_REC_HDR 8u    /* bytes of record header before each payload */
 
-/* The ring's layout is private to shm_ring.c (C11 atomics, which C++ code
- * including this header cannot see). */
+/* The ring's layout is in shm_ring_inline.h (C11 atomics, which C++ code
+ * including this header cannot see); only C files on the hot path (shm.c)
+ * include it, everyone else goes through the functions below. */
 struct shm_ring;
 
 /* Capacity actually used for a request of `capacity` bytes (rounded up to a

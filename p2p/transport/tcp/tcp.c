@@ -12,18 +12,60 @@
  * and the receiver reads straight into the user buffer with no per-chunk
  * header. So tcp needs no rendezvous key: rndv_expect writes an empty one.
  *
- * Set-up: create opens the listening socket before the rank cards are
- * exchanged, so by the time connect runs every listener exists and the
- * kernel's backlog completes connections even while the acceptor is busy
- * elsewhere; the lower rank of a pair connects to the higher one. Every new
- * connection starts with a hello whose job token (from the rank card's
- * header) the acceptor checks before it reads anything else (tcp_hello.h).
- * Connections that fail to present one in time are closed and counted, and
- * a bounded number of them may wait at once (tcp_listen.h).
+ * Set-up is lazy. create opens the listening socket before the rank cards
+ * are exchanged and it stays open until destroy; connect only allocates
+ * per-peer bookkeeping. A pair's sockets (1 control + WEFT_TCP_STREAMS data)
+ * are made at the pair's first message, from either side: ctrl_send (or
+ * rndv_expect/rndv_push) to a peer that is not up starts non-blocking
+ * connects, and progress accepts, advances the handshakes of both
+ * directions and flips the peer up once all its sockets are in. A pair
+ * that never talks never opens a socket. Every new connection starts with a
+ * hello whose job token (from the rank card's header) the acceptor checks
+ * before it reads anything else (tcp_hello.h); the acceptor answers with
+ * the connector's token and a verdict. Connections that fail to present a
+ * hello in time are closed and counted, and a bounded number of them may
+ * wait at once (tcp_listen.h).
+ *
+ * Frames go out before the pair is up: a rank that made a control
+ * connection of its own sends all its frames to that peer on it, from
+ * right after its hello on (ctrl_early_fd, ctrl_tx_fd), so a first send
+ * reaches the peer's kernel at once and completes, as it did with
+ * connections made at create, even if the sender stops calling weft right
+ * after (an eager send, then a wait in MPI); an accepting rank sends on the
+ * accepted control socket once its ACCEPT is out. The peer reads them as
+ * soon as that socket is in, before the pair is up (ctrl_rx_fd), so a peer
+ * that stops calling weft right after its send is still heard. Until then
+ * ctrl_send answers WEFT_EAGAIN (the pipe
+ * queues the frame and retries, in order); rndv_expect/rndv_push keep the
+ * transfer, which starts once the peer is up (data sockets only carry data
+ * then).
+ *
+ * Both ranks of a pair may start at once. The tie-break keeps the data
+ * sockets of the lower rank's set: the lower rank answers a hello of the
+ * higher one with COLLIDE while its own set is under way (or won), and the
+ * higher rank, on a COLLIDE or on a hello from the lower rank, gives up its
+ * own data sockets (they wait for their COLLIDE and are closed quietly) and
+ * accepts the lower rank's set. Its own control socket is kept by both
+ * sides, since it may carry the higher rank's frames already: it stays the
+ * higher rank's sending channel and the lower rank reads the higher rank's
+ * frames there (extra_fd); the peer's frames come on exactly one socket, so
+ * each direction stays in order. A rank that has answered ACCEPT to a hello
+ * of a peer never starts a set of its own to that peer, so the verdicts a
+ * set gets are all equal and one set of data sockets survives. Data never
+ * goes on a socket the other side drops.
+ *
+ * A failed connection (refused, reset, hello turned down) fails the peer
+ * through the peer_failed upcall, with an error that names it, its address
+ * and why; so does one not up within TCP_CONNECT_TIMEOUT_FACTOR x
+ * WEFT_TIMEOUT (a request waiting on it fails after WEFT_TIMEOUT already,
+ * p2p/health.c).
  *
  * Every function here but sleep runs under the pipe layer's lock
  * (transport.h), so per-comm state needs no locking of its own. Nothing
- * blocks except connect, whose waits are bounded by WEFT_TIMEOUT.
+ * blocks. sleep polls the listener and the sockets of peers that are up
+ * (descriptors and events published atomically by progress), and naps at
+ * most TCP_HANDSHAKE_NAP_MS while any handshake is under way, since
+ * handshake sockets come and go and are not in its poll set.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -73,6 +115,24 @@
  * always has at least this much room. Kept small because every peer has one. */
 #define TCP_CTRL_IN_SLACK ((size_t)64 << 10)
 
+/* Longest sleep while a handshake is under way: its sockets are not in
+ * sleep's poll set, so a waiter looks again this often. Handshakes last a
+ * round trip or two, so the naps are few. */
+#define TCP_HANDSHAKE_NAP_MS 2
+
+/* Abandoned sockets (the losing set of a collision) wait this long at most
+ * for the peer's COLLIDE answer when WEFT_TIMEOUT is 0. */
+#define TCP_ABANDON_MAX_S 60.0
+
+/* A connection not up within this many times WEFT_TIMEOUT fails its peer.
+ * More than once: requests waiting on the pair fail first, each after
+ * WEFT_TIMEOUT of its own wait, through the pipe's health checks
+ * (p2p/health.c), which name the request (tag, bytes, the collective's
+ * step) and tell a live peer that does not progress from a dead one, and
+ * a collective may wait on a few such requests one after the other; this
+ * is the backstop that ends a handshake nobody waits on. */
+#define TCP_CONNECT_TIMEOUT_FACTOR 2
+
 /* This transport's blob in the rank card: the rank's listener. */
 struct tcp_card {
     uint16_t family;    /* AF_INET; 0 = tcp not offered by this rank */
@@ -107,17 +167,33 @@ struct tcp_data_sock {
     uint64_t             recv_off;
 };
 
+/* Where a pair's connection stands (tcp_peer.state). */
+enum {
+    PEER_IDLE = 0,  /* no socket, nothing under way */
+    PEER_OUT,       /* my set of sockets is being connected */
+    PEER_IN,        /* the peer's set is arriving (I answered ACCEPT, or it won a collision) */
+    PEER_UP,        /* every socket in: frames and data flow */
+    PEER_FAILED     /* closed for good (failed or aborted) */
+};
+
 struct tcp_peer {
     int                   rank;
     int                   used;      /* the pipe to this rank uses tcp */
-    int                   up;        /* connected and not failed */
+    int                   state;     /* PEER_* */
+    int                   up;        /* state == PEER_UP (the data path tests this) */
+    int                   mine;      /* the set in use (or under way) was started by this rank */
+    int                   mine_ctrl; /* this rank made a control connection of its own: its frames go there */
+    int                   notify;    /* failed: the peer_failed upcall still owed, with this code (0: none) */
     int                   kick;      /* work was queued since the last progress pass */
+    double                since;     /* when the connection was started (weft_now) */
     char                  where[64]; /* "a.b.c.d:port" of the peer's listener */
 
     int                   ctrl_fd;
+    int                   extra_fd;  /* after a collision: the higher rank's own control socket (below) */
+    int                   extra_tx;  /* 1: extra_fd carries my frames (higher rank); 0: the peer's (lower) */
     unsigned char        *out;       /* unsent control bytes: out[out_off..out_len) */
     size_t                out_off, out_len, out_cap;
-    unsigned char        *in;        /* received control bytes not yet parsed */
+    unsigned char        *in;        /* received control bytes not yet parsed (allocated when up) */
     size_t                in_len, in_cap;
 
     struct tcp_data_sock *data;      /* [streams] */
@@ -125,13 +201,40 @@ struct tcp_peer {
     struct weft_queue     expect;    /* receives to fill, in rndv_expect order */
 
     size_t                pfd_base;  /* index of ctrl_fd in the progress poll array */
-    size_t                sleep_base;/* index of ctrl_fd in sleep_fds */
+    int                   polled;    /* pfd_base is valid for this progress pass */
+    size_t                sleep_base;/* index of ctrl_fd in sleep_fds (then data sockets, then extra_fd) */
+};
+
+/* A connection in the middle of its handshake. */
+struct tcp_conn {
+    int                   fd;
+    int                   outgoing;   /* 1: I connected to peer; 0: accepted */
+    int                   abandoned;  /* outgoing, of my set that lost a collision: closed once answered */
+    int                   stage;      /* see conn_step */
+    int                   peer;       /* outgoing: known; incoming: from the hello (-1 before) */
+    int                   index;      /* 0 = control, 1..streams = data */
+    size_t                done;       /* bytes moved in the current stage */
+    double                deadline;   /* incoming: hello (and answer) due; abandoned: given up (weft_now) */
+    struct weft_tcp_hello hello;
+    struct weft_tcp_ack   ack;
+    char                  where[64];  /* remote address, for messages */
+};
+
+/* Every handshake under way: outgoing and incoming, in the order they
+ * began (so the first pending incoming one is the oldest). Entries whose
+ * fd is -1 are finished and compacted away. */
+struct tcp_handshakes {
+    struct tcp_conn *v;
+    size_t           n, cap;
+    double           accept_rest_until; /* listener left alone until then (weft_now) */
+    int              short_logged;      /* the out-of-descriptors warning was given */
 };
 
 struct tcp_state {
     const struct weft_tp_env *env;   /* core, cards, upcalls: valid until destroy */
+    int                 rank;        /* this rank (logging in destroy, which may not touch env) */
     int                 size;        /* ranks of the comm (peers[]) */
-    int                 listen_fd;
+    int                 listen_fd;   /* open from create to destroy (closed at connect if no peer uses tcp) */
     struct sockaddr_in  listen_addr;
     unsigned            streams;
     uint64_t            chunk;
@@ -139,14 +242,20 @@ struct tcp_state {
     struct tcp_peer    *peers;       /* [size] */
     int                *active;      /* ranks of the peers that use tcp */
     int                 nactive;
+    int                 nconnecting; /* peers in PEER_OUT or PEER_IN */
+    int                 notify_pending; /* some peer's failure upcall is owed */
+    struct tcp_handshakes hs;
     struct pollfd      *pfds;        /* progress poll array */
     size_t              pfds_cap;
-    struct weft_tcp_listen_stats listen; /* what the listener met during connect (tcp_listen.h) */
+    struct weft_tcp_listen_stats listen; /* what the listener met over the comm's life (tcp_listen.h) */
 
     /* What sleep polls. It runs without the lock, so it reads only these:
-     * descriptors fixed at connect, and per-descriptor poll events that
-     * progress publishes atomically (0: skip, the socket is closed). */
-    int                *sleep_fds;     /* [nactive * (1 + streams)] */
+     * the listener (fixed from connect to destroy) with its events, and per
+     * peer socket a descriptor and its poll events, both published
+     * atomically by progress (events 0: skip). */
+    atomic_int          listen_events; /* POLLIN, or 0 while the listener rests */
+    atomic_int          handshaking;   /* 1 while a handshake is under way: nap briefly */
+    atomic_int         *sleep_fds;     /* [nactive * (1 + streams)] */
     atomic_int         *sleep_events;
     size_t              sleep_n;
 };
@@ -186,18 +295,48 @@ static size_t ctrl_payload_max(const struct tcp_state *st)
     return st->eager_limit > WEFT_TP_CTRL_PAYLOAD_MIN ? st->eager_limit : WEFT_TP_CTRL_PAYLOAD_MIN;
 }
 
-/* Tells sleep which events to wait for on pe's sockets: input always,
- * output where bytes are waiting to go, nothing once the peer is down. */
+static int *peer_slot(struct tcp_peer *pe, int index)
+{
+    return index == 0 ? &pe->ctrl_fd : &pe->data[index - 1].fd;
+}
+
+/* Per peer, the progress poll array and sleep's arrays hold the control
+ * socket, the data sockets, then extra_fd. */
+static size_t peer_nfds(const struct tcp_state *st)
+{
+    return 2 + (size_t)st->streams;
+}
+
+/* Tells sleep which descriptors to poll for pe and for which events:
+ * input always, output where bytes are waiting to go, nothing unless the
+ * peer is up. */
 static void publish_sleep_events(struct tcp_state *st, const struct tcp_peer *pe)
 {
     if (st->sleep_events == NULL)
         return;
     atomic_int *ev = &st->sleep_events[pe->sleep_base];
-    atomic_store_explicit(&ev[0], pe->up ? POLLIN | (pe->out_len > pe->out_off ? POLLOUT : 0) : 0,
-                          memory_order_relaxed);
-    for (unsigned s = 0; s < st->streams; s++)
-        atomic_store_explicit(&ev[1 + s], pe->up ? POLLIN | (pe->data[s].send_cur ? POLLOUT : 0) : 0,
-                              memory_order_relaxed);
+    atomic_int *fd = &st->sleep_fds[pe->sleep_base];
+    for (unsigned s = 0; s <= st->streams; s++) {
+        int sock = s == 0 ? pe->ctrl_fd : pe->data[s - 1].fd;
+        int out = s == 0 ? pe->out_len > pe->out_off : pe->data[s - 1].send_cur != NULL;
+        if (s == 0 && pe->extra_fd >= 0 && pe->extra_tx)
+            out = 0;   /* my frames go on extra_fd */
+        if (pe->up) {
+            /* Descriptor first: sleep skips entries whose events are 0. */
+            atomic_store_explicit(&fd[s], sock, memory_order_relaxed);
+            atomic_store_explicit(&ev[s], POLLIN | (out ? POLLOUT : 0), memory_order_release);
+        } else {
+            atomic_store_explicit(&ev[s], 0, memory_order_release);
+        }
+    }
+    const size_t x = 1 + st->streams;
+    if (pe->up && pe->extra_fd >= 0) {
+        int out = pe->extra_tx && pe->out_len > pe->out_off;
+        atomic_store_explicit(&fd[x], pe->extra_fd, memory_order_relaxed);
+        atomic_store_explicit(&ev[x], pe->extra_tx ? (out ? POLLOUT : 0) : POLLIN, memory_order_release);
+    } else {
+        atomic_store_explicit(&ev[x], 0, memory_order_release);
+    }
 }
 
 static void format_addr(const struct sockaddr_in *sa, char *out, size_t len)
@@ -333,6 +472,7 @@ static int tcp_create(const struct weft_tp_env *env, void *blob, void **ctx)
     if (st == NULL)
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory for transport state");
     st->env = env;
+    st->rank = core->rank;
     st->size = core->size;
     st->listen_fd = -1;
     st->streams = core->cfg.tcp_streams > 0 ? (unsigned)core->cfg.tcp_streams : 1;
@@ -365,8 +505,9 @@ static int tcp_create(const struct weft_tp_env *env, void *blob, void **ctx)
         rc = weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: bind to %s failed: %s", a, strerror(errno));
         goto fail_socket;
     }
-    /* A deep backlog lets every lower rank connect before this rank gets
-     * round to accepting (up to 1 + streams connections per peer). */
+    /* A deep backlog lets many peers connect while this rank is busy
+     * elsewhere (1 + streams connections per peer): the kernel completes
+     * them and the next progress pass accepts them. */
     if (listen(st->listen_fd, 4096) != 0) {
         rc = weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: listen failed: %s", strerror(errno));
         goto fail_socket;
@@ -416,41 +557,11 @@ static int tcp_reach(const struct weft_tp_cards *k, int me, int peer, char *why,
     return 1;
 }
 
-/* --------------------------------------------------------------- connect -- */
-
-/* A connection in the middle of its handshake. */
-struct tcp_conn {
-    int                   fd;
-    int                   outgoing;   /* 1: I connected to peer; 0: accepted */
-    int                   stage;      /* see conn_step */
-    int                   peer;       /* outgoing: known; incoming: from the hello */
-    int                   index;      /* 0 = control, 1..streams = data */
-    size_t                done;       /* bytes moved in the current stage */
-    double                deadline;   /* incoming: its hello is due by then (weft_now) */
-    struct weft_tcp_hello hello;
-    struct weft_tcp_ack   ack;
-    char                  where[64];  /* remote address, for messages */
-};
-
-/* The handshakes of one tcp_connect: outgoing ones first, then incoming
- * ones in the order they were accepted (so the first pending one is the
- * oldest). Entries whose fd is -1 are finished and compacted away. */
-struct tcp_handshakes {
-    struct tcp_conn *v;
-    size_t           n, cap;
-    size_t           done;              /* connections now in a peer's socket slot */
-    double           accept_rest_until; /* listener left alone until then (weft_now) */
-    int              short_logged;      /* the out-of-descriptors warning was given */
-};
+/* ---------------------------------------------------------- handshakes -- */
 
 enum { CONN_CONNECTING = 0, CONN_SEND_HELLO, CONN_READ_ACK,   /* outgoing */
        CONN_READ_HELLO, CONN_SEND_ACK,                         /* incoming */
        CONN_DONE, CONN_DROPPED };
-
-static int *peer_slot(struct tcp_peer *pe, int index)
-{
-    return index == 0 ? &pe->ctrl_fd : &pe->data[index - 1].fd;
-}
 
 /* Sends conn's pending handshake bytes; 1 when all are out, 0 to retry, -1 on error. */
 static int conn_send(struct tcp_conn *k, const void *buf, size_t len)
@@ -467,6 +578,16 @@ static int conn_send(struct tcp_conn *k, const void *buf, size_t len)
     return 1;
 }
 
+/* Closes a handshake connection without a word: the losing set of a
+ * collision, or a peer's connection when that peer is closed. */
+static void conn_close(struct tcp_conn *k)
+{
+    if (k->fd >= 0)
+        close(k->fd);
+    k->fd = -1;
+    k->stage = CONN_DROPPED;
+}
+
 /* Turns an incoming connection away: closed at once, counted under
  * *reason, and one warning that names the remote address and why, so that
  * whoever runs the job can find the stranger (or the misconfigured rank). */
@@ -479,23 +600,253 @@ static void conn_reject(struct tcp_state *st, struct tcp_conn *k, size_t *reason
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    WEFT_WARN(st->env->core->rank, "tcp: rejected connection from %s: %s", k->where, why);
+    WEFT_WARN(st->rank, "tcp: rejected connection from %s: %s", k->where, why);
     (*reason)++;
-    if (k->fd >= 0)
-        close(k->fd);
-    k->fd = -1;
-    k->stage = CONN_DROPPED;
+    conn_close(k);
 }
 
-/* Advances one handshake. Returns WEFT_SUCCESS (step taken or nothing to
- * do yet), or an error for an outgoing connection that failed (fatal for
- * connect). Incoming connections that fail a check are rejected
- * (conn_reject): a stranger or a stale process must not stop the job. */
-static int conn_step(const struct weft_tp_env *env, struct tcp_state *st, struct tcp_conn *k)
+static void peer_set_state(struct tcp_state *st, struct tcp_peer *pe, int state)
 {
-    struct weft_core *core = env->core;
-    const uint64_t my_token = weft_tp_card(&env->cards, core->rank)->token;
-    char why[256];
+    int was = pe->state == PEER_OUT || pe->state == PEER_IN;
+    int is = state == PEER_OUT || state == PEER_IN;
+    st->nconnecting += is - was;
+    pe->state = state;
+    pe->up = state == PEER_UP;
+}
+
+/* Closes every handshake connection of peer (outgoing, and incoming ones
+ * that named it); incoming ones count as unfinished. */
+static void hs_close_peer(struct tcp_state *st, int peer)
+{
+    for (size_t i = 0; i < st->hs.n; i++) {
+        struct tcp_conn *k = &st->hs.v[i];
+        if (k->fd < 0 || k->peer != peer)
+            continue;
+        if (!k->outgoing)
+            st->listen.unfinished++;
+        conn_close(k);
+    }
+}
+
+static void peer_close_sockets(struct tcp_peer *pe, unsigned streams)
+{
+    if (pe->ctrl_fd >= 0) {
+        close(pe->ctrl_fd);
+        pe->ctrl_fd = -1;
+    }
+    if (pe->extra_fd >= 0) {
+        close(pe->extra_fd);
+        pe->extra_fd = -1;
+    }
+    for (unsigned s = 0; pe->data != NULL && s < streams; s++) {
+        if (pe->data[s].fd >= 0) {
+            close(pe->data[s].fd);
+            pe->data[s].fd = -1;
+        }
+    }
+}
+
+/* Closes every socket of pe, finished or handshaking, for good, and stops
+ * sleep from polling them. */
+static void peer_down(struct tcp_state *st, struct tcp_peer *pe)
+{
+    hs_close_peer(st, pe->rank);   /* abandoned sockets of a lost collision too */
+    peer_set_state(st, pe, PEER_FAILED);
+    publish_sleep_events(st, pe);
+    peer_close_sockets(pe, st->streams);
+}
+
+/* The connection to pe could not be made: record why (naming the peer and
+ * its address), close everything of it, and owe the pipe a peer_failed
+ * upcall, made by progress once it is done with its handshake lists. */
+static void peer_conn_fail(struct tcp_state *st, struct tcp_peer *pe, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void peer_conn_fail(struct tcp_state *st, struct tcp_peer *pe, int code, const char *fmt, ...)
+{
+    char why[320];
+    va_list ap;
+    if (pe->state == PEER_FAILED)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    weft_set_error(st->env->core, code, "tcp: peer %d (%s): %s", pe->rank, pe->where, why);
+    peer_down(st, pe);
+    pe->notify = code;
+    st->notify_pending = 1;
+    atomic_store_explicit(&st->handshaking, 1, memory_order_relaxed);   /* the next pass reports it */
+}
+
+/* Makes the owed peer_failed upcalls. They may re-enter (ctrl_send to other
+ * peers starts connections), so this runs outside every list walk. */
+static int deliver_failures(struct tcp_state *st)
+{
+    int events = 0;
+    if (!st->notify_pending)
+        return 0;
+    st->notify_pending = 0;
+    for (int i = 0; i < st->nactive; i++) {
+        struct tcp_peer *pe = &st->peers[st->active[i]];
+        if (!pe->notify)
+            continue;
+        int code = pe->notify;
+        pe->notify = 0;
+        st->env->up->peer_failed(st->env->up->arg, pe->rank, code);
+        events++;
+    }
+    return events;
+}
+
+/* A slot in the handshake list (zeroed, fd -1), or NULL without memory.
+ * The list may move: callers hold indices, not pointers, across this. */
+static struct tcp_conn *hs_add(struct tcp_state *st)
+{
+    struct tcp_handshakes *hs = &st->hs;
+    if (hs->n == hs->cap) {
+        size_t ncap = hs->cap * 2 + 8;
+        struct tcp_conn *grown = realloc(hs->v, ncap * sizeof(*hs->v));
+        if (grown == NULL)
+            return NULL;
+        hs->v = grown;
+        hs->cap = ncap;
+    }
+    struct tcp_conn *k = &hs->v[hs->n++];
+    memset(k, 0, sizeof(*k));
+    k->fd = -1;
+    k->peer = -1;
+    return k;
+}
+
+/* Drops finished handshakes (fd -1), keeping the order of the rest. */
+static void hs_compact(struct tcp_handshakes *hs)
+{
+    size_t keep = 0;
+    for (size_t i = 0; i < hs->n; i++)
+        if (hs->v[i].fd >= 0)
+            hs->v[keep++] = hs->v[i];
+    hs->n = keep;
+}
+
+/* Whether every socket slot of pe holds a connection. */
+static int peer_slots_full(const struct tcp_state *st, const struct tcp_peer *pe)
+{
+    if (pe->ctrl_fd < 0)
+        return 0;
+    for (unsigned s = 0; s < st->streams; s++)
+        if (pe->data[s].fd < 0)
+            return 0;
+    return 1;
+}
+
+/* Every socket of pe is in: frames may flow. */
+static void peer_up(struct tcp_state *st, struct tcp_peer *pe)
+{
+    if (pe->in == NULL) {
+        /* Room for one largest frame: the pipe's header and payload. Made
+         * only now, so that peers that never talk cost no buffer. */
+        pe->in_cap = sizeof(struct tcp_frame) + WEFT_TP_CTRL_HDR_MAX + ctrl_payload_max(st) + TCP_CTRL_IN_SLACK;
+        pe->in = malloc(pe->in_cap);
+        if (pe->in == NULL) {
+            peer_conn_fail(st, pe, WEFT_ERR_NO_MEMORY, "out of memory for the control buffer");
+            return;
+        }
+    }
+    peer_set_state(st, pe, PEER_UP);
+    pe->kick = 1;   /* pushes and receives queued while connecting start now */
+    publish_sleep_events(st, pe);
+    WEFT_INFO(st->rank, "tcp: connected to peer %d at %s (1 control + %u data sockets, %s) after %.3f s",
+              pe->rank, pe->where, st->streams, pe->mine ? "connected from here" : "accepted",
+              weft_now() - pe->since);
+}
+
+/* My set of sockets to pe lost a collision: its connections finish their
+ * handshake as abandoned ones (closed quietly once the peer answers), and
+ * the peer's set is awaited instead. */
+static void peer_abandon_own(struct tcp_state *st, struct tcp_peer *pe)
+{
+    double now = weft_now();
+    double wait = st->env->core->cfg.timeout_s > 0 ? st->env->core->cfg.timeout_s : TCP_ABANDON_MAX_S;
+    for (size_t i = 0; i < st->hs.n; i++) {
+        struct tcp_conn *k = &st->hs.v[i];
+        /* Not the control connection: my frames may be on it already, and
+         * it stays my sending channel (it gets COLLIDE and is kept). */
+        if (k->fd >= 0 && k->outgoing && k->peer == pe->rank && !k->abandoned && k->index != 0) {
+            k->abandoned = 1;
+            k->deadline = now + wait;
+        }
+    }
+    pe->mine = 0;
+    peer_set_state(st, pe, PEER_IN);
+}
+
+/* The lower rank's hello while my own set is under way, or a COLLIDE for
+ * it: only possible before any of my sockets was accepted (the peer never
+ * accepts a set and starts one). A filled slot means the peer broke that
+ * rule. */
+static int peer_switch_to_theirs(struct tcp_state *st, struct tcp_peer *pe)
+{
+    for (unsigned s = 0; s <= st->streams; s++) {
+        if (*peer_slot(pe, (int)s) >= 0) {
+            peer_conn_fail(st, pe, WEFT_ERR_TRANSPORT,
+                           "both ranks connected at once and the peer accepted part of this rank's"
+                           " sockets before turning the rest down (protocol error)");
+            return 0;
+        }
+    }
+    peer_abandon_own(st, pe);
+    return 1;
+}
+
+/* Decides a hello that passed its checks: k names peer k->hello.rank.
+ * Rejects it (returns 0) or sets the verdict to send. The lower rank's set
+ * wins a collision (see the top of this file). */
+static int hello_decide(struct tcp_state *st, struct tcp_conn *k)
+{
+    const int p = k->hello.rank;
+    struct tcp_peer *pe = &st->peers[p];
+    if (!pe->used) {
+        conn_reject(st, k, &st->listen.bad_hello, "rank %d is not a tcp peer of this rank", p);
+        return 0;
+    }
+    if (pe->state == PEER_FAILED) {
+        conn_reject(st, k, &st->listen.bad_hello, "the connection to rank %d has already failed or was closed", p);
+        return 0;
+    }
+    uint8_t verdict;
+    if (st->rank < p && (pe->state == PEER_OUT || (pe->state == PEER_UP && pe->mine))) {
+        verdict = WEFT_TCP_ACK_COLLIDE;   /* my set wins: the higher rank drops its own */
+    } else if (pe->state == PEER_UP || *peer_slot(pe, k->hello.index) >= 0) {
+        conn_reject(st, k, &st->listen.duplicate, "rank %d already connected socket %d", p, (int)k->hello.index);
+        return 0;
+    } else {
+        if (pe->state == PEER_OUT && !peer_switch_to_theirs(st, pe)) {
+            conn_close(k);
+            st->listen.unfinished++;
+            return 0;
+        }
+        if (pe->state == PEER_IDLE) {
+            pe->since = weft_now();
+            pe->mine = 0;
+        }
+        peer_set_state(st, pe, PEER_IN);
+        verdict = WEFT_TCP_ACK_ACCEPT;
+    }
+    k->peer = p;
+    k->index = k->hello.index;
+    memset(&k->ack, 0, sizeof(k->ack));
+    k->ack.token = weft_tp_card(&st->env->cards, p)->token;
+    k->ack.verdict = verdict;
+    return 1;
+}
+
+/* Advances one handshake as far as it goes now. An outgoing connection
+ * that fails returns WEFT_ERR_TRANSPORT with why set (the caller decides
+ * what that costs); incoming connections that fail a check are rejected
+ * (conn_reject): a stranger or a stale process must not stop the job. */
+static int conn_step(struct tcp_state *st, struct tcp_conn *k, char *why, size_t whylen)
+{
+    const struct weft_tp_env *env = st->env;
+    const uint64_t my_token = weft_tp_card(&env->cards, st->rank)->token;
     for (;;) {
         switch (k->stage) {
         case CONN_CONNECTING: {
@@ -506,20 +857,20 @@ static int conn_step(const struct weft_tp_env *env, struct tcp_state *st, struct
                 return WEFT_SUCCESS;
             if (getsockopt(k->fd, SOL_SOCKET, SO_ERROR, &err, &elen) != 0)
                 err = errno;
-            if (err != 0)
-                return weft_set_error(core, WEFT_ERR_TRANSPORT,
-                                      "tcp: connecting to peer %d at %s failed: %s",
-                                      k->peer, k->where, strerror(err));
+            if (err != 0) {
+                snprintf(why, whylen, "connecting failed: %s", strerror(err));
+                return WEFT_ERR_TRANSPORT;
+            }
             k->stage = CONN_SEND_HELLO;
             k->done = 0;
             break;
         }
         case CONN_SEND_HELLO: {
             int r = conn_send(k, &k->hello, sizeof(k->hello));
-            if (r < 0)
-                return weft_set_error(core, WEFT_ERR_TRANSPORT,
-                                      "tcp: sending hello to peer %d at %s failed: %s",
-                                      k->peer, k->where, strerror(errno));
+            if (r < 0) {
+                snprintf(why, whylen, "sending the hello failed: %s", strerror(errno));
+                return WEFT_ERR_TRANSPORT;
+            }
             if (r == 0)
                 return WEFT_SUCCESS;
             k->stage = CONN_READ_ACK;
@@ -530,24 +881,29 @@ static int conn_step(const struct weft_tp_env *env, struct tcp_state *st, struct
             ssize_t n = recv(k->fd, (char *)&k->ack + k->done, sizeof(k->ack) - k->done, MSG_DONTWAIT);
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
                 return WEFT_SUCCESS;
-            if (n <= 0)
-                return weft_set_error(core, WEFT_ERR_TRANSPORT,
-                                      "tcp: peer %d at %s refused the connection (%s): is it a"
-                                      " rank of this job with the same WEFT_TCP_* settings?",
-                                      k->peer, k->where, n == 0 ? "closed" : strerror(errno));
+            if (n <= 0) {
+                snprintf(why, whylen,
+                         "the peer closed the connection instead of answering the hello (%s): is it a"
+                         " rank of this job with the same WEFT_TCP_* settings?",
+                         n == 0 ? "closed" : strerror(errno));
+                return WEFT_ERR_TRANSPORT;
+            }
             k->done += (size_t)n;
             if (k->done < sizeof(k->ack))
                 return WEFT_SUCCESS;
-            if (k->ack.token != my_token)
-                return weft_set_error(core, WEFT_ERR_TRANSPORT,
-                                      "tcp: the process at %s answered with a wrong job token;"
-                                      " it is not peer %d of this job",
-                                      k->where, k->peer);
+            if (k->ack.token != my_token) {
+                snprintf(why, whylen, "the process there answered with a wrong job token: it is not this peer");
+                return WEFT_ERR_TRANSPORT;
+            }
+            if (k->ack.verdict != WEFT_TCP_ACK_ACCEPT && k->ack.verdict != WEFT_TCP_ACK_COLLIDE) {
+                snprintf(why, whylen, "the hello was answered with an unknown verdict %u", (unsigned)k->ack.verdict);
+                return WEFT_ERR_TRANSPORT;
+            }
             k->stage = CONN_DONE;
             return WEFT_SUCCESS;
         }
         case CONN_READ_HELLO: {
-            int r = weft_tcp_hello_recv(k->fd, &k->hello, &k->done, my_token, why, sizeof(why));
+            int r = weft_tcp_hello_recv(k->fd, &k->hello, &k->done, my_token, why, whylen);
             if (r == WEFT_EAGAIN)
                 return WEFT_SUCCESS;
             if (r != WEFT_SUCCESS) {
@@ -564,26 +920,14 @@ static int conn_step(const struct weft_tp_env *env, struct tcp_state *st, struct
                 }
                 return WEFT_SUCCESS;
             }
-            r = weft_tcp_hello_check(&k->hello, core->rank, core->size, st->streams, st->chunk,
-                                     (uint32_t)st->eager_limit, why, sizeof(why));
+            r = weft_tcp_hello_check(&k->hello, st->rank, st->size, st->streams, st->chunk,
+                                     (uint32_t)st->eager_limit, why, whylen);
             if (r != WEFT_SUCCESS) {
                 conn_reject(st, k, &st->listen.bad_hello, "%s", why);
                 return WEFT_SUCCESS;
             }
-            struct tcp_peer *pe = &st->peers[k->hello.rank];
-            if (!pe->used || k->hello.rank > core->rank) {
-                conn_reject(st, k, &st->listen.bad_hello, "rank %d is not a tcp peer that connects to this rank",
-                            (int)k->hello.rank);
+            if (!hello_decide(st, k))
                 return WEFT_SUCCESS;
-            }
-            if (*peer_slot(pe, k->hello.index) >= 0) {
-                conn_reject(st, k, &st->listen.duplicate, "rank %d already connected socket %d",
-                            (int)k->hello.rank, (int)k->hello.index);
-                return WEFT_SUCCESS;
-            }
-            k->peer = k->hello.rank;
-            k->index = k->hello.index;
-            k->ack.token = weft_tp_card(&env->cards, k->peer)->token;
             k->stage = CONN_SEND_ACK;
             k->done = 0;
             break;
@@ -592,7 +936,13 @@ static int conn_step(const struct weft_tp_env *env, struct tcp_state *st, struct
             int r = conn_send(k, &k->ack, sizeof(k->ack));
             if (r < 0) {
                 int e = errno;
-                conn_reject(st, k, &st->listen.closed, "answering rank %d failed: %s", k->peer, strerror(e));
+                if (k->ack.verdict == WEFT_TCP_ACK_COLLIDE) {
+                    /* The loser may close its abandoned sockets first. */
+                    st->listen.collided++;
+                    conn_close(k);
+                } else {
+                    conn_reject(st, k, &st->listen.closed, "answering rank %d failed: %s", k->peer, strerror(e));
+                }
                 return WEFT_SUCCESS;
             }
             if (r == 0)
@@ -622,46 +972,103 @@ static const char *fd_limit_hint(int err)
                : "";
 }
 
-/* Opens a non-blocking connection to peer's listener and prepares its hello. */
-static int conn_open(const struct weft_tp_env *env, struct tcp_state *st, int peer, int index,
-                     struct tcp_conn *k)
+/* Opens a non-blocking connection to peer's listener and prepares its
+ * hello. On failure why says what happened (k->fd stays -1). */
+static int conn_open(struct tcp_state *st, int peer, int index, struct tcp_conn *k, char *why, size_t whylen)
 {
-    struct weft_core *core = env->core;
-    const struct tcp_card card = card_of(&env->cards, peer);
+    const struct tcp_card card = card_of(&st->env->cards, peer);
     struct sockaddr_in sa;
 
-    memset(k, 0, sizeof(*k));
-    k->fd = -1;
     k->outgoing = 1;
     k->peer = peer;
     k->index = index;
     card_sockaddr(&card, &sa);
     format_addr(&sa, k->where, sizeof(k->where));
-    if (card.family != AF_INET)
-        return weft_set_error(core, WEFT_ERR_TRANSPORT,
-                              "tcp: peer %d offers no IPv4 listener (family %u)", peer,
-                              (unsigned)card.family);
-
-    k->fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (k->fd < 0)
-        return weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: socket() for peer %d failed: %s%s", peer,
-                              strerror(errno), fd_limit_hint(errno));
-    tune_socket(k->fd);
-    if (connect(k->fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 && errno != EINPROGRESS) {
-        int e = errno;
-        close(k->fd);
-        k->fd = -1;
-        return weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: connecting to peer %d at %s failed: %s",
-                              peer, k->where, strerror(e));
+    if (card.family != AF_INET) {
+        snprintf(why, whylen, "offers no IPv4 listener (family %u)", (unsigned)card.family);
+        return WEFT_ERR_TRANSPORT;
     }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        snprintf(why, whylen, "socket() failed: %s%s", strerror(errno), fd_limit_hint(errno));
+        return WEFT_ERR_TRANSPORT;
+    }
+    tune_socket(fd);
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 && errno != EINPROGRESS) {
+        int e = errno;
+        close(fd);
+        snprintf(why, whylen, "connecting failed: %s", strerror(e));
+        return WEFT_ERR_TRANSPORT;
+    }
+    k->fd = fd;
     k->stage = CONN_CONNECTING;
-    k->hello.token = weft_tp_card(&env->cards, peer)->token;
-    k->hello.rank = core->rank;
+    k->hello.token = weft_tp_card(&st->env->cards, peer)->token;
+    k->hello.rank = st->rank;
     k->hello.index = index;
     k->hello.streams = st->streams;
     k->hello.chunk = st->chunk;
     k->hello.eager_limit = (uint32_t)st->eager_limit;
     return WEFT_SUCCESS;
+}
+
+/* Starts my set of sockets to an idle peer (first message to it). Called
+ * from ctrl_send, rndv_expect and rndv_push. A failure (a refused connect
+ * shows here on loopback) is reported like one seen later: through the
+ * peer_failed upcall at the next progress pass, never from inside the
+ * caller's send, so the pipe layer learns of a lost peer the same way
+ * whenever it is found out (p2p/health.c then tells a dead peer from a
+ * broken link). */
+static void peer_start(struct tcp_state *st, struct tcp_peer *pe)
+{
+    char why[256];
+    pe->since = weft_now();
+    pe->mine = 1;
+    pe->mine_ctrl = 1;
+    peer_set_state(st, pe, PEER_OUT);
+    for (unsigned i = 0; i <= st->streams; i++) {
+        struct tcp_conn *k = hs_add(st);
+        if (k == NULL) {
+            snprintf(why, sizeof(why), "out of memory for a connection");
+            goto fail;
+        }
+        if (conn_open(st, pe->rank, (int)i, k, why, sizeof(why)) != WEFT_SUCCESS) {
+            st->hs.n--;   /* the slot just taken holds no descriptor */
+            goto fail;
+        }
+        /* Loopback connects often complete at once: take the hello now. */
+        char why2[256];
+        if (conn_step(st, k, why2, sizeof(why2)) != WEFT_SUCCESS) {
+            snprintf(why, sizeof(why), "%s", why2);
+            goto fail;
+        }
+    }
+    atomic_store_explicit(&st->handshaking, 1, memory_order_relaxed);
+    return;
+
+fail:
+    peer_conn_fail(st, pe, WEFT_ERR_TRANSPORT, "%s", why);
+}
+
+/* Whether pe can take work now: WEFT_SUCCESS when up, WEFT_EAGAIN while
+ * its connection is under way (started here if it was idle) or its failure
+ * is still to be reported (the upcall comes at the next progress pass), an
+ * error once it failed. */
+static int peer_want(struct tcp_state *st, struct tcp_peer *pe)
+{
+    switch (pe->state) {
+    case PEER_UP:
+        return WEFT_SUCCESS;
+    case PEER_FAILED:
+        if (pe->notify)
+            return WEFT_EAGAIN;
+        return weft_set_error(st->env->core, WEFT_ERR_TRANSPORT, "tcp: peer %d (%s): connection is down",
+                              pe->rank, pe->where);
+    case PEER_IDLE:
+        peer_start(st, pe);
+        return WEFT_EAGAIN;
+    default:
+        return WEFT_EAGAIN;
+    }
 }
 
 /* An accepted connection still waiting for (the rest of) its hello. */
@@ -686,37 +1093,90 @@ static size_t count_pending(const struct tcp_handshakes *hs)
     return n;
 }
 
-/* Drops finished handshakes (fd -1), keeping the order of the rest. */
-static void hs_compact(struct tcp_handshakes *hs)
+/* One step of handshake i, then its bookkeeping: a finished connection
+ * moves into its peer's socket slot, and the peer is up once all are in.
+ * Failures of my own connections fail the peer (peer_conn_fail). Returns
+ * 1 when a peer came up or failed. */
+static int conn_advance(struct tcp_state *st, size_t i)
 {
-    size_t keep = 0;
-    for (size_t i = 0; i < hs->n; i++)
-        if (hs->v[i].fd >= 0)
-            hs->v[keep++] = hs->v[i];
-    hs->n = keep;
-}
-
-/* One step of k, then its bookkeeping: a finished connection moves into
- * its peer's socket slot. Returns an error only for a failed outgoing one. */
-static int conn_advance(const struct weft_tp_env *env, struct tcp_state *st, struct tcp_handshakes *hs,
-                        struct tcp_conn *k)
-{
-    int rc = conn_step(env, st, k);
-    if (rc != WEFT_SUCCESS || k->stage != CONN_DONE || k->fd < 0)
-        return rc;
-    int *slot = peer_slot(&st->peers[k->peer], k->index);
-    if (!k->outgoing && *slot >= 0) {
-        /* Two connections for one socket passed the hello check before
-         * either finished; the first one keeps the slot. */
-        conn_reject(st, k, &st->listen.duplicate, "rank %d already connected socket %d", k->peer, k->index);
-        return WEFT_SUCCESS;
+    struct tcp_conn *k = &st->hs.v[i];
+    char why[256];
+    if (conn_step(st, k, why, sizeof(why)) != WEFT_SUCCESS) {
+        if (k->abandoned) {
+            conn_close(k);   /* the peer may close the losing set first */
+            return 0;
+        }
+        peer_conn_fail(st, &st->peers[k->peer], WEFT_ERR_TRANSPORT, "%s", why);
+        return 1;
+    }
+    if (k->stage != CONN_DONE || k->fd < 0)
+        return 0;
+    struct tcp_peer *pe = &st->peers[k->peer];
+    int *slot = peer_slot(pe, k->index);
+    if (k->outgoing) {
+        if (k->abandoned) {
+            conn_close(k);
+            return 0;
+        }
+        if (k->ack.verdict == WEFT_TCP_ACK_COLLIDE) {
+            if (k->index == 0 && st->rank > pe->rank && pe->extra_fd < 0) {
+                /* My control socket lost, but it carries my frames from
+                 * the first one on: it stays my sending channel, and the
+                 * peer reads it (extra_fd). */
+                pe->extra_fd = k->fd;
+                pe->extra_tx = 1;
+                k->fd = -1;
+                k->stage = CONN_DONE;
+            } else {
+                conn_close(k);
+            }
+            if (st->rank < pe->rank) {
+                peer_conn_fail(st, pe, WEFT_ERR_TRANSPORT,
+                               "the higher rank turned down this (lower) rank's connection in a collision"
+                               " (protocol error)");
+                return 1;
+            }
+            if (pe->state == PEER_OUT)
+                return peer_switch_to_theirs(st, pe) ? 0 : 1;
+            return 0;
+        }
+        if (pe->state != PEER_OUT || *slot >= 0) {
+            conn_close(k);
+            peer_conn_fail(st, pe, WEFT_ERR_TRANSPORT, "socket %d was accepted twice (protocol error)", k->index);
+            return 1;
+        }
+    } else {
+        if (k->ack.verdict == WEFT_TCP_ACK_COLLIDE) {
+            st->listen.collided++;
+            if (k->index == 0 && pe->extra_fd < 0 && pe->state != PEER_FAILED) {
+                /* The higher rank's control socket: its frames come on it
+                 * (it never sends on ours once it made its own). */
+                pe->extra_fd = k->fd;
+                pe->extra_tx = 0;
+                k->fd = -1;
+                k->stage = CONN_DONE;
+                publish_sleep_events(st, pe);
+                pe->kick = 1;
+            } else {
+                conn_close(k);
+            }
+            return 0;
+        }
+        if (pe->state != PEER_IN || *slot >= 0) {
+            /* Two connections for one socket passed the hello check before
+             * either finished; the first one keeps the slot. */
+            conn_reject(st, k, &st->listen.duplicate, "rank %d already connected socket %d", k->peer, k->index);
+            return 0;
+        }
+        st->listen.peers++;
     }
     *slot = k->fd;   /* the peer's socket slot now owns the descriptor */
     k->fd = -1;
-    hs->done++;
-    if (!k->outgoing)
-        st->listen.peers++;
-    return WEFT_SUCCESS;
+    k->stage = CONN_DONE;
+    if (!peer_slots_full(st, pe))
+        return 0;
+    peer_up(st, pe);
+    return 1;
 }
 
 /* Errors accept(2) passes on from a connection that already failed: the
@@ -736,18 +1196,19 @@ static int accept_error_is_transient(int e)
 }
 
 /* Accept failed for want of descriptors or kernel memory. Strangers must
- * not make create fail while the ranks' own connections can still get in:
- * close the oldest unidentified connection and try again, or, with none,
- * leave the listener alone for a moment (the backlog keeps what arrives).
+ * not stop the ranks' own connections from getting in: close the oldest
+ * unidentified connection and try again, or, with none, leave the
+ * listener alone for a moment (the backlog keeps what arrives).
  * Returns 1 to accept again, 0 to stop for now. */
-static int accept_short(struct tcp_state *st, struct tcp_handshakes *hs, int e)
+static int accept_short(struct tcp_state *st, int e)
 {
+    struct tcp_handshakes *hs = &st->hs;
     st->listen.accept_short++;
     if (!hs->short_logged) {
         hs->short_logged = 1;
-        WEFT_WARN(st->env->core->rank,
+        WEFT_WARN(st->rank,
                   "tcp: accepting on the listener failed: %s%s; closing connections that have sent no"
-                  " hello to make room (logged once per create)",
+                  " hello to make room (logged once per comm)",
                   strerror(e), fd_limit_hint(e));
     }
     struct tcp_conn *old = oldest_pending(hs);
@@ -757,14 +1218,17 @@ static int accept_short(struct tcp_state *st, struct tcp_handshakes *hs, int e)
         return 1;
     }
     hs->accept_rest_until = weft_now() + TCP_ACCEPT_BACKOFF_MS / 1000.0;
+    atomic_store_explicit(&st->listen_events, 0, memory_order_relaxed);
     return 0;
 }
 
 /* Accepts whatever is waiting on the listener as new incoming handshakes,
- * keeping at most TCP_PENDING_MAX of them waiting for a hello. */
-static int accept_pending(const struct weft_tp_env *env, struct tcp_state *st, struct tcp_handshakes *hs)
+ * keeping at most TCP_PENDING_MAX of them waiting for a hello. Returns the
+ * number of peers that came up or failed. */
+static int accept_pending(struct tcp_state *st)
 {
-    struct weft_core *core = env->core;
+    struct tcp_handshakes *hs = &st->hs;
+    int events = 0;
     for (;;) {
         struct sockaddr_in sa;
         socklen_t alen = sizeof(sa);
@@ -774,42 +1238,38 @@ static int accept_pending(const struct weft_tp_env *env, struct tcp_state *st, s
             if (accept_error_is_transient(e))
                 continue;
             if (e == EAGAIN || e == EWOULDBLOCK)
-                return WEFT_SUCCESS;
+                return events;
             if (e == EMFILE || e == ENFILE || e == ENOBUFS || e == ENOMEM) {
-                if (accept_short(st, hs, e))
+                if (accept_short(st, e))
                     continue;
-                return WEFT_SUCCESS;
+                return events;
             }
-            return weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: accept failed: %s%s", strerror(e),
-                                  fd_limit_hint(e));
+            /* The listener itself is broken: say so once, and rest (the
+             * peers that wait for this rank fail by their WEFT_TIMEOUT). */
+            WEFT_WARN(st->rank, "tcp: accept failed: %s%s", strerror(e), fd_limit_hint(e));
+            hs->accept_rest_until = weft_now() + TCP_ACCEPT_BACKOFF_MS / 1000.0;
+            atomic_store_explicit(&st->listen_events, 0, memory_order_relaxed);
+            return events;
         }
         if (hs->n == hs->cap)
             hs_compact(hs);
-        if (hs->n == hs->cap) {
-            size_t ncap = hs->cap * 2 + 8;
-            struct tcp_conn *grown = realloc(hs->v, ncap * sizeof(*hs->v));
-            if (grown == NULL) {
-                close(fd);
-                return weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory accepting connections");
-            }
-            hs->v = grown;
-            hs->cap = ncap;
+        struct tcp_conn *k = hs_add(st);
+        if (k == NULL) {
+            close(fd);
+            WEFT_WARN(st->rank, "tcp: out of memory accepting a connection: closed it");
+            return events;
         }
-        struct tcp_conn *k = &hs->v[hs->n++];
-        memset(k, 0, sizeof(*k));
         k->fd = fd;
-        k->peer = -1;
         k->stage = CONN_READ_HELLO;
         k->deadline = weft_now() + TCP_HELLO_DEADLINE_S;
         format_addr(&sa, k->where, sizeof(k->where));
         tune_socket(fd);
         st->listen.accepted++;
+        atomic_store_explicit(&st->handshaking, 1, memory_order_relaxed);
         /* A rank's hello is normally queued before we accept: take it now,
          * so that only connections that really are silent count as pending
          * and the cap below never closes a rank's connection. */
-        int rc = conn_advance(env, st, hs, k);
-        if (rc != WEFT_SUCCESS)
-            return rc;
+        events += conn_advance(st, hs->n - 1);
         size_t pending = count_pending(hs);
         for (; pending > TCP_PENDING_MAX; pending--)
             conn_reject(st, oldest_pending(hs), &st->listen.evicted,
@@ -820,43 +1280,66 @@ static int accept_pending(const struct weft_tp_env *env, struct tcp_state *st, s
     }
 }
 
-/* Rejects the incoming connections whose hello (or our answer) is overdue. */
-static void expire_pending(struct tcp_state *st, struct tcp_handshakes *hs, double now)
+/* Rejects incoming connections whose hello (or our answer) is overdue,
+ * closes abandoned ones nobody answered, and fails peers whose connection
+ * is not up within TCP_CONNECT_TIMEOUT_FACTOR x WEFT_TIMEOUT. Returns the
+ * number of peers failed. */
+static int hs_expire(struct tcp_state *st, double now)
 {
+    struct tcp_handshakes *hs = &st->hs;
+    int events = 0;
     for (size_t i = 0; i < hs->n; i++) {
         struct tcp_conn *k = &hs->v[i];
-        if (k->outgoing || k->fd < 0 || now < k->deadline)
+        if (k->fd < 0 || now < k->deadline)
             continue;
-        if (k->stage == CONN_READ_HELLO)
+        if (k->outgoing) {
+            if (k->abandoned)
+                conn_close(k);
+        } else if (k->stage == CONN_READ_HELLO) {
             conn_reject(st, k, &st->listen.timed_out,
                         "no complete hello within %.0f s of accept (%zu of %zu bytes came)",
                         TCP_HELLO_DEADLINE_S, k->done, sizeof(k->hello));
-        else if (k->stage == CONN_SEND_ACK)
+        } else if (k->stage == CONN_SEND_ACK) {
             conn_reject(st, k, &st->listen.timed_out,
                         "the answer to rank %d could not be sent within %.0f s of accept",
                         k->peer, TCP_HELLO_DEADLINE_S);
+        }
     }
+    const double timeout = st->env->core->cfg.timeout_s * TCP_CONNECT_TIMEOUT_FACTOR;
+    if (timeout <= 0 || st->nconnecting == 0)
+        return 0;
+    for (int i = 0; i < st->nactive; i++) {
+        struct tcp_peer *pe = &st->peers[st->active[i]];
+        if ((pe->state != PEER_OUT && pe->state != PEER_IN) || now - pe->since < timeout)
+            continue;
+        peer_conn_fail(st, pe, WEFT_ERR_TIMEOUT, "no connection after %g s (%d x WEFT_TIMEOUT)%s%s", timeout,
+                       TCP_CONNECT_TIMEOUT_FACTOR,
+                       pe->state == PEER_OUT ? ": it did not answer this rank's hello"
+                                             : ": its sockets did not all arrive",
+                       st->listen.accept_short > 0 ? "; accepting ran out of descriptors: raise `ulimit -n`" : "");
+        events++;
+    }
+    return events;
 }
 
-/* Closes every handshake still open when connect ends, successful or not:
- * incoming ones are rejected (warned and counted), outgoing ones only
- * remain when connect failed, which was reported already. */
-static void hs_close_all(struct tcp_state *st, struct tcp_handshakes *hs)
+/* Closes every handshake still open at destroy: peers' connections
+ * quietly, strangers' with a warning (as rejected, unfinished). */
+static void hs_close_all(struct tcp_state *st)
 {
+    struct tcp_handshakes *hs = &st->hs;
     for (size_t i = 0; i < hs->n; i++) {
         struct tcp_conn *k = &hs->v[i];
         if (k->fd < 0)
             continue;
         if (k->outgoing) {
-            close(k->fd);
-            k->fd = -1;
+            conn_close(k);
         } else if (k->stage == CONN_READ_HELLO) {
             conn_reject(st, k, &st->listen.unfinished,
                         "still without a complete hello when this rank stopped listening (%zu of %zu bytes came)",
                         k->done, sizeof(k->hello));
         } else {
-            conn_reject(st, k, &st->listen.unfinished,
-                        "the answer to rank %d was not sent when this rank stopped listening", k->peer);
+            st->listen.unfinished++;
+            conn_close(k);
         }
     }
     hs->n = 0;
@@ -877,44 +1360,32 @@ void weft_tcp_listen_stats_get(const void *ctx, struct weft_tcp_listen_stats *ou
         *out = st->listen;
 }
 
-/* One line per connect on what the listener met, so that rejections show
- * up in an info log even where their warnings were filtered out. */
+/* One line per comm (at destroy) on what the listener met, so that
+ * rejections show up in an info log even where their warnings were
+ * filtered out. */
 static void log_listen_summary(const struct tcp_state *st)
 {
     const struct weft_tcp_listen_stats *s = &st->listen;
-    WEFT_INFO(st->env->core->rank,
+    WEFT_INFO(st->rank,
               "tcp: listener accepted %zu connections: %zu ranks' sockets, %zu rejected (%zu wrong token,"
               " %zu bad hello, %zu duplicate, %zu closed early, %zu no hello within %.0f s,"
-              " %zu over %d pending, %zu to free descriptors, %zu unfinished at the end);"
-              " at most %zu pending at once; accept short of descriptors %zu times",
+              " %zu over %d pending, %zu to free descriptors, %zu unfinished at the end),"
+              " %zu turned down in a collision; at most %zu pending at once; accept short of descriptors"
+              " %zu times",
               s->accepted, s->peers, weft_tcp_listen_rejected(s), s->bad_token, s->bad_hello, s->duplicate,
               s->closed, s->timed_out, TCP_HELLO_DEADLINE_S, s->evicted, TCP_PENDING_MAX, s->fd_evicted,
-              s->unfinished, s->pending_max, s->accept_short);
+              s->unfinished, s->collided, s->pending_max, s->accept_short);
 }
 
-static int peer_alloc(struct tcp_state *st, struct tcp_peer *pe)
-{
-    pe->ctrl_fd = -1;
-    pe->data = calloc(st->streams, sizeof(*pe->data));
-    if (pe->data == NULL)
-        return WEFT_ERR_NO_MEMORY;
-    for (unsigned s = 0; s < st->streams; s++)
-        pe->data[s].fd = -1;
-    /* Room for one largest frame: the pipe's header and payload. */
-    pe->in_cap = sizeof(struct tcp_frame) + WEFT_TP_CTRL_HDR_MAX + ctrl_payload_max(st) + TCP_CTRL_IN_SLACK;
-    pe->in = malloc(pe->in_cap);
-    if (pe->in == NULL)
-        return WEFT_ERR_NO_MEMORY;
-    return WEFT_SUCCESS;
-}
+/* --------------------------------------------------------------- connect -- */
 
-/* Takes no part in any collective exchange (env->coll is never used), so
- * a rank without ctx returns at once. */
+/* Only bookkeeping: sockets are made at each pair's first message. Takes
+ * no part in any collective exchange (env->coll is never used), so a rank
+ * without ctx returns at once. */
 static int tcp_connect(const struct weft_tp_env *env, void *ctx)
 {
     struct tcp_state *st = ctx;
     struct weft_core *core = env->core;
-    struct tcp_handshakes hs = { .v = NULL };
     int rc = WEFT_SUCCESS;
 
     if (st == NULL)
@@ -925,8 +1396,12 @@ static int tcp_connect(const struct weft_tp_env *env, void *ctx)
     for (int r = 0; r < core->size; r++)
         if (r != core->rank && env->uses != NULL && env->uses[r])
             ntcp++;
-    if (ntcp == 0)
-        goto close_listener;
+    if (ntcp == 0) {
+        /* No pipe uses tcp: nobody may connect, so stop listening now. */
+        close(st->listen_fd);
+        st->listen_fd = -1;
+        return WEFT_SUCCESS;
+    }
 
     st->peers = calloc((size_t)core->size, sizeof(*st->peers));
     st->active = calloc((size_t)ntcp, sizeof(*st->active));
@@ -934,14 +1409,21 @@ static int tcp_connect(const struct weft_tp_env *env, void *ctx)
         for (int r = 0; r < core->size; r++) {
             st->peers[r].rank = r;
             st->peers[r].ctrl_fd = -1;
+            st->peers[r].extra_fd = -1;
             weft_queue_init(&st->peers[r].push);
             weft_queue_init(&st->peers[r].expect);
         }
-    if (st->peers == NULL || st->active == NULL) {
+    st->sleep_n = (size_t)ntcp * peer_nfds(st);
+    st->sleep_fds = calloc(st->sleep_n, sizeof(*st->sleep_fds));
+    st->sleep_events = calloc(st->sleep_n, sizeof(*st->sleep_events));
+    if (st->peers == NULL || st->active == NULL || st->sleep_fds == NULL || st->sleep_events == NULL) {
         rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory for %d peers", ntcp);
         goto fail;
     }
-    size_t expected_in = 0, nout = 0;
+    for (size_t i = 0; i < st->sleep_n; i++) {
+        atomic_init(&st->sleep_fds[i], -1);
+        atomic_init(&st->sleep_events[i], 0);
+    }
     for (int r = 0; r < core->size; r++) {
         struct tcp_peer *pe = &st->peers[r];
         if (r == core->rank || !env->uses[r])
@@ -951,187 +1433,26 @@ static int tcp_connect(const struct weft_tp_env *env, void *ctx)
         struct sockaddr_in sa;
         card_sockaddr(&card, &sa);
         format_addr(&sa, pe->where, sizeof(pe->where));
+        pe->sleep_base = (size_t)st->nactive * peer_nfds(st);
         st->active[st->nactive++] = r;
-        if (peer_alloc(st, pe) != WEFT_SUCCESS) {
+        pe->data = calloc(st->streams, sizeof(*pe->data));
+        if (pe->data == NULL) {
             rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory for peer %d", r);
             goto fail;
         }
-        if (r < core->rank)
-            expected_in += 1 + st->streams;
-        else
-            nout += 1 + st->streams;
-    }
-
-    hs.cap = nout + expected_in + 8;
-    hs.v = calloc(hs.cap, sizeof(*hs.v));
-    if (hs.v == NULL) {
-        rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory for %zu connections", hs.cap);
-        goto fail;
-    }
-    /* Lower rank connects: every pair has exactly one connector. */
-    for (int r = core->rank + 1; r < core->size; r++) {
-        if (!st->peers[r].used)
-            continue;
-        for (unsigned i = 0; i <= st->streams; i++) {
-            rc = conn_open(env, st, r, (int)i, &hs.v[hs.n]);
-            if (hs.v[hs.n].fd >= 0)
-                hs.n++;
-            if (rc != WEFT_SUCCESS)
-                goto fail;
-        }
-    }
-
-    double deadline = core->cfg.timeout_s > 0 ? weft_now() + core->cfg.timeout_s : 0;
-    struct pollfd *pfds = NULL;
-    size_t pfds_cap = 0;
-    while (hs.done < nout + expected_in) {
-        if (pfds_cap < hs.n + 1) {
-            pfds_cap = hs.cap + 1;
-            free(pfds);
-            pfds = calloc(pfds_cap, sizeof(*pfds));
-            if (pfds == NULL) {
-                rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory while connecting");
-                goto fail;
-            }
-        }
-        double now = weft_now();
-        expire_pending(st, &hs, now);
-        size_t np = 0;
-        /* A negative fd is skipped by poll: the listener rests after accept
-         * ran out of descriptors with nothing left to close. */
-        pfds[np++] = (struct pollfd){ .fd = now >= hs.accept_rest_until ? st->listen_fd : -1, .events = POLLIN };
-        for (size_t i = 0; i < hs.n; i++)
-            if (hs.v[i].fd >= 0 && hs.v[i].stage != CONN_DONE && hs.v[i].stage != CONN_DROPPED)
-                pfds[np++] = (struct pollfd){ .fd = hs.v[i].fd, .events = (short)conn_events(&hs.v[i]) };
-        /* At most 100 ms between passes, so an overdue hello is rejected
-         * within that of its deadline. */
-        int wait_ms = 100;
-        if (deadline > 0) {
-            double left = deadline - weft_now();
-            if (left <= 0) {
-                /* Name one peer still missing: the first unfinished outgoing
-                 * connection, else the first lower peer short of sockets. */
-                int missing = -1;
-                const char *what = "connecting to";
-                for (size_t i = 0; i < hs.n && missing < 0; i++)
-                    if (hs.v[i].outgoing && hs.v[i].fd >= 0)
-                        missing = hs.v[i].peer;
-                for (int r = 0; r < core->rank && missing < 0; r++) {
-                    if (!st->peers[r].used)
-                        continue;
-                    for (unsigned s = 0; s <= st->streams; s++)
-                        if (*peer_slot(&st->peers[r], (int)s) < 0)
-                            missing = r;
-                    what = "waiting for a connection from";
-                }
-                rc = weft_set_error(core, WEFT_ERR_TIMEOUT,
-                                    "tcp: timed out after %.0f s %s peer %d (%s) (WEFT_TIMEOUT)%s",
-                                    core->cfg.timeout_s, what, missing,
-                                    missing >= 0 ? st->peers[missing].where : "?",
-                                    st->listen.accept_short > 0
-                                        ? "; accepting ran out of descriptors: raise `ulimit -n`"
-                                        : "");
-                free(pfds);
-                goto fail;
-            }
-            if (left * 1000 < wait_ms)
-                wait_ms = (int)(left * 1000) + 1;
-        }
-        if (poll(pfds, np, wait_ms) < 0 && errno != EINTR) {
-            rc = weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: poll failed while connecting: %s",
-                                strerror(errno));
-            free(pfds);
-            goto fail;
-        }
-        if (pfds[0].revents & POLLIN) {
-            rc = accept_pending(env, st, &hs);
-            if (rc != WEFT_SUCCESS) {
-                free(pfds);
-                goto fail;
-            }
-        }
-        for (size_t i = 0; i < hs.n; i++) {
-            struct tcp_conn *k = &hs.v[i];
-            if (k->fd < 0 || k->stage == CONN_DONE || k->stage == CONN_DROPPED)
-                continue;
-            rc = conn_advance(env, st, &hs, k);
-            if (rc != WEFT_SUCCESS) {
-                free(pfds);
-                goto fail;
-            }
-        }
-        /* Compact finished handshakes away so rogue connections cannot
-         * grow the array without bound. */
-        hs_compact(&hs);
-    }
-    free(pfds);
-
-    st->sleep_n = (size_t)st->nactive * (1 + st->streams);
-    st->sleep_fds = calloc(st->sleep_n, sizeof(*st->sleep_fds));
-    st->sleep_events = calloc(st->sleep_n, sizeof(*st->sleep_events));
-    if (st->sleep_fds == NULL || st->sleep_events == NULL) {
-        rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "tcp: out of memory for the poll set");
-        goto fail;
-    }
-    for (int i = 0; i < st->nactive; i++) {
-        struct tcp_peer *pe = &st->peers[st->active[i]];
-        pe->sleep_base = (size_t)i * (1 + st->streams);
-        st->sleep_fds[pe->sleep_base] = pe->ctrl_fd;
         for (unsigned s = 0; s < st->streams; s++)
-            st->sleep_fds[pe->sleep_base + 1 + s] = pe->data[s].fd;
-        pe->up = 1;
-        publish_sleep_events(st, pe);
-        WEFT_INFO(core->rank, "tcp: connected to peer %d at %s (1 control + %u data sockets)",
-                  pe->rank, pe->where, st->streams);
+            pe->data[s].fd = -1;
     }
-
-close_listener:
-    /* Every expected connection is in: nobody may connect any more, and
-     * whatever is still handshaking is a stranger (the kernel resets what
-     * sits in the closed listener's backlog, holding no descriptor). */
-    if (st->listen_fd >= 0) {
-        close(st->listen_fd);
-        st->listen_fd = -1;
-    }
-    if (hs.v != NULL) {
-        hs_close_all(st, &hs);
-        free(hs.v);
-        log_listen_summary(st);
-    }
+    atomic_store_explicit(&st->listen_events, POLLIN, memory_order_relaxed);
     return WEFT_SUCCESS;
 
 fail:
-    hs_close_all(st, &hs);
-    free(hs.v);
-    log_listen_summary(st);
-    /* Closes every socket and the listener; ctx stays for destroy. */
+    /* Closes the listener and frees what was made; ctx stays for destroy. */
     tcp_release(st);
     return rc;
 }
 
 /* ------------------------------------------------------------ teardown -- */
-
-static void peer_close_sockets(struct tcp_peer *pe, unsigned streams)
-{
-    if (pe->ctrl_fd >= 0) {
-        close(pe->ctrl_fd);
-        pe->ctrl_fd = -1;
-    }
-    for (unsigned s = 0; pe->data != NULL && s < streams; s++) {
-        if (pe->data[s].fd >= 0) {
-            close(pe->data[s].fd);
-            pe->data[s].fd = -1;
-        }
-    }
-    pe->up = 0;
-}
-
-/* Closes every socket of pe and stops sleep from polling them. */
-static void peer_down(struct tcp_state *st, struct tcp_peer *pe)
-{
-    peer_close_sockets(pe, st->streams);
-    publish_sleep_events(st, pe);
-}
 
 /* Forgets every push and expected receive of the peer (the pipe fails them). */
 static void peer_drop_work(struct tcp_peer *pe, unsigned streams)
@@ -1158,9 +1479,15 @@ static void peer_free(struct tcp_peer *pe, unsigned streams)
 }
 
 /* Closes and frees everything but st itself (a failed connect leaves st
- * for destroy). Touches no env: destroy may run after the comm let go of it. */
+ * for destroy). Touches no env: destroy may run after the comm let go of
+ * it (log lines use the rank saved at create). */
 static void tcp_release(struct tcp_state *st)
 {
+    hs_close_all(st);
+    if (st->nactive > 0)
+        log_listen_summary(st);
+    free(st->hs.v);
+    memset(&st->hs, 0, sizeof(st->hs));
     if (st->peers != NULL)
         for (int r = 0; r < st->size; r++)
             peer_free(&st->peers[r], st->streams);
@@ -1176,6 +1503,7 @@ static void tcp_release(struct tcp_state *st)
     st->peers = NULL;
     st->active = NULL;
     st->nactive = 0;
+    st->nconnecting = 0;
     st->pfds = NULL;
     st->pfds_cap = 0;
     st->sleep_fds = NULL;
@@ -1192,12 +1520,12 @@ static void tcp_destroy(void *ctx)
     free(st);
 }
 
-/* The connection to pe failed: record why, close its sockets so the peer
- * notices too, and tell the pipe (which breaks and calls abort_peer).
- * err_no 0 means an orderly close by the peer. */
+/* The connection to pe failed while up: record why, close its sockets so
+ * the peer notices too, and tell the pipe (which breaks and calls
+ * abort_peer). err_no 0 means an orderly close by the peer. */
 static void peer_fail(struct tcp_state *st, struct tcp_peer *pe, const char *what, int err_no)
 {
-    if (!pe->up)
+    if (pe->state == PEER_FAILED || pe->state == PEER_IDLE)
         return;
     weft_set_error(st->env->core, WEFT_ERR_TRANSPORT, "tcp: peer %d (%s): %s: %s", pe->rank, pe->where,
                    what, err_no ? strerror(err_no) : "connection closed by the peer");
@@ -1213,9 +1541,11 @@ static void tcp_abort_peer(void *ctx, int peer)
         return;
     peer_drop_work(pe, st->streams);
     /* Dropping a push half-way desynchronises the data sockets, so the
-     * connection cannot carry anything after this: close it, and the peer's
-     * pipe breaks too instead of misreading the next message. */
+     * connection cannot carry anything after this: close it (a handshake
+     * under way too), and the peer's pipe breaks too instead of misreading
+     * the next message. The pipe is broken already: no upcall is owed. */
     peer_down(st, pe);
+    pe->notify = 0;   /* the pipe broke already: no upcall owed */
 }
 
 /* ------------------------------------------------------------- control -- */
@@ -1231,11 +1561,11 @@ static size_t tcp_eager_limit(void *ctx, int peer, int internal)
 
 /* Writes out as much of the pending control bytes as the socket takes.
  * Returns >0 if bytes moved, 0 if none, -1 on a socket error (errno set). */
-static int ctrl_flush(struct tcp_peer *pe)
+static int ctrl_flush_fd(struct tcp_peer *pe, int fd)
 {
     int moved = 0;
     while (pe->out_off < pe->out_len) {
-        ssize_t n = send(pe->ctrl_fd, pe->out + pe->out_off, pe->out_len - pe->out_off,
+        ssize_t n = send(fd, pe->out + pe->out_off, pe->out_len - pe->out_off,
                          MSG_NOSIGNAL | MSG_DONTWAIT);
         if (n < 0) {
             if (errno == EINTR)
@@ -1250,6 +1580,65 @@ static int ctrl_flush(struct tcp_peer *pe)
     if (pe->out_off == pe->out_len)
         pe->out_off = pe->out_len = 0;
     return moved;
+}
+
+
+/* The control socket this rank may send frames on before the pair is up,
+ * or -1. Only the lower rank has one, once its hello is out: its set always
+ * wins (the higher rank accepts it even while its own is under way), so the
+ * peer reads those frames once it is up. Frames written there reach the
+ * peer's kernel at once, as on a connection made at create, so a send
+ * completes without waiting for the peer, and the peer gets it even if
+ * this rank stops calling weft right after (an eager send, then a wait in
+ * MPI). The higher rank must wait for the verdict: its sends wait in the
+ * pipe (WEFT_EAGAIN) and complete once the pair is up. */
+static int ctrl_early_fd(const struct tcp_state *st, const struct tcp_peer *pe)
+{
+    if (pe->extra_fd >= 0 && pe->extra_tx)
+        return pe->extra_fd;
+    if (!pe->mine_ctrl)   /* accepted: the control socket is in once ACCEPT is out, and it survives */
+        return pe->state == PEER_IN ? pe->ctrl_fd : -1;
+    for (size_t i = 0; i < st->hs.n; i++) {
+        const struct tcp_conn *k = &st->hs.v[i];
+        if (k->fd >= 0 && k->outgoing && !k->abandoned && k->peer == pe->rank && k->index == 0 &&
+            k->stage == CONN_READ_ACK)
+            return k->fd;
+    }
+    return -1;
+}
+
+/* The socket my frames to pe go on: once this rank made a control
+ * connection of its own, always that one (its frames may be on it from
+ * before the pair was up); else the pair's control socket. -1: none yet. */
+static int ctrl_tx_fd(const struct tcp_state *st, const struct tcp_peer *pe)
+{
+    if (pe->extra_fd >= 0 && pe->extra_tx)
+        return pe->extra_fd;
+    if (pe->mine_ctrl && pe->state == PEER_UP && !pe->mine)
+        return ctrl_early_fd(st, pe);   /* still waiting for its COLLIDE */
+    return pe->ctrl_fd;
+}
+
+/* Writes out pending control bytes on the socket my frames go on. */
+static int ctrl_flush(struct tcp_state *st, struct tcp_peer *pe)
+{
+    int fd = ctrl_tx_fd(st, pe);
+    if (fd < 0)
+        return 0;
+    return ctrl_flush_fd(pe, fd);
+}
+
+/* Writes what ctrl_send kept for a peer that is not up yet on its early
+ * socket. Errors are left to the handshake, which sees them too. */
+static int ctrl_flush_early(struct tcp_state *st, struct tcp_peer *pe)
+{
+    if (pe->out_len == pe->out_off)
+        return 0;
+    int fd = ctrl_early_fd(st, pe);
+    if (fd < 0)
+        return 0;
+    int r = ctrl_flush_fd(pe, fd);
+    return r > 0 ? r : 0;
 }
 
 /* Appends the bytes of iov[0..n) past the first skip to the pending control
@@ -1296,8 +1685,8 @@ static int tcp_ctrl_send(void *ctx, int peer, const void *hdr, size_t hdr_len, c
     struct weft_core *core = st->env->core;
     struct tcp_frame f;
 
-    if (pe == NULL || !pe->up)
-        return weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: peer %d: connection is down", peer);
+    if (pe == NULL)
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: peer %d: not a tcp peer of this rank", peer);
     if (hdr_len > WEFT_TP_CTRL_HDR_MAX)
         return weft_set_error(core, WEFT_ERR_INTERNAL,
                               "tcp: control header of %zu bytes to peer %d exceeds WEFT_TP_CTRL_HDR_MAX (%d)",
@@ -1319,6 +1708,29 @@ static int tcp_ctrl_send(void *ctx, int peer, const void *hdr, size_t hdr_len, c
         iov[niov++] = (struct iovec){ (void *)(uintptr_t)payload, len };
     const size_t total = sizeof(f) + hdr_len + len;
 
+    if (!pe->up) {
+        /* The first frame to this peer starts its connection. Until it is
+         * up, WEFT_EAGAIN (the pipe queues the frame and every later one,
+         * in order), except on the lower rank's early socket
+         * (ctrl_early_fd), where the frame goes out as on an up
+         * connection: what the socket does not take waits in the output
+         * buffer, within the same bound. */
+        int rc = peer_want(st, pe);
+        if (rc != WEFT_EAGAIN)
+            return rc;
+        if (ctrl_early_fd(st, pe) < 0)
+            return WEFT_EAGAIN;
+        if (pe->out_len - pe->out_off + total > TCP_CTRL_OUT_BOUND)
+            return WEFT_EAGAIN;
+        if (ctrl_buffer(pe, iov, niov, 0) != WEFT_SUCCESS)
+            return WEFT_EAGAIN;
+        (void)ctrl_flush_early(st, pe);
+        return WEFT_SUCCESS;
+    }
+
+    const int tx = ctrl_tx_fd(st, pe);
+    if (tx < 0)
+        return WEFT_EAGAIN;   /* my own control socket is still in its handshake */
     size_t pending = pe->out_len - pe->out_off;
     size_t sent = 0;
     if (pending > 0) {
@@ -1330,7 +1742,7 @@ static int tcp_ctrl_send(void *ctx, int peer, const void *hdr, size_t hdr_len, c
         struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)niov };
         ssize_t n;
         do {
-            n = sendmsg(pe->ctrl_fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+            n = sendmsg(tx, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         } while (n < 0 && errno == EINTR);
         if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
             int e = errno;
@@ -1355,7 +1767,7 @@ static int tcp_ctrl_send(void *ctx, int peer, const void *hdr, size_t hdr_len, c
     }
     pe->kick = 1;
     publish_sleep_events(st, pe);
-    if (pending > 0 && ctrl_flush(pe) < 0) {
+    if (pending > 0 && ctrl_flush(st, pe) < 0) {
         int e = errno;
         weft_set_error(core, WEFT_ERR_TRANSPORT, "tcp: peer %d (%s): sending a control message: %s",
                        pe->rank, pe->where, strerror(e));
@@ -1365,16 +1777,43 @@ static int tcp_ctrl_send(void *ctx, int peer, const void *hdr, size_t hdr_len, c
     return WEFT_SUCCESS;
 }
 
-/* Reads control bytes and hands every complete frame to the pipe. */
-static int ctrl_receive(struct tcp_state *st, struct tcp_peer *pe)
+static int peer_alive(const struct tcp_peer *pe)
+{
+    return pe->state == PEER_OUT || pe->state == PEER_IN || pe->state == PEER_UP;
+}
+
+/* The socket the peer's frames come on, once it is in (also before the
+ * pair is up: the peer may send as soon as its hello or its ACCEPT is
+ * out), or -1. */
+static int ctrl_rx_fd(const struct tcp_peer *pe)
+{
+    if (pe->extra_fd >= 0 && !pe->extra_tx)
+        return pe->extra_fd;
+    return pe->ctrl_fd;
+}
+
+/* Reads control bytes from fd (the pair's control socket, or the higher
+ * rank's own one after a collision: the peer's frames come on exactly one
+ * of them) and hands every complete frame to the pipe. */
+static int ctrl_receive(struct tcp_state *st, struct tcp_peer *pe, int fd)
 {
     const struct weft_tp_upcalls *up = st->env->up;
     const size_t frame_max = WEFT_TP_CTRL_HDR_MAX + ctrl_payload_max(st);
     int events = 0;
-    for (int round = 0; round < 16 && pe->up; round++) {
+    if (pe->in == NULL) {
+        /* Room for one largest frame: the pipe's header and payload. Made
+         * only now, so that peers that never talk cost no buffer. */
+        pe->in_cap = sizeof(struct tcp_frame) + WEFT_TP_CTRL_HDR_MAX + ctrl_payload_max(st) + TCP_CTRL_IN_SLACK;
+        pe->in = malloc(pe->in_cap);
+        if (pe->in == NULL) {
+            peer_fail(st, pe, "out of memory for the control buffer", ENOMEM);
+            return 0;
+        }
+    }
+    for (int round = 0; round < 16 && peer_alive(pe); round++) {
         if (pe->in_len == pe->in_cap)
             break;   /* cannot happen: a parse pass leaves less than one frame */
-        ssize_t n = recv(pe->ctrl_fd, pe->in + pe->in_len, pe->in_cap - pe->in_len, MSG_DONTWAIT);
+        ssize_t n = recv(fd, pe->in + pe->in_len, pe->in_cap - pe->in_len, MSG_DONTWAIT);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -1390,7 +1829,7 @@ static int ctrl_receive(struct tcp_state *st, struct tcp_peer *pe)
         pe->in_len += (size_t)n;
 
         size_t pos = 0;
-        while (pe->up && pe->in_len - pos >= sizeof(struct tcp_frame)) {
+        while (peer_alive(pe) && pe->in_len - pos >= sizeof(struct tcp_frame)) {
             struct tcp_frame f;
             memcpy(&f, pe->in + pos, sizeof(f));
             if (f.magic != TCP_FRAME_MAGIC || f.len > frame_max) {
@@ -1406,12 +1845,12 @@ static int ctrl_receive(struct tcp_state *st, struct tcp_peer *pe)
                 break;
             /* The upcall may re-enter (ctrl_send, rndv_expect/push,
              * abort_peer): the frame stays put in pe->in meanwhile, and an
-             * abort shows as !pe->up. */
+             * abort shows as a failed peer. */
             up->on_ctrl(up->arg, pe->rank, pe->in + pos + sizeof(f), f.len);
             pos += sizeof(f) + f.len;
             events++;
         }
-        if (!pe->up)
+        if (!peer_alive(pe))
             return events;
         if (pos > 0) {
             memmove(pe->in, pe->in + pos, pe->in_len - pos);
@@ -1548,9 +1987,10 @@ static unsigned tcp_rndv_mem(void *ctx, int peer)
     (void)peer;
     return WEFT_TP_MEM_HOST;
 }
-
 /* The key is empty: the pipe starts pushes on the sender and expects on the
- * receiver in the same (CTS) order, which is all the data sockets need. */
+ * receiver in the same (CTS) order, which is all the data sockets need.
+ * Both follow a control frame, so the peer is normally up; if it is not
+ * (yet), the transfer waits in its FIFO and starts when it is. */
 static int tcp_rndv_expect(void *ctx, int peer, struct weft_tp_xfer *x, const struct weft_tp_src *src,
                            void *key, size_t *keylen)
 {
@@ -1559,8 +1999,11 @@ static int tcp_rndv_expect(void *ctx, int peer, struct weft_tp_xfer *x, const st
     (void)src;
     (void)key;
     *keylen = 0;
-    if (pe == NULL || !pe->up)
-        return weft_set_error(st->env->core, WEFT_ERR_TRANSPORT, "tcp: peer %d: connection is down", peer);
+    if (pe == NULL)
+        return weft_set_error(st->env->core, WEFT_ERR_TRANSPORT, "tcp: peer %d: not a tcp peer of this rank", peer);
+    int rc = peer_want(st, pe);
+    if (rc != WEFT_SUCCESS && rc != WEFT_EAGAIN)
+        return rc;
     struct tcp_xfer *t = tx_of(x);
     t->bytes = x->bytes;
     t->sockets_done = 0;
@@ -1581,8 +2024,11 @@ static int tcp_rndv_push(void *ctx, int peer, struct weft_tp_xfer *x, const void
     struct tcp_peer *pe = peer_of(st, peer);
     (void)key;
     (void)keylen;
-    if (pe == NULL || !pe->up)
-        return weft_set_error(st->env->core, WEFT_ERR_TRANSPORT, "tcp: peer %d: connection is down", peer);
+    if (pe == NULL)
+        return weft_set_error(st->env->core, WEFT_ERR_TRANSPORT, "tcp: peer %d: not a tcp peer of this rank", peer);
+    int rc = peer_want(st, pe);
+    if (rc != WEFT_SUCCESS && rc != WEFT_EAGAIN)
+        return rc;
     struct tcp_xfer *t = tx_of(x);
     t->bytes = x->bytes;
     t->sockets_done = 0;
@@ -1594,6 +2040,8 @@ static int tcp_rndv_push(void *ctx, int peer, struct weft_tp_xfer *x, const void
         }
     }
     pe->kick = 1;
+    if (pe->up)
+        publish_sleep_events(st, pe);
     return WEFT_SUCCESS;
 }
 
@@ -1621,10 +2069,12 @@ static int complete_finished(struct tcp_state *st, struct tcp_peer *pe)
 
 /* -------------------------------------------------------------- progress -- */
 
-/* Fills st->pfds for every connected peer; returns the entry count. */
-static size_t build_pollfds(struct tcp_state *st)
+/* Fills st->pfds: the listener, every handshake (entry 1 + i for hs.v[i]),
+ * then the sockets of every peer that is up. Returns the entry count, 0
+ * without memory. */
+static size_t build_pollfds(struct tcp_state *st, double now)
 {
-    size_t need = (size_t)st->nactive * (1 + st->streams);
+    size_t need = 1 + st->hs.n + (size_t)st->nactive * peer_nfds(st);
     if (st->pfds_cap < need) {
         struct pollfd *grown = realloc(st->pfds, need * sizeof(*grown));
         if (grown == NULL)
@@ -1633,13 +2083,30 @@ static size_t build_pollfds(struct tcp_state *st)
         st->pfds_cap = need;
     }
     size_t n = 0;
+    int rest = st->hs.accept_rest_until > 0 && now < st->hs.accept_rest_until;
+    if (!rest && st->hs.accept_rest_until > 0) {
+        st->hs.accept_rest_until = 0;
+        atomic_store_explicit(&st->listen_events, POLLIN, memory_order_relaxed);
+    }
+    /* A negative fd is skipped by poll: the listener rests after accept
+     * ran out of descriptors with nothing left to close. */
+    st->pfds[n++] = (struct pollfd){ .fd = rest ? -1 : st->listen_fd, .events = POLLIN, .revents = 0 };
+    for (size_t i = 0; i < st->hs.n; i++) {
+        const struct tcp_conn *k = &st->hs.v[i];
+        int live = k->fd >= 0 && k->stage != CONN_DONE && k->stage != CONN_DROPPED;
+        st->pfds[n++] = (struct pollfd){ .fd = live ? k->fd : -1, .events = (short)conn_events(k), .revents = 0 };
+    }
     for (int i = 0; i < st->nactive; i++) {
         struct tcp_peer *pe = &st->peers[st->active[i]];
+        pe->polled = 0;
         if (!pe->up)
             continue;
+        pe->polled = 1;
         pe->pfd_base = n;
+        const int out = pe->out_len > pe->out_off;
+        const int extra_out = pe->extra_fd >= 0 && pe->extra_tx;
         st->pfds[n].fd = pe->ctrl_fd;
-        st->pfds[n].events = (short)(POLLIN | (pe->out_len > pe->out_off ? POLLOUT : 0));
+        st->pfds[n].events = (short)(POLLIN | (out && !extra_out ? POLLOUT : 0));
         st->pfds[n].revents = 0;
         n++;
         for (unsigned s = 0; s < st->streams; s++) {
@@ -1648,6 +2115,10 @@ static size_t build_pollfds(struct tcp_state *st)
             st->pfds[n].revents = 0;
             n++;
         }
+        st->pfds[n].fd = pe->extra_fd;
+        st->pfds[n].events = (short)(extra_out ? (out ? POLLOUT : 0) : POLLIN);
+        st->pfds[n].revents = 0;
+        n++;
     }
     return n;
 }
@@ -1659,10 +2130,19 @@ static int peer_progress(struct tcp_state *st, struct tcp_peer *pe, int polled)
     pe->kick = 0;
     const struct pollfd *pf = polled ? &st->pfds[pe->pfd_base] : NULL;
 
-    if (pf != NULL && (pf[0].revents & (POLLIN | POLLHUP | POLLERR)))
-        events += ctrl_receive(st, pe);
+    const size_t x = 1 + st->streams;   /* extra_fd's entry */
+    const int ctrl_ev = (pf != NULL && (pf[0].revents & (POLLIN | POLLHUP | POLLERR))) || (pf == NULL && kick);
+    /* After a collision the lower rank reads the peer's frames on extra_fd
+     * and only sends on ctrl_fd. A peer that closes everything (destroy,
+     * abort) ends both; the frames it sent before must be read first, so
+     * extra_fd is drained before ctrl_fd's end-of-file may fail the pipe. */
+    if (pe->up && pe->extra_fd >= 0 && !pe->extra_tx &&
+        (ctrl_ev || (pf != NULL && (pf[x].revents & (POLLIN | POLLHUP | POLLERR))) || kick))
+        events += ctrl_receive(st, pe, pe->extra_fd);
+    if (ctrl_ev && peer_alive(pe))
+        events += ctrl_receive(st, pe, pe->ctrl_fd);   /* (just up: frames may be waiting already) */
     if (pe->up && pe->out_len > pe->out_off) {
-        int r = ctrl_flush(pe);
+        int r = ctrl_flush(st, pe);
         if (r < 0)
             peer_fail(st, pe, "sending a control message", errno);
         else
@@ -1690,55 +2170,113 @@ static int peer_progress(struct tcp_state *st, struct tcp_peer *pe, int polled)
     return events;
 }
 
+/* The listener and the handshakes: accepts, advances every handshake that
+ * polled ready (or finished already), expires what is overdue. Makes no
+ * upcall (failures are owed, see deliver_failures). */
+static int handshakes_progress(struct tcp_state *st, int ready, double now)
+{
+    int events = 0;
+    /* The handshakes that were polled first, while hs.v[i] still matches
+     * pfds[1 + i]: accepting may compact and grow the list. */
+    for (size_t i = 0; i < st->hs.n; i++) {
+        const struct tcp_conn *k = &st->hs.v[i];
+        if (k->fd < 0 || k->stage == CONN_DROPPED)
+            continue;
+        if (k->stage != CONN_DONE && st->pfds[1 + i].revents == 0)
+            continue;
+        events += conn_advance(st, i);
+    }
+    if (ready > 0 && (st->pfds[0].revents & POLLIN))
+        events += accept_pending(st);   /* advances each new one at once */
+    events += hs_expire(st, now);
+    for (int i = 0; i < st->nactive; i++) {
+        struct tcp_peer *pe = &st->peers[st->active[i]];
+        if (pe->state == PEER_OUT || pe->state == PEER_IN)
+            events += ctrl_flush_early(st, pe);
+        else if (pe->up && pe->out_len > pe->out_off && ctrl_tx_fd(st, pe) != pe->ctrl_fd)
+            pe->kick = 1;   /* up, sending on its own control socket: peer_progress flushes */
+    }
+    /* Compacting keeps rogue connections from growing the list without
+     * bound. */
+    hs_compact(&st->hs);
+    atomic_store_explicit(&st->handshaking, st->hs.n > 0 || st->nconnecting > 0, memory_order_relaxed);
+    return events;
+}
+
 static int tcp_progress(void *ctx)
 {
     struct tcp_state *st = ctx;
     if (st == NULL || st->nactive == 0)
         return 0;
-    size_t n = build_pollfds(st);
+    const int handshaking = st->hs.n > 0 || st->nconnecting > 0;
+    const double now = handshaking || st->hs.accept_rest_until > 0 ? weft_now() : 0;
+    size_t n = build_pollfds(st, now);
     if (n == 0)
         return 0;
     int ready = poll(st->pfds, n, 0);
     if (ready < 0)
         ready = 0;
     int events = 0;
+    /* Steady state (every talking peer up, no stranger): the listener is
+     * one more descriptor in the poll, and that is all it costs. */
+    if (handshaking || (ready > 0 && (st->pfds[0].revents & POLLIN)))
+        events += handshakes_progress(st, ready, now > 0 ? now : weft_now());
     for (int i = 0; i < st->nactive; i++) {
         struct tcp_peer *pe = &st->peers[st->active[i]];
+        if (!pe->up && (pe->state == PEER_OUT || pe->state == PEER_IN) && ctrl_rx_fd(pe) >= 0) {
+            /* Frames the peer sent before the pair is up: handed over now,
+             * so a peer that stops calling weft right after its send is
+             * still heard (the upcalls may queue work: it waits for up). */
+            events += ctrl_receive(st, pe, ctrl_rx_fd(pe));
+            continue;
+        }
         if (!pe->up || (ready == 0 && !pe->kick))
             continue;
-        events += peer_progress(st, pe, 1);
+        events += peer_progress(st, pe, pe->polled);
     }
+    events += deliver_failures(st);
+    atomic_store_explicit(&st->handshaking, st->hs.n > 0 || st->nconnecting > 0 || st->notify_pending,
+                          memory_order_relaxed);
     return events;
 }
 
-/* Called without the lock (transport.h): reads only the fixed descriptor
- * list and the atomically published events. A descriptor closed and reused
- * meanwhile costs at most one early or late wake-up, which the caller's
- * bounded timeout absorbs. */
+/* Called without the lock (transport.h): reads only the listener (fixed
+ * from connect to destroy) and the atomically published descriptors and
+ * events. A descriptor closed and reused meanwhile costs at most one early
+ * or late wake-up, which the caller's bounded timeout absorbs. Handshake
+ * sockets are not polled here: while any is under way the sleep is capped
+ * at TCP_HANDSHAKE_NAP_MS, so a handshake step is never late by more. */
 static void tcp_sleep(void *ctx, int timeout_ms)
 {
     const struct tcp_state *st = ctx;
     if (st == NULL || st->sleep_n == 0)
         return;
+    if (timeout_ms > TCP_HANDSHAKE_NAP_MS && atomic_load_explicit(&st->handshaking, memory_order_relaxed))
+        timeout_ms = TCP_HANDSHAKE_NAP_MS;
     struct pollfd stack_pfds[128];
     struct pollfd *pfds = stack_pfds;
-    if (st->sleep_n > sizeof(stack_pfds) / sizeof(stack_pfds[0])) {
-        pfds = malloc(st->sleep_n * sizeof(*pfds));
+    const size_t n = 1 + st->sleep_n;
+    if (n > sizeof(stack_pfds) / sizeof(stack_pfds[0])) {
+        pfds = malloc(n * sizeof(*pfds));
         if (pfds == NULL)
             return;
     }
+    int lev = atomic_load_explicit(&st->listen_events, memory_order_relaxed);
+    pfds[0] = (struct pollfd){ .fd = lev ? st->listen_fd : -1, .events = (short)lev, .revents = 0 };
     for (size_t i = 0; i < st->sleep_n; i++) {
-        int ev = atomic_load_explicit(&st->sleep_events[i], memory_order_relaxed);
-        pfds[i].fd = ev ? st->sleep_fds[i] : -1;
-        pfds[i].events = (short)ev;
-        pfds[i].revents = 0;
+        int ev = atomic_load_explicit(&st->sleep_events[i], memory_order_acquire);
+        pfds[1 + i].fd = ev ? atomic_load_explicit(&st->sleep_fds[i], memory_order_relaxed) : -1;
+        pfds[1 + i].events = (short)ev;
+        pfds[1 + i].revents = 0;
     }
-    (void)poll(pfds, st->sleep_n, timeout_ms);
+    (void)poll(pfds, n, timeout_ms);
     if (pfds != stack_pfds)
         free(pfds);
 }
 
-/* Control bytes accepted by ctrl_send that the kernel has not taken yet. */
+/* Control bytes accepted by ctrl_send that the kernel has not taken yet,
+ * also those waiting for their connection (which comes up or fails within
+ * TCP_CONNECT_TIMEOUT_FACTOR x WEFT_TIMEOUT). */
 static int tcp_busy(void *ctx)
 {
     const struct tcp_state *st = ctx;
@@ -1746,7 +2284,8 @@ static int tcp_busy(void *ctx)
         return 0;
     for (int i = 0; i < st->nactive; i++) {
         const struct tcp_peer *pe = &st->peers[st->active[i]];
-        if (pe->up && pe->out_len > pe->out_off)
+        int live = pe->state == PEER_UP || pe->state == PEER_OUT || pe->state == PEER_IN;
+        if (live && pe->out_len > pe->out_off)
             return 1;
     }
     return 0;

@@ -8,7 +8,14 @@
  * mismatch. Only then is the rest of the hello read and checked (known
  * rank, socket index, same striping settings). The acceptor answers with
  * the connector's token, so the connector knows it reached the right rank
- * and not a stale listener.
+ * and not a stale listener, and a verdict: ACCEPT (the socket joins the
+ * pair's set) or COLLIDE (both ranks started a set at once and the
+ * acceptor's, the lower rank's, wins: the connector closes a data socket
+ * and waits for the acceptor's set; a control socket both keep, as the
+ * connector's channel for its control frames). A connector may send
+ * control frames right after its hello (tcp.c: the socket survives either
+ * way), rendezvous data only once the pair is up, so nothing ever travels
+ * on a socket the other side drops.
  */
 #ifndef WEFT_TCP_HELLO_H
 #define WEFT_TCP_HELLO_H
@@ -25,9 +32,15 @@ struct weft_tcp_hello {
     uint64_t chunk;     /* connector's WEFT_TCP_CHUNK_KB in bytes */
 };
 
+/* Verdicts of struct weft_tcp_ack. */
+#define WEFT_TCP_ACK_ACCEPT  1
+#define WEFT_TCP_ACK_COLLIDE 2
+
 /* What the acceptor sends back once the hello passed its checks. */
 struct weft_tcp_ack {
     uint64_t token;     /* the connector's job token */
+    uint8_t  verdict;   /* WEFT_TCP_ACK_ACCEPT or WEFT_TCP_ACK_COLLIDE */
+    uint8_t  pad[7];    /* zero */
 };
 
 #ifdef __cplusplus

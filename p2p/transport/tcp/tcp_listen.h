@@ -1,10 +1,12 @@
 /*
  * What the TCP listener tolerates from connections that are not (yet) one
- * of this job's ranks, while tcp_connect waits for its lower peers.
+ * of this job's ranks. Connections are made lazily, at a pair's first
+ * message, so the listener stays open from weft_comm_create to
+ * weft_comm_destroy and progress accepts on it.
  *
- * The listener is reachable by anything on the network for the duration of
- * weft_comm_create: port scanners, health checks, a stale rank of an earlier
- * job, a buggy client. None of them may make create fail or leak, so:
+ * The listener is reachable by anything on the network for the comm's
+ * whole life: port scanners, health checks, a stale rank of an earlier
+ * job, a buggy client. None of them may make the job fail or leak, so:
  *
  *  - an accepted connection has TCP_HELLO_DEADLINE_S seconds to deliver its
  *    complete hello; a rank sends its hello as soon as its connect completes,
@@ -17,13 +19,15 @@
  *  - when accept fails for want of descriptors (EMFILE, ENFILE) or kernel
  *    memory, the oldest pending connection is closed and accept retried;
  *    with none pending the listener rests TCP_ACCEPT_BACKOFF_MS before the
- *    next try, and WEFT_TIMEOUT still bounds the whole connect;
+ *    next try, and a pair whose connection is not up within 2 x WEFT_TIMEOUT
+ *    fails with an error naming the peer (tcp.c);
  *  - every connection turned away is closed at once and logged with one
  *    WEFT_WARN line "tcp: rejected connection from ADDR:PORT: WHY"
  *    (docs/troubleshooting.md, "TCP listener rejections"); connections still
- *    pending when connect finishes are rejected the same way, so nothing
- *    accepted outlives connect except the ranks' own sockets;
- *  - the counts below are kept per connect and summed up in one info line.
+ *    pending at destroy are rejected the same way, so nothing accepted
+ *    outlives the comm;
+ *  - the counts below are kept per comm and summed up in one info line at
+ *    destroy.
  */
 #ifndef WEFT_TCP_LISTEN_H
 #define WEFT_TCP_LISTEN_H
@@ -38,9 +42,9 @@
  * pending can be closed to make room. */
 #define TCP_ACCEPT_BACKOFF_MS 100
 
-/* What the listener did during the last tcp_connect of a comm. Every
- * accepted connection ends up counted exactly once: as a peer socket or
- * under one rejection reason. */
+/* What the listener did over the life of a comm. Every accepted
+ * connection ends up counted exactly once (by destroy): as a peer socket,
+ * a socket turned down in a collision, or under one rejection reason. */
 struct weft_tcp_listen_stats {
     size_t accepted;      /* connections accepted */
     size_t peers;         /* accepted ones that became a rank's socket */
@@ -51,7 +55,8 @@ struct weft_tcp_listen_stats {
     size_t timed_out;     /* no complete hello within TCP_HELLO_DEADLINE_S */
     size_t evicted;       /* oldest pending one closed: more than TCP_PENDING_MAX pending */
     size_t fd_evicted;    /* oldest pending one closed to free a descriptor for accept */
-    size_t unfinished;    /* still pending when connect was over (done or failed) */
+    size_t unfinished;    /* still pending at destroy, or its peer closed meanwhile */
+    size_t collided;      /* a rank's socket answered COLLIDE: its own set lost a collision (not a rejection) */
     size_t pending_max;   /* most connections pending at once */
     size_t accept_short;  /* accept calls that failed for want of descriptors or memory */
 };
