@@ -393,7 +393,8 @@ WEFT_API const char *weft_strerror(int err);
 WEFT_API const char *weft_comm_last_error(const weft_comm_t *c);
 /* What failed last in a call of this thread that had no comm to record it
  * on: weft_comm_create / weft_comm_init / weft_comm_split that failed (their
- * comm is gone), weft_get_unique_id, a call given a NULL comm. "" if none. */
+ * comm is gone), weft_comm_destroy that returned an error (the comm is freed
+ * all the same), weft_get_unique_id, a call given a NULL comm. "" if none. */
 WEFT_API const char *weft_last_error(void);
 
 #ifdef __cplusplus

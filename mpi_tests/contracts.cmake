@@ -92,3 +92,32 @@ foreach(config IN LISTS WEFT_FAULT_CONFIGS)
     endforeach()
   endforeach()
 endforeach()
+
+# ---- a link down while its peer runs, then the peer dies/stops/goes on ----
+# (test_link_down.cc) np 2, every pair over TCP: destroy's final barrier
+# ends in each case (die: the death is seen while waiting; stop: WEFT_TIMEOUT
+# once a link is down; live: at once). stop waits out WEFT_TIMEOUT: sleepy.
+add_executable(weft_mpi_link_down ${WEFT_MPI_TESTS_DIR}/test_link_down.cc)
+target_link_libraries(weft_mpi_link_down PRIVATE weft MPI::MPI_CXX Threads::Threads)
+target_compile_options(weft_mpi_link_down PRIVATE ${WEFT_C_WARNINGS})
+foreach(config tcp vnodes2)
+  weft_mpi_config_env(${config} config_env)
+  foreach(mode die stop live)
+    set(test_name link_down_${mode}_np2_${config})
+    set(extra_labels "")
+    if(mode STREQUAL "stop")
+      set(extra_labels ";sleepy")
+    endif()
+    add_test(NAME ${test_name}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none
+              --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_link_down> ${mode} ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(${test_name} PROPERTIES
+      ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=3"
+      PASS_REGULAR_EXPRESSION "LINKDOWN-OK rank 0:"
+      FAIL_REGULAR_EXPRESSION "LINKDOWN-FAIL"
+      TIMEOUT 60
+      PROCESSORS 2
+      LABELS "mpi;faults;np2;${config}${extra_labels}")
+  endforeach()
+endforeach()

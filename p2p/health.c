@@ -160,8 +160,22 @@ void weft_health_tick(struct weft_p2p *p, double now)
         hb = 0.1;
     for (int i = 0; i < p->size; i++) {
         struct weft_pipe *pp = &p->pipes[i];
-        if (i == p->rank || pp->broken)
+        if (i == p->rank || pp->failed)
             continue;
+        if (pp->broken) {
+            /* A link that went down while its same-host peer still looked
+             * alive (weft_health_link_failed): the peer may die later, and
+             * then it is a failed rank (destroy's barrier must not wait for
+             * it). Only its process is looked at: a broken pipe carries
+             * nothing. */
+            char st = pp->same_host && pp->pid > 0 ? (process_gone(pp) ? 'X' : proc_state(pp->pid)) : 'R';
+            if (st == 'X' || st == 'Z' || st == 0) {
+                char why[128];
+                snprintf(why, sizeof(why), "its process (pid %d on this host) died after its link went down", pp->pid);
+                weft_health_declare(p, i, WEFT_ERR_TRANSPORT, why, 0);
+            }
+            continue;
+        }
         if (pp->heard != pp->heard_seen) {
             pp->heard_seen = pp->heard;
             pp->heard_at = now;

@@ -181,6 +181,9 @@ int    weft_p2p_drain(struct weft_p2p *p);
 /* Whether some rank failed or this comm was aborted: destroy is then local
  * (no final barrier a failed rank would never join). */
 int    weft_p2p_any_failed(struct weft_p2p *p);
+/* Pipes broken with their peer not known failed (a link down): how many;
+ * why (if not NULL) names the first. */
+int    weft_p2p_broken_links(struct weft_p2p *p, char *why, size_t n);
 /* The final barrier of destroy over the pipes to the ranks not known failed
  * (collective among the survivors, bounded by WEFT_TIMEOUT). */
 int    weft_p2p_survivor_barrier(struct weft_p2p *p);

@@ -424,6 +424,20 @@ int weft_p2p_any_failed(struct weft_p2p *p)
     return n;
 }
 
+int weft_p2p_broken_links(struct weft_p2p *p, char *why, size_t n)
+{
+    int count = 0, first = -1;
+    pthread_mutex_lock(&p->lock);
+    for (int i = 0; i < p->size; i++)
+        if (i != p->rank && p->pipes[i].broken && !p->pipes[i].failed && count++ == 0)
+            first = i;
+    if (count > 0 && why != NULL && n > 0)
+        snprintf(why, n, "the link to peer %d is down (%s)%s", first, weft_err_str(p->pipes[first].broken),
+                 count > 1 ? ", and others" : "");
+    pthread_mutex_unlock(&p->lock);
+    return count;
+}
+
 void weft_p2p_destroy(struct weft_p2p *p)
 {
     if (p == NULL)

@@ -24,8 +24,13 @@ struct weft_bootstrap_ops {
     /* Record i of send goes to rank i; recv[i] is rank i's record for me. */
     int  (*alltoall)(struct weft_bootstrap *b, const void *send, void *recv, size_t bytes);
     /* NULL for a bootstrap that lives only through create (unique id,
-     * split): destroy's barrier then goes over the comm's own pipes. */
-    int  (*barrier)(struct weft_bootstrap *b);
+     * split): destroy's barrier then goes over the comm's own pipes.
+     * While the barrier is not complete it calls give_up(arg) between its
+     * polls (give_up may nap; it is what keeps weft's own failure detection
+     * running meanwhile); a nonzero answer ends the wait: the barrier
+     * returns that answer, leaving its own state behind (this rank's part
+     * was given, so the others still complete). */
+    int  (*barrier)(struct weft_bootstrap *b, int (*give_up)(void *arg), void *arg);
     /* Agreement: *value becomes the largest of every rank's *value. */
     int  (*max)(struct weft_bootstrap *b, long long *value);
     /* Optional: create succeeded on every rank; drop what only create

@@ -44,10 +44,24 @@ static int mpi_alltoall(struct weft_bootstrap *b, const void *send, void *recv, 
                      "MPI_Alltoall");
 }
 
-static int mpi_barrier(struct weft_bootstrap *b)
+/* Non-blocking, so that a rank which dies meanwhile (seen by weft's health
+ * checks, which give_up runs) does not hold destroy forever: MPI's own
+ * barrier would wait for it. A request given up on is left to MPI: a
+ * non-blocking collective's request may be neither freed nor cancelled, and
+ * this rank's part of it is done. */
+static int mpi_barrier(struct weft_bootstrap *b, int (*give_up)(void *arg), void *arg)
 {
     struct boot_mpi *m = (struct boot_mpi *)b;
-    return mpi_check(b->core, PMPI_Barrier(m->comm), "MPI_Barrier(destroy)");
+    MPI_Request req;
+    int done = 0, rc = mpi_check(b->core, PMPI_Ibarrier(m->comm, &req), "MPI_Ibarrier(destroy)");
+
+    while (rc == WEFT_SUCCESS) {
+        rc = mpi_check(b->core, PMPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test(destroy's barrier)");
+        if (rc != WEFT_SUCCESS || done)
+            break;
+        rc = give_up ? give_up(arg) : WEFT_SUCCESS;
+    }
+    return rc;
 }
 
 static int mpi_max(struct weft_bootstrap *b, long long *value)

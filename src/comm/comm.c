@@ -486,6 +486,36 @@ int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
     return weft_comm_assemble("weft_comm_create", make_mpi_boot, &mpi_comm, out);
 }
 
+/* destroy's final barrier over the bootstrap (MPI's), watched by weft: a
+ * rank that fails meanwhile (a notice from a peer, a same-host process seen
+ * dead, a pipe's health) ends the wait, and so does WEFT_TIMEOUT once some
+ * link of this rank is down (its peer may be gone where no check of ours
+ * can see it). A healthy but slow peer is waited for, as MPI would. */
+#define FINAL_BARRIER_PEER_FAILED (-1)   /* not a weft error code (those are >= 0) */
+struct final_watch {
+    struct weft_comm *c;
+    double            start;
+    unsigned          polls;
+};
+
+static int final_barrier_give_up(void *arg)
+{
+    struct final_watch *w = arg;
+    struct weft_p2p *p = w->c->p2p;
+    double timeout = w->c->core.cfg.timeout_s;
+    char who[200];
+
+    /* Spin a little first: with every rank in destroy the barrier ends in
+     * microseconds. Then 1 ms naps, each one a progress + health pass. */
+    (void)weft_p2p_poll_nap(p, ++w->polls > 64 ? 1 : 0);
+    if (weft_p2p_any_failed(p))
+        return FINAL_BARRIER_PEER_FAILED;
+    if (timeout > 0 && weft_now() - w->start > timeout && weft_p2p_broken_links(p, who, sizeof(who)) > 0)
+        return weft_set_error(&w->c->core, WEFT_ERR_TIMEOUT, "weft_comm_destroy: the final barrier did not "
+                              "complete within WEFT_TIMEOUT=%g s while %s; destroy ends without it", timeout, who);
+    return WEFT_SUCCESS;
+}
+
 int weft_comm_destroy_all(struct weft_comm *c)
 {
     int rc, qrc, brc = WEFT_SUCCESS;
@@ -514,14 +544,25 @@ int weft_comm_destroy_all(struct weft_comm *c)
         WEFT_INFO(c->core.rank, "weft_comm_destroy: the comm was aborted: local, no final barrier");
     else if (weft_p2p_any_failed(c->p2p))
         (void)weft_p2p_survivor_barrier(c->p2p);   /* over the pipes: MPI's would wait for the failed rank */
-    else if (c->boot->ops->barrier)
-        brc = c->boot->ops->barrier(c->boot);
-    else   /* a bootstrap that lives only through create: the pipes carry it */
+    else if (c->boot->ops->barrier) {
+        struct final_watch w = { c, weft_now(), 0 };
+        brc = c->boot->ops->barrier(c->boot, final_barrier_give_up, &w);
+        if (brc == FINAL_BARRIER_PEER_FAILED) {
+            /* Some rank failed while this one waited: the others that know
+             * it are in the survivors' barrier (or get there the same way). */
+            WEFT_INFO(c->core.rank, "weft_comm_destroy: a rank failed during the final barrier: the survivors' "
+                      "barrier instead");
+            (void)weft_p2p_survivor_barrier(c->p2p);
+            brc = WEFT_SUCCESS;
+        }
+    } else   /* a bootstrap that lives only through create: the pipes carry it */
         brc = weft_p2p_survivor_barrier(c->p2p);
     if (rc == WEFT_SUCCESS)
         rc = brc;
     if (was_aborted)
         rc = WEFT_ERR_ABORTED;
+    if (rc != WEFT_SUCCESS)
+        weft_error_keep(&c->core, "weft_comm_destroy", rc);   /* the comm and its last error go */
     comm_free(c);
     return rc;
 }
