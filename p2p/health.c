@@ -205,6 +205,21 @@ void weft_health_tick(struct weft_p2p *p, double now)
     }
 }
 
+void weft_health_watch_processes(struct weft_p2p *p)
+{
+    for (int i = 0; i < p->size; i++) {
+        struct weft_pipe *pp = &p->pipes[i];
+        if (i == p->rank || pp->failed || !pp->same_host || pp->pid <= 0)
+            continue;
+        char st = process_gone(pp) ? 'X' : pp->pidfd >= 0 ? 'R' : proc_state(pp->pid);
+        if (st == 'X' || st == 'Z' || st == 0) {
+            char why[128];
+            snprintf(why, sizeof(why), "its process (pid %d on this host) died", pp->pid);
+            weft_health_declare(p, i, WEFT_ERR_TRANSPORT, why, 0);
+        }
+    }
+}
+
 void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why, int from_notice)
 {
     struct weft_pipe *pp = &p->pipes[rank];

@@ -38,6 +38,10 @@ void weft_health_connect(struct weft_p2p *p, const unsigned char *cards, size_t 
 void weft_health_fini(struct weft_p2p *p);
 /* While waiting (rate-limited inside): heartbeats, deaths of same-host peers. */
 void weft_health_tick(struct weft_p2p *p, double now);
+/* Same-host peers whose process ended are declared failed; nothing is
+ * read or sent on any pipe. For waits where the pipes must stay untouched
+ * (destroy's final barrier: a peer that finished it closes its sockets). */
+void weft_health_watch_processes(struct weft_p2p *p);
 /* A transport lost its link to rank (connection closed, work request
  * failed). A same-host peer whose process still runs is alive: only this
  * pipe breaks (a link failure, the others are not told). Otherwise the

@@ -181,6 +181,10 @@ int    weft_p2p_drain(struct weft_p2p *p);
 /* Whether some rank failed or this comm was aborted: destroy is then local
  * (no final barrier a failed rank would never join). */
 int    weft_p2p_any_failed(struct weft_p2p *p);
+/* Looks at the processes of same-host peers only (no pipe is read or
+ * written: destroy's final barrier, where a peer that finished it closes
+ * its sockets); then as weft_p2p_any_failed. */
+int    weft_p2p_watch_processes(struct weft_p2p *p);
 /* Pipes broken with their peer not known failed (a link down): how many;
  * why (if not NULL) names the first. */
 int    weft_p2p_broken_links(struct weft_p2p *p, char *why, size_t n);

@@ -424,6 +424,15 @@ int weft_p2p_any_failed(struct weft_p2p *p)
     return n;
 }
 
+int weft_p2p_watch_processes(struct weft_p2p *p)
+{
+    pthread_mutex_lock(&p->lock);
+    weft_health_watch_processes(p);
+    int n = p->nfailed || __atomic_load_n(&p->core->aborted, __ATOMIC_ACQUIRE);
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
+
 int weft_p2p_broken_links(struct weft_p2p *p, char *why, size_t n)
 {
     int count = 0, first = -1;

@@ -487,10 +487,12 @@ int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
 }
 
 /* destroy's final barrier over the bootstrap (MPI's), watched by weft: a
- * rank that fails meanwhile (a notice from a peer, a same-host process seen
- * dead, a pipe's health) ends the wait, and so does WEFT_TIMEOUT once some
- * link of this rank is down (its peer may be gone where no check of ours
- * can see it). A healthy but slow peer is waited for, as MPI would. */
+ * rank found failed meanwhile (a same-host peer's process seen dead) ends
+ * the wait, and so does WEFT_TIMEOUT once some link of this rank is down
+ * (its peer may be gone where no check of ours can see it). A healthy but
+ * slow peer is waited for, as MPI would. The pipes are not progressed
+ * here: a peer that completed the barrier closes its sockets, and that EOF
+ * must not read as a link failure. */
 #define FINAL_BARRIER_PEER_FAILED (-1)   /* not a weft error code (those are >= 0) */
 struct final_watch {
     struct weft_comm *c;
@@ -506,9 +508,13 @@ static int final_barrier_give_up(void *arg)
     char who[200];
 
     /* Spin a little first: with every rank in destroy the barrier ends in
-     * microseconds. Then 1 ms naps, each one a progress + health pass. */
-    (void)weft_p2p_poll_nap(p, ++w->polls > 64 ? 1 : 0);
-    if (weft_p2p_any_failed(p))
+     * microseconds. Then naps growing from 20 us to 1 ms. */
+    if (++w->polls > 64) {
+        unsigned shift = w->polls - 64 > 6 ? 6 : w->polls - 64;
+        struct timespec ts = { 0, (long)(20000u << shift) };   /* 40 us .. 1.28 ms */
+        nanosleep(&ts, NULL);
+    }
+    if (weft_p2p_watch_processes(p))
         return FINAL_BARRIER_PEER_FAILED;
     if (timeout > 0 && weft_now() - w->start > timeout && weft_p2p_broken_links(p, who, sizeof(who)) > 0)
         return weft_set_error(&w->c->core, WEFT_ERR_TIMEOUT, "weft_comm_destroy: the final barrier did not "
