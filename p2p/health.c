@@ -253,6 +253,13 @@ void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why
 void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char *why)
 {
     struct weft_pipe *pp = &p->pipes[rank];
+    if (p->leaving) {
+        /* Destroy's last round: a peer that has finished it closes its
+         * links, and its last message came before the close. Not a failure
+         * to look into (the 1 s look below would stall every destroy). */
+        weft_pipe_break(pp, code);
+        return;
+    }
     if (pp->same_host && pp->pid > 0 && !process_gone(pp)) {
         /* A killed process closes its sockets while it exits, before it
          * becomes a zombie: a reset can come while it still looks alive.

@@ -397,20 +397,31 @@ int weft_p2p_survivor_barrier(struct weft_p2p *p)
     if (rs == NULL)
         return weft_set_error(p->core, WEFT_ERR_NO_MEMORY, "weft_comm_destroy: no memory for the final barrier");
     pthread_mutex_lock(&p->lock);
-    /* Every live peer: a 0-byte message each way. A peer that failed
-     * meanwhile fails its pair of requests (bounded by WEFT_TIMEOUT). */
-    for (int i = 0; i < p->size; i++) {
-        struct weft_pipe *pp = &p->pipes[i];
-        if (i == p->rank || pp->broken)
-            continue;
-        if (weft_pipe_irecv(pp, NULL, 0, WEFT_TAG_DESTROY, WEFT_MEM_HOST, -1, NULL, &rs[n]) == WEFT_SUCCESS)
-            n++;
-        if (weft_pipe_isend(pp, NULL, 0, WEFT_TAG_DESTROY, WEFT_MEM_HOST, -1, NULL, &rs[n]) == WEFT_SUCCESS)
-            n++;
+    /* Every live peer: a 0-byte message each way, twice. A peer that failed
+     * meanwhile fails its pair of requests (bounded by WEFT_TIMEOUT). Two
+     * rounds because a message may be a pair's first (lazy connections):
+     * a peer's round-2 message says it has taken our round-1 message, so
+     * the lane toward it is open on its side before we leave and tear
+     * ours down (an shm lane whose name goes with its unopened sender
+     * would lose the message). Same tag: a lane is FIFO per peer. */
+    for (int round = 0; round < 2 && rc == WEFT_SUCCESS; round++) {
+        /* No peer closes before we sent our round-2 message (it needs it
+         * to finish); from then on a peer's close is its goodbye. */
+        p->leaving = round == 1;
+        n = 0;
+        for (int i = 0; i < p->size; i++) {
+            struct weft_pipe *pp = &p->pipes[i];
+            if (i == p->rank || pp->broken)
+                continue;
+            if (weft_pipe_irecv(pp, NULL, 0, WEFT_TAG_DESTROY, WEFT_MEM_HOST, -1, NULL, &rs[n]) == WEFT_SUCCESS)
+                n++;
+            if (weft_pipe_isend(pp, NULL, 0, WEFT_TAG_DESTROY, WEFT_MEM_HOST, -1, NULL, &rs[n]) == WEFT_SUCCESS)
+                n++;
+        }
+        rc = weft_p2p_progress_wait(p, rs, n, "weft_comm_destroy (final barrier of the surviving ranks)");
+        for (size_t i = 0; i < n; i++)
+            weft_req_free(rs[i]);
     }
-    rc = weft_p2p_progress_wait(p, rs, n, "weft_comm_destroy (final barrier of the surviving ranks)");
-    for (size_t i = 0; i < n; i++)
-        weft_req_free(rs[i]);
     pthread_mutex_unlock(&p->lock);
     free(rs);
     return rc;
