@@ -48,7 +48,6 @@ struct weft_p2p {
 
     /* Failures (p2p/health.c): ranks known failed, bumped epoch on each. */
     int                      nfailed;
-    int                      leaving;      /* in the second round of destroy's survivors' barrier */
     uint64_t                 fault_epoch;
     int                      fault_rank;        /* the first rank known failed, -1: none */
     int                      fault_code;

@@ -253,7 +253,7 @@ void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why
 void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char *why)
 {
     struct weft_pipe *pp = &p->pipes[rank];
-    if (p->leaving) {
+    if (__atomic_load_n(&p->core->leaving, __ATOMIC_ACQUIRE)) {
         /* Destroy's last round: a peer that has finished it closes its
          * links, and its last message came before the close. Not a failure
          * to look into (the 1 s look below would stall every destroy). */

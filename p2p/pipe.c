@@ -1007,8 +1007,12 @@ void weft_pipe_break(struct weft_pipe *p, int err)
     if (p->broken)
         return;
     p->broken = err ? err : WEFT_ERR_TRANSPORT;
-    WEFT_WARN(p->p2p->rank, "pipe to peer %d over %s closed: %s", p->peer, weft_pipe_tp_name(p),
-              weft_err_str(p->broken));
+    if (__atomic_load_n(&p->p2p->core->leaving, __ATOMIC_ACQUIRE))   /* destroy's goodbyes */
+        WEFT_INFO(p->p2p->rank, "pipe to peer %d over %s closed (the comm is being destroyed)", p->peer,
+                  weft_pipe_tp_name(p));
+    else
+        WEFT_WARN(p->p2p->rank, "pipe to peer %d over %s closed: %s", p->peer, weft_pipe_tp_name(p),
+                  weft_err_str(p->broken));
     if (p->carrier.tp && p->carrier.tp->abort_peer)
         p->carrier.tp->abort_peer(p->carrier.ctx, p->peer);
     if (p->mover.tp && p->mover.tp->abort_peer)

@@ -407,7 +407,7 @@ int weft_p2p_survivor_barrier(struct weft_p2p *p)
     for (int round = 0; round < 2 && rc == WEFT_SUCCESS; round++) {
         /* No peer closes before we sent our round-2 message (it needs it
          * to finish); from then on a peer's close is its goodbye. */
-        p->leaving = round == 1;
+        __atomic_store_n(&p->core->leaving, round == 1, __ATOMIC_RELEASE);
         n = 0;
         for (int i = 0; i < p->size; i++) {
             struct weft_pipe *pp = &p->pipes[i];

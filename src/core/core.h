@@ -23,6 +23,8 @@ struct weft_core {
     struct weft_devcopy *devcopy;        /* weft's CUDA stream and bounce (core/devcopy.c); NULL without CUDA */
 
     int                  aborted;        /* weft_comm_abort was called (atomic access) */
+    int                  leaving;        /* destroy's last exchange is under way: a peer's orderly
+                                          * close is its goodbye, not a failure (atomic access) */
 
     pthread_mutex_t      err_lock;       /* guards last_error only */
     char                 last_error[1024];

@@ -1527,8 +1527,13 @@ static void peer_fail(struct tcp_state *st, struct tcp_peer *pe, const char *wha
 {
     if (pe->state == PEER_FAILED || pe->state == PEER_IDLE)
         return;
-    weft_set_error(st->env->core, WEFT_ERR_TRANSPORT, "tcp: peer %d (%s): %s: %s", pe->rank, pe->where,
-                   what, err_no ? strerror(err_no) : "connection closed by the peer");
+    if (err_no == 0 && __atomic_load_n(&st->env->core->leaving, __ATOMIC_ACQUIRE))
+        /* destroy's last exchange: the peer is done with the comm */
+        WEFT_INFO(st->env->core->rank, "tcp: peer %d (%s) closed its connections: it has left the comm", pe->rank,
+                  pe->where);
+    else
+        weft_set_error(st->env->core, WEFT_ERR_TRANSPORT, "tcp: peer %d (%s): %s: %s", pe->rank, pe->where,
+                       what, err_no ? strerror(err_no) : "connection closed by the peer");
     peer_down(st, pe);
     st->env->up->peer_failed(st->env->up->arg, pe->rank, WEFT_ERR_TRANSPORT);
 }
