@@ -92,6 +92,20 @@ static int process_gone(const struct weft_pipe *pp)
     return kill(pp->pid, 0) != 0 && errno == ESRCH;
 }
 
+/* Whether a same-host peer's process has ended, a zombie included (a pidfd
+ * turns readable then; without one, /proc says so). 0 for other hosts. */
+static int peer_process_ended(const struct weft_pipe *pp)
+{
+    if (!pp->same_host || pp->pid <= 0)
+        return 0;
+    if (process_gone(pp))
+        return 1;
+    if (pp->pidfd >= 0)
+        return 0;
+    char st = proc_state(pp->pid);
+    return st == 'Z' || st == 'X' || st == 0;
+}
+
 /* What we know of the peer's liveness; why says how we know. */
 static int probe(struct weft_p2p *p, int peer, double now, char *why, size_t n)
 {
@@ -168,8 +182,7 @@ void weft_health_tick(struct weft_p2p *p, double now)
              * then it is a failed rank (destroy's barrier must not wait for
              * it). Only its process is looked at: a broken pipe carries
              * nothing. */
-            char st = pp->same_host && pp->pid > 0 ? (process_gone(pp) ? 'X' : proc_state(pp->pid)) : 'R';
-            if (st == 'X' || st == 'Z' || st == 0) {
+            if (peer_process_ended(pp)) {
                 char why[128];
                 snprintf(why, sizeof(why), "its process (pid %d on this host) died after its link went down", pp->pid);
                 weft_health_declare(p, i, WEFT_ERR_TRANSPORT, why, 0);
@@ -209,10 +222,7 @@ void weft_health_watch_processes(struct weft_p2p *p)
 {
     for (int i = 0; i < p->size; i++) {
         struct weft_pipe *pp = &p->pipes[i];
-        if (i == p->rank || pp->failed || !pp->same_host || pp->pid <= 0)
-            continue;
-        char st = process_gone(pp) ? 'X' : pp->pidfd >= 0 ? 'R' : proc_state(pp->pid);
-        if (st == 'X' || st == 'Z' || st == 0) {
+        if (i != p->rank && !pp->failed && peer_process_ended(pp)) {
             char why[128];
             snprintf(why, sizeof(why), "its process (pid %d on this host) died", pp->pid);
             weft_health_declare(p, i, WEFT_ERR_TRANSPORT, why, 0);
