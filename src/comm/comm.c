@@ -508,7 +508,7 @@ static int final_barrier_give_up(void *arg)
     char who[200];
 
     /* Spin a little first: with every rank in destroy the barrier ends in
-     * microseconds. Then naps growing from 20 us to 1 ms. */
+     * microseconds. Then naps growing from 40 us to 1.28 ms. */
     if (++w->polls > 64) {
         unsigned shift = w->polls - 64 > 6 ? 6 : w->polls - 64;
         struct timespec ts = { 0, (long)(20000u << shift) };   /* 40 us .. 1.28 ms */
