@@ -60,7 +60,8 @@ endforeach()
 # on a delayed stream keeps a read pending for a close. The binary links the
 # emulator and weft loads the same file (one emulated GPU state); ranks sit
 # on device rank % 2, devices 0 and 1 cannot reach each other (staged).
-if(TARGET weft_emu_cuda)
+# Emu builds only (WEFT_TEST_EMU_CUDA, mpi_tests/CMakeLists.txt; review T1).
+if(WEFT_TEST_EMU_CUDA)
   weft_add_mpi_test_binary(weft_mpi_msgpipe_dev test_msgpipe.cc)
   target_compile_definitions(weft_mpi_msgpipe_dev PRIVATE WEFT_TEST_WITH_CUDA)
   target_link_libraries(weft_mpi_msgpipe_dev PRIVATE weft_emu_cuda)

@@ -1,6 +1,7 @@
 # Tests of weft's NCCL library (issue 16), included from
 # adapters/nccl/CMakeLists.txt under WEFT_BUILD_TESTS (after mpi_tests/).
-# Label: nccl (every entry), plus mpi/np<N>/<config> for the mpirun ones.
+# Label: nccl (every entry), plus mpi/np<N>/<config> for the mpirun ones, and
+# emu for the programs (they run on the emulated CUDA runtime).
 #
 #   nccl_symbols   every function nccl.h declares, and its pnccl alias, is a
 #                  defined dynamic symbol of libweft_nccl.so; SONAME libnccl.so.2
@@ -35,9 +36,12 @@
 # BUILD_RPATH points the loader at that directory. They link the emulated
 # CUDA runtime, and WEFT_CUDA_LIB points weft and the NCCL library at the
 # same file: one emulated GPU state (tests/emu/cuda/README.md). Two emulated
-# devices per process; rank r uses device r % 2.
+# devices per process; rank r uses device r % 2. So in a
+# WEFT_TEST_CUDA_RUNTIME=real build only nccl_symbols is registered (review
+# T1: no test on a GPU runs against the emulator); on a GPU, nccl-tests over
+# libnccl.so.2 is what scripts/validate-gpu runs instead.
 
-if(NOT TARGET weft_nccl OR NOT TARGET weft_emu_cuda)
+if(NOT TARGET weft_nccl OR (NOT TARGET weft_emu_cuda AND NOT WEFT_TEST_CUDA_RUNTIME STREQUAL "real"))
   message(STATUS "weft: NCCL library tests: no (needs weft_nccl and the emulated CUDA runtime)")
   return()
 endif()
@@ -56,6 +60,13 @@ add_test(NAME nccl_symbols
   COMMAND ${WEFT_NCCL_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/tests/check_symbols.py
           ${WEFT_NCCL_INCLUDE_DIR}/nccl.h $<TARGET_FILE:weft_nccl> ${CMAKE_NM} ${WEFT_NCCL_READELF})
 set_tests_properties(nccl_symbols PROPERTIES TIMEOUT 30 LABELS nccl)
+
+if(WEFT_TEST_CUDA_RUNTIME STREQUAL "real")
+  message(STATUS "weft: NCCL library tests: nccl_symbols only (WEFT_TEST_CUDA_RUNTIME=real; the programs "
+                 "run on the emulated CUDA runtime)")
+  weft_check_cuda_runtime_tests()
+  return()
+endif()
 
 # ---- the programs ----
 function(weft_nccl_test_program target source)
@@ -126,7 +137,7 @@ foreach(np 2 4)
       TIMEOUT 90
       PROCESSORS ${np}
       FAIL_REGULAR_EXPRESSION "FAIL rank|FATAL rank"
-      LABELS "nccl;mpi;np${np};${config}")
+      LABELS "nccl;mpi;np${np};${config};emu")
   endforeach()
 endforeach()
 
@@ -144,7 +155,7 @@ function(weft_nccl_env_test name regex)
     FAIL_REGULAR_EXPRESSION "FAIL rank|FATAL rank"
     TIMEOUT 60
     PROCESSORS 2
-    LABELS "nccl;mpi;np2")
+    LABELS "nccl;mpi;np2;emu")
 endfunction()
 # What rank 1's output must show, and the environment.
 weft_nccl_env_test(debug_info "NCCL INFO [^\n]*rank 1 nranks 2 [^\n]*weft [0-9.]+[^\n]*NCCL 2[.]28[.]9 API[^\n]*Init COMPLETE"
@@ -170,6 +181,10 @@ foreach(mode abort peerdeath)
       FAIL_REGULAR_EXPRESSION "NCCL-FAULT-FAIL|FAIL rank|FATAL rank"
       TIMEOUT 60
       PROCESSORS 2
-      LABELS "nccl;mpi;faults;sleepy;np2;${config}")
+      LABELS "nccl;mpi;faults;sleepy;np2;${config};emu")
   endforeach()
 endforeach()
+
+# Review T1: every entry here that sets WEFT_CUDA_LIB carries the label emu
+# (top CMakeLists.txt).
+weft_check_cuda_runtime_tests()
