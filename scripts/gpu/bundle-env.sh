@@ -8,7 +8,7 @@
 #                                 maintainer scripts would have made
 #   bundle_libpath PREFIX         prints the prefix's library folders, ':'-joined
 #   bundle_env PREFIX             exports PATH, LD_LIBRARY_PATH, OPAL_PREFIX,
-#                                 PKG_CONFIG_*, GTest_DIR, OMPI_* and sets
+#                                 PMIX_*, PKG_CONFIG_*, GTest_DIR, CPATH, OMPI_* and sets
 #                                 bundle_mpicc, bundle_mpicxx, bundle_mpirun,
 #                                 bundle_mpi_home, bundle_pkg_config
 # Never unpack into /: the image's own files would be overwritten.
@@ -56,11 +56,19 @@ bundle_env() {
     # Open MPI finds its components, help files and wrapper data under
     # OPAL_PREFIX instead of the /usr it was built for.
     export OPAL_PREFIX="$p/usr"
+    # Debian's PMIx (used by Open MPI) lives in its own prefix: its components
+    # (else "help-pcompress.txt: No such file" from every mpirun) and help files.
+    export PMIX_INSTALL_PREFIX="$p/usr/lib/x86_64-linux-gnu/pmix2"
+    export PMIX_MCA_mca_base_component_path="$p/usr/lib/x86_64-linux-gnu/pmix2/lib/pmix"
     # pkgconf: only the prefix's .pc files, their paths rewritten into it.
     export PKG_CONFIG_SYSROOT_DIR="$p"
     export PKG_CONFIG_LIBDIR="$p/usr/lib/x86_64-linux-gnu/pkgconfig:$p/usr/share/pkgconfig"
     unset PKG_CONFIG_PATH
     export GTest_DIR="$p/usr/lib/x86_64-linux-gnu/cmake/GTest"
+    # Debian puts arch-specific headers (hwloc/autogen/config.h) in the
+    # multiarch folder the system compiler searches by itself; the prefix's
+    # copy of it is searched through CPATH (gcc, and nvcc's host compiler).
+    export CPATH="$p/usr/include/x86_64-linux-gnu${CPATH:+:$CPATH}"
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
     bundle_mpicc="$p/usr/bin/mpicc.openmpi"
     bundle_mpicxx="$p/usr/bin/mpicxx.openmpi"
