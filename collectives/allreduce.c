@@ -331,7 +331,7 @@ int coll_allreduce_start(struct weft_coll *cc, const struct weft_coll_args *ca, 
     size_t bytes = count * es;
     if (n == 1) {
         /* The sum of one contribution (avg: divided by 1) is itself. */
-        if (ca->sendbuf != ca->recvbuf)
+        if (ca->sendbuf != ca->recvbuf && !(ca->prep && ca->prep->dry))
             return weft_devcopy(core, ca->recvbuf, ca->sendbuf, bytes, "weft_allreduce");
         return WEFT_SUCCESS;
     }

@@ -181,6 +181,45 @@ int weft_coll_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_c
     return starts[a->kind](cc, a, tag, seq, op);
 }
 
+/* Only the reductions take CUDA resources at their start (coll_reduce.c:
+ * the kernels' module, staging, scratch); the other kinds need nothing. */
+int weft_coll_prepare(struct weft_coll *cc, const struct weft_coll_args *a, struct weft_coll_prep *prep)
+{
+    struct weft_coll_args d;
+    struct weft_coll_op *op = NULL;
+    int rc;
+
+    memset(prep, 0, sizeof *prep);
+    if (a->kind != WEFT_COLL_ALLREDUCE && a->kind != WEFT_COLL_REDUCE_SCATTER && a->kind != WEFT_COLL_REDUCE)
+        return WEFT_SUCCESS;
+    if (!cc->core->cuda)
+        return WEFT_SUCCESS;
+    d = *a;
+    d.prep = prep;
+    prep->dry = 1;
+    /* A dry start never issues anything nor takes a lane number: tag and
+     * seq are not looked at. */
+    rc = starts[a->kind](cc, &d, weft_tag_coll, 0, &op);
+    prep->dry = 0;
+    if (op != NULL)   /* cannot happen: a dry start makes no op */
+        rc = weft_set_error(cc->core, WEFT_ERR_INTERNAL, "collectives: a dry start made an op");
+    if (rc != WEFT_SUCCESS)
+        weft_coll_prep_release(cc, prep);
+    return rc;
+}
+
+void weft_coll_prep_release(struct weft_coll *cc, struct weft_coll_prep *prep)
+{
+    if (prep == NULL)
+        return;
+    if (prep->stage)
+        coll_stage_put(cc, prep->stage);
+    if (prep->scratch)
+        coll_scratch_put(cc, prep->scratch);
+    prep->stage = NULL;
+    prep->scratch = NULL;
+}
+
 int weft_coll_run(struct weft_coll *cc, const struct weft_coll_args *a)
 {
     struct weft_coll_op *op;
@@ -190,19 +229,19 @@ int weft_coll_run(struct weft_coll *cc, const struct weft_coll_args *a)
 
 int weft_coll_allgather(struct weft_coll *cc, const void *sendbuf, void *recvbuf, size_t bytes_per_rank)
 {
-    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1 };
+    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL };
     return weft_coll_run(cc, &a);
 }
 
 int weft_coll_bcast(struct weft_coll *cc, void *buf, size_t bytes, int root)
 {
-    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root };
+    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root, NULL };
     return weft_coll_run(cc, &a);
 }
 
 int weft_coll_barrier(struct weft_coll *cc)
 {
-    struct weft_coll_args a = { WEFT_COLL_BARRIER, NULL, NULL, 0, -1, -1, -1 };
+    struct weft_coll_args a = { WEFT_COLL_BARRIER, NULL, NULL, 0, -1, -1, -1, NULL };
     return weft_coll_run(cc, &a);
 }
 
@@ -210,6 +249,6 @@ int weft_coll_allgather_start_tagged(struct weft_coll *cc, weft_coll_tag_fn tag,
                                      const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
                                      struct weft_coll_op **op)
 {
-    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1 };
+    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL };
     return weft_coll_start(cc, &a, tag, seq, op);
 }

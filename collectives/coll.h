@@ -42,6 +42,8 @@ enum weft_coll_kind {
 };
 
 /* One call's arguments, for weft_coll_start (validated by src/api/check.c). */
+struct weft_coll_prep;
+
 struct weft_coll_args {
     int         kind;     /* enum weft_coll_kind */
     const void *sendbuf;  /* bcast: unused (buf is recvbuf) */
@@ -51,6 +53,20 @@ struct weft_coll_args {
     int         dtype;    /* reductions: weft_dtype_t */
     int         op;       /* reductions: weft_op_t */
     int         root;     /* bcast, reduce; -1 otherwise */
+    struct weft_coll_prep *prep; /* what weft_coll_prepare took for this call, or NULL */
+};
+
+/* What a call will need from CUDA, taken on the caller's thread before the
+ * call is queued (the stream engine), so that starting it on weft's
+ * progress thread makes no call that synchronises the device while a
+ * stream waits on weft (src/core/cudawrap.h, weft_cuda_may_sync): the
+ * reduction kernels' module loaded, the host staging buffer or the device
+ * scratch of its algorithm, the aligned scratch for misaligned operands.
+ * weft_coll_start with a->prep set takes the buffers from it. */
+struct weft_coll_prep {
+    int                     dry;      /* inside weft_coll_prepare: size and take, start nothing */
+    struct weft_coll_stage *stage;    /* host staging (device buffers reduced on the host) */
+    struct weft_coll_stage *scratch;  /* device scratch of the kernel path */
 };
 
 /* The collectives' context of one comm (embedded in struct weft_comm). */
@@ -118,6 +134,12 @@ int  weft_coll_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_
                      struct weft_coll_op **op);
 /* start + wait. */
 int  weft_coll_run(struct weft_coll *cc, const struct weft_coll_args *a);
+/* On the caller's thread: fills *prep for a (see struct weft_coll_prep)
+ * by running its start without starting anything. WEFT_SUCCESS (also when
+ * a needs nothing), or the error its start would give. Release what a call
+ * that never starts took with weft_coll_prep_release. */
+int  weft_coll_prepare(struct weft_coll *cc, const struct weft_coll_args *a, struct weft_coll_prep *prep);
+void weft_coll_prep_release(struct weft_coll *cc, struct weft_coll_prep *prep);
 
 /* The former entry points, kept as thin forms of the two above. */
 int  weft_coll_allgather(struct weft_coll *cc, const void *sendbuf, void *recvbuf, size_t bytes_per_rank);

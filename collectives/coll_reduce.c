@@ -62,6 +62,7 @@ int coll_reduce_begin(struct weft_coll *cc, const struct weft_coll_args *a, size
     call->scratch_dev = 0;
     call->stage = NULL;
     call->stage_cc = NULL;
+    call->prep = a->prep;
 
     if ((rc = weft_mem_classify(core, a->sendbuf, in_bytes, -1, -1, fn, &skind, &sdevno)) != WEFT_SUCCESS)
         return rc;
@@ -75,10 +76,18 @@ int coll_reduce_begin(struct weft_coll *cc, const struct weft_coll_args *a, size
 
     char why[256] = "";
     int devno = sdev ? sdevno : rdevno;
+    /* weft_reduce_device_available loads the kernels' module on first use:
+     * here, on the caller's thread (or in weft_coll_prepare's dry start). */
     if ((sdev || in_bytes == 0) && (rdev || out_bytes == 0) && (!sdev || !rdev || sdevno == rdevno) &&
         weft_reduce_device_available(core, devno, why, sizeof why)) {
         call->scratch_dev = 1;
         call->stage_cc = cc;   /* its device scratch comes from (and goes back to) cc's list */
+        /* Operands off their element alignment go through aligned scratch
+         * (reduce_device.c), made here where a cudaMalloc may wait. */
+        size_t es = weft_dtype_size(a->dtype);
+        if (es > 1 && (((uintptr_t)a->sendbuf | (uintptr_t)a->recvbuf) % es) != 0 &&
+            (rc = weft_devcopy_prepare_align(core)) != WEFT_SUCCESS && weft_cuda_may_sync())
+            return rc;
         return WEFT_SUCCESS;
     }
     if (!__atomic_exchange_n(why[0] ? &staged_logged_refused : &staged_logged_mixed, 1, __ATOMIC_RELAXED))
@@ -91,11 +100,21 @@ int coll_reduce_begin(struct weft_coll *cc, const struct weft_coll_args *a, size
     int recv_inside = sdev && rdev && r0 >= s0 && r0 + out_bytes <= s0 + in_bytes;
     size_t send_part = sdev ? (in_bytes + 63) & ~(size_t)63 : 0;
     size_t recv_part = rdev && !recv_inside ? out_bytes : 0;
-    struct weft_coll_stage *st = coll_stage_get(cc, send_part + recv_part);
+    struct weft_coll_stage *st;
+    if (a->prep && !a->prep->dry && a->prep->stage) {
+        st = a->prep->stage;   /* taken by weft_coll_prepare on the caller's thread */
+        a->prep->stage = NULL;
+    } else {
+        st = coll_stage_get(cc, send_part + recv_part);
+    }
     if (st == NULL)
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "%s: no host memory to stage %zu bytes of device buffers",
                               fn, send_part + recv_part);
     char *base = coll_stage_ptr(st);
+    if (a->prep && a->prep->dry) {
+        a->prep->stage = st;   /* weft_coll_prepare keeps it; the real start takes it */
+        st = NULL;
+    }
     if (sdev)
         *sendbuf = base;
     if (rdev)

@@ -357,6 +357,17 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct 
     const char *what = call->what;
 
     *out = NULL;
+    if (call->prep && call->prep->dry) {
+        /* weft_coll_prepare: take the device scratch now, on the caller's
+         * thread (cudaMalloc synchronises the device); build nothing. */
+        if (call->scratch_dev && call->scratch_bytes > 0 && call->stage_cc != NULL) {
+            call->prep->scratch = coll_scratch_get(call->stage_cc, call->scratch_bytes);
+            if (call->prep->scratch == NULL)
+                return weft_set_error(core, WEFT_ERR_NO_MEMORY, "%s: no device memory for %zu bytes of scratch",
+                                      what, call->scratch_bytes);
+        }
+        return WEFT_SUCCESS;
+    }
     build(&b, args);
     n = b.n;
     /* op + steps, rounded up so the scratch is aligned for any copy. */
@@ -388,7 +399,11 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct 
     op->lo = 0;
     op->scratch = host_scratch ? (char *)op + head : NULL;
     if (call->scratch_dev && call->scratch_bytes > 0) {
-        if (call->stage_cc != NULL) {
+        if (call->prep && call->prep->scratch) {
+            op->scratch_st = call->prep->scratch;   /* taken by weft_coll_prepare */
+            call->prep->scratch = NULL;
+            op->scratch_dev = coll_stage_ptr(op->scratch_st);
+        } else if (call->stage_cc != NULL) {
             op->scratch_st = coll_scratch_get(call->stage_cc, call->scratch_bytes);
             op->scratch_dev = op->scratch_st ? coll_stage_ptr(op->scratch_st) : NULL;
         } else {

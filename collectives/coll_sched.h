@@ -170,6 +170,7 @@ struct weft_sched_call {
     int                  nranks;        /* the comm size (F_AVG) */
     struct weft_coll    *stage_cc;      /* with stage: staging to return when the op is freed */
     struct weft_coll_stage *stage;
+    struct weft_coll_prep *prep;        /* the call's weft_coll_prepare (dry: take scratch, start nothing) */
 };
 
 /* Builds the op (counting pass, one allocation of the op, its steps and

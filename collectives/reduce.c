@@ -191,7 +191,7 @@ int coll_reduce_start(struct weft_coll *cc, const struct weft_coll_args *ca, wef
                               count, ca->dtype);
     size_t bytes = count * es;
     if (n == 1) {
-        if (ca->sendbuf != ca->recvbuf)
+        if (ca->sendbuf != ca->recvbuf && !(ca->prep && ca->prep->dry))
             return weft_devcopy(core, ca->recvbuf, ca->sendbuf, bytes, "weft_reduce");
         return WEFT_SUCCESS;
     }

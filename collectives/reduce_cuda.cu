@@ -35,10 +35,13 @@
  * uint4 load per operand) when dst, a and b are 16-byte aligned -- the usual
  * case, cudaMalloc returns 256-byte aligned memory and weft's chunks are
  * large multiples of 16 -- and the tail elements one by one. Element-aligned
- * pointers that are not 16-byte aligned take the element loop; pointers not
- * even aligned to the element size (a user's odd offset) take a byte-wise
- * loop, slow but never a misaligned-address fault, which would poison the
- * CUDA context of the whole application.
+ * pointers that are not 16-byte aligned take the element loop. Pointers not
+ * aligned to the element size are never passed: reduce_device.c copies such
+ * operands into aligned scratch first (a misaligned access would fault and
+ * poison the application's CUDA context). There is no byte-wise path: the
+ * one there was gave a wrong float16 sum on an H100 (0xe800 for 0xe897, a
+ * byte read or written as 0; docs/cuda.md), and the copy is correct on any
+ * compiler. A kernel handed misaligned pointers anyway does nothing.
  */
 #include <cuda_fp16.h>
 #include <stdint.h>
@@ -158,24 +161,6 @@ template <typename T> union Vec16 {
     T     e[16 / sizeof(T)];
 };
 
-/* Byte-wise access for pointers not aligned to their element size. */
-template <typename T> __device__ __forceinline__ T load_bytes(const unsigned char *p)
-{
-    union { T v; unsigned char c[sizeof(T)]; } u;
-#pragma unroll
-    for (unsigned k = 0; k < sizeof(T); k++)
-        u.c[k] = p[k];
-    return u.v;
-}
-template <typename T> __device__ __forceinline__ void store_bytes(unsigned char *p, T v)
-{
-    union { T v; unsigned char c[sizeof(T)]; } u;
-    u.v = v;
-#pragma unroll
-    for (unsigned k = 0; k < sizeof(T); k++)
-        p[k] = u.c[k];
-}
-
 __device__ __forceinline__ u64 thread_index() { return (u64)blockIdx.x * blockDim.x + threadIdx.x; }
 __device__ __forceinline__ u64 thread_count() { return (u64)gridDim.x * blockDim.x; }
 
@@ -210,11 +195,6 @@ template <typename Op> __device__ __forceinline__ void reduce_body(void *dstv, c
         const T *at = (const T *)av, *bt = (const T *)bv;
         for (u64 j = i; j < n; j += step)
             dt[j] = Op::apply(at[j], bt[j]);
-    } else {
-        unsigned char *d = (unsigned char *)dstv;
-        const unsigned char *a = (const unsigned char *)av, *b = (const unsigned char *)bv;
-        for (u64 j = i; j < n; j += step)
-            store_bytes<T>(d + j * sizeof(T), Op::apply(load_bytes<T>(a + j * sizeof(T)), load_bytes<T>(b + j * sizeof(T))));
     }
 }
 
@@ -246,11 +226,6 @@ template <typename O> __device__ __forceinline__ void div_body(void *dstv, const
         const T *st = (const T *)srcv;
         for (u64 j = i; j < n; j += step)
             dt[j] = O::div(st[j], divisor);
-    } else {
-        unsigned char *d = (unsigned char *)dstv;
-        const unsigned char *s = (const unsigned char *)srcv;
-        for (u64 j = i; j < n; j += step)
-            store_bytes<T>(d + j * sizeof(T), O::div(load_bytes<T>(s + j * sizeof(T)), divisor));
     }
 }
 

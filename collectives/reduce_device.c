@@ -20,6 +20,19 @@
  *     cudaStreamSynchronize(weft's stream)
  *     cuCtxPopCurrent
  *
+ * Loading a module (and the first lookup of each function, with lazy
+ * loading) synchronises the device. It is done on a thread that may wait
+ * for the device: the caller of a collective, never one of weft's threads
+ * while a stream waits on weft (its progress thread would wait for itself:
+ * src/core/cudawrap.h, weft_cuda_may_sync). Stream-ordered collectives load
+ * it when they are queued (weft_coll_prepare); if it is still not loaded
+ * when one of weft's threads needs it, the call fails with a message rather
+ * than hang.
+ *
+ * Operands not aligned to their element (a user's odd offset) are copied
+ * into aligned device scratch (src/core/devcopy.c, weft_devcopy_align_get)
+ * piece by piece, reduced there and copied back: every launch sees aligned
+ * pointers, and the kernels have no byte-wise path.
  * Why the stream's context: a module belongs to one context (one device's
  * primary context for runtime users), a kernel runs on its module's device,
  * and it may only be queued on a stream of that context. weft's stream is
@@ -172,17 +185,21 @@ static void kmod_load(struct kmod *k)
 }
 
 /* The module of ctx (current), loaded on first use. NULL when no slot is
- * left; otherwise check ->ok. */
-static const struct kmod *kmod_get(CUcontext ctx)
+ * left, or (*not_now) when loading is not allowed on this thread now;
+ * otherwise check ->ok. */
+static const struct kmod *kmod_get(CUcontext ctx, int *not_now)
 {
     struct kmod *k = NULL;
+    *not_now = 0;
     pthread_mutex_lock(&kmod_lock);
     for (int i = 0; i < nkmods; i++)
         if (kmods[i].ctx == ctx) {
             k = &kmods[i];
             break;
         }
-    if (k == NULL && nkmods < KMOD_MAX) {
+    if (k == NULL && !weft_cuda_may_sync()) {
+        *not_now = 1;   /* not a refusal: a caller's thread loads it */
+    } else if (k == NULL && nkmods < KMOD_MAX) {
         k = &kmods[nkmods++];
         memset(k, 0, sizeof *k);
         k->ctx = ctx;
@@ -229,9 +246,14 @@ static int enter(struct weft_core *core, const struct kmod **k, char *why, size_
                  drv_error(r, e, sizeof e));
         return WEFT_ERR_TRANSPORT;
     }
-    const struct kmod *m = kmod_get(ctx);
+    int not_now = 0;
+    const struct kmod *m = kmod_get(ctx, &not_now);
     if (m == NULL || m->ok != 1) {
-        if (m == NULL)
+        if (not_now)
+            snprintf(why, whylen, "the reduction kernels are not loaded yet, and loading them (cuModuleLoadData) "
+                     "would synchronise the device from one of weft's threads while a stream waits on weft "
+                     "(they are loaded where a collective is called)");
+        else if (m == NULL)
             snprintf(why, whylen, "more than %d CUDA contexts in this process: no reduction kernels for more",
                      KMOD_MAX);
         else
@@ -267,7 +289,7 @@ static int check_buffers(struct weft_core *core, const struct kmod *k, const voi
         unsigned int memtype = 0, managed = 0;
         int ordinal = -1;
         void *data[3] = { &memtype, &ordinal, &managed };
-        if (cu()->cuPointerGetAttributes(3, attrs, data, (CUdeviceptr)(uintptr_t)p[i]) != CUDA_SUCCESS)
+        if (weft_cuda_ptr_attrs(3, attrs, data, p[i]) != CUDA_SUCCESS)
             memtype = 0;
         if (managed)
             continue;   /* reachable from any device */
@@ -282,12 +304,12 @@ static int check_buffers(struct weft_core *core, const struct kmod *k, const voi
     return WEFT_SUCCESS;
 }
 
-/* Launches f over count elements of es bytes on weft's stream and waits. */
-static int launch(struct weft_core *core, CUfunction f, void **params, size_t count, size_t es, const char *what,
-                  const char *kname)
+/* Queues f over count elements of es bytes on weft's stream. */
+static int launch_async(struct weft_core *core, CUfunction f, void **params, size_t count, size_t es, const char *what,
+                        const char *kname)
 {
     const struct weft_cuda *c = cu();
-    cudaStream_t s = (cudaStream_t)weft_devcopy_stream(core);
+    CUstream s = (CUstream)weft_devcopy_stream(core);
     /* A thread handles 16 bytes at a time in the aligned case. */
     size_t per_thread = 16 / es;
     size_t units = (count + per_thread - 1) / per_thread;
@@ -298,17 +320,82 @@ static int launch(struct weft_core *core, CUfunction f, void **params, size_t co
         blocks = KMAX_GRID;
     if (blocks == 0)
         blocks = 1;
-    CUresult r = c->cuLaunchKernel(f, (unsigned)blocks, 1, 1, KBLOCK, 1, 1, 0, (CUstream)s, params, NULL);
+    CUresult r = c->cuLaunchKernel(f, (unsigned)blocks, 1, 1, KBLOCK, 1, 1, 0, s, params, NULL);
     if (r != CUDA_SUCCESS)
         return weft_set_error(core, WEFT_ERR_TRANSPORT, "%s: launch of %s over %zu elements failed: %s", what, kname,
                               count, drv_error(r, e, sizeof e));
-    cudaError_t ce = c->StreamSynchronize(s);
+    return WEFT_SUCCESS;
+}
+
+/* Waits for weft's stream: the kernels (and copies) queued are done. */
+static int stream_wait(struct weft_core *core, const char *what, const char *kname, size_t count)
+{
+    const struct weft_cuda *c = cu();
+    cudaError_t ce = c->StreamSynchronize((cudaStream_t)weft_devcopy_stream(core));
     if (ce != cudaSuccess) {
         c->GetLastError();   /* not left for the application's next call */
         return weft_set_error(core, WEFT_ERR_TRANSPORT, "%s: %s over %zu elements failed: %s", what, kname, count,
                               c->GetErrorString(ce));
     }
     return WEFT_SUCCESS;
+}
+
+/* Launches f over count elements of es bytes on weft's stream and waits. */
+static int launch(struct weft_core *core, CUfunction f, void **params, size_t count, size_t es, const char *what,
+                  const char *kname)
+{
+    int rc = launch_async(core, f, params, count, es, what, kname);
+    return rc != WEFT_SUCCESS ? rc : stream_wait(core, what, kname, count);
+}
+
+/* A device-to-device copy on weft's stream (any alignment). */
+static int copy_async(struct weft_core *core, void *dst, const void *src, size_t n, const char *what)
+{
+    const struct weft_cuda *c = cu();
+    cudaError_t e = c->MemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, (cudaStream_t)weft_devcopy_stream(core));
+    if (e != cudaSuccess) {
+        c->GetLastError();
+        return weft_set_error(core, WEFT_ERR_TRANSPORT, "%s: copying %zu bytes of misaligned operands into aligned "
+                              "scratch failed: %s", what, n, c->GetErrorString(e));
+    }
+    return WEFT_SUCCESS;
+}
+
+/* dst = a op b (b NULL: dst = a / n) over count elements whose pointers are
+ * not all element-aligned: piece by piece through the aligned scratch --
+ * a and b copied in, the kernel, the result copied out, all in order on
+ * weft's stream (dst may be exactly a or b: each piece is read before it is
+ * written). */
+static int reduce_misaligned(struct weft_core *core, CUfunction f, void *dst, const void *a, const void *b,
+                             size_t count, size_t es, int n, const char *what, const char *kname)
+{
+    char *sc = weft_devcopy_align_get(core);
+    if (sc == NULL)
+        return weft_set_error(core, WEFT_ERR_UNSUPPORTED, "%s: device reduction of %zu elements whose buffers are "
+                              "not aligned to the %zu-byte element: no aligned scratch was prepared, and one cannot "
+                              "be allocated on this thread now", what, count, es);
+    char *sa = sc, *sb = sc + WEFT_DEVCOPY_ALIGN_PIECE, *sd = sc + 2 * (size_t)WEFT_DEVCOPY_ALIGN_PIECE;
+    size_t piece = WEFT_DEVCOPY_ALIGN_PIECE / es;
+    int rc = WEFT_SUCCESS;
+    for (size_t off = 0; off < count && rc == WEFT_SUCCESS; off += piece) {
+        size_t m = count - off < piece ? count - off : piece;
+        unsigned long long mm = m;
+        rc = copy_async(core, sa, (const char *)a + off * es, m * es, what);
+        if (rc == WEFT_SUCCESS && b)
+            rc = copy_async(core, sb, (const char *)b + off * es, m * es, what);
+        if (rc == WEFT_SUCCESS) {
+            void *d = sd;
+            const void *pa = sa, *pb = sb;
+            void *rparams[4] = { &d, &pa, &pb, &mm };
+            void *dparams[4] = { &d, &pa, &mm, &n };
+            rc = launch_async(core, f, b ? rparams : dparams, m, es, what, kname);
+        }
+        if (rc == WEFT_SUCCESS)
+            rc = copy_async(core, (char *)dst + off * es, sd, m * es, what);
+    }
+    int wrc = stream_wait(core, what, kname, count);   /* the scratch is free again once this returns */
+    weft_devcopy_align_put(core);
+    return rc != WEFT_SUCCESS ? rc : wrc;
 }
 
 int weft_reduce_device_available(struct weft_core *core, int device, char *why, size_t whylen)
@@ -349,7 +436,10 @@ int weft_reduce_device(struct weft_core *core, void *dst, const void *a, const v
         void *params[4] = { &dst, &a, &b, &n };
         char kname[64];
         snprintf(kname, sizeof kname, "weft_reduce_%s_%s", type_tag[dtype], op_tag[o]);
-        rc = launch(core, k->reduce[dtype][o], params, count, es, what, kname);
+        if ((((uintptr_t)dst | (uintptr_t)a | (uintptr_t)b) % es) != 0)
+            rc = reduce_misaligned(core, k->reduce[dtype][o], dst, a, b, count, es, 0, what, kname);
+        else
+            rc = launch(core, k->reduce[dtype][o], params, count, es, what, kname);
     }
     leave();
     return rc;
@@ -379,7 +469,10 @@ int weft_reduce_device_div(struct weft_core *core, void *dst, const void *src, s
         void *params[4] = { &dst, &src, &cnt, &n };
         char kname[64];
         snprintf(kname, sizeof kname, "weft_div_%s", type_tag[dtype]);
-        rc = launch(core, k->div[dtype], params, count, es, what, kname);
+        if ((((uintptr_t)dst | (uintptr_t)src) % es) != 0)
+            rc = reduce_misaligned(core, k->div[dtype], dst, src, NULL, count, es, n, what, kname);
+        else
+            rc = launch(core, k->div[dtype], params, count, es, what, kname);
     }
     leave();
     return rc;
@@ -424,19 +517,19 @@ void *weft_reduce_device_alloc(struct weft_core *core, size_t bytes)
 {
 #ifdef WEFT_HAVE_CUDA_HEADERS
     const struct weft_cuda *c = cu();
-    CUcontext ctx = NULL, popped;
     void *p = NULL;
-    int pushed = 0;
 
     if (!core->cuda || c == NULL)
         return NULL;
-    CUstream s = (CUstream)weft_devcopy_stream(core);
-    if (s && c->cuStreamGetCtx && c->cuCtxPushCurrent && c->cuCtxPopCurrent &&
-        c->cuStreamGetCtx(s, &ctx) == CUDA_SUCCESS && ctx && c->cuCtxPushCurrent(ctx) == CUDA_SUCCESS)
-        pushed = 1;
+    if (!weft_cuda_may_sync()) {
+        /* cudaMalloc would wait for a stream that waits for this thread. */
+        WEFT_WARN(core->rank, "cuda: %zu bytes of reduction scratch needed on one of weft's threads while a stream "
+                  "waits on weft: not allocated here (it is prepared where a collective is called)", bytes);
+        return NULL;
+    }
+    int entered = weft_devcopy_enter(core);
     cudaError_t e = c->Malloc(&p, bytes ? bytes : 1);
-    if (pushed)
-        c->cuCtxPopCurrent(&popped);
+    weft_devcopy_leave(core, entered);
     if (e != cudaSuccess) {
         c->GetLastError();
         WEFT_WARN(core->rank, "cuda: cudaMalloc of %zu bytes of reduction scratch failed: %s", bytes,

@@ -141,7 +141,7 @@ int coll_reduce_scatter_start(struct weft_coll *cc, const struct weft_coll_args 
                               ca->dtype);
     size_t bytes = rc * es, total = bytes * (size_t)n;
     if (n == 1) {
-        if (ca->sendbuf != ca->recvbuf)
+        if (ca->sendbuf != ca->recvbuf && !(ca->prep && ca->prep->dry))
             return weft_devcopy(core, ca->recvbuf, ca->sendbuf, bytes, "weft_reduce_scatter");
         return WEFT_SUCCESS;
     }

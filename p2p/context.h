@@ -45,6 +45,7 @@ struct weft_p2p {
     uint64_t                 events;     /* progress events so far */
     size_t                   out_queued; /* outbound frames queued on all pipes */
     int                      waiters;    /* threads inside wait */
+    int                      device_prepared; /* weft_p2p_prepare_device ran (atomic) */
 
     /* Failures (p2p/health.c): ranks known failed, bumped epoch on each. */
     int                      nfailed;

@@ -9,10 +9,12 @@
 #include <string.h>
 
 #include "context.h"
+#include "cudawrap.h"
 #include "devcopy.h"
 #include "log.h"
 #include "health.h"
 #include "pipe.h"
+#include "stage.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,6 +85,53 @@ int weft_p2p_irecv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int ta
                    struct weft_request **req, const char *fn)
 {
     return start_locked(p, 0, buf, bytes, peer, tag, NULL, 0, req, fn);
+}
+
+int weft_p2p_irecv_signal(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag, uint32_t slot,
+                          uint32_t value, struct weft_request **req, const char *fn)
+{
+    struct weft_request *r;
+    int kind, dev;
+    if (value == 0)
+        return weft_p2p_irecv(p, buf, bytes, peer, tag, req, fn);
+    int rc = weft_mem_classify(p->core, buf, bytes, peer, tag, fn, &kind, &dev);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    pthread_mutex_lock(&p->lock);
+    rc = aborted(p) ? aborted_error(p, fn)
+                    : weft_pipe_irecv_signal(&p->pipes[peer], buf, bytes, tag, kind, dev, slot, value, &r);
+    pthread_mutex_unlock(&p->lock);
+    if (rc == WEFT_SUCCESS)
+        *req = r;
+    return rc;
+}
+
+int weft_p2p_signal_peer(struct weft_p2p *p, int peer)
+{
+    const struct weft_pipe *pp;
+    if (peer < 0 || peer >= p->size || !p->core->cuda)
+        return 0;
+    pp = &p->pipes[peer];
+    return pp->mover.tp && pp->mover.tp->rndv_mem &&
+           (pp->mover.tp->rndv_mem(pp->mover.ctx, peer) & WEFT_TP_MEM_DEVICE) != 0;
+}
+
+void weft_p2p_prepare_device(struct weft_p2p *p)
+{
+    if (!p->core->cuda || __atomic_load_n(&p->device_prepared, __ATOMIC_ACQUIRE))
+        return;
+    size_t eager = 0;
+    pthread_mutex_lock(&p->lock);
+    for (int i = 0; i < p->size; i++) {
+        if (p->pipes[i].eager_limit > eager)
+            eager = p->pipes[i].eager_limit;
+        if (p->pipes[i].eager_limit_internal > eager)
+            eager = p->pipes[i].eager_limit_internal;
+    }
+    weft_stage_prepare(p);
+    weft_devcopy_prepare_bounce(p->core, eager);
+    __atomic_store_n(&p->device_prepared, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&p->lock);
 }
 
 int weft_p2p_idiscard(struct weft_p2p *p, int peer, int tag, struct weft_request **req, const char *fn)
@@ -202,6 +251,7 @@ void weft_p2p_set_wait_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg
 void weft_p2p_mark_internal_thread(void)
 {
     internal_thread = 1;
+    weft_cuda_mark_weft_thread();
 }
 
 void weft_p2p_watch(struct weft_request *r, const char *what)
@@ -673,6 +723,24 @@ int weft_p2p_test_check(struct weft_request *r, int *done, weft_status_t *status
     if (*done) {
         if (peer)
             *peer = r->check;
+        rc = finish(r, status);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+int weft_p2p_test_signal(struct weft_request *r, int *done, weft_status_t *status, int *signaled)
+{
+    struct weft_p2p *p = r->p2p;
+    int rc = WEFT_SUCCESS;
+
+    pthread_mutex_lock(&p->lock);
+    if (r->state != WEFT_REQ_DONE)
+        weft_p2p_progress(p);
+    *done = r->state == WEFT_REQ_DONE;
+    *signaled = 0;
+    if (*done) {
+        *signaled = r->type == WEFT_REQ_RECV && r->xfer.signal_done;
         rc = finish(r, status);
     }
     pthread_mutex_unlock(&p->lock);

@@ -32,6 +32,26 @@ int  weft_p2p_isend(struct weft_p2p *p, const void *buf, size_t bytes, int peer,
                     struct weft_request **req, const char *fn);
 int  weft_p2p_irecv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag,
                     struct weft_request **req, const char *fn);
+/* A receive whose CUDA stream waits on the device for signal slot (slot,
+ * value) of src/core/signals.h (the stream engine): when its data comes by
+ * CUDA IPC the sender's GPU writes the slot right after its copy.
+ * value 0: an ordinary receive. */
+int  weft_p2p_irecv_signal(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag, uint32_t slot,
+                           uint32_t value, struct weft_request **req, const char *fn);
+/* weft_p2p_test that also says whether the peer's GPU wrote the receive's
+ * signal slot (*signaled; 0 for any other path: the caller writes it). */
+int  weft_p2p_test_signal(struct weft_request *r, int *done, weft_status_t *status, int *signaled);
+/* Whether a device receive from peer may complete by the peer's GPU
+ * writing (a mover moves device memory on that pipe). Lock-free: fixed
+ * once the comm is connected. */
+int  weft_p2p_signal_peer(struct weft_p2p *p, int peer);
+/* On the caller's thread, before a stream-ordered call is queued: what the
+ * pipes may need from CUDA for device buffers -- the staging slots, the
+ * eager bounce buffer -- allocated now (each allocation waits for the
+ * device: weft's progress thread must not make it while a stream waits on
+ * weft). Cheap once done. */
+void weft_p2p_prepare_device(struct weft_p2p *p);
+
 /* Consumes the next message on (peer, tag) without moving its data,
  * whatever its size: completes WEFT_SUCCESS, and a rendezvous sender
  * completes with success too (message pipes drop unread messages so). */
@@ -178,6 +198,10 @@ int    weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const st
  * peer may wait for (bounded by WEFT_TIMEOUT); warns about requests still
  * in flight. */
 int    weft_p2p_drain(struct weft_p2p *p);
+/* weft_comm_destroy, after the drain, before the final barrier: every
+ * transport lets go of what it mapped of peers' memory (transport.h,
+ * detach). */
+void   weft_p2p_detach(struct weft_p2p *p);
 /* Whether some rank failed or this comm was aborted: destroy is then local
  * (no final barrier a failed rank would never join). */
 int    weft_p2p_any_failed(struct weft_p2p *p);

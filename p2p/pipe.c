@@ -644,11 +644,12 @@ static void deliver_eager(struct weft_pipe *p, struct weft_request *r, const str
     weft_pipe_complete(r, WEFT_SUCCESS);
 }
 
+static void start_paths(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m, int first);
+
 /* RTS meets its receive: the first rendezvous path that applies moves it,
  * or the message is refused (truncation, no path, failure to start). */
 static void match_rts(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m)
 {
-    int rc = WEFT_ERR_UNSUPPORTED;
 
     r->msg_bytes = m->bytes;
     r->peer_req = m->sreq;
@@ -667,7 +668,16 @@ static void match_rts(struct weft_pipe *p, struct weft_request *r, const struct 
         weft_pipe_complete(r, WEFT_ERR_TRUNCATE);
         return;
     }
-    for (int i = 0; i < weft_rndv_npaths; i++) {
+    start_paths(p, r, m, 0);
+}
+
+/* The paths of the table from index first on, in order: the first that
+ * applies and takes r moves it; none: the message is refused. */
+static void start_paths(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m, int first)
+{
+    int rc = WEFT_ERR_UNSUPPORTED;
+
+    for (int i = first; i < weft_rndv_npaths; i++) {
         const struct weft_rndv_path *path = weft_rndv_paths[i];
         if (!path->applies(p, r, m))
             continue;
@@ -718,21 +728,29 @@ static void match_msg(struct weft_pipe *p, struct weft_request *r, const struct 
 }
 
 static int irecv_(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
-                  const struct weft_p2p_check *check, int discard, struct weft_request **out);
+                  const struct weft_p2p_check *check, int discard, uint32_t sig_slot, uint32_t sig_value,
+                  struct weft_request **out);
 
 int weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                     const struct weft_p2p_check *check, struct weft_request **out)
 {
-    return irecv_(p, buf, bytes, tag, mem_kind, device, check, 0, out);
+    return irecv_(p, buf, bytes, tag, mem_kind, device, check, 0, 0, 0, out);
+}
+
+int weft_pipe_irecv_signal(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
+                           uint32_t slot, uint32_t value, struct weft_request **out)
+{
+    return irecv_(p, buf, bytes, tag, mem_kind, device, NULL, 0, slot, value, out);
 }
 
 int weft_pipe_idiscard(struct weft_pipe *p, int tag, struct weft_request **out)
 {
-    return irecv_(p, NULL, 0, tag, 0 /* WEFT_MEM_HOST */, -1, NULL, 1, out);
+    return irecv_(p, NULL, 0, tag, 0 /* WEFT_MEM_HOST */, -1, NULL, 1, 0, 0, out);
 }
 
 static int irecv_(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
-                  const struct weft_p2p_check *check, int discard, struct weft_request **out)
+                  const struct weft_p2p_check *check, int discard, uint32_t sig_slot, uint32_t sig_value,
+                  struct weft_request **out)
 {
     struct weft_core *core = p->p2p->core;
     struct weft_request *r;
@@ -750,6 +768,8 @@ static int irecv_(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem
     }
     r->state = WEFT_REQ_POSTED;
     r->discard = (unsigned char)discard;
+    r->xfer.signal_slot = sig_slot;
+    r->xfer.signal_value = sig_value;
     *out = r;
     l->refuse = 0;
     if (!weft_queue_empty(&l->unexp)) {
@@ -863,6 +883,28 @@ static void on_cts(struct weft_pipe *p, const struct weft_wire_hdr *m, const voi
     path->send_start(p, s, m, key, keylen);
 }
 
+/* RTS with REDO: the sender's mover could not take the message the
+ * receive rreq met (it may not open the buffer now, p2p/rndv.c): the
+ * receive starts over with the paths after the one it took. */
+static void on_redo(struct weft_pipe *p, const struct weft_wire_hdr *m)
+{
+    struct weft_request *r = weft_req_lookup(p->p2p, p, m->rreq, WEFT_REQ_RECV);
+    if (r == NULL || !weft_list_linked(&r->link) || r->state != WEFT_REQ_ACTIVE || r->path <= 0 ||
+        r->path >= weft_rndv_npaths || r->peer_req != m->sreq) {
+        protocol_error(p, "RTS again (REDO) names receive request %#llx, which is not waiting for a mover (%llu)",
+                       (unsigned long long)m->rreq, r ? (unsigned long long)r->path : 0ull);
+        return;
+    }
+    WEFT_TRACE(p->p2p->rank, "recv from peer %d tag %d: the sender's %s could not take %llu bytes now; another path",
+               p->peer, r->tag, weft_rndv_paths[r->path - 1]->name, (unsigned long long)m->bytes);
+    inflight_remove(p, r);
+    r->state = WEFT_REQ_POSTED;
+    r->xfer.signal_sent = 0;
+    int first = r->path;   /* the index after the path it took */
+    r->path = 0;
+    start_paths(p, r, m, first);
+}
+
 static void on_fin(struct weft_pipe *p, const struct weft_wire_hdr *m)
 {
     /* FIN from the receiver names our send; with TO_RECV the sender's names our receive. */
@@ -877,6 +919,8 @@ static void on_fin(struct weft_pipe *p, const struct weft_wire_hdr *m)
                        (unsigned long long)(to_recv ? m->rreq : m->sreq), (unsigned long long)m->status);
         return;
     }
+    if (to_recv && (m->flags & WEFT_WIRE_F_SIGNALED) && m->status == WEFT_SUCCESS)
+        r->xfer.signal_done = 1;   /* the sender's GPU wrote the slot after its copy */
     if (m->status == WEFT_ERR_TRUNCATE && !to_recv)
         weft_set_error(p->p2p->core, WEFT_ERR_TRUNCATE,
                        "send to peer %d tag %d: the %zu-byte message was larger than the receive buffer",
@@ -943,6 +987,14 @@ void weft_pipe_on_frame(struct weft_pipe *p, const void *frame, size_t len)
     case WEFT_WIRE_EAGER:
     case WEFT_WIRE_RTS: {
         struct weft_p2p_check ck;
+        if (m.flags & WEFT_WIRE_F_REDO) {
+            if (m.type == WEFT_WIRE_RTS)
+                on_redo(p, &m);
+            else
+                protocol_error(p, "an eager message (%llu bytes) with flag REDO (%llu)", (unsigned long long)m.bytes,
+                               0ull);
+            break;
+        }
         size_t off = sizeof(m);
         if (m.flags & WEFT_WIRE_F_CHECK) {
             if (len < off + WEFT_WIRE_CHECK_BYTES) {

@@ -100,6 +100,10 @@ int  weft_pipe_isend(struct weft_pipe *p, const void *buf, size_t bytes, int tag
 int  weft_pipe_idiscard(struct weft_pipe *p, int tag, struct weft_request **out);
 int  weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                      const struct weft_p2p_check *check, struct weft_request **out);
+/* A receive whose stream waits on device signal slot (slot, value): see
+ * struct weft_tp_xfer's signal fields. */
+int  weft_pipe_irecv_signal(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
+                            uint32_t slot, uint32_t value, struct weft_request **out);
 
 /* Completes r with err without breaking the pipe when that is safe: a
  * receive not matched yet. 1: done; 0: r is bound to the peer (a send

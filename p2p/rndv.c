@@ -178,6 +178,8 @@ static void mover_fin(struct weft_pipe *p, struct weft_request *s, int status)
     memset(&h, 0, sizeof(h));
     h.type = WEFT_WIRE_FIN;
     h.flags = WEFT_WIRE_F_TO_RECV;
+    if (status == WEFT_SUCCESS && s->xfer.signal_done)
+        h.flags |= WEFT_WIRE_F_SIGNALED;   /* its GPU wrote the receive's signal slot after the copy */
     h.status = status;
     h.tag = s->tag;
     h.bytes = s->bytes;
@@ -185,6 +187,37 @@ static void mover_fin(struct weft_pipe *p, struct weft_request *s, int status)
     h.rreq = s->peer_req;
     weft_pipe_send_ctrl(p, &h, NULL, 0);
     weft_pipe_finish_inflight(p, s, status);
+}
+
+/* Sender: the mover cannot take s now (its rndv_push said WEFT_EAGAIN:
+ * cuda_ipc would have to open the receiver's buffer, a call that may wait
+ * for the device, on one of weft's threads while a stream waits on weft).
+ * The message is announced again (RTS with REDO, naming the receive) and
+ * the receiver picks the paths after the mover: the data is staged. s
+ * waits for that CTS as after its first RTS. */
+static void mover_redo(struct weft_pipe *p, struct weft_request *s)
+{
+    struct weft_wire_hdr h;
+    memset(&h, 0, sizeof(h));
+    h.type = WEFT_WIRE_RTS;
+    h.flags = WEFT_WIRE_F_REDO;
+    h.tag = s->tag;
+    h.seq = s->seq;
+    h.bytes = s->bytes;
+    h.sreq = weft_req_id(s);
+    h.rreq = s->peer_req;
+    h.addr = (uint64_t)(uintptr_t)s->xfer.buf;
+    if (weft_mem_is_device(s->xfer.mem_kind)) {
+        h.flags |= WEFT_WIRE_F_DEVICE;
+        h.device = (uint16_t)(s->xfer.device >= 0 ? s->xfer.device : 0);
+    }
+    weft_rndv_rts_fill(p, s, &h);
+    s->state = WEFT_REQ_POSTED;
+    s->path = 0;
+    s->xfer.signal_done = 0;
+    WEFT_TRACE(p->p2p->rank, "send to peer %d tag %d: %s cannot take %zu bytes now: announced again for another "
+               "path", p->peer, s->tag, p->mover.tp->name, s->bytes);
+    weft_pipe_send_ctrl(p, &h, NULL, 0);
 }
 
 static void mover_send_start(struct weft_pipe *p, struct weft_request *s, const struct weft_wire_hdr *cts,
@@ -198,7 +231,9 @@ static void mover_send_start(struct weft_pipe *p, struct weft_request *s, const 
         return;
     }
     int rc = p->mover.tp->rndv_push(p->mover.ctx, p->peer, &s->xfer, key, keylen);
-    if (rc != WEFT_SUCCESS)
+    if (rc == WEFT_EAGAIN)
+        mover_redo(p, s);
+    else if (rc != WEFT_SUCCESS)
         mover_fin(p, s, rc);   /* the mover recorded why; the receiver must not hang */
 }
 

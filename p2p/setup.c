@@ -332,6 +332,15 @@ static int anything_busy(struct weft_p2p *p)
     return 0;
 }
 
+void weft_p2p_detach(struct weft_p2p *p)
+{
+    pthread_mutex_lock(&p->lock);
+    for (int i = p->ntps; i-- > 0;)
+        if (p->tps[i].ctx && p->tps[i].tp->detach)
+            p->tps[i].tp->detach(p->tps[i].ctx);
+    pthread_mutex_unlock(&p->lock);
+}
+
 int weft_p2p_drain(struct weft_p2p *p)
 {
     const struct weft_core *core = p->core;

@@ -249,9 +249,16 @@ static int pool_ensure(struct stage_state *st, struct stage_pool *pl, const char
         return WEFT_ERR_NO_MEMORY;
 #ifdef WEFT_HAVE_CUDA_HEADERS
     size_t bytes = (size_t)st->nslots * st->chunk;
+    if (!weft_cuda_may_sync())
+        return weft_set_error(st->core, WEFT_ERR_NO_MEMORY, "cuda: the %s staging slots are needed on one of weft's "
+                              "threads while a stream waits on weft, where cudaMallocHost (which waits for the "
+                              "device) would wait for itself; they are allocated where a stream-ordered call is "
+                              "made (weft_p2p_prepare_device)", side);
     void *mem = NULL;
+    int entered = weft_devcopy_enter(st->core);   /* the events on weft's stream's device */
     cudaError_t e = cu()->MallocHost(&mem, bytes);
     if (e != cudaSuccess) {
+        weft_devcopy_leave(st->core, entered);
         cu_clear();
         pl->failed = 1;
         return weft_set_error(st->core, WEFT_ERR_NO_MEMORY, "cuda: cudaMallocHost of %zu bytes for the %s staging "
@@ -261,6 +268,7 @@ static int pool_ensure(struct stage_state *st, struct stage_pool *pl, const char
     pl->freelist = calloc((size_t)st->nslots, sizeof(*pl->freelist));
     pl->ev = calloc((size_t)st->nslots, sizeof(*pl->ev));
     if (pl->freelist == NULL || pl->ev == NULL) {
+        weft_devcopy_leave(st->core, entered);
         cu()->FreeHost(mem);
         free(pl->freelist);
         free(pl->ev);
@@ -269,9 +277,12 @@ static int pool_ensure(struct stage_state *st, struct stage_pool *pl, const char
         return weft_set_error(st->core, WEFT_ERR_NO_MEMORY, "cuda: no memory for the %s staging slots", side);
     }
     pl->n = st->nslots;
+    /* Recorded on weft's stream: made in its context ("event and stream
+     * must be on the same device"), whatever device this thread is on. */
     for (int i = 0; i < pl->n; i++) {
         e = cu()->EventCreateWithFlags(&pl->ev[i], cudaEventDisableTiming);
         if (e != cudaSuccess) {
+            weft_devcopy_leave(st->core, entered);
             cu_clear();
             pl->mem = mem;
             pool_free(st, pl);
@@ -280,6 +291,7 @@ static int pool_ensure(struct stage_state *st, struct stage_pool *pl, const char
                                   cu_str(e));
         }
     }
+    weft_devcopy_leave(st->core, entered);
     for (int i = 0; i < pl->n; i++)
         pl->freelist[i] = pl->n - 1 - i;
     pl->nfree = pl->n;
@@ -289,6 +301,15 @@ static int pool_ensure(struct stage_state *st, struct stage_pool *pl, const char
     (void)side;
     return WEFT_ERR_UNSUPPORTED;
 #endif
+}
+
+void weft_stage_prepare(struct weft_p2p *p2p)
+{
+    struct stage_state *st = state_get(p2p);
+    if (st == NULL || !st->cuda)
+        return;
+    (void)pool_ensure(st, &st->send, "send");
+    (void)pool_ensure(st, &st->recv, "receive");
 }
 
 static struct stage_pool *pool_of(struct stage_state *st, const struct stage_op *op)

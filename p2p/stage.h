@@ -59,5 +59,11 @@ struct weft_p2p;
 /* The path itself is weft_rndv_staged (p2p/rndv.h). Destroy: frees the
  * staging state after waiting for copies still in flight. */
 void weft_stage_fini(struct weft_p2p *p2p);
+/* Both sides' pinned slots allocated now (cudaMallocHost waits for the
+ * device): on the caller's thread before a stream-ordered call is queued
+ * (weft_p2p_prepare_device). p2p lock held. A pool still missing when one
+ * of weft's threads needs it while a stream waits on weft is not allocated
+ * there: that transfer fails with a message instead of hanging. */
+void weft_stage_prepare(struct weft_p2p *p2p);
 
 #endif

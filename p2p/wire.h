@@ -6,6 +6,8 @@
  *   EAGER_SMALL  16-byte header + payload     sender -> receiver  eager message, no extras
  *   EAGER        full header + payload        sender -> receiver  eager message with flags/status
  *   RTS          full header                  sender -> receiver  a large message is announced
+ *                (flag REDO)                  sender -> receiver  again, for the receive rreq already met:
+ *                                                                 its mover could not take it, use another path
  *   CTS          full header + path key       receiver -> sender  "move it by this path, to this key"
  *   FIN          full header                  receiver -> sender  the receiver pulled it, or refused it;
  *                (flag TO_RECV)               sender -> receiver  a mover put it in place (or failed)
@@ -61,6 +63,8 @@ enum weft_wire_notice {
 #define WEFT_WIRE_F_DEVICE  0x01  /* EAGER/RTS: the sender's buffer is CUDA device memory */
 #define WEFT_WIRE_F_TO_RECV 0x02  /* FIN sent by the sender: rreq names the receive it completes */
 #define WEFT_WIRE_F_CHECK   0x04  /* EAGER/RTS: a collective fingerprint follows the header */
+#define WEFT_WIRE_F_SIGNALED 0x08 /* FIN with TO_RECV: the sender's GPU wrote the receive's signal slot */
+#define WEFT_WIRE_F_REDO    0x10  /* RTS: the same message again, for the receive rreq names (p2p/rndv.c) */
 
 struct weft_wire_small {
     uint8_t  type;        /* WEFT_WIRE_EAGER_SMALL */

@@ -120,6 +120,14 @@ struct weft_tp_xfer {
     int     device;     /* CUDA device of buf, -1 for host memory */
     int     peer;
     int     tag;        /* the message's tag: for error messages only */
+    /* A receive whose stream waits on the device (core/signals.h): slot and
+     * value to write once the data is in (value 0: none). A mover that can
+     * have the sender's GPU write it puts both in its key and sets
+     * signal_sent; the sender's mover sets signal_done on its side when it
+     * queued the write, and the pipe carries that to the receive's
+     * signal_done (FIN flag SIGNALED). */
+    uint32_t      signal_slot, signal_value;
+    unsigned char signal_sent, signal_done;
     WEFT_TP_ALIGN16 unsigned char priv[WEFT_TP_PRIV_BYTES];
 };
 #define WEFT_TP_PRIV(x, type) ((type *)(void *)(x)->priv)
@@ -263,8 +271,12 @@ struct weft_transport {
 
     /* Sender: push x to the receive the key names. WEFT_SUCCESS: taken,
      * rndv_done(x) once the last byte has left x->buf; else nothing was
-     * taken and the caller decides. Pushes to one peer are started in the
-     * order of the CTS frames that carried their keys. */
+     * taken and the caller decides. A mover may answer WEFT_EAGAIN: it
+     * cannot take this transfer now without a call that would wait for
+     * the device where that may not wait (core/cudawrap.h,
+     * weft_cuda_may_sync); the pipe then has the receiver pick another path
+     * (RTS flag REDO). Pushes to one peer are started in the order of the
+     * CTS frames that carried their keys. */
     int  (*rndv_push)(void *ctx, int peer, struct weft_tp_xfer *x, const void *key, size_t keylen);
 
     /* The pipe to peer broke: forget every transfer of that peer the
@@ -278,6 +290,12 @@ struct weft_transport {
      * peer or the kernel: weft_comm_destroy progresses until no transport
      * is busy before its final barrier. */
     int  (*busy)(void *ctx);
+
+    /* Optional. weft_comm_destroy, after the drain and before the final
+     * barrier: let go of what this rank mapped of its peers' memory (CUDA
+     * IPC imports). Right after the barrier a peer frees what it exported,
+     * and freeing memory another process still has open is undefined. */
+    void (*detach)(void *ctx);
 
     /* Optional. Nonzero while work is in flight that completes with no
      * wake-up anyone can sleep on (completion queues, copies on a CUDA

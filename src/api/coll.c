@@ -29,7 +29,7 @@ static int allgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t 
     int rc = weft_check_allgather(c, sendbuf, recvbuf, bytes_per_rank, fn);
     if (rc != WEFT_SUCCESS)
         return rc;
-    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1 };
+    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL };
     return coll_call(c, &a, req, want_req, fn);
 }
 
@@ -37,7 +37,7 @@ static int barrier(weft_comm_t *c, weft_request_t **req, int want_req, const cha
 {
     if (c == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: comm is NULL", fn);
-    struct weft_coll_args a = { WEFT_COLL_BARRIER, NULL, NULL, 0, -1, -1, -1 };
+    struct weft_coll_args a = { WEFT_COLL_BARRIER, NULL, NULL, 0, -1, -1, -1, NULL };
     return coll_call(c, &a, req, want_req, fn);
 }
 
@@ -47,7 +47,7 @@ static int bcast(weft_comm_t *c, void *buf, size_t bytes, int root, weft_request
     int rc = weft_check_bcast(c, buf, bytes, root, fn);
     if (rc != WEFT_SUCCESS)
         return rc;
-    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root };
+    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root, NULL };
     return coll_call(c, &a, req, want_req, fn);
 }
 
@@ -57,7 +57,7 @@ static int reduction(weft_comm_t *c, int kind, const void *sendbuf, void *recvbu
     int rc = weft_check_reduce(c, kind, sendbuf, recvbuf, count, dtype, op, root, fn);
     if (rc != WEFT_SUCCESS)
         return rc;
-    struct weft_coll_args a = { kind, sendbuf, recvbuf, count, dtype, op, kind == WEFT_COLL_REDUCE ? root : -1 };
+    struct weft_coll_args a = { kind, sendbuf, recvbuf, count, dtype, op, kind == WEFT_COLL_REDUCE ? root : -1, NULL };
     return coll_call(c, &a, req, want_req, fn);
 }
 
@@ -67,7 +67,7 @@ static int alltoall(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t b
     int rc = weft_check_alltoall(c, sendbuf, recvbuf, bytes_per_rank, fn);
     if (rc != WEFT_SUCCESS)
         return rc;
-    struct weft_coll_args a = { WEFT_COLL_ALLTOALL, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1 };
+    struct weft_coll_args a = { WEFT_COLL_ALLTOALL, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL };
     return coll_call(c, &a, req, want_req, fn);
 }
 

@@ -46,7 +46,7 @@ int weft_allreduce_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf,
 {
     const char *fn = "weft_allreduce_on_stream";
     int rc = weft_check_reduce(c, WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, -1, fn);
-    struct weft_coll_args a = { WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, -1 };
+    struct weft_coll_args a = { WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, -1, NULL };
     return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
 }
 
@@ -55,7 +55,7 @@ int weft_reduce_scatter_on_stream(weft_comm_t *c, const void *sendbuf, void *rec
 {
     const char *fn = "weft_reduce_scatter_on_stream";
     int rc = weft_check_reduce(c, WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, (int)dtype, (int)op, -1, fn);
-    struct weft_coll_args a = { WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, (int)dtype, (int)op, -1 };
+    struct weft_coll_args a = { WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, (int)dtype, (int)op, -1, NULL };
     return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
 }
 
@@ -63,7 +63,7 @@ int weft_bcast_on_stream(weft_comm_t *c, void *buf, size_t bytes, int root, stru
 {
     const char *fn = "weft_bcast_on_stream";
     int rc = weft_check_bcast(c, buf, bytes, root, fn);
-    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root };
+    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root, NULL };
     return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
 }
 
@@ -72,7 +72,7 @@ int weft_alltoall_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, 
 {
     const char *fn = "weft_alltoall_on_stream";
     int rc = weft_check_alltoall(c, sendbuf, recvbuf, bytes_per_rank, fn);
-    struct weft_coll_args a = { WEFT_COLL_ALLTOALL, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1 };
+    struct weft_coll_args a = { WEFT_COLL_ALLTOALL, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL };
     return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
 }
 
@@ -81,7 +81,7 @@ int weft_reduce_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, si
 {
     const char *fn = "weft_reduce_on_stream";
     int rc = weft_check_reduce(c, WEFT_COLL_REDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, root, fn);
-    struct weft_coll_args a = { WEFT_COLL_REDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, root };
+    struct weft_coll_args a = { WEFT_COLL_REDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, root, NULL };
     return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
 }
 

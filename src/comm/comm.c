@@ -35,6 +35,7 @@
 #include "p2p.h"
 #include "msgpipe.h"
 #include "registry.h"
+#include "signals.h"
 #include "stream.h"
 #include "transport.h"
 
@@ -313,6 +314,7 @@ static void comm_free(struct weft_comm *c)
         weft_stream_destroy(c->stream);
     weft_coll_fini(&c->coll);
     weft_p2p_destroy(c->p2p);
+    weft_signals_fini(&c->core);   /* after the final barrier: peers let go of it before */
     weft_devcopy_fini(&c->core);
     if (c->boot)
         c->boot->ops->destroy(c->boot);
@@ -539,6 +541,9 @@ int weft_comm_destroy_all(struct weft_comm *c)
      * failed by the drain (which says how many). */
     weft_coll_nb_abandon_all(&c->coll);
     rc = weft_p2p_drain(c->p2p);
+    /* What this rank mapped of its peers' memory goes before the barrier:
+     * a peer frees what it exported right after it. */
+    weft_p2p_detach(c->p2p);
     if (rc == WEFT_SUCCESS)
         rc = qrc;
     if (rc == WEFT_SUCCESS && !was_aborted)
@@ -639,7 +644,7 @@ int weft_comm_split_all(struct weft_comm *parent, int color, int key, struct wef
         return weft_set_error(&parent->core, WEFT_ERR_NO_MEMORY, "weft_comm_split: no memory for %d ranks", psize);
     /* One collective on the parent: ordered, fingerprint-checked and
      * failure-agreed like any other. */
-    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, &mine, all, sizeof(mine), -1, -1, -1 };
+    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, &mine, all, sizeof(mine), -1, -1, -1, NULL };
     rc = weft_coll_run(&parent->coll, &a);
     if (rc != WEFT_SUCCESS) {
         /* The collective's text names the rank that failed, not the call

@@ -412,6 +412,11 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     cfg->cuda_stage_chunk = 1 << 20;
     cfg->cuda_stage_slots = 4;
     cfg->cuda_ipc_cache   = 128;
+    /* Whether opening a CUDA IPC handle waits for the device is not
+     * documented; until a GPU shows it does not (scripts/gpu/sync_probe.cu),
+     * weft assumes it does and never opens one on its own threads while a
+     * stream waits on weft (those transfers are staged instead). */
+    cfg->cuda_ipc_open_syncs = 1;
     strcpy(cfg->allgather_algo, "auto");
     /* 1 MiB ring chunks: docs/benchmarks.md ("## Allgather"). */
     cfg->allgather_chunk  = 1 << 20;
@@ -492,6 +497,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
         { "WEFT_IB_SQ_DEPTH",     &cfg->ib_sq_depth,      2, 16384,    NULL },
         { "WEFT_CUDA_STAGE_SLOTS",&cfg->cuda_stage_slots, 1, 64,       NULL },
         { "WEFT_CUDA_IPC_CACHE",  &cfg->cuda_ipc_cache,   1, 1 << 20,  "a number of mappings in [1, 1048576]" },
+        { "WEFT_CUDA_IPC_OPEN_SYNCS", &cfg->cuda_ipc_open_syncs, 0, 1, "0 or 1" },
     };
     for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
         if ((v = lookup(ints[i].name, ctx)) == NULL)

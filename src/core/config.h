@@ -62,6 +62,7 @@ struct weft_config {
     size_t   cuda_stage_chunk; /* WEFT_CUDA_STAGE_CHUNK: bytes per chunk of a staged device transfer (p2p/stage.c) */
     int      cuda_stage_slots; /* WEFT_CUDA_STAGE_SLOTS: pinned chunks in flight per side (sends, receives) */
     int      cuda_ipc_cache;   /* WEFT_CUDA_IPC_CACHE: CUDA IPC mappings kept open per comm (p2p/transport/cuda_ipc/cuda_ipc.c) */
+    int      cuda_ipc_open_syncs; /* WEFT_CUDA_IPC_OPEN_SYNCS: treat cudaIpcOpenMemHandle as waiting for the device */
 
     /* Collectives (collectives/) */
     char     allgather_algo[16]; /* WEFT_ALLGATHER_ALGO: auto|ring|rd|bruck|direct|hier ("auto": the selector) */

@@ -12,6 +12,7 @@
 #include "config.h"
 
 struct weft_devcopy;
+struct weft_signals;
 
 struct weft_core {
     int                  rank, size;
@@ -21,6 +22,7 @@ struct weft_core {
     int                  oversubscribed; /* more ranks on this host than online CPUs */
     int                  cuda;           /* CUDA loaded and a device present: device buffers allowed */
     struct weft_devcopy *devcopy;        /* weft's CUDA stream and bounce (core/devcopy.c); NULL without CUDA */
+    struct weft_signals *signals;        /* device signal slots (core/signals.c); NULL without CUDA IPC */
 
     int                  aborted;        /* weft_comm_abort was called (atomic access) */
     int                  leaving;        /* destroy's last exchange is under way: a peer's orderly

@@ -85,6 +85,8 @@ static int load_locked(const char *path, char *why, size_t whylen)
     R(FreeHost, "cudaFreeHost");
     R(Memcpy, "cudaMemcpy");
     R(MemcpyAsync, "cudaMemcpyAsync");
+    R(MemcpyPeerAsync, "cudaMemcpyPeerAsync");
+    R(MemsetAsync, "cudaMemsetAsync");
     R(StreamCreateWithFlags, "cudaStreamCreateWithFlags");
     R(StreamDestroy, "cudaStreamDestroy");
     R(StreamSynchronize, "cudaStreamSynchronize");
@@ -93,6 +95,7 @@ static int load_locked(const char *path, char *why, size_t whylen)
     R(EventCreateWithFlags, "cudaEventCreateWithFlags");
     R(EventRecord, "cudaEventRecord");
     R(EventQuery, "cudaEventQuery");
+    R(EventSynchronize, "cudaEventSynchronize");
     R(EventDestroy, "cudaEventDestroy");
     R(IpcGetMemHandle, "cudaIpcGetMemHandle");
     R(IpcOpenMemHandle, "cudaIpcOpenMemHandle");
@@ -135,6 +138,8 @@ static int load_locked(const char *path, char *why, size_t whylen)
     E(cuCtxPopCurrent, "cuCtxPopCurrent", 1);
     E(cuCtxGetDevice, "cuCtxGetDevice", 1);
 #undef E
+    /* Not a CUDA symbol: only the emulated runtime has it. */
+    cuda.emu_thread_wakes_streams = (void (*)(void))dlsym(h, "weft_emu_cuda_thread_wakes_streams");
     cuda.handle = h;
     snprintf(cuda.path, sizeof(cuda.path), "%s", path);
     return WEFT_SUCCESS;
@@ -262,10 +267,10 @@ int weft_cuda_mem_attr(const void *ptr, struct weft_mem_attr *out)
         unsigned long long buffer_id = 0;
         unsigned int managed = 0;
         void *data[4] = { &memtype, &ordinal, &buffer_id, &managed };
-        CUdeviceptr dptr = (CUdeviceptr)(uintptr_t)ptr;
 
-        /* Unregistered host memory: an error or memory type 0. */
-        if (cuda.cuPointerGetAttributes(4, attrs, data, dptr) != CUDA_SUCCESS || memtype == 0)
+        /* Unregistered host memory: an error or memory type 0 (in a
+         * context: weft_cuda_ptr_attrs binds one first if need be). */
+        if (weft_cuda_ptr_attrs(4, attrs, data, ptr) != CUDA_SUCCESS || memtype == 0)
             return WEFT_SUCCESS;
         if (memtype == CU_MEMORYTYPE_HOST && !managed) {
             out->kind = WEFT_MEM_PINNED;
@@ -276,7 +281,7 @@ int weft_cuda_mem_attr(const void *ptr, struct weft_mem_attr *out)
         out->buffer_id = buffer_id;
         CUdeviceptr base = 0;
         size_t size = 0;
-        if (cuda.cuMemGetAddressRange(&base, &size, dptr) == CUDA_SUCCESS) {
+        if (cuda.cuMemGetAddressRange(&base, &size, (CUdeviceptr)(uintptr_t)ptr) == CUDA_SUCCESS) {
             out->base = (uintptr_t)base;
             out->size = size;
         }
@@ -297,6 +302,72 @@ int weft_cuda_mem_attr(const void *ptr, struct weft_mem_attr *out)
         /* A host pointer is cudaMemoryTypeUnregistered with cudaSuccess
          * (CUDA >= 11): no error state of the application is touched. */
     }
+    return WEFT_SUCCESS;
+}
+
+/* Makes the primary context of the thread's current device current
+ * (cudaSetDevice does since CUDA 12). */
+static void bind_context(void)
+{
+    int dev = 0;
+    if (cuda.GetDevice(&dev) != cudaSuccess)
+        dev = 0;
+    if (cuda.SetDevice(dev) != cudaSuccess)
+        cuda.GetLastError();
+}
+
+CUresult weft_cuda_ptr_attrs(unsigned int n, CUpointer_attribute *attrs, void **data, const void *ptr)
+{
+    if (weft_cuda_get() == NULL)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = cuda.cuPointerGetAttributes(n, attrs, data, (CUdeviceptr)(uintptr_t)ptr);
+    if (r == CUDA_ERROR_INVALID_CONTEXT) {
+        bind_context();
+        r = cuda.cuPointerGetAttributes(n, attrs, data, (CUdeviceptr)(uintptr_t)ptr);
+    }
+    return r;
+}
+
+int weft_cuda_mem_block(const void *ptr, struct weft_mem_block *out)
+{
+    CUpointer_attribute attrs[3] = { CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, CU_POINTER_ATTRIBUTE_MAPPING_SIZE,
+                                     CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID };
+    void *base = NULL;
+    size_t size = 0;
+    unsigned long long id = 0;
+    void *data[3] = { &base, &size, &id };
+    memset(out, 0, sizeof(*out));
+    /* Asked apart from the other attributes: a driver that does not know
+     * these fails the whole call. */
+    if (weft_cuda_ptr_attrs(3, attrs, data, ptr) != CUDA_SUCCESS || base == NULL || size == 0 || id == 0 ||
+        (uintptr_t)ptr < (uintptr_t)base || (uintptr_t)ptr - (uintptr_t)base >= size)
+        return WEFT_ERR_UNSUPPORTED;
+    out->base = (uintptr_t)base;
+    out->size = size;
+    out->id = id;
+    return WEFT_SUCCESS;
+}
+
+int weft_cuda_stream_device(cudaStream_t s, int *device)
+{
+    const struct weft_cuda *c = weft_cuda_get();
+    CUcontext ctx = NULL, popped;
+    CUdevice d = -1;
+    if (c == NULL)
+        return WEFT_ERR_UNSUPPORTED;
+    /* The special streams are the current context's. */
+    if (s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread || c->cuStreamGetCtx == NULL ||
+        c->cuCtxPushCurrent == NULL || c->cuCtxPopCurrent == NULL || c->cuCtxGetDevice == NULL)
+        return c->GetDevice(device) == cudaSuccess ? WEFT_SUCCESS : WEFT_ERR_TRANSPORT;
+    if (c->cuStreamGetCtx((CUstream)s, &ctx) != CUDA_SUCCESS || ctx == NULL)
+        return WEFT_ERR_INVALID_ARG;
+    if (c->cuCtxPushCurrent(ctx) != CUDA_SUCCESS)
+        return WEFT_ERR_TRANSPORT;
+    CUresult r = c->cuCtxGetDevice(&d);
+    c->cuCtxPopCurrent(&popped);
+    if (r != CUDA_SUCCESS)
+        return WEFT_ERR_TRANSPORT;
+    *device = (int)d;
     return WEFT_SUCCESS;
 }
 
@@ -341,6 +412,22 @@ const char *weft_cuda_why(void)
 }
 
 static long g_stream_waits;
+static _Thread_local int t_weft_thread;
+
+void weft_cuda_mark_weft_thread(void)
+{
+    t_weft_thread = 1;
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    const struct weft_cuda *c = weft_cuda_get();
+    if (c && c->emu_thread_wakes_streams)
+        c->emu_thread_wakes_streams();
+#endif
+}
+
+int weft_cuda_may_sync(void)
+{
+    return !t_weft_thread || weft_cuda_stream_waits() == 0;
+}
 
 void weft_cuda_stream_waits_add(long delta)
 {

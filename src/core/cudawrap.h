@@ -41,6 +41,18 @@ struct weft_mem_attr {
     size_t    size;       /* allocation size (device memory), else 0 */
 };
 
+/* The physical block a device allocation lives in. Drivers carve small
+ * cudaMalloc allocations out of shared blocks (2 MiB), and CUDA IPC maps a
+ * whole block (Programming Guide, "Interprocess Communication"): an
+ * importer that maps a block once reaches every allocation in it. From
+ * CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR / MAPPING_SIZE / MEMORY_BLOCK_ID;
+ * id 0 when the driver does not say. */
+struct weft_mem_block {
+    uintptr_t base;
+    size_t    size;
+    uint64_t  id;
+};
+
 /* Loads the runtime once per process (later calls with any path return the
  * first result). WEFT_SUCCESS, or WEFT_ERR_UNSUPPORTED with why filled:
  * library missing, a symbol missing, no device (cudaGetDeviceCount). */
@@ -53,6 +65,10 @@ const char *weft_cuda_why(void);
 /* Kind of the memory at ptr. Host memory when CUDA is not in the process at
  * all. Returns WEFT_SUCCESS; *out is always filled. */
 int  weft_cuda_mem_attr(const void *ptr, struct weft_mem_attr *out);
+/* The block of the device allocation at ptr (see struct weft_mem_block):
+ * WEFT_SUCCESS with *out filled, or WEFT_ERR_UNSUPPORTED (id 0) when the
+ * driver does not tell. */
+int  weft_cuda_mem_block(const void *ptr, struct weft_mem_block *out);
 /* Nonzero when a pointer can be device memory at all: weft's CUDA is loaded,
  * or the application has a CUDA runtime of its own in the process (looked
  * for once, like weft_cuda_mem_attr does). Callers on a hot path test this
@@ -67,6 +83,19 @@ int  weft_cuda_present(void);
  * or until destroy (the collectives' buffers). */
 void weft_cuda_stream_waits_add(long delta);
 long weft_cuda_stream_waits(void);
+
+/* weft's own threads (the stream engine's progress thread, message-pipe
+ * threads) mark themselves: they write the counters streams wait on, so a
+ * CUDA call of theirs that synchronises the device -- allocations, pinned
+ * allocations, host registration, frees, IPC opens and closes, module
+ * loads -- while any stream waits on weft waits for itself. The emulated
+ * runtime is told too (weft_emu_cuda_thread_wakes_streams, looked up with
+ * dlsym; absent from real CUDA), and then refuses such a call at once
+ * instead of hanging. */
+void weft_cuda_mark_weft_thread(void);
+/* Nonzero when the calling thread may make such a call now: it is not one
+ * of weft's own threads, or no stream waits on weft. */
+int  weft_cuda_may_sync(void);
 
 #ifdef WEFT_HAVE_CUDA_HEADERS
 #include <cuda.h>
@@ -88,6 +117,9 @@ struct weft_cuda {
     cudaError_t (*FreeHost)(void *ptr);
     cudaError_t (*Memcpy)(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind);
     cudaError_t (*MemcpyAsync)(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s);
+    cudaError_t (*MemcpyPeerAsync)(void *dst, int dst_device, const void *src, int src_device, size_t n,
+                                   cudaStream_t s);
+    cudaError_t (*MemsetAsync)(void *ptr, int value, size_t n, cudaStream_t s);
     cudaError_t (*StreamCreateWithFlags)(cudaStream_t *s, unsigned int flags);
     cudaError_t (*StreamDestroy)(cudaStream_t s);
     cudaError_t (*StreamSynchronize)(cudaStream_t s);
@@ -96,6 +128,7 @@ struct weft_cuda {
     cudaError_t (*EventCreateWithFlags)(cudaEvent_t *e, unsigned int flags);
     cudaError_t (*EventRecord)(cudaEvent_t e, cudaStream_t s);
     cudaError_t (*EventQuery)(cudaEvent_t e);
+    cudaError_t (*EventSynchronize)(cudaEvent_t e);
     cudaError_t (*EventDestroy)(cudaEvent_t e);
     cudaError_t (*IpcGetMemHandle)(cudaIpcMemHandle_t *h, void *ptr);
     cudaError_t (*IpcOpenMemHandle)(void **ptr, cudaIpcMemHandle_t h, unsigned int flags);
@@ -131,11 +164,23 @@ struct weft_cuda {
     CUresult (*cuCtxPushCurrent)(CUcontext ctx);
     CUresult (*cuCtxPopCurrent)(CUcontext *ctx);
     CUresult (*cuCtxGetDevice)(CUdevice *device);
+    /* the emulated runtime only (NULL with real CUDA): see weft_cuda_mark_weft_thread */
+    void (*emu_thread_wakes_streams)(void);
     int   device_count;
 };
 
 /* The loaded table, or NULL. */
 const struct weft_cuda *weft_cuda_get(void);
+
+/* cuPointerGetAttributes in a context: a thread that has none (it never
+ * made a runtime call, or only context-free ones) makes the primary context
+ * of its current device current first (cudaSetDevice), because without one
+ * the driver answers CUDA_ERROR_INVALID_CONTEXT and a device pointer would
+ * be taken for host memory. Every pointer query of weft goes through it. */
+CUresult weft_cuda_ptr_attrs(unsigned int n, CUpointer_attribute *attrs, void **data, const void *ptr);
+/* The device of a stream (its context's device; the legacy and per-thread
+ * streams: the current device's). WEFT_SUCCESS, or an error code. */
+int  weft_cuda_stream_device(cudaStream_t s, int *device);
 #endif /* WEFT_HAVE_CUDA_HEADERS */
 
 #endif

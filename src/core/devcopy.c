@@ -16,6 +16,10 @@ struct weft_devcopy {
     void   *bounce;
     size_t  bounce_size;
     int     bounce_pinned;
+    void   *bounce_pageable; /* what a thread that may not pin uses when bounce is too small */
+    size_t  bounce_pageable_size;
+    pthread_mutex_t align_lock;
+    void   *align;         /* device scratch (weft_devcopy_align_get) */
 };
 
 #ifdef WEFT_HAVE_CUDA_HEADERS
@@ -29,6 +33,7 @@ int weft_devcopy_init(struct weft_core *core)
         d = calloc(1, sizeof(*d));
         if (d == NULL)
             return weft_set_error(core, WEFT_ERR_NO_MEMORY, "cuda: no memory for the copy helpers");
+        pthread_mutex_init(&d->align_lock, NULL);
         core->devcopy = d;
     }
 #ifdef WEFT_HAVE_CUDA_HEADERS
@@ -62,11 +67,15 @@ void weft_devcopy_fini(struct weft_core *core)
             cu()->FreeHost(d->bounce);
         else
             free(d->bounce);
+        if (d->align)
+            cu()->Free(d->align);
         cu()->StreamDestroy((cudaStream_t)d->stream);
         cu()->GetLastError();
     } else
 #endif
         free(d->bounce);
+    free(d->bounce_pageable);
+    pthread_mutex_destroy(&d->align_lock);
     free(d);
     core->devcopy = NULL;
 }
@@ -137,13 +146,10 @@ int weft_devcopy_sync(struct weft_core *core, void *dst, const void *src, size_t
                           "in this comm", what, n);
 }
 
-void *weft_devcopy_bounce(struct weft_core *core, size_t n)
+/* Grows the pinned bounce to at least n bytes (freeing the old one):
+ * allocations that synchronise the device, on a thread that may. */
+static void *bounce_grow(struct weft_devcopy *d, size_t n)
 {
-    struct weft_devcopy *d = core->devcopy;
-    if (d == NULL)
-        return NULL;
-    if (d->bounce_size >= n)
-        return d->bounce;
     size_t want = n < (64u << 10) ? (64u << 10) : n;
 #ifdef WEFT_HAVE_CUDA_HEADERS
     if (d->bounce && d->bounce_pinned)
@@ -169,6 +175,121 @@ void *weft_devcopy_bounce(struct weft_core *core, size_t n)
     d->bounce_pinned = 0;
     d->bounce_size = d->bounce ? want : 0;
     return d->bounce;
+}
+
+void *weft_devcopy_bounce(struct weft_core *core, size_t n)
+{
+    struct weft_devcopy *d = core->devcopy;
+    if (d == NULL)
+        return NULL;
+    if (d->bounce_size >= n)
+        return d->bounce;
+    if (weft_cuda_may_sync())
+        return bounce_grow(d, n);
+    /* A weft thread while a stream waits on weft: no cudaMallocHost or
+     * cudaFreeHost now (each would wait for that stream, which waits for
+     * this thread). Pageable memory for this message; the copies are
+     * synchronous either way. */
+    if (d->bounce_pageable_size < n) {
+        void *p = realloc(d->bounce_pageable, n);
+        if (p == NULL)
+            return NULL;
+        d->bounce_pageable = p;
+        d->bounce_pageable_size = n;
+    }
+    return d->bounce_pageable;
+}
+
+void weft_devcopy_prepare_bounce(struct weft_core *core, size_t n)
+{
+    struct weft_devcopy *d = core->devcopy;
+    if (d != NULL && d->bounce_size < n && weft_cuda_may_sync())
+        (void)bounce_grow(d, n);
+}
+
+int weft_devcopy_enter(struct weft_core *core)
+{
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    const struct weft_cuda *c = cu();
+    CUcontext ctx = NULL;
+    CUstream s = (CUstream)weft_devcopy_stream(core);
+    if (s && c && c->cuStreamGetCtx && c->cuCtxPushCurrent && c->cuCtxPopCurrent &&
+        c->cuStreamGetCtx(s, &ctx) == CUDA_SUCCESS && ctx && c->cuCtxPushCurrent(ctx) == CUDA_SUCCESS)
+        return 1;
+#else
+    (void)core;
+#endif
+    return 0;
+}
+
+void weft_devcopy_leave(struct weft_core *core, int entered)
+{
+    (void)core;
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    CUcontext popped;
+    if (entered)
+        cu()->cuCtxPopCurrent(&popped);
+#else
+    (void)entered;
+#endif
+}
+
+/* d->align_lock held. */
+static int align_make(struct weft_core *core, struct weft_devcopy *d)
+{
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    if (d->align != NULL)
+        return WEFT_SUCCESS;
+    if (!core->cuda || d->stream == NULL)
+        return WEFT_ERR_UNSUPPORTED;
+    int entered = weft_devcopy_enter(core);
+    cudaError_t e = cu()->Malloc(&d->align, (size_t)WEFT_DEVCOPY_ALIGN_PIECES * WEFT_DEVCOPY_ALIGN_PIECE);
+    weft_devcopy_leave(core, entered);
+    if (e != cudaSuccess) {
+        cu()->GetLastError();
+        d->align = NULL;
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "cuda: cudaMalloc of %u bytes of alignment scratch "
+                              "failed: %s", WEFT_DEVCOPY_ALIGN_PIECES * WEFT_DEVCOPY_ALIGN_PIECE,
+                              cu()->GetErrorString(e));
+    }
+    return WEFT_SUCCESS;
+#else
+    (void)core;
+    (void)d;
+    return WEFT_ERR_UNSUPPORTED;
+#endif
+}
+
+int weft_devcopy_prepare_align(struct weft_core *core)
+{
+    struct weft_devcopy *d = core->devcopy;
+    int rc;
+    if (d == NULL)
+        return WEFT_ERR_UNSUPPORTED;
+    pthread_mutex_lock(&d->align_lock);
+    rc = d->align != NULL ? WEFT_SUCCESS : weft_cuda_may_sync() ? align_make(core, d) : WEFT_ERR_UNSUPPORTED;
+    pthread_mutex_unlock(&d->align_lock);
+    return rc;
+}
+
+void *weft_devcopy_align_get(struct weft_core *core)
+{
+    struct weft_devcopy *d = core->devcopy;
+    if (d == NULL)
+        return NULL;
+    pthread_mutex_lock(&d->align_lock);
+    if (d->align == NULL && weft_cuda_may_sync())
+        (void)align_make(core, d);
+    if (d->align == NULL) {
+        pthread_mutex_unlock(&d->align_lock);
+        return NULL;
+    }
+    return d->align;
+}
+
+void weft_devcopy_align_put(struct weft_core *core)
+{
+    pthread_mutex_unlock(&core->devcopy->align_lock);
 }
 
 int weft_devcopy(struct weft_core *core, void *dst, const void *src, size_t n, const char *what)

@@ -31,8 +31,33 @@ int  weft_devcopy(struct weft_core *core, void *dst, const void *src, size_t n, 
 int  weft_devcopy_sync(struct weft_core *core, void *dst, const void *src, size_t n, const char *what);
 
 /* A host bounce buffer of at least n bytes for eager device messages
- * (pinned when possible); valid until the next call. NULL: no memory. */
+ * (pinned when possible); valid until the next call. NULL: no memory.
+ * Pinned memory is allocated (and an old one freed) only on a thread that
+ * may synchronise the device (weft_cuda_may_sync): elsewhere a buffer too
+ * small is replaced by pageable memory for the call. */
 void *weft_devcopy_bounce(struct weft_core *core, size_t n);
+/* On the caller's thread (stream-ordered calls prepare here): a pinned
+ * bounce of at least n bytes, so weft's threads never allocate one. */
+void  weft_devcopy_prepare_bounce(struct weft_core *core, size_t n);
+
+/* Device scratch for operands a kernel must see element-aligned (the
+ * reduction kernels, collectives/reduce_device.c): WEFT_DEVCOPY_ALIGN_PIECES
+ * pieces of WEFT_DEVCOPY_ALIGN_PIECE bytes on weft's stream's device, one
+ * user at a time. prepare makes it (a cudaMalloc: on a thread that may
+ * synchronise the device); get locks it and returns it, making it first
+ * when that is allowed here, NULL when it is not there (put is then not
+ * called); put unlocks. */
+#define WEFT_DEVCOPY_ALIGN_PIECE  (256u << 10)
+#define WEFT_DEVCOPY_ALIGN_PIECES 3
+int   weft_devcopy_prepare_align(struct weft_core *core);
+void *weft_devcopy_align_get(struct weft_core *core);
+void  weft_devcopy_align_put(struct weft_core *core);
+
+/* Makes the context of weft's stream current on this thread, so the
+ * events and memory made until leave belong to the stream's device, whatever
+ * device the thread works on. leave(core, what enter returned). */
+int   weft_devcopy_enter(struct weft_core *core);
+void  weft_devcopy_leave(struct weft_core *core, int entered);
 
 /* Host memory of n bytes, pinned (cudaMallocHost) when the comm has CUDA
  * and it allows, else malloc; *pinned says which (for _free). NULL: none. */

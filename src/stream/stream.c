@@ -68,6 +68,7 @@
 #include "list.h"
 #include "log.h"
 #include "p2p.h"
+#include "signals.h"
 #include "tags.h"
 #include "weft.h"
 
@@ -97,8 +98,9 @@ struct gop {
     size_t              bytes;
     int                 peer, tag;
     struct CUstream_st *stream;
-    int                 device;   /* current device at the call */
+    int                 device;   /* the stream's device */
     struct weft_coll_args coll;   /* SOP_COLL */
+    struct weft_coll_prep prep;   /* SOP_COLL: weft_coll_prepare's, on the caller's thread */
 };
 
 static _Thread_local struct gop *g_ops;
@@ -141,6 +143,13 @@ struct sop {
     uint32_t             seq;
     uint32_t             ag_seq;      /* collective: its number among the comm's stream collectives */
     struct weft_coll_args coll;       /* collective: the call */
+    struct weft_coll_prep prep;       /* collective: what its start takes (weft_coll_prepare) */
+    /* receive: a device signal slot its stream waits on instead of the
+     * counter (src/core/signals.h): the sender's GPU writes it after a
+     * CUDA IPC copy, weft's stream otherwise */
+    int                  sig;
+    uint32_t             sig_slot, sig_value;
+    uintptr_t            sig_addr;
     /* issued (progress thread only) */
     struct weft_request *req;         /* send, receive: in flight */
     struct weft_coll_op *cop;         /* allgather: in flight (NULL: nothing to wait for) */
@@ -227,6 +236,8 @@ static int cuda_to_weft(cudaError_t e)
     }
 }
 
+static int chunk_new(struct weft_stream *S, struct schunk **out);
+
 int weft_stream_create(struct weft_core *core, struct weft_p2p *p2p, struct weft_coll *cc,
                        struct weft_stream **out)
 {
@@ -248,6 +259,22 @@ int weft_stream_create(struct weft_core *core, struct weft_p2p *p2p, struct weft
     weft_queue_init(&S->queue);
     weft_queue_init(&S->streams);
     weft_list_init(&S->chunks);
+    /* The first chunk of counters now, on the creating thread: allocating
+     * pinned memory waits for the device, which a first stream-ordered call
+     * must not (its stream may be busy: the call would block the host). */
+    if (core->cuda && weft_cuda_get() != NULL) {
+        struct schunk *ch;
+        int rc = chunk_new(S, &ch);
+        if (rc == WEFT_SUCCESS)
+            weft_list_add_head(&S->chunks, &ch->node);
+        if (rc != WEFT_SUCCESS) {
+            pthread_cond_destroy(&S->cv);
+            pthread_cond_destroy(&S->idle_cv);
+            pthread_mutex_destroy(&S->mu);
+            free(S);
+            return rc;
+        }
+    }
     *out = S;
     return WEFT_SUCCESS;
 }
@@ -327,45 +354,102 @@ int weft_stream_peek_error(struct weft_stream *S)
 
 /* ---- counters, streams, events (S->mu held) ---- */
 
-static int counter_alloc(struct weft_stream *S, uint32_t **host, CUdeviceptr *dev, uint32_t *value)
+/* A new chunk of counters (not yet on S->chunks): from the pool of
+ * destroyed comms, else cudaHostAlloc -- which synchronises the device, so
+ * it is never called with S->mu held nor on weft's thread: the first chunk
+ * is made at weft_comm_create, later ones by the caller of a
+ * stream-ordered call before it takes the lock (counters_ensure). */
+static int chunk_new(struct weft_stream *S, struct schunk **out)
 {
     const struct weft_cuda *cu = weft_cuda_get();
+    struct weft_list *n;
+    struct schunk *ch;
+    pthread_mutex_lock(&chunk_pool_lock);
+    n = weft_list_pop(&chunk_pool);
+    pthread_mutex_unlock(&chunk_pool_lock);
+    if (n) {
+        ch = weft_container_of(n, struct schunk, node);
+        ch->used = 0;
+        *out = ch;
+        return WEFT_SUCCESS;
+    }
+    void *h = NULL, *d = NULL;
+    cudaError_t e;
+    ch = calloc(1, sizeof(*ch));
+    if (ch == NULL)
+        return weft_set_error(S->core, WEFT_ERR_NO_MEMORY, "stream-ordered call: no memory for counters");
+    e = cu->HostAlloc(&h, COUNTERS_PER_CHUNK * sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e == cudaSuccess) {
+        memset(h, 0, COUNTERS_PER_CHUNK * sizeof(uint32_t));
+        e = cu->HostGetDevicePointer(&d, h, 0);
+        if (e != cudaSuccess)
+            cu->FreeHost(h);
+    }
+    if (e != cudaSuccess) {
+        cu->GetLastError();
+        free(ch);
+        return weft_set_error(S->core, cuda_to_weft(e), "stream-ordered call: mapped pinned memory for stream counters: %s",
+                              cu->GetErrorString(e));
+    }
+    ch->host = h;
+    ch->dev = (CUdeviceptr)(uintptr_t)d;
+    *out = ch;
+    return WEFT_SUCCESS;
+}
+
+/* Counters left in the current chunk (S->mu held). */
+static unsigned counters_free(struct weft_stream *S)
+{
     struct weft_list *first = weft_list_first(&S->chunks);
     struct schunk *ch = first ? weft_container_of(first, struct schunk, node) : NULL;
-    if (ch == NULL || ch->used == COUNTERS_PER_CHUNK) {
-        struct weft_list *n;
-        pthread_mutex_lock(&chunk_pool_lock);
-        n = weft_list_pop(&chunk_pool);
-        pthread_mutex_unlock(&chunk_pool_lock);
-        if (n) {
-            ch = weft_container_of(n, struct schunk, node);
-            ch->used = 0;
-            weft_list_add_head(&S->chunks, &ch->node);
+    return ch ? COUNTERS_PER_CHUNK - ch->used : 0;
+}
+
+static int stream_known(struct weft_stream *S, struct CUstream_st *stream)
+{
+    weft_queue_for_each(n, &S->streams)
+        if (weft_container_of(n, struct sstream, qn)->stream == stream)
+            return 1;
+    return 0;
+}
+
+/* Before submit takes S->mu: room for a counter per stream of ops that is
+ * new to S (chunk_new says why not under the lock). */
+static int counters_ensure(struct weft_stream *S, const struct gop *ops, size_t n)
+{
+    for (;;) {
+        unsigned need = 0;
+        pthread_mutex_lock(&S->mu);
+        for (size_t i = 0; i < n; i++) {
+            int dup = 0;
+            if (ops[i].s != S || stream_known(S, ops[i].stream))
+                continue;
+            for (size_t j = 0; j < i && !dup; j++)
+                dup = ops[j].s == S && ops[j].stream == ops[i].stream;
+            need += !dup;
         }
+        int enough = need <= counters_free(S);
+        pthread_mutex_unlock(&S->mu);
+        if (enough)
+            return WEFT_SUCCESS;
+        struct schunk *ch;
+        int rc = chunk_new(S, &ch);
+        if (rc != WEFT_SUCCESS)
+            return rc;
+        pthread_mutex_lock(&S->mu);
+        weft_list_add_head(&S->chunks, &ch->node);   /* the old one's rest goes unused */
+        pthread_mutex_unlock(&S->mu);
     }
-    if (ch == NULL || ch->used == COUNTERS_PER_CHUNK) {
-        void *h = NULL, *d = NULL;
-        cudaError_t e;
-        ch = calloc(1, sizeof(*ch));
-        if (ch == NULL)
-            return weft_set_error(S->core, WEFT_ERR_NO_MEMORY, "stream-ordered call: no memory for counters");
-        e = cu->HostAlloc(&h, COUNTERS_PER_CHUNK * sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable);
-        if (e == cudaSuccess) {
-            memset(h, 0, COUNTERS_PER_CHUNK * sizeof(uint32_t));
-            e = cu->HostGetDevicePointer(&d, h, 0);
-            if (e != cudaSuccess)
-                cu->FreeHost(h);
-        }
-        if (e != cudaSuccess) {
-            free(ch);
-            return weft_set_error(S->core, cuda_to_weft(e),
-                                  "stream-ordered call: mapped pinned memory for stream counters: %s",
-                                  cu->GetErrorString(e));
-        }
-        ch->host = h;
-        ch->dev = (CUdeviceptr)(uintptr_t)d;
-        weft_list_add_head(&S->chunks, &ch->node);
-    }
+}
+
+/* A counter for a new stream (S->mu held; counters_ensure made room). */
+static int counter_alloc(struct weft_stream *S, uint32_t **host, CUdeviceptr *dev, uint32_t *value)
+{
+    struct weft_list *first = weft_list_first(&S->chunks);
+    struct schunk *ch = first ? weft_container_of(first, struct schunk, node) : NULL;
+    if (ch == NULL || ch->used == COUNTERS_PER_CHUNK)
+        return weft_set_error(S->core, WEFT_ERR_NO_MEMORY, "stream-ordered call: no stream counter left (another "
+                              "thread took the last ones); call again");
     *host = ch->host + ch->used;
     *dev = ch->dev + ch->used * sizeof(uint32_t);
     *value = __atomic_load_n(*host, __ATOMIC_ACQUIRE);
@@ -446,10 +530,18 @@ static void event_put(struct weft_stream *S, const struct sevent *ev)
  * transfer may still write into); otherwise the pipes may be gone and it
  * is left alone. A send or receive in flight stays with its pipe either
  * way (destroy reports it). */
-static void op_free(struct sop *op, int abandon)
+static void op_free(struct weft_stream *S, struct sop *op, int abandon)
 {
     if (op->cop && abandon)
         weft_coll_op_abandon(op->cop);
+    weft_coll_prep_release(S->cc, &op->prep);   /* never started: what it took goes back */
+    if (op->sig) {
+        /* Never completed: the word is written so its stream does not
+         * hang, and the slot is not handed out again (a late write of a
+         * transfer still in flight could land after a reuse). */
+        weft_signals_abandon(S->core, op->sig_slot, op->sig_value);
+        op->sig = 0;
+    }
     free(op);
 }
 
@@ -464,11 +556,14 @@ static void op_issue(struct weft_stream *S, struct sop *op)
         rc = weft_p2p_isend(S->p2p, op->sbuf, op->bytes, op->peer, op->tag, &op->req, "weft_isend");
         break;
     case SOP_RECV:
-        rc = weft_p2p_irecv(S->p2p, op->rbuf, op->bytes, op->peer, op->tag, &op->req, "weft_irecv");
+        rc = weft_p2p_irecv_signal(S->p2p, op->rbuf, op->bytes, op->peer, op->tag, op->sig ? op->sig_slot : 0,
+                                   op->sig ? op->sig_value : 0, &op->req, "weft_irecv");
         break;
     default:
         /* The collectives' schedules (selectors, WEFT_*_ALGO) on the
-         * engine's own lanes, numbered in call order (see the top). */
+         * engine's own lanes, numbered in call order (see the top), with
+         * what weft_coll_prepare took on the caller's thread. */
+        op->coll.prep = &op->prep;
         rc = weft_coll_start(S->cc, &op->coll, weft_tag_scoll, op->ag_seq, &op->cop);
         break;
     }
@@ -484,17 +579,15 @@ static void op_issue(struct weft_stream *S, struct sop *op)
  * does not move and completes it with an error). No lock held. */
 static int op_progress(struct weft_stream *S, struct sop *op, int block)
 {
-    int rc = WEFT_SUCCESS, done = 1;
+    int rc = WEFT_SUCCESS, done = 1, signaled = 0;
 
     if (op->req) {
-        if (block) {
-            rc = weft_p2p_waitall(1, &op->req, NULL);
-        } else {
-            weft_status_t st;
-            rc = weft_p2p_test(op->req, &done, &st);
-            if (done)
-                op->req = NULL;
-        }
+        weft_status_t st;
+        if (block)
+            (void)weft_p2p_wait_done(op->req, kind_name(op->kind, 0));
+        rc = weft_p2p_test_signal(op->req, &done, &st, &signaled);
+        if (done)
+            op->req = NULL;
     } else if (op->cop) {
         if (block)
             rc = weft_coll_op_wait(op->cop);
@@ -507,6 +600,14 @@ static int op_progress(struct weft_stream *S, struct sop *op, int block)
         return 0;
     if (rc != WEFT_SUCCESS && op->err == WEFT_SUCCESS)
         op->err = rc;
+    if (op->sig) {
+        /* Its stream waits on the slot: the sender's GPU wrote it (CUDA
+         * IPC, the data is in), or weft's stream writes it now. */
+        int src = weft_signals_complete(S->core, op->sig_slot, op->sig_value, signaled && op->err == WEFT_SUCCESS);
+        op->sig = 0;
+        if (src != WEFT_SUCCESS && op->err == WEFT_SUCCESS)
+            op->err = src;
+    }
     if (op->err != WEFT_SUCCESS && !op->reported) {
         char why[1024];
         last_error_copy(S->core, why, sizeof(why));
@@ -530,7 +631,7 @@ static int publish(struct weft_stream *S, struct sstream *ss)
             break;
         weft_queue_pop(&ss->fifo);
         seq = op->seq;
-        op_free(op, 0);
+        op_free(S, op, 0);
         n++;
     }
     if (n) {
@@ -579,7 +680,7 @@ static void abandon_all(struct weft_stream *S, int abandon)
     weft_queue_for_each(sn, &S->streams) {
         struct sstream *ss = weft_container_of(sn, struct sstream, qn);
         while ((n = weft_queue_pop(&ss->fifo)) != NULL)
-            op_free(weft_container_of(n, struct sop, fifo), abandon);
+            op_free(S, weft_container_of(n, struct sop, fifo), abandon);
         __atomic_store_n(ss->host, ss->next_seq, __ATOMIC_RELEASE);
     }
     weft_cuda_stream_waits_add(-(long)S->outstanding);
@@ -732,13 +833,27 @@ static void *progress_main(void *arg)
 
 /* ---- submission ---- */
 
+/* Whether a stream-ordered receive waits on a device signal slot instead
+ * of the host counter: its data may come by CUDA IPC (the pipe to peer has
+ * a mover that moves device memory), its buffer is device memory, and its
+ * stream is on the device of the comm's signal slots. S->mu held. */
+static int signal_eligible(struct weft_stream *S, const struct sop *op)
+{
+    struct weft_mem_attr a;
+    if (op->bytes == 0 || weft_signals_device(S->core) != op->device || !weft_p2p_signal_peer(S->p2p, op->peer))
+        return 0;
+    weft_cuda_mem_attr(op->rbuf, &a);
+    return a.kind == WEFT_MEM_DEVICE;
+}
+
 /* Per (comm, stream) of a submission. */
 struct subst {
     struct sstream *ss;
     int             device;
     struct sevent   ev;
     int             have_ev;
-    uint32_t        last_seq;
+    int             counter;    /* some op of the batch on this stream is covered by the counter */
+    uint32_t        last_seq;   /* ... the last of them */
 };
 
 /* Per comm of a submission. */
@@ -767,8 +882,10 @@ static int submit(struct gop *ops, size_t n, const char *fn)
     if (n == 0)
         return WEFT_SUCCESS;
     sc = calloc(n, sizeof(*sc));
-    if (sc == NULL)
-        return weft_set_error(ops[0].s->core, WEFT_ERR_NO_MEMORY, "%s: no memory", fn);
+    if (sc == NULL) {
+        rc = weft_set_error(ops[0].s->core, WEFT_ERR_NO_MEMORY, "%s: no memory", fn);
+        goto release_preps;
+    }
     for (size_t i = 0; i < n; i++) {
         size_t k;
         for (k = 0; k < nsc && sc[k].S != ops[i].s; k++) {}
@@ -776,6 +893,15 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             sc[nsc++].S = ops[i].s;
     }
     qsort(sc, nsc, sizeof(*sc), cmp_subcomm);
+    /* Counters for streams new to a comm, before any lock: pinned memory
+     * waits for the device, and the progress thread needs S->mu to let a
+     * waiting stream go. */
+    for (size_t k = 0; k < nsc && rc == WEFT_SUCCESS; k++)
+        rc = counters_ensure(sc[k].S, ops, n);
+    if (rc != WEFT_SUCCESS) {
+        free(sc);
+        goto release_preps;
+    }
     for (size_t k = 0; k < nsc; k++)
         pthread_mutex_lock(&sc[k].S->mu);
 
@@ -797,7 +923,7 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             break;
         }
         for (size_t i = 0; i < n && rc == WEFT_SUCCESS; i++) {
-            const struct gop *g = &ops[i];
+            struct gop *g = &ops[i];
             struct sstream *ss = NULL;
             struct sop *op;
             size_t j;
@@ -829,6 +955,8 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             op->tag = g->tag;
             op->device = g->device;
             op->coll = g->coll;
+            op->prep = g->prep;   /* the op owns it now */
+            memset(&g->prep, 0, sizeof(g->prep));
             op->ss = ss;
             weft_list_init(&op->act);
             s->b->ops[s->b->nops++] = op;
@@ -845,9 +973,12 @@ static int submit(struct gop *ops, size_t n, const char *fn)
     for (size_t k = 0; k < nsc && rc == WEFT_SUCCESS; k++)
         for (size_t j = 0; j < sc[k].nst && rc == WEFT_SUCCESS; j++) {
             cudaError_t e = cu->EventRecord(sc[k].st[j].ev.ev, sc[k].st[j].ss->stream);
-            if (e != cudaSuccess)
-                rc = weft_set_error(sc[k].S->core, cuda_to_weft(e), "%s: cudaEventRecord on stream %p failed: %s", fn,
-                                    (void *)sc[k].st[j].ss->stream, cu->GetErrorString(e));
+            if (e != cudaSuccess) {
+                cu->GetLastError();
+                rc = weft_set_error(sc[k].S->core, cuda_to_weft(e), "%s: cudaEventRecord on stream %p (device %d) "
+                                    "failed: %s", fn, (void *)sc[k].st[j].ss->stream, sc[k].st[j].device,
+                                    cu->GetErrorString(e));
+            }
         }
 
     if (rc != WEFT_SUCCESS) {
@@ -858,7 +989,7 @@ static int submit(struct gop *ops, size_t n, const char *fn)
                     event_put(sc[k].S, &sc[k].st[j].ev);
             if (sc[k].b) {
                 for (size_t i = 0; i < sc[k].b->nops; i++)
-                    free(sc[k].b->ops[i]);
+                    op_free(sc[k].S, sc[k].b->ops[i], 0);
                 free(sc[k].b->ops);
                 free(sc[k].b->evs);
                 free(sc[k].b);
@@ -868,10 +999,14 @@ static int submit(struct gop *ops, size_t n, const char *fn)
         for (size_t k = nsc; k-- > 0;)
             pthread_mutex_unlock(&sc[k].S->mu);
         free(sc);
-        return rc;
+        goto release_preps;
     }
 
-    /* Phase 2: seqs in call order, one wait per stream, the batches. */
+    /* Phase 2: seqs in call order, the waits, the batches. A receive that
+     * a peer's GPU may complete (CUDA IPC) gets a device signal slot and
+     * its stream waits on that (the sender writes it right after its
+     * copy); everything else is covered by one wait per stream on the
+     * host counter for the last of its ops. */
     for (size_t k = 0; k < nsc; k++) {
         struct subcomm *s = &sc[k];
         struct weft_stream *S = s->S;
@@ -882,14 +1017,32 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             op->seq = ++ss->next_seq;
             if (op->kind == SOP_COLL)
                 op->ag_seq = S->ag_seq++;
+            if (op->kind == SOP_RECV && signal_eligible(S, op) &&
+                weft_signals_take(S->core, &op->sig_slot, &op->sig_value, &op->sig_addr) == 0)
+                op->sig = 1;
             weft_queue_push(&ss->fifo, &op->fifo);
+        }
+        for (size_t i = 0; i < b->nops; i++) {
+            struct sop *op = b->ops[i];
+            if (op->sig) {
+                CUresult r = cu->cuStreamWaitValue32((CUstream)op->ss->stream, (CUdeviceptr)op->sig_addr,
+                                                     op->sig_value, CU_STREAM_WAIT_VALUE_GEQ);
+                if (r != CUDA_SUCCESS) {
+                    /* The counter covers it instead. */
+                    weft_signals_drop(S->core, op->sig_slot);
+                    op->sig = 0;
+                }
+            }
             for (size_t j = 0; j < s->nst; j++)
-                if (s->st[j].ss == ss)
+                if (s->st[j].ss == op->ss && !op->sig) {
                     s->st[j].last_seq = op->seq;
+                    s->st[j].counter = 1;
+                }
         }
         for (size_t j = 0; j < s->nst; j++) {
-            CUresult r = cu->cuStreamWaitValue32((CUstream)s->st[j].ss->stream, s->st[j].ss->dev,
-                                                 s->st[j].last_seq, CU_STREAM_WAIT_VALUE_GEQ);
+            CUresult r = !s->st[j].counter ? CUDA_SUCCESS
+                         : cu->cuStreamWaitValue32((CUstream)s->st[j].ss->stream, s->st[j].ss->dev,
+                                                   s->st[j].last_seq, CU_STREAM_WAIT_VALUE_GEQ);
             if (r != CUDA_SUCCESS && rc == WEFT_SUCCESS) {
                 const char *es = NULL;
                 cu->cuGetErrorString(r, &es);
@@ -911,18 +1064,26 @@ static int submit(struct gop *ops, size_t n, const char *fn)
         pthread_mutex_unlock(&sc[k].S->mu);
     free(sc);
     return rc;
+
+release_preps:
+    for (size_t i = 0; i < n; i++)
+        weft_coll_prep_release(ops[i].s->cc, &ops[i].prep);
+    return rc;
 }
 
-/* Common front of the three calls: CUDA present, no pending error; then
- * queued at once or recorded in the open group. */
+/* Common front of the three calls: CUDA present, no pending error; what
+ * the call will need from CUDA taken here, on the caller's thread (weft's
+ * progress thread must make no call that waits for the device while a
+ * stream waits on weft: src/core/cudawrap.h); then queued at once or
+ * recorded in the open group. */
 static int enqueue(struct gop *g)
 {
     const char *fn = kind_name(g->kind, g->coll.kind);
     struct weft_stream *S = g->s;
-    const struct weft_cuda *cu;
     int err;
 
-    if (!S->core->cuda || (cu = weft_cuda_get()) == NULL)
+    memset(&g->prep, 0, sizeof(g->prep));
+    if (!S->core->cuda || weft_cuda_get() == NULL)
         return weft_set_error(S->core, WEFT_ERR_UNSUPPORTED, "%s: CUDA is not available in this comm (%s)", fn,
                               weft_cuda_why()[0] ? weft_cuda_why() : "no device");
     pthread_mutex_lock(&S->mu);
@@ -930,14 +1091,24 @@ static int enqueue(struct gop *g)
     pthread_mutex_unlock(&S->mu);
     if (err != WEFT_SUCCESS)
         return err;
-    g->device = 0;
-    cu->GetDevice(&g->device);
+    /* Events and waits belong to the stream's device, whatever device the
+     * calling thread is on (cudaEventRecord: "event and stream must be on
+     * the same device"). */
+    err = weft_cuda_stream_device((cudaStream_t)g->stream, &g->device);
+    if (err != WEFT_SUCCESS)
+        return weft_set_error(S->core, err, "%s: the device of stream %p cannot be found (not a live CUDA stream "
+                              "of this process?)", fn, (void *)g->stream);
+    weft_p2p_prepare_device(S->p2p);
+    if (g->kind == SOP_COLL && (err = weft_coll_prepare(S->cc, &g->coll, &g->prep)) != WEFT_SUCCESS)
+        return err;
     if (g_depth > 0) {
         if (g_n == g_cap) {
             size_t cap = g_cap ? 2 * g_cap : 16;
             struct gop *p = realloc(g_ops, cap * sizeof(*p));
-            if (p == NULL)
+            if (p == NULL) {
+                weft_coll_prep_release(S->cc, &g->prep);
                 return weft_set_error(S->core, WEFT_ERR_NO_MEMORY, "%s: no memory for the group", fn);
+            }
             g_ops = p;
             g_cap = cap;
         }
@@ -950,19 +1121,21 @@ static int enqueue(struct gop *g)
 int weft_stream_send(struct weft_stream *s, const void *buf, size_t bytes, int peer, int tag,
                      struct CUstream_st *stream)
 {
-    struct gop g = { s, SOP_SEND, buf, NULL, bytes, peer, tag, stream, 0, { 0, NULL, NULL, 0, -1, -1, -1 } };
+    struct gop g = { s, SOP_SEND, buf, NULL, bytes, peer, tag, stream, 0, { 0, NULL, NULL, 0, -1, -1, -1, NULL },
+                     { 0, NULL, NULL } };
     return enqueue(&g);
 }
 
 int weft_stream_recv(struct weft_stream *s, void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream)
 {
-    struct gop g = { s, SOP_RECV, NULL, buf, bytes, peer, tag, stream, 0, { 0, NULL, NULL, 0, -1, -1, -1 } };
+    struct gop g = { s, SOP_RECV, NULL, buf, bytes, peer, tag, stream, 0, { 0, NULL, NULL, 0, -1, -1, -1, NULL },
+                     { 0, NULL, NULL } };
     return enqueue(&g);
 }
 
 int weft_stream_coll(struct weft_stream *s, const struct weft_coll_args *a, struct CUstream_st *stream)
 {
-    struct gop g = { s, SOP_COLL, NULL, NULL, 0, -1, -1, stream, 0, *a };
+    struct gop g = { s, SOP_COLL, NULL, NULL, 0, -1, -1, stream, 0, *a, { 0, NULL, NULL } };
     if (a->count == 0 && a->kind != WEFT_COLL_BARRIER) {
         /* Nothing moves on any rank (all pass 0): only the CUDA check. */
         if (!s->core->cuda)
@@ -976,7 +1149,7 @@ int weft_stream_coll(struct weft_stream *s, const struct weft_coll_args *a, stru
 int weft_stream_allgather(struct weft_stream *s, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
                           struct CUstream_st *stream)
 {
-    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1 };
+    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL };
     return weft_stream_coll(s, &a, stream);
 }
 

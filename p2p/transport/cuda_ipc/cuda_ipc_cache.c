@@ -231,6 +231,36 @@ void weft_ipc_cache_put(struct weft_ipc_cache *c, struct weft_ipc_cache_entry *e
     evict(c);
 }
 
+static int overlaps(const struct weft_ipc_cache_entry *e, int peer, uint64_t lo, uint64_t hi)
+{
+    if (peer >= 0 && e->peer != peer)
+        return 0;
+    if (hi == 0)
+        return 1;
+    uint64_t end = e->base + (e->size ? e->size : 1);
+    return e->base < hi && lo < end;
+}
+
+int weft_ipc_cache_purge(struct weft_ipc_cache *c, int peer, uint64_t lo, uint64_t hi)
+{
+    struct weft_list *n, *next;
+    int closed = 0;
+    if (c == NULL)
+        return 0;
+    if (!may_close(c))
+        return -1;
+    drain_closing(c);
+    for (n = c->lru.next; n != &c->lru; n = next) {
+        struct weft_ipc_cache_entry *e = ENTRY_OF_LRU(n);
+        next = n->next;
+        if (e->refs > 0 || !overlaps(e, peer, lo, hi))
+            continue;
+        entry_retire(c, e);   /* unreferenced: closed now (closing is allowed) */
+        closed++;
+    }
+    return closed;
+}
+
 void weft_ipc_cache_get_stats(const struct weft_ipc_cache *c, struct weft_ipc_cache_stats *out)
 {
     memset(out, 0, sizeof(*out));

@@ -28,13 +28,14 @@
 #include <stdint.h>
 #include "list.h"
 
-#define WEFT_IPC_CACHE_DATA 64   /* bytes of owner data per entry (an IPC handle) */
+#define WEFT_IPC_CACHE_DATA 96   /* bytes of owner data per entry (an IPC handle and its block) */
 
 struct weft_ipc_cache_entry {
     int       peer;
     uint64_t  base;        /* exporter's allocation base (key) */
     uint64_t  buffer_id;   /* exporter's buffer id (key) */
     void     *mapped;      /* set by ops->open: the local mapping of base */
+    uint64_t  size;        /* set by ops->open: bytes mapped from base (0: unknown) */
     uint8_t   data[WEFT_IPC_CACHE_DATA]; /* set by ops->open: owner data (the handle) */
     int       refs;        /* copies in flight */
     int       dead;        /* out of the table (stale or cache destroyed): closed at refs 0 */
@@ -85,6 +86,14 @@ int  weft_ipc_cache_get(struct weft_ipc_cache *c, int peer, uint64_t base, uint6
 /* Drops one reference (the copy is done); may close the entry (stale, or
  * over the cap). */
 void weft_ipc_cache_put(struct weft_ipc_cache *c, struct weft_ipc_cache_entry *e);
+
+/* Closes the entries of peer (-1: every peer) with no copy in flight whose
+ * mapping [base, base + size) overlaps [lo, hi) (hi 0: every entry), those
+ * parked for closing included. Returns how many were closed, or -1 when
+ * may_close says no now (nothing closed). What a caller does when an open
+ * fails because a mapping of the same memory is still open
+ * (cudaErrorAlreadyMapped): close the overlapping ones and retry. */
+int  weft_ipc_cache_purge(struct weft_ipc_cache *c, int peer, uint64_t lo, uint64_t hi);
 
 /* The live entry for (peer, base), or NULL; no reference, no LRU update. */
 struct weft_ipc_cache_entry *weft_ipc_cache_peek(const struct weft_ipc_cache *c, int peer, uint64_t base);

@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,6 +45,7 @@
 #include <cuda_runtime_api.h>
 #include "weft_emu_cuda.h"
 #pragma GCC visibility pop
+#include "emu_kernels.h"
 
 #define EMU_MAX_DEV      16
 #define EMU_PAGE         4096ULL
@@ -66,21 +68,70 @@
 
 enum akind { A_DEVICE, A_HOST, A_REGISTERED, A_IMPORT };
 
+/* Device memory comes in blocks, as real drivers hand it out: an allocation
+ * below EMU_BLOCK bytes is carved, at EMU_UNIT granularity, out of a shared
+ * 2 MiB block of its device; a larger one gets a block of its own (its size
+ * rounded up to 2 MiB). A block is one memfd: its data, then its metadata
+ * (struct block_meta), which importers map too. CUDA IPC maps blocks: a
+ * handle names (block, offset), and an importer maps the whole block. */
+#define EMU_BLOCK        (2ULL << 20)
+#define EMU_UNIT         512ULL
+#define EMU_UNITS        (EMU_BLOCK / EMU_UNIT)
+#define EMU_META_LEN     (64ULL << 10)
+#define EMU_META_MAGIC   0x41544d4255454d57ULL  /* "WMEUBMTA" */
+
+/* Shared by the exporter and every importer of a block (after its data in
+ * the memfd). Indexed by the unit an allocation starts at (a block of its
+ * own: unit 0). */
+struct block_meta {
+    uint64_t magic;
+    uint64_t block_id;
+    uint64_t data_size;
+    uint64_t pad[5];
+    uint64_t bufid[EMU_UNITS];    /* buffer id of the live allocation starting there, 0: none */
+    uint32_t imports[EMU_UNITS];  /* opens by other processes not yet closed */
+};
+_Static_assert(sizeof(struct block_meta) <= EMU_META_LEN, "block metadata fits");
+
+struct block {
+    struct block *next;       /* g_blocks[device] */
+    uintptr_t  base;          /* device address, 2 MiB aligned */
+    size_t     size;          /* data bytes */
+    int        device;
+    int        shared;        /* carved into units (allocations below EMU_BLOCK) */
+    int        fd;
+    void      *alias;         /* read-write mapping of data + metadata */
+    struct block_meta *meta;
+    uint64_t   id;            /* CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID */
+    unsigned   nalloc;
+    uint64_t   used[EMU_UNITS / 64]; /* shared blocks: units taken */
+};
+
+/* An allocation the importer opened inside an imported block. */
+struct iopen {
+    uintptr_t ptr;            /* what cudaIpcOpenMemHandle returned */
+    size_t    off, size;      /* in the block */
+    int       refs;
+};
+
 struct alloc {
     uintptr_t base;
-    size_t    size;      /* bytes asked for */
-    size_t    map_size;  /* mapped bytes (pages) */
+    size_t    size;      /* bytes asked for (an import: the whole block) */
+    size_t    map_size;  /* bytes it spans (device: whole units; host: pages) */
     int       kind;
     int       device;
     uint64_t  buffer_id;
-    int       fd;        /* A_DEVICE, A_IMPORT: its memfd (an import's own descriptor) */
-    void     *alias;     /* A_DEVICE, A_IMPORT: read-write mapping of the memfd
-                            the emulator works through (NULL: host memory) */
-    ino_t     ino;
-    int       refs;      /* A_IMPORT: opens not yet closed */
-    uint64_t  imp_token; /* A_IMPORT: exporter token + buffer id */
-    uint64_t  imp_bufid;
+    struct block *blk;   /* A_DEVICE: its block ... */
+    size_t    off;       /* ... and offset in it */
+    /* A_IMPORT: a mapped block of another process */
+    int       fd;        /* its own descriptor of the exporter's memfd */
+    void     *alias;     /* read-write mapping of data + metadata */
+    struct block_meta *meta;
+    uint64_t  imp_token, imp_block, imp_va; /* exporter's token, block id and block address */
     uint32_t  imp_pid;
+    uint64_t  imp_id;    /* MEMORY_BLOCK_ID of the mapping in this process */
+    struct iopen *opens;
+    size_t    nopens, capopens;
 };
 
 struct vblock { uintptr_t addr; size_t len; };
@@ -116,21 +167,35 @@ static uint64_t g_token;
 static size_t g_mem_limit;
 static int g_ipc_refcount;      /* WEFT_EMU_CUDA_IPC_REOPEN=refcount */
 static int g_gdr;
+static int g_exclusive;         /* WEFT_EMU_CUDA_COMPUTE_MODE=exclusive_process */
+static unsigned g_late_min_us, g_late_max_us; /* WEFT_EMU_CUDA_H2D_LATE_US: pageable H2D lands late */
+static int g_sync_ipc_open;     /* WEFT_EMU_CUDA_SYNC_IPC_OPEN: cudaIpcOpenMemHandle synchronises */
 static struct vregion g_devva[EMU_MAX_DEV], g_impva;
 static struct alloc **g_allocs; /* sorted by base */
 static size_t g_nallocs, g_capallocs;
 static uint64_t g_next_bufid;
+static struct block *g_blocks[EMU_MAX_DEV];
+static uint64_t g_next_blockid;
 static struct CUstream_st *g_streams; /* live streams, default ones included */
 static struct CUevent_st *g_events;
 
 static _Thread_local int t_dev;
 static _Thread_local cudaError_t t_err;
+/* A context is current on this thread (rule: a host thread has none until
+ * cudaSetDevice, cuCtxPushCurrent, or its first runtime call that needs
+ * one, which binds the primary context of its current device). */
+static _Thread_local int t_has_ctx;
+/* The thread declared itself one that wakes streams (weft's progress
+ * threads: weft_emu_cuda_thread_wakes_streams). */
+static _Thread_local int t_wakes_streams;
 
 enum { C_MALLOC, C_FREE, C_IPC_GET, C_IPC_OPEN, C_IPC_CLOSE, C_IPC_IMPORTS, C_MEMCPY,
-       C_MEMSET, C_WAIT_VALUE, C_WRITE_VALUE, C_STREAMS, C_NCOUNTERS };
+       C_MEMSET, C_WAIT_VALUE, C_WRITE_VALUE, C_STREAMS, C_FREE_IMPORTED, C_SYNC_REFUSED,
+       C_DEVICE_SYNCS, C_MODULE_LOADS, C_LAUNCHES, C_BLOCKS, C_LATE_H2D, C_NCOUNTERS };
 static const char *const g_counter_names[C_NCOUNTERS] = {
     "malloc", "free", "ipc_get", "ipc_open", "ipc_close", "ipc_imports", "memcpy",
-    "memset", "wait_value", "write_value", "streams" };
+    "memset", "wait_value", "write_value", "streams", "free_imported", "sync_refused",
+    "device_syncs", "module_loads", "launches", "blocks", "late_h2d" };
 static unsigned long long g_counters[C_NCOUNTERS];
 #define COUNT(c, d) __atomic_add_fetch(&g_counters[c], (unsigned long long)(d), __ATOMIC_RELAXED)
 
@@ -262,6 +327,7 @@ static struct alloc *alloc_find(uintptr_t p)
  * alias of device memory and imports, p itself for host memory. */
 static void *host_view(const struct alloc *a, uintptr_t p)
 {
+    if (a->kind == A_DEVICE) return (char *)a->blk->alias + a->off + (p - a->base);
     return a->alias ? (char *)a->alias + (p - a->base) : (void *)p;
 }
 
@@ -353,6 +419,19 @@ static void emu_init(void)
     s = getenv("WEFT_EMU_CUDA_IPC_REOPEN");
     g_ipc_refcount = s && strcmp(s, "refcount") == 0;
     g_gdr = (int)env_ull("WEFT_EMU_CUDA_GDR", 0) != 0;
+    s = getenv("WEFT_EMU_CUDA_COMPUTE_MODE");
+    g_exclusive = s && strcmp(s, "exclusive_process") == 0;
+    g_sync_ipc_open = (int)env_ull("WEFT_EMU_CUDA_SYNC_IPC_OPEN", 1) != 0;
+    /* "MIN-MAX" or "N" microseconds; 0 turns it off. */
+    g_late_min_us = 1000;
+    g_late_max_us = 5000;
+    s = getenv("WEFT_EMU_CUDA_H2D_LATE_US");
+    if (s && *s) {
+        unsigned a = 0, b = 0;
+        int k = sscanf(s, "%u-%u", &a, &b);
+        g_late_min_us = k >= 1 ? a : 0;
+        g_late_max_us = k == 2 && b >= a ? b : g_late_min_us;
+    }
 
     /* Bus ids: WEFT_EMU_CUDA_BUSIDS, then defaults for the rest. */
     char list[1024] = "";
@@ -398,12 +477,16 @@ static void emu_init(void)
     if (!g_token) g_token = 1;
 
     if (g_ndev > 0) {
-        uint8_t *base = reserve(EMU_DEV_HINT, (size_t)g_ndev * EMU_DEV_SPAN);
-        uint8_t *imp = reserve(EMU_IMPORT_HINT, EMU_IMPORT_SPAN);
+        /* One block more than needed: blocks start on 2 MiB boundaries,
+         * wherever the kernel put the range (ThreadSanitizer's builds). */
+        uint8_t *base = reserve(EMU_DEV_HINT, (size_t)g_ndev * EMU_DEV_SPAN + EMU_BLOCK);
+        uint8_t *imp = reserve(EMU_IMPORT_HINT, EMU_IMPORT_SPAN + EMU_BLOCK);
         if (!base || !imp) {
             g_init_err = cudaErrorInitializationError;
             return;
         }
+        base = (uint8_t *)(((uintptr_t)base + EMU_BLOCK - 1) & ~(uintptr_t)(EMU_BLOCK - 1));
+        imp = (uint8_t *)(((uintptr_t)imp + EMU_BLOCK - 1) & ~(uintptr_t)(EMU_BLOCK - 1));
         for (int d = 0; d < g_ndev; d++) {
             g_devva[d].base = g_devva[d].bump = (uintptr_t)base + (uintptr_t)d * EMU_DEV_SPAN;
             g_devva[d].end = g_devva[d].base + EMU_DEV_SPAN;
@@ -447,6 +530,8 @@ static CUresult drv_err(cudaError_t e)
     case cudaErrorInvalidResourceHandle: return CUDA_ERROR_INVALID_HANDLE;
     case cudaErrorMemoryAllocation: return CUDA_ERROR_OUT_OF_MEMORY;
     case cudaErrorNotSupported: return CUDA_ERROR_NOT_SUPPORTED;
+    case cudaErrorNotPermitted: return CUDA_ERROR_NOT_PERMITTED;
+    case cudaErrorAlreadyMapped: return CUDA_ERROR_ALREADY_MAPPED;
     default: return CUDA_ERROR_UNKNOWN;
     }
 }
@@ -454,7 +539,7 @@ static CUresult drv_err(cudaError_t e)
 /* ------------------------------------------------------------------ streams */
 
 enum opkind { OP_COPY, OP_SET, OP_HOSTFN, OP_CALLBACK, OP_DELAY, OP_WAIT_EVENT, OP_WAIT_STREAM,
-              OP_RECORD, OP_WAIT32, OP_WAIT64, OP_WRITE32, OP_WRITE64 };
+              OP_RECORD, OP_WAIT32, OP_WAIT64, OP_WRITE32, OP_WRITE64, OP_KERNEL };
 
 struct op {
     struct op *next;
@@ -472,6 +557,8 @@ struct op {
     struct CUevent_st  *ev;
     struct CUstream_st *other;
     uint64_t  gen;
+    void     *owned;      /* freed with the op (a late H2D copy's staged bytes) */
+    const struct emu_kernel *kernel; /* OP_KERNEL: dst, src (a), arg (b), n, value (divisor) */
 };
 
 #define STREAM_LEGACY    1
@@ -492,6 +579,7 @@ struct CUstream_st {
     int             refs;     /* under g_mu: user handle, worker, ops */
     pthread_t       thread;
     struct CUstream_st *next_all;
+    struct op      *cur;      /* under mu: the op the worker runs now */
 };
 
 struct CUevent_st {
@@ -624,6 +712,9 @@ static void op_exec(struct CUstream_st *s, struct op *o)
         else
             __atomic_store_n((uint64_t *)o->dst, o->u64, __ATOMIC_SEQ_CST);
         break;
+    case OP_KERNEL:
+        emu_kernel_run(o->kernel, o->dst, o->src, o->arg, o->u64, o->value);
+        break;
     }
 }
 
@@ -637,12 +728,17 @@ static void *stream_worker(void *arg)
         struct op *o = s->head;
         s->head = o->next;
         if (!s->head) s->tail = NULL;
+        s->cur = o;   /* what stream_parked looks at, besides the queue */
         pthread_mutex_unlock(&s->mu);
         op_exec(s, o);
         pthread_mutex_lock(&g_done_mu);
         s->done_seq = o->seq;
         pthread_cond_broadcast(&g_done_cv);
         pthread_mutex_unlock(&g_done_mu);
+        pthread_mutex_lock(&s->mu);
+        s->cur = NULL;
+        pthread_mutex_unlock(&s->mu);
+        if (o->owned) free(o->owned);
         free(o);
         pthread_mutex_lock(&s->mu);
     }
@@ -809,6 +905,159 @@ static void sync_streams(int device)
     }
 }
 
+/* ------------------------------------------------------------------ device-synchronising calls */
+
+/* 1 when o is a stream memory wait whose word does not satisfy it now. */
+static int wait_unsatisfied(const struct op *o)
+{
+    if (o->kind == OP_WAIT32)
+        return !wait_pred32(__atomic_load_n((uint32_t *)o->dst, __ATOMIC_ACQUIRE), (uint32_t)o->u64, o->flags);
+    if (o->kind == OP_WAIT64)
+        return !wait_pred64(__atomic_load_n((uint64_t *)o->dst, __ATOMIC_ACQUIRE), o->u64, o->flags);
+    return 0;
+}
+
+/* A stream of `device` (-1: any) parked on a stream memory wait that is
+ * not satisfied now (running, or queued): described into buf; 0 if none.
+ * Such a stream moves only when someone writes its word. */
+static int stream_parked(int device, char *buf, size_t len)
+{
+    int found = 0;
+    pthread_mutex_lock(&g_mu);
+    for (struct CUstream_st *s = g_streams; s && !found; s = s->next_all) {
+        if (device >= 0 && s->device != device) continue;
+        pthread_mutex_lock(&s->mu);
+        const struct op *w = NULL;
+        if (s->cur && wait_unsatisfied(s->cur)) w = s->cur;
+        for (const struct op *o = s->head; o && !w; o = o->next)
+            if (wait_unsatisfied(o)) w = o;
+        if (w) {
+            found = 1;
+            snprintf(buf, len, "stream %p (device %d%s) waits in cuStreamWaitValue%d for the word at %p to reach "
+                     "%llu (it holds %llu)", (void *)s, s->device,
+                     s->special == STREAM_LEGACY ? ", the legacy default stream" : "",
+                     w->kind == OP_WAIT32 ? 32 : 64, w->dst, (unsigned long long)w->u64,
+                     w->kind == OP_WAIT32 ? (unsigned long long)__atomic_load_n((uint32_t *)w->dst, __ATOMIC_ACQUIRE)
+                                          : (unsigned long long)__atomic_load_n((uint64_t *)w->dst, __ATOMIC_ACQUIRE));
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return found;
+}
+
+/* A call that synchronises the device (allocations, pinned allocations,
+ * host registration, frees, IPC open and the last close, module loads and
+ * a function's first lookup): waits for all work queued on `device`'s
+ * streams (-1: every device), as a GPU does. From a thread that declared
+ * itself a waker of streams (weft_emu_cuda_thread_wakes_streams) while a
+ * stream is parked on a wait, it fails at once instead: on a GPU it would
+ * wait for that stream, and the stream for the thread's write. */
+static cudaError_t device_sync(const char *call, int device)
+{
+    COUNT(C_DEVICE_SYNCS, 1);
+    if (t_wakes_streams) {
+        char what[256];
+        if (stream_parked(device, what, sizeof(what))) {
+            COUNT(C_SYNC_REFUSED, 1);
+            fprintf(stderr, "weft-emu-cuda: %s refused with cudaErrorNotPermitted: thread %ld declared that it "
+                    "wakes streams (weft_emu_cuda_thread_wakes_streams) and %s. %s synchronises the device: on a "
+                    "GPU it would wait for that stream, and the stream for this thread -- a deadlock.\n",
+                    call, (long)syscall(SYS_gettid), what, call);
+            return cudaErrorNotPermitted;
+        }
+    }
+    sync_streams(device);
+    return cudaSuccess;
+}
+
+void weft_emu_cuda_thread_wakes_streams(void) { t_wakes_streams = 1; }
+
+/* ------------------------------------------------------------------ contexts */
+
+/* Primary contexts of this process: made at a thread's first binding of a
+ * device. Under WEFT_EMU_CUDA_COMPUTE_MODE=exclusive_process one process of
+ * the emulated node may hold a device's context: a lock file per (node,
+ * device) names the holder's pid; another process's context creation fails
+ * with cudaErrorDevicesUnavailable (a holder that exited is replaced). */
+static pthread_mutex_t g_ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_ctx_state[EMU_MAX_DEV];   /* 0 not made, 1 made, -1 refused */
+static char g_excl_path[EMU_MAX_DEV][96];
+
+static void excl_release(void)
+{
+    for (int d = 0; d < EMU_MAX_DEV; d++)
+        if (g_ctx_state[d] == 1 && g_excl_path[d][0]) unlink(g_excl_path[d]);
+}
+
+static int excl_take(int d)
+{
+    char *path = g_excl_path[d];
+    snprintf(path, sizeof(g_excl_path[d]), "/dev/shm/weft-emu-cuda-excl-n%u-d%d", g_node, d);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int fd = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            char pid[32];
+            int n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+            if (write(fd, pid, (size_t)n) != n) { close(fd); unlink(path); return -1; }
+            close(fd);
+            static int registered;
+            if (!registered++) atexit(excl_release);
+            return 0;
+        }
+        if (errno != EEXIST) return -1;
+        char buf[32] = "";
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            ssize_t r = read(fd, buf, sizeof(buf) - 1);
+            buf[r > 0 ? r : 0] = '\0';
+            close(fd);
+        }
+        long holder = atol(buf);
+        if (holder > 0 && (kill((pid_t)holder, 0) == 0 || errno == EPERM)) return -1;
+        unlink(path);   /* the holder exited: its claim goes */
+    }
+    return -1;
+}
+
+static cudaError_t ctx_make(int d)
+{
+    if (!g_exclusive) return cudaSuccess;
+    pthread_mutex_lock(&g_ctx_mu);
+    if (g_ctx_state[d] == 0) g_ctx_state[d] = excl_take(d) == 0 ? 1 : -1;
+    int st = g_ctx_state[d];
+    pthread_mutex_unlock(&g_ctx_mu);
+    return st == 1 ? cudaSuccess : cudaErrorDevicesUnavailable;
+}
+
+/* For runtime calls that need a context: binds the primary context of the
+ * thread's current device at the thread's first such call. */
+static cudaError_t ensure_ctx(void)
+{
+    cudaError_t e = ensure();
+    if (e != cudaSuccess) return e;
+    if (!t_has_ctx) {
+        e = ctx_make(t_dev);
+        if (e != cudaSuccess) return e;
+        t_has_ctx = 1;
+    }
+    return cudaSuccess;
+}
+
+#define ENSURE_CTX()                                  \
+    do {                                              \
+        cudaError_t e_ = ensure_ctx();                \
+        if (e_ != cudaSuccess) return rt_ret(e_);     \
+    } while (0)
+
+/* For driver calls that work in the current context: none -> error. */
+static CUresult need_ctx(void)
+{
+    cudaError_t e = ensure();
+    if (e != cudaSuccess) return drv_err(e);
+    return t_has_ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
 /* ------------------------------------------------------------------ errors */
 
 #define RT_ERRORS(X)                                                                   \
@@ -837,6 +1086,9 @@ static void sync_streams(int device)
     X(cudaErrorHostMemoryNotRegistered, "pointer does not correspond to a registered memory region") \
     X(cudaErrorNotSupported, "operation not supported")                                \
     X(cudaErrorNotPermitted, "operation not permitted")                                \
+    X(cudaErrorDevicesUnavailable, "CUDA-capable device(s) is/are busy or unavailable")  \
+    X(cudaErrorMisalignedAddress, "misaligned address")                                \
+    X(cudaErrorInvalidKernelImage, "device kernel image is invalid")                   \
     X(cudaErrorUnknown, "unknown error")
 
 #define DRV_ERRORS(X)                                                                  \
@@ -855,6 +1107,10 @@ static void sync_streams(int device)
     X(CUDA_ERROR_NOT_READY, "device not ready")                                        \
     X(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access is not supported between these two devices") \
     X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                             \
+    X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                             \
+    X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")          \
+    X(CUDA_ERROR_MISALIGNED_ADDRESS, "misaligned address")                             \
+    X(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid")                      \
     X(CUDA_ERROR_UNKNOWN, "unknown error")
 
 const char *cudaGetErrorName(cudaError_t error)
@@ -933,11 +1189,16 @@ cudaError_t cudaGetDeviceCount(int *count)
     return rt_ret(e);
 }
 
+/* Since CUDA 12 cudaSetDevice initialises the device's primary context and
+ * makes it current on the thread. */
 cudaError_t cudaSetDevice(int device)
 {
     ENSURE();
     if (device < 0 || device >= g_ndev) return rt_ret(cudaErrorInvalidDevice);
+    cudaError_t e = ctx_make(device);
+    if (e != cudaSuccess) return rt_ret(e);
     t_dev = device;
+    t_has_ctx = 1;
     return cudaSuccess;
 }
 
@@ -1114,7 +1375,7 @@ cudaError_t cudaDeviceCanAccessPeer(int *canAccessPeer, int device, int peerDevi
 
 cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags)
 {
-    ENSURE();
+    ENSURE_CTX();
     if (flags != 0) return rt_ret(cudaErrorInvalidValue);
     if (peerDevice < 0 || peerDevice >= g_ndev || peerDevice == t_dev) return rt_ret(cudaErrorInvalidDevice);
     if (g_no_peer[t_dev][peerDevice]) return rt_ret(cudaErrorPeerAccessUnsupported);
@@ -1127,7 +1388,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags)
 
 cudaError_t cudaDeviceDisablePeerAccess(int peerDevice)
 {
-    ENSURE();
+    ENSURE_CTX();
     if (peerDevice < 0 || peerDevice >= g_ndev || peerDevice == t_dev) return rt_ret(cudaErrorInvalidDevice);
     pthread_mutex_lock(&g_mu);
     int was = g_dev[t_dev].peer_enabled[peerDevice];
@@ -1138,14 +1399,14 @@ cudaError_t cudaDeviceDisablePeerAccess(int peerDevice)
 
 cudaError_t cudaDeviceSynchronize(void)
 {
-    ENSURE();
+    ENSURE_CTX();
     sync_streams(t_dev);
     return cudaSuccess;
 }
 
 cudaError_t cudaDeviceReset(void)
 {
-    ENSURE();
+    ENSURE_CTX();
     sync_streams(t_dev);
     return cudaSuccess;
 }
@@ -1160,7 +1421,7 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int *leastPriority, int *greatestPr
 
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total)
 {
-    ENSURE();
+    ENSURE_CTX();
     pthread_mutex_lock(&g_mu);
     size_t used = g_dev[t_dev].used;
     pthread_mutex_unlock(&g_mu);
@@ -1171,88 +1432,184 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total)
 
 /* ------------------------------------------------------------------ memory */
 
+/* g_mu held. A new block of `size` data bytes on device d (0 on failure:
+ * out of device memory or of descriptors). */
+static struct block *block_new(int d, size_t size, int shared)
+{
+    if (g_dev[d].used + size > g_mem_limit) return NULL;
+    struct block *b = calloc(1, sizeof(*b));
+    if (!b) return NULL;
+    b->id = ++g_next_blockid;
+    char name[64];
+    snprintf(name, sizeof(name), "weft-emu-cuda-dev%d-block%" PRIu64, d, b->id);
+    b->fd = memfd_create(name, MFD_CLOEXEC);
+    if (b->fd < 0 || ftruncate(b->fd, (off_t)(size + EMU_META_LEN)) != 0) goto fail;
+    b->base = va_get(&g_devva[d], size);
+    if (!b->base) goto fail;
+    /* The device address: the data, inaccessible to the host (a GPU faults
+     * too). The emulator works through the alias, metadata included. */
+    b->alias = mmap(NULL, size + EMU_META_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, b->fd, 0);
+    if (b->alias == MAP_FAILED) {
+        b->alias = NULL;
+        va_put(&g_devva[d], b->base, size);
+        goto fail;
+    }
+    if (mmap((void *)b->base, size, PROT_NONE, MAP_SHARED | MAP_FIXED, b->fd, 0) == MAP_FAILED) {
+        munmap(b->alias, size + EMU_META_LEN);
+        va_put(&g_devva[d], b->base, size);
+        goto fail;
+    }
+    b->size = size;
+    b->device = d;
+    b->shared = shared;
+    b->meta = (struct block_meta *)((char *)b->alias + size);
+    b->meta->magic = EMU_META_MAGIC;
+    b->meta->block_id = b->id;
+    b->meta->data_size = size;
+    b->next = g_blocks[d];
+    g_blocks[d] = b;
+    g_dev[d].used += size;
+    COUNT(C_BLOCKS, 1);
+    return b;
+fail:
+    if (b->fd >= 0) close(b->fd);
+    free(b);
+    return NULL;
+}
+
+/* g_mu held. A block whose last allocation was freed goes back (its
+ * address range may come back as another block): importers' mappings keep
+ * its memory, as on a GPU. */
+static void block_release(struct block *b)
+{
+    struct block **pp = &g_blocks[b->device];
+    while (*pp && *pp != b) pp = &(*pp)->next;
+    if (*pp) *pp = b->next;
+    unreserve_range(b->base, b->size);
+    va_put(&g_devva[b->device], b->base, b->size);
+    g_dev[b->device].used -= b->size;
+    munmap(b->alias, b->size + EMU_META_LEN);
+    close(b->fd);
+    free(b);
+    COUNT(C_BLOCKS, -1);
+}
+
+static int unit_used(const struct block *b, size_t u) { return (int)((b->used[u / 64] >> (u % 64)) & 1); }
+
+static void units_mark(struct block *b, size_t first, size_t n, int on)
+{
+    for (size_t u = first; u < first + n; u++) {
+        if (on) b->used[u / 64] |= 1ULL << (u % 64);
+        else b->used[u / 64] &= ~(1ULL << (u % 64));
+    }
+}
+
+/* g_mu held. First run of n free units in a shared block, or -1. */
+static long block_fit(const struct block *b, size_t n)
+{
+    size_t run = 0;
+    for (size_t u = 0; u < EMU_UNITS; u++) {
+        run = unit_used(b, u) ? 0 : run + 1;
+        if (run == n) return (long)(u + 1 - n);
+    }
+    return -1;
+}
+
 cudaError_t cudaMalloc(void **devPtr, size_t size)
 {
     if (!devPtr) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     if (size == 0) { *devPtr = NULL; return cudaSuccess; }
     if (size > g_mem_limit) return rt_ret(cudaErrorMemoryAllocation);
     int d = t_dev;
-    size_t len = round_page(size);
+    cudaError_t e = device_sync("cudaMalloc", d);
+    if (e != cudaSuccess) return rt_ret(e);
     struct alloc *a = calloc(1, sizeof(*a));
     if (!a) return rt_ret(cudaErrorMemoryAllocation);
     pthread_mutex_lock(&g_mu);
-    uint64_t id = ++g_next_bufid;
-    char name[64];
-    snprintf(name, sizeof(name), "weft-emu-cuda-dev%d-buf%" PRIu64, d, id);
-    uintptr_t addr = 0;
-    int fd = -1;
-    struct stat st;
-    if (g_dev[d].used + len > g_mem_limit) goto oom;
-    fd = memfd_create(name, MFD_CLOEXEC);
-    if (fd < 0 || ftruncate(fd, (off_t)len) != 0 || fstat(fd, &st) != 0) goto oom;
-    addr = va_get(&g_devva[d], len);
-    if (!addr) goto oom;
-    /* The device address: the memfd, inaccessible to the host (a GPU
-     * faults too). The emulator works through the alias. */
-    a->alias = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (a->alias == MAP_FAILED) {
-        a->alias = NULL;
-        va_put(&g_devva[d], addr, len);
-        goto oom;
+    struct block *b = NULL;
+    long unit = 0;
+    size_t units = (size + EMU_UNIT - 1) / EMU_UNIT;
+    if (size < EMU_BLOCK) {
+        /* Carved from a shared block: the first that has room, else a new one. */
+        for (b = g_blocks[d]; b; b = b->next)
+            if (b->shared && (unit = block_fit(b, units)) >= 0) break;
+        if (!b) {
+            b = block_new(d, EMU_BLOCK, 1);
+            unit = 0;
+        }
+        if (b) units_mark(b, (size_t)unit, units, 1);
+    } else {
+        b = block_new(d, (size + EMU_BLOCK - 1) & ~(size_t)(EMU_BLOCK - 1), 0);
     }
-    if (mmap((void *)addr, len, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-        munmap(a->alias, len);
-        va_put(&g_devva[d], addr, len);
-        goto oom;
+    if (!b) {
+        pthread_mutex_unlock(&g_mu);
+        free(a);
+        return rt_ret(cudaErrorMemoryAllocation);
     }
-    a->base = addr;
+    a->blk = b;
+    a->off = (size_t)unit * EMU_UNIT;
+    a->base = b->base + a->off;
     a->size = size;
-    a->map_size = len;
+    a->map_size = b->shared ? units * EMU_UNIT : b->size;
     a->kind = A_DEVICE;
     a->device = d;
-    a->buffer_id = id;
-    a->fd = fd;
-    a->ino = st.st_ino;
+    a->fd = -1;
+    a->buffer_id = ++g_next_bufid;
     if (alloc_insert(a) != 0) {
-        unreserve_range(addr, len);
-        munmap(a->alias, len);
-        va_put(&g_devva[d], addr, len);
-        goto oom;
+        if (b->shared) units_mark(b, (size_t)unit, units, 0);
+        if (b->nalloc == 0) block_release(b);
+        pthread_mutex_unlock(&g_mu);
+        free(a);
+        return rt_ret(cudaErrorMemoryAllocation);
     }
-    g_dev[d].used += len;
+    b->nalloc++;
+    b->meta->bufid[unit] = a->buffer_id;
+    __atomic_store_n(&b->meta->imports[unit], 0, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g_mu);
     COUNT(C_MALLOC, 1);
-    *devPtr = (void *)addr;
+    *devPtr = (void *)a->base;
     return cudaSuccess;
-oom:
-    pthread_mutex_unlock(&g_mu);
-    if (fd >= 0) close(fd);
-    free(a);
-    return rt_ret(cudaErrorMemoryAllocation);
 }
 
 cudaError_t cudaFree(void *devPtr)
 {
-    ENSURE();
+    ENSURE_CTX();
     if (!devPtr) return cudaSuccess;
-    /* cudaFree synchronizes: queued work may still use the memory. */
-    sync_streams(-1);
     pthread_mutex_lock(&g_mu);
     struct alloc *a = alloc_find((uintptr_t)devPtr);
+    int ok = a && a->kind == A_DEVICE && a->base == (uintptr_t)devPtr;
+    int dev = ok ? a->device : -1;
+    pthread_mutex_unlock(&g_mu);
+    if (!ok) return rt_ret(cudaErrorInvalidValue);
+    /* cudaFree synchronizes: queued work may still use the memory. */
+    cudaError_t e = device_sync("cudaFree", dev);
+    if (e != cudaSuccess) return rt_ret(e);
+    pthread_mutex_lock(&g_mu);
+    a = alloc_find((uintptr_t)devPtr);
     if (!a || a->kind != A_DEVICE || a->base != (uintptr_t)devPtr) {
         pthread_mutex_unlock(&g_mu);
         return rt_ret(cudaErrorInvalidValue);
     }
+    struct block *b = a->blk;
+    size_t unit = a->off / EMU_UNIT;
+    /* Undefined on a GPU while another process has it open
+     * (cudaIpcOpenMemHandle: "Calling cudaFree on an exported memory region
+     * before calling cudaIpcCloseMemHandle in the importing context will
+     * result in undefined behavior"): counted, said once. */
+    uint32_t imp = __atomic_load_n(&b->meta->imports[unit], __ATOMIC_ACQUIRE);
+    if (imp > 0) {
+        static int said;
+        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+            fprintf(stderr, "weft-emu-cuda: cudaFree(%p) of %zu bytes while %u import(s) by other processes are "
+                    "open (undefined behaviour on a GPU; counter free_imported)\n", devPtr, a->size, imp);
+        COUNT(C_FREE_IMPORTED, 1);
+    }
+    b->meta->bufid[unit] = 0;
     alloc_remove(a);
-    unreserve_range(a->base, a->map_size);
-    va_put(&g_devva[a->device], a->base, a->map_size);
-    g_dev[a->device].used -= a->map_size;
+    if (b->shared) units_mark(b, unit, a->map_size / EMU_UNIT, 0);
+    if (--b->nalloc == 0) block_release(b);
     pthread_mutex_unlock(&g_mu);
-    munmap(a->alias, a->map_size);
-    /* Importers' mappings (and dma-buf descriptors or their mappings) keep
-     * the memory alive. */
-    close(a->fd);
     free(a);
     COUNT(C_FREE, 1);
     return cudaSuccess;
@@ -1261,10 +1618,12 @@ cudaError_t cudaFree(void *devPtr)
 cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
 {
     if (!pHost) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     if (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined))
         return rt_ret(cudaErrorInvalidValue);
     if (size == 0) { *pHost = NULL; return cudaSuccess; }
+    cudaError_t e = device_sync("cudaHostAlloc/cudaMallocHost", t_dev);
+    if (e != cudaSuccess) return rt_ret(e);
     size_t len = round_page(size);
     void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return rt_ret(cudaErrorMemoryAllocation);
@@ -1289,9 +1648,10 @@ cudaError_t cudaMallocHost(void **ptr, size_t size) { return cudaHostAlloc(ptr, 
 
 cudaError_t cudaFreeHost(void *ptr)
 {
-    ENSURE();
+    ENSURE_CTX();
     if (!ptr) return cudaSuccess;
-    sync_streams(-1);
+    cudaError_t e = device_sync("cudaFreeHost", -1);
+    if (e != cudaSuccess) return rt_ret(e);
     pthread_mutex_lock(&g_mu);
     struct alloc *a = alloc_find((uintptr_t)ptr);
     if (!a || a->kind != A_HOST || a->base != (uintptr_t)ptr) {
@@ -1307,11 +1667,13 @@ cudaError_t cudaFreeHost(void *ptr)
 
 cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
 {
-    ENSURE();
+    ENSURE_CTX();
     if (!ptr || size == 0 ||
         (flags & ~(unsigned)(cudaHostRegisterPortable | cudaHostRegisterMapped |
                              cudaHostRegisterIoMemory | cudaHostRegisterReadOnly)))
         return rt_ret(cudaErrorInvalidValue);
+    cudaError_t e = device_sync("cudaHostRegister", t_dev);
+    if (e != cudaSuccess) return rt_ret(e);
     struct alloc *a = calloc(1, sizeof(*a));
     if (!a) return rt_ret(cudaErrorMemoryAllocation);
     pthread_mutex_lock(&g_mu);
@@ -1337,8 +1699,9 @@ cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
 
 cudaError_t cudaHostUnregister(void *ptr)
 {
-    ENSURE();
-    sync_streams(-1);
+    ENSURE_CTX();
+    cudaError_t e = device_sync("cudaHostUnregister", -1);
+    if (e != cudaSuccess) return rt_ret(e);
     pthread_mutex_lock(&g_mu);
     struct alloc *a = ptr ? alloc_find((uintptr_t)ptr) : NULL;
     if (!a || a->kind != A_REGISTERED || a->base != (uintptr_t)ptr) {
@@ -1354,7 +1717,7 @@ cudaError_t cudaHostUnregister(void *ptr)
 cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags)
 {
     if (!pDevice || flags != 0) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     pthread_mutex_lock(&g_mu);
     struct alloc *a = alloc_find((uintptr_t)pHost);
     int ok = a && (a->kind == A_HOST || a->kind == A_REGISTERED);
@@ -1367,7 +1730,7 @@ cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int f
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *ptr)
 {
     if (!attr) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     memset(attr, 0, sizeof(*attr));
     pthread_mutex_lock(&g_mu);
     struct alloc *a = alloc_find((uintptr_t)ptr);
@@ -1388,11 +1751,37 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const v
     return cudaSuccess;
 }
 
+/* g_mu held. The range cuMemGetAddressRange and the RANGE_* attributes
+ * give for p in a: the allocation's own; in an import, the allocation
+ * opened there that contains p (else the whole mapped block). */
+static void alloc_range(const struct alloc *a, uintptr_t p, uintptr_t *base, size_t *size)
+{
+    *base = a->base;
+    *size = a->size;
+    if (a->kind != A_IMPORT) return;
+    for (size_t i = 0; i < a->nopens; i++) {
+        const struct iopen *o = &a->opens[i];
+        if (p >= o->ptr && p - o->ptr < (o->size ? o->size : 1)) {
+            *base = o->ptr;
+            *size = o->size;
+            return;
+        }
+    }
+}
+
 /* Driver pointer attributes. g_mu held; a may be NULL (not a CUDA pointer).
  * Returns -1 for an attribute this emulator does not know. */
 static int ptr_attr(struct alloc *a, CUpointer_attribute at, void *data, uintptr_t p)
 {
     int dev = a && (a->kind == A_DEVICE || a->kind == A_IMPORT);
+    uintptr_t rbase = 0;
+    size_t rsize = 0;
+    if (a) alloc_range(a, p, &rbase, &rsize);
+    /* The mapping p belongs to: a device allocation's block, an import's
+     * whole mapped block, host memory's own range. */
+    uintptr_t mbase = !a ? 0 : a->kind == A_DEVICE ? a->blk->base : a->base;
+    size_t msize = !a ? 0 : a->kind == A_DEVICE ? a->blk->size : a->kind == A_IMPORT ? a->size : a->map_size;
+    unsigned long long mid = !a ? 0 : a->kind == A_DEVICE ? a->blk->id : a->kind == A_IMPORT ? a->imp_id : a->buffer_id;
     switch (at) {
     case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = a ? &g_ctx[a->device] : NULL; break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
@@ -1407,8 +1796,8 @@ static int ptr_attr(struct alloc *a, CUpointer_attribute at, void *data, uintptr
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
         *(unsigned int *)data = a && a->kind == A_DEVICE;
         break;
-    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a ? (CUdeviceptr)a->base : 0; break;
-    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a ? a->size : 0; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = (CUdeviceptr)rbase; break;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = rsize; break;
     case CU_POINTER_ATTRIBUTE_MAPPED: *(unsigned int *)data = a ? 1 : 0; break;
     case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: *(unsigned long long *)data = 0; break;
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: *(unsigned int *)data = dev && g_gdr; break;
@@ -1416,9 +1805,9 @@ static int ptr_attr(struct alloc *a, CUpointer_attribute at, void *data, uintptr
         *(unsigned int *)data = a ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE : 0;
         break;
     case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: *(void **)data = NULL; break;
-    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: *(size_t *)data = a ? a->map_size : 0; break;
-    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: *(void **)data = a ? (void *)a->base : NULL; break;
-    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: *(unsigned long long *)data = a ? a->buffer_id : 0; break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: *(size_t *)data = msize; break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: *(void **)data = (void *)mbase; break;
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: *(unsigned long long *)data = mid; break;
     case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: *(unsigned int *)data = 0; break;
     default: return -1;
     }
@@ -1428,8 +1817,8 @@ static int ptr_attr(struct alloc *a, CUpointer_attribute at, void *data, uintptr
 CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
 {
     if (!data) return CUDA_ERROR_INVALID_VALUE;
-    cudaError_t e = ensure();
-    if (e) return drv_err(e);
+    CUresult r = need_ctx();
+    if (r != CUDA_SUCCESS) return r;
     pthread_mutex_lock(&g_mu);
     struct alloc *a = alloc_find((uintptr_t)ptr);
     int rc = a ? ptr_attr(a, attribute, data, (uintptr_t)ptr) : -1;
@@ -1441,8 +1830,8 @@ CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute 
                                 CUdeviceptr ptr)
 {
     if (!attributes || !data) return CUDA_ERROR_INVALID_VALUE;
-    cudaError_t e = ensure();
-    if (e) return drv_err(e);
+    CUresult r = need_ctx();
+    if (r != CUDA_SUCCESS) return r;
     int rc = 0;
     pthread_mutex_lock(&g_mu);
     struct alloc *a = alloc_find((uintptr_t)ptr);
@@ -1454,28 +1843,32 @@ CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_attribute 
 
 CUresult cuMemGetAddressRange(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
-    cudaError_t e = ensure();
-    if (e) return drv_err(e);
+    CUresult r = need_ctx();
+    if (r != CUDA_SUCCESS) return r;
     pthread_mutex_lock(&g_mu);
     struct alloc *a = alloc_find((uintptr_t)dptr);
     int ok = a && a->kind != A_REGISTERED;
     if (ok) {
-        if (pbase) *pbase = (CUdeviceptr)a->base;
-        if (psize) *psize = a->size;
+        uintptr_t b;
+        size_t n;
+        alloc_range(a, (uintptr_t)dptr, &b, &n);
+        if (pbase) *pbase = (CUdeviceptr)b;
+        if (psize) *psize = n;
     }
     pthread_mutex_unlock(&g_mu);
     return ok ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
-/* g_mu held. A new emulated dma-buf descriptor for [off, off+len) of a's
- * memfd (both page multiples): a fresh open file description (its own file
- * position, unlike dup), positioned at the EMU_DMABUF_* encoding. -1 on error. */
-static int dmabuf_fd_locked(const struct alloc *a, size_t off, size_t len)
+/* g_mu held. A new emulated dma-buf descriptor for [off, off+len) of the
+ * memfd fd (both page multiples): a fresh open file description (its own
+ * file position, unlike dup), positioned at the EMU_DMABUF_* encoding. -1
+ * on error. */
+static int dmabuf_fd_locked(int memfd, size_t off, size_t len)
 {
     uint64_t first = off / EMU_PAGE, pages = len / EMU_PAGE, lim = 1ULL << EMU_DMABUF_FIELD;
-    if (a->fd < 0 || pages == 0 || first >= lim || pages >= lim) return -1;
+    if (memfd < 0 || pages == 0 || first >= lim || pages >= lim) return -1;
     char path[64];
-    snprintf(path, sizeof(path), "/proc/self/fd/%d", a->fd);
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", memfd);
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0) return -1;
     off_t pos = (off_t)((EMU_DMABUF_TAG << 56) | (first << EMU_DMABUF_FIELD) | pages);
@@ -1487,12 +1880,14 @@ static int dmabuf_fd_locked(const struct alloc *a, size_t off, size_t len)
 }
 
 /* dma-buf export (the real contract): dptr and size aligned to the host page
- * size, the range inside one cudaMalloc allocation (up to its page-rounded
- * end), flags 0 or CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE. The fd stands
- * for the range starting at dptr: offset 0 of the dma-buf is dptr, so
+ * size, flags 0 or CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE; the range
+ * starts in a cudaMalloc allocation and stays inside its block (real
+ * drivers export the pages of the physical allocation, which a small
+ * allocation shares with its neighbours). The fd stands for the range
+ * starting at dptr: offset 0 of the dma-buf is dptr, so
  * ibv_reg_dmabuf_mr(pd, 0, size, (uint64_t)dptr, fd, access) registers
  * exactly [dptr, dptr+size). (An mmap of the fd, which real NVIDIA dma-bufs
- * do not offer, maps the memfd: its offset 0 is the allocation's base.)
+ * do not offer, maps the block's memfd: its offset 0 is the block's base.)
  * WEFT_EMU_CUDA_GDR=0: CUDA_ERROR_NOT_SUPPORTED for a valid range. */
 CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
                                        CUmemRangeHandleType handleType, unsigned long long flags)
@@ -1505,9 +1900,10 @@ CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t si
     if (e) return drv_err(e);
     pthread_mutex_lock(&g_mu);
     struct alloc *a = alloc_find((uintptr_t)dptr);
-    int ok = a && a->kind == A_DEVICE && size <= a->map_size && (uintptr_t)dptr - a->base <= a->map_size - size;
+    size_t off = a && a->kind == A_DEVICE ? (uintptr_t)dptr - a->blk->base : 0;
+    int ok = a && a->kind == A_DEVICE && size <= a->blk->size && off <= a->blk->size - size;
     int fd = -1;
-    if (ok && g_gdr) fd = dmabuf_fd_locked(a, (uintptr_t)dptr - a->base, size);
+    if (ok && g_gdr) fd = dmabuf_fd_locked(a->blk->fd, off, size);
     pthread_mutex_unlock(&g_mu);
     if (!ok) return CUDA_ERROR_INVALID_VALUE;
     if (!g_gdr) return CUDA_ERROR_NOT_SUPPORTED; /* no dma-buf support on this "platform" */
@@ -1527,10 +1923,13 @@ int weft_emu_cuda_peermem_fd(const void *ptr, size_t size)
     struct alloc *a = alloc_find((uintptr_t)ptr);
     int fd = -1;
     if (a && (a->kind == A_DEVICE || a->kind == A_IMPORT)) {
-        size_t off = (uintptr_t)ptr - a->base;
-        if (size <= a->size - off) {
+        size_t in = (uintptr_t)ptr - a->base;
+        if (size <= a->size - in) {
+            /* Offsets in the memfd: a device allocation sits at its offset
+             * in its block; an import maps the block from offset 0. */
+            size_t off = (a->kind == A_DEVICE ? a->off : 0) + in;
             size_t first = off & ~(size_t)(EMU_PAGE - 1);
-            fd = dmabuf_fd_locked(a, first, round_page(off + size) - first);
+            fd = dmabuf_fd_locked(a->kind == A_DEVICE ? a->blk->fd : a->fd, first, round_page(off + size) - first);
         }
     }
     pthread_mutex_unlock(&g_mu);
@@ -1580,11 +1979,12 @@ static int classify(const void *p, size_t n, int *device, void **view)
 /* Checks a copy; *sync: the blocking call must wait for it (cudaMemcpy);
  * *vdst, *vsrc: where the copy reads and writes (classify's view). */
 static cudaError_t check_copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind, int *sync,
-                              void **vdst, void **vsrc)
+                              void **vdst, void **vsrc, int *pageable_h2d)
 {
     if (count == 0) return cudaSuccess;
     if (!dst || !src) return cudaErrorInvalidValue;
     int kd = classify(dst, count, NULL, vdst), ks = classify(src, count, NULL, vsrc);
+    if (pageable_h2d) *pageable_h2d = kd == P_DEVICE && ks == P_PAGEABLE;
     if (kd == P_BAD || ks == P_BAD) return cudaErrorInvalidValue;
     switch (kind) {
     case cudaMemcpyHostToHost:
@@ -1609,13 +2009,24 @@ static cudaError_t check_copy(void *dst, const void *src, size_t count, enum cud
     return cudaSuccess;
 }
 
+static unsigned late_us(void)
+{
+    static unsigned long long x = 0x9e3779b97f4a7c15ULL;
+    unsigned long long r = __atomic_add_fetch(&x, 0x9e3779b97f4a7c15ULL, __ATOMIC_RELAXED);
+    r ^= r >> 31;
+    r *= 0xbf58476d1ce4e5b9ULL;
+    r ^= r >> 27;
+    unsigned span = g_late_max_us - g_late_min_us;
+    return g_late_min_us + (span ? (unsigned)(r % (span + 1)) : 0);
+}
+
 static cudaError_t enqueue_copy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
                                 cudaStream_t stream, int blocking)
 {
-    ENSURE();
-    int sync = 1;
+    ENSURE_CTX();
+    int sync = 1, pageable_h2d = 0;
     void *vdst = dst, *vsrc = (void *)src;
-    cudaError_t e = check_copy(dst, src, count, kind, &sync, &vdst, &vsrc);
+    cudaError_t e = check_copy(dst, src, count, kind, &sync, &vdst, &vsrc, &pageable_h2d);
     if (e) return rt_ret(e);
     struct CUstream_st *s;
     e = stream_resolve(stream, &s);
@@ -1626,6 +2037,30 @@ static cudaError_t enqueue_copy(void *dst, const void *src, size_t count, enum c
     o->dst = vdst;
     o->src = vsrc;
     o->n = count;
+    if (blocking && pageable_h2d && g_late_max_us > 0) {
+        /* cudaMemcpy from pageable memory to the device "will return once
+         * the pageable buffer has been copied to the staging memory for DMA
+         * transfer to device memory, but the DMA to final destination may
+         * not have completed" (API synchronization behavior): staged now,
+         * written on the legacy stream a few milliseconds later. Work on a
+         * non-blocking stream that reads it without a sync sees old bytes. */
+        void *staged = malloc(count);
+        struct op *d = staged ? op_new(OP_DELAY) : NULL;
+        if (!d) {
+            free(staged);
+            free(o);
+            return rt_ret(cudaErrorMemoryAllocation);
+        }
+        memcpy(staged, src, count);
+        o->src = staged;
+        o->owned = staged;
+        d->n = late_us();
+        stream_push(s, d);
+        stream_push(s, o);
+        COUNT(C_MEMCPY, 1);
+        COUNT(C_LATE_H2D, 1);
+        return cudaSuccess;
+    }
     uint64_t seq = stream_push(s, o);
     COUNT(C_MEMCPY, 1);
     if ((blocking && sync) || sync == 2) stream_wait_seq(s, seq);
@@ -1644,7 +2079,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaM
 
 cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDevice, size_t count)
 {
-    ENSURE();
+    ENSURE_CTX();
     if (dstDevice < 0 || dstDevice >= g_ndev || srcDevice < 0 || srcDevice >= g_ndev)
         return rt_ret(cudaErrorInvalidDevice);
     return enqueue_copy(dst, src, count, cudaMemcpyDeviceToDevice, NULL, 1);
@@ -1653,7 +2088,7 @@ cudaError_t cudaMemcpyPeer(void *dst, int dstDevice, const void *src, int srcDev
 cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int srcDevice, size_t count,
                                 cudaStream_t stream)
 {
-    ENSURE();
+    ENSURE_CTX();
     if (dstDevice < 0 || dstDevice >= g_ndev || srcDevice < 0 || srcDevice >= g_ndev)
         return rt_ret(cudaErrorInvalidDevice);
     return enqueue_copy(dst, src, count, cudaMemcpyDeviceToDevice, stream, 0);
@@ -1661,7 +2096,7 @@ cudaError_t cudaMemcpyPeerAsync(void *dst, int dstDevice, const void *src, int s
 
 static cudaError_t enqueue_set(void *devPtr, int value, size_t count, cudaStream_t stream, int blocking)
 {
-    ENSURE();
+    ENSURE_CTX();
     if (count == 0) return cudaSuccess;
     void *view = devPtr;
     int k = devPtr ? classify(devPtr, count, NULL, &view) : P_PAGEABLE;
@@ -1693,7 +2128,7 @@ cudaError_t cudaMemsetAsync(void *devPtr, int value, size_t count, cudaStream_t 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t *pStream, unsigned int flags, int priority)
 {
     if (!pStream || (flags & ~(unsigned)cudaStreamNonBlocking)) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     cudaError_t e = cudaSuccess;
     pthread_mutex_lock(&g_mu);
     struct CUstream_st *s = stream_new_locked(t_dev, flags, priority, 0, &e);
@@ -1713,7 +2148,7 @@ cudaError_t cudaStreamCreate(cudaStream_t *pStream) { return cudaStreamCreateWit
 /* Returns at once; queued work still runs, then the stream is released. */
 cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
-    ENSURE();
+    ENSURE_CTX();
     if (stream == NULL || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
         return rt_ret(cudaErrorInvalidResourceHandle);
     pthread_mutex_lock(&g_mu);
@@ -1734,7 +2169,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream)
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
-    ENSURE();
+    ENSURE_CTX();
     struct CUstream_st *s;
     cudaError_t e = stream_resolve(stream, &s);
     if (e) return rt_ret(e);
@@ -1748,7 +2183,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode)
 {
     (void)mode;
-    ENSURE();
+    ENSURE_CTX();
     struct CUstream_st *s;
     cudaError_t e = stream_resolve(stream, &s);
     if (e) return rt_ret(e);
@@ -1760,7 +2195,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMo
 cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph)
 {
     if (!graph) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     struct CUstream_st *s;
     cudaError_t e = stream_resolve(stream, &s);
     if (e) return rt_ret(e);
@@ -1772,7 +2207,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph)
 cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus *status)
 {
     if (!status) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     struct CUstream_st *s;
     cudaError_t e = stream_resolve(stream, &s);
     if (e) return rt_ret(e);
@@ -1783,7 +2218,7 @@ cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureSta
 
 cudaError_t cudaStreamQuery(cudaStream_t stream)
 {
-    ENSURE();
+    ENSURE_CTX();
     struct CUstream_st *s;
     cudaError_t e = stream_resolve(stream, &s);
     if (e) return rt_ret(e);
@@ -1794,7 +2229,7 @@ cudaError_t cudaStreamQuery(cudaStream_t stream)
 cudaError_t cudaStreamGetFlags(cudaStream_t hStream, unsigned int *flags)
 {
     if (!flags) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     struct CUstream_st *s;
     cudaError_t e = stream_resolve(hStream, &s);
     if (e) return rt_ret(e);
@@ -1805,7 +2240,7 @@ cudaError_t cudaStreamGetFlags(cudaStream_t hStream, unsigned int *flags)
 cudaError_t cudaStreamGetPriority(cudaStream_t hStream, int *priority)
 {
     if (!priority) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     struct CUstream_st *s;
     cudaError_t e = stream_resolve(hStream, &s);
     if (e) return rt_ret(e);
@@ -1816,7 +2251,7 @@ cudaError_t cudaStreamGetPriority(cudaStream_t hStream, int *priority)
 cudaError_t cudaStreamGetDevice(cudaStream_t hStream, int *device)
 {
     if (!device) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     struct CUstream_st *s;
     cudaError_t e = stream_resolve(hStream, &s);
     if (e) return rt_ret(e);
@@ -1827,7 +2262,7 @@ cudaError_t cudaStreamGetDevice(cudaStream_t hStream, int *device)
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void *userData)
 {
     if (!fn) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     struct CUstream_st *s;
     cudaError_t e = stream_resolve(stream, &s);
     if (e) return rt_ret(e);
@@ -1843,7 +2278,7 @@ cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t call
                                   unsigned int flags)
 {
     if (!callback || flags != 0) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     struct CUstream_st *s;
     cudaError_t e = stream_resolve(stream, &s);
     if (e) return rt_ret(e);
@@ -1857,7 +2292,7 @@ cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t call
 
 cudaError_t weft_emu_cuda_stream_delay(cudaStream_t stream, unsigned int usec)
 {
-    ENSURE();
+    ENSURE_CTX();
     struct CUstream_st *s;
     cudaError_t e = stream_resolve(stream, &s);
     if (e) return rt_ret(e);
@@ -1896,7 +2331,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned int flags)
     if (!event || (flags & ~(unsigned)(cudaEventBlockingSync | cudaEventDisableTiming | cudaEventInterprocess)))
         return rt_ret(cudaErrorInvalidValue);
     if ((flags & cudaEventInterprocess) && !(flags & cudaEventDisableTiming)) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     struct CUevent_st *e = calloc(1, sizeof(*e));
     if (!e) return rt_ret(cudaErrorMemoryAllocation);
     e->flags = flags;
@@ -1914,7 +2349,7 @@ cudaError_t cudaEventCreate(cudaEvent_t *event) { return cudaEventCreateWithFlag
 
 cudaError_t cudaEventDestroy(cudaEvent_t event)
 {
-    ENSURE();
+    ENSURE_CTX();
     pthread_mutex_lock(&g_mu);
     struct CUevent_st **pp = &g_events;
     while (*pp && *pp != event) pp = &(*pp)->next_all;
@@ -1928,12 +2363,21 @@ cudaError_t cudaEventDestroy(cudaEvent_t event)
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
-    ENSURE();
+    ENSURE_CTX();
     struct CUevent_st *ev;
     struct CUstream_st *s;
     cudaError_t e = event_resolve(event, &ev);
     if (!e) e = stream_resolve(stream, &s);
     if (e) return rt_ret(e);
+    /* "event and stream must be on the same device" (cudaEventRecord). */
+    if (ev->device != s->device) {
+        static int said;
+        if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+            fprintf(stderr, "weft-emu-cuda: cudaEventRecord of an event of device %d on a stream of device %d: "
+                    "invalid resource handle (event and stream must be on the same device)\n", ev->device,
+                    s->device);
+        return rt_ret(cudaErrorInvalidResourceHandle);
+    }
     struct op *o = op_new(OP_RECORD);
     if (!o) return rt_ret(cudaErrorMemoryAllocation);
     pthread_mutex_lock(&g_mu);
@@ -1955,7 +2399,7 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream, uns
 
 cudaError_t cudaEventQuery(cudaEvent_t event)
 {
-    ENSURE();
+    ENSURE_CTX();
     struct CUevent_st *ev;
     cudaError_t e = event_resolve(event, &ev);
     if (e) return rt_ret(e);
@@ -1967,7 +2411,7 @@ cudaError_t cudaEventQuery(cudaEvent_t event)
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
-    ENSURE();
+    ENSURE_CTX();
     struct CUevent_st *ev;
     cudaError_t e = event_resolve(event, &ev);
     if (e) return rt_ret(e);
@@ -1981,7 +2425,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event)
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 {
     if (!ms) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     struct CUevent_st *a, *b;
     cudaError_t e = event_resolve(start, &a);
     if (!e) e = event_resolve(end, &b);
@@ -1998,7 +2442,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
 {
     if (flags & ~(unsigned)cudaEventWaitExternal) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     struct CUevent_st *ev;
     struct CUstream_st *s;
     cudaError_t e = event_resolve(event, &ev);
@@ -2080,18 +2524,22 @@ CUresult cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t valu
 
 /* ------------------------------------------------------------------ IPC */
 
+/* The 64-byte handle: the exporter (node, pid, token), its block (memfd
+ * descriptor number, block id, block address) and the allocation in it
+ * (offset, size, buffer id). */
 struct ipc_handle {
     uint32_t magic;
-    uint32_t node;
     uint32_t pid;
     int32_t  fd;
+    uint16_t device;
+    uint16_t node;
     uint64_t token;
-    uint64_t ino;
-    uint64_t size;
+    uint64_t block_id;
+    uint64_t block_va;
     uint64_t buffer_id;
-    int32_t  device;
+    uint64_t size;
+    uint32_t off;
     uint32_t check;
-    uint8_t  pad[8];
 };
 _Static_assert(sizeof(struct ipc_handle) == CUDA_IPC_HANDLE_SIZE, "IPC handle size");
 
@@ -2103,7 +2551,7 @@ static uint32_t ipc_check(const struct ipc_handle *h)
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
 {
     if (!handle || !devPtr) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     struct ipc_handle h;
     memset(&h, 0, sizeof(h));
     pthread_mutex_lock(&g_mu);
@@ -2113,14 +2561,16 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
     int ok = a && a->kind == A_DEVICE && a->base == (uintptr_t)devPtr;
     if (ok) {
         h.magic = EMU_IPC_MAGIC;
-        h.node = g_node;
+        h.node = (uint16_t)g_node;
         h.pid = (uint32_t)getpid();
-        h.fd = a->fd;
+        h.fd = a->blk->fd;
         h.token = g_token;
-        h.ino = (uint64_t)a->ino;
+        h.block_id = a->blk->id;
+        h.block_va = a->blk->base;
         h.size = a->size;
+        h.off = (uint32_t)a->off;
         h.buffer_id = a->buffer_id;
-        h.device = a->device;
+        h.device = (uint16_t)a->device;
     }
     pthread_mutex_unlock(&g_mu);
     if (!ok) return rt_ret(cudaErrorInvalidValue);
@@ -2130,125 +2580,204 @@ cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
     return cudaSuccess;
 }
 
-/* g_mu held. A handle already open in this process: cudaErrorAlreadyMapped,
- * or (WEFT_EMU_CUDA_IPC_REOPEN=refcount) one more reference to the same
- * mapping; cudaErrorNotReady when it is not open. */
-static cudaError_t reopen_locked(const struct ipc_handle *h, void **devPtr)
+/* g_mu held. The import of this process that conflicts with h: the same
+ * exporter's block (*same = 1), or another of its blocks over an
+ * overlapping address range (it freed the old one and got the addresses
+ * back: drivers refuse that open as well). NULL: none. */
+static struct alloc *import_conflict(const struct ipc_handle *h, size_t block_size, int *same)
 {
     for (size_t i = 0; i < g_nallocs; i++) {
         struct alloc *a = g_allocs[i];
-        if (a->kind == A_IMPORT && a->imp_token == h->token && a->imp_bufid == h->buffer_id) {
-            if (!g_ipc_refcount) return cudaErrorAlreadyMapped;
-            a->refs++;
-            *devPtr = (void *)a->base;
-            COUNT(C_IPC_OPEN, 1);
-            return cudaSuccess;
+        if (a->kind != A_IMPORT || a->imp_token != h->token) continue;
+        if (a->imp_block == h->block_id) {
+            *same = 1;
+            return a;
+        }
+        if (a->imp_va < h->block_va + block_size && h->block_va < a->imp_va + a->size) {
+            *same = 0;
+            return a;
         }
     }
-    return cudaErrorNotReady;
+    return NULL;
+}
+
+/* g_mu held. One more open of the allocation h names in import a. */
+static cudaError_t import_add_open(struct alloc *a, const struct ipc_handle *h, void **devPtr)
+{
+    if (__atomic_load_n(&a->meta->bufid[h->off / EMU_UNIT], __ATOMIC_ACQUIRE) != h->buffer_id)
+        return cudaErrorInvalidResourceHandle;   /* freed since */
+    uintptr_t ptr = a->base + h->off;
+    struct iopen *o = NULL;
+    for (size_t i = 0; i < a->nopens && !o; i++)
+        if (a->opens[i].ptr == ptr) o = &a->opens[i];
+    if (!o) {
+        if (a->nopens == a->capopens) {
+            size_t cap = a->capopens ? 2 * a->capopens : 4;
+            struct iopen *n = realloc(a->opens, cap * sizeof(*n));
+            if (!n) return cudaErrorMemoryAllocation;
+            a->opens = n;
+            a->capopens = cap;
+        }
+        o = &a->opens[a->nopens++];
+        o->ptr = ptr;
+        o->off = h->off;
+        o->size = h->size;
+        o->refs = 0;
+    }
+    o->refs++;
+    __atomic_add_fetch(&a->meta->imports[h->off / EMU_UNIT], 1, __ATOMIC_ACQ_REL);
+    *devPtr = (void *)ptr;
+    COUNT(C_IPC_OPEN, 1);
+    return cudaSuccess;
 }
 
 cudaError_t cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsigned int flags)
 {
     if (!devPtr || (flags & ~(unsigned)cudaIpcMemLazyEnablePeerAccess)) return rt_ret(cudaErrorInvalidValue);
-    ENSURE();
+    ENSURE_CTX();
     struct ipc_handle h;
     memcpy(&h, handle.reserved, sizeof(h));
-    if (h.magic != EMU_IPC_MAGIC || h.check != ipc_check(&h) || h.device < 0 || h.device >= g_ndev)
+    if (h.magic != EMU_IPC_MAGIC || h.check != ipc_check(&h) || h.device >= g_ndev ||
+        h.off % EMU_UNIT != 0 || h.off >= EMU_BLOCK)
         return rt_ret(cudaErrorInvalidValue);
     /* Another node: the handle means nothing here. */
-    if (h.node != g_node) return rt_ret(cudaErrorInvalidResourceHandle);
-    /* The exporting process itself: CUDA_ERROR_INVALID_CONTEXT in the driver. */
+    if (h.node != (uint16_t)g_node) return rt_ret(cudaErrorInvalidResourceHandle);
+    /* The exporting process itself: CUDA_ERROR_INVALID_CONTEXT in the
+     * driver, whichever thread (or rank of the process) asks. */
     if (h.pid == (uint32_t)getpid() && h.token == g_token) return rt_ret(cudaErrorDeviceUninitialized);
     if (h.device != t_dev && g_no_peer[t_dev][h.device]) return rt_ret(cudaErrorPeerAccessUnsupported);
+    if (g_sync_ipc_open) {
+        cudaError_t se = device_sync("cudaIpcOpenMemHandle", t_dev);
+        if (se != cudaSuccess) return rt_ret(se);
+    }
 
-    pthread_mutex_lock(&g_mu);
-    cudaError_t e = reopen_locked(&h, devPtr);
-    pthread_mutex_unlock(&g_mu);
-    if (e != cudaErrorNotReady) return rt_ret(e);
-
-    /* The exporter's memfd through /proc: gone (freed, or the process
-     * exited) when the descriptor is closed or now names another file. */
+    /* The exporter's memfd through /proc: gone (the block was released, or
+     * the process exited) when the descriptor is closed or now names
+     * another file. */
     char path[64];
     snprintf(path, sizeof(path), "/proc/%u/fd/%d", h.pid, h.fd);
     int fd = open(path, O_RDWR | O_CLOEXEC);
     struct stat st;
     if (fd < 0) return rt_ret(cudaErrorInvalidResourceHandle);
-    if (fstat(fd, &st) != 0 || (uint64_t)st.st_ino != h.ino || (uint64_t)st.st_size < h.size) {
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size <= EMU_META_LEN) {
         close(fd);
         return rt_ret(cudaErrorInvalidResourceHandle);
     }
-    size_t len = round_page(h.size);
-    struct alloc *a = calloc(1, sizeof(*a));
-    if (!a) { close(fd); return rt_ret(cudaErrorMemoryAllocation); }
-    pthread_mutex_lock(&g_mu);
-    e = reopen_locked(&h, devPtr); /* another thread opened it meanwhile */
-    if (e != cudaErrorNotReady) {
-        pthread_mutex_unlock(&g_mu);
+    size_t data = (size_t)st.st_size - EMU_META_LEN;
+    void *alias = mmap(NULL, data + EMU_META_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (alias == MAP_FAILED) {
         close(fd);
-        free(a);
-        return rt_ret(e);
-    }
-    uintptr_t addr = va_get(&g_impva, len);
-    void *alias = addr ? mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
-    if (alias == MAP_FAILED ||
-        mmap((void *)addr, len, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
-        if (alias != MAP_FAILED) munmap(alias, len);
-        if (addr) va_put(&g_impva, addr, len);
-        pthread_mutex_unlock(&g_mu);
-        close(fd);
-        free(a);
         return rt_ret(cudaErrorMapBufferObjectFailed);
     }
+    struct block_meta *meta = (struct block_meta *)((char *)alias + data);
+    if (meta->magic != EMU_META_MAGIC || meta->block_id != h.block_id || meta->data_size != data ||
+        h.off + h.size > data) {
+        munmap(alias, data + EMU_META_LEN);
+        close(fd);
+        return rt_ret(cudaErrorInvalidResourceHandle);
+    }
+
+    pthread_mutex_lock(&g_mu);
+    int same = 0;
+    struct alloc *a = import_conflict(&h, data, &same);
+    cudaError_t e = cudaSuccess;
+    if (a) {
+        /* The block (or addresses of it) is mapped already: refused, as
+         * drivers do in practice ("resource already mapped"), or with
+         * WEFT_EMU_CUDA_IPC_REOPEN=refcount one more reference (the CUDA 13
+         * header's wording) when it is the same block. */
+        e = same && g_ipc_refcount ? import_add_open(a, &h, devPtr) : cudaErrorAlreadyMapped;
+        pthread_mutex_unlock(&g_mu);
+        munmap(alias, data + EMU_META_LEN);
+        close(fd);
+        return rt_ret(e);
+    }
+    a = calloc(1, sizeof(*a));
+    uintptr_t addr = a ? va_get(&g_impva, data) : 0;
+    if (!addr || mmap((void *)addr, data, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+        if (addr) va_put(&g_impva, addr, data);
+        pthread_mutex_unlock(&g_mu);
+        free(a);
+        munmap(alias, data + EMU_META_LEN);
+        close(fd);
+        return rt_ret(a ? cudaErrorMapBufferObjectFailed : cudaErrorMemoryAllocation);
+    }
     a->alias = alias;
+    a->meta = meta;
     a->base = addr;
-    a->size = h.size;
-    a->map_size = len;
+    a->size = data;
+    a->map_size = data;
     a->kind = A_IMPORT;
     a->device = h.device;
     a->buffer_id = ++g_next_bufid;
+    a->imp_id = ++g_next_blockid;
     a->fd = fd; /* kept for weft_emu_cuda_peermem_fd */
-    a->refs = 1;
     a->imp_token = h.token;
-    a->imp_bufid = h.buffer_id;
+    a->imp_block = h.block_id;
+    a->imp_va = h.block_va;
     a->imp_pid = h.pid;
-    if (alloc_insert(a) != 0) {
-        unreserve_range(addr, len);
-        munmap(alias, len);
-        va_put(&g_impva, addr, len);
+    e = import_add_open(a, &h, devPtr);
+    if (e == cudaSuccess && alloc_insert(a) != 0) {
+        __atomic_sub_fetch(&meta->imports[h.off / EMU_UNIT], 1, __ATOMIC_ACQ_REL);
+        e = cudaErrorMemoryAllocation;
+    }
+    if (e != cudaSuccess) {
+        unreserve_range(addr, data);
+        va_put(&g_impva, addr, data);
         pthread_mutex_unlock(&g_mu);
-        close(fd);
+        free(a->opens);
         free(a);
-        return rt_ret(cudaErrorMemoryAllocation);
+        munmap(alias, data + EMU_META_LEN);
+        close(fd);
+        return rt_ret(e);
     }
     pthread_mutex_unlock(&g_mu);
-    COUNT(C_IPC_OPEN, 1);
     COUNT(C_IPC_IMPORTS, 1);
-    *devPtr = (void *)addr;
     return cudaSuccess;
 }
 
 cudaError_t cudaIpcCloseMemHandle(void *devPtr)
 {
-    ENSURE();
+    ENSURE_CTX();
     pthread_mutex_lock(&g_mu);
     struct alloc *a = devPtr ? alloc_find((uintptr_t)devPtr) : NULL;
-    if (!a || a->kind != A_IMPORT || a->base != (uintptr_t)devPtr) {
+    struct iopen *o = NULL;
+    for (size_t i = 0; a && a->kind == A_IMPORT && i < a->nopens && !o; i++)
+        if (a->opens[i].ptr == (uintptr_t)devPtr) o = &a->opens[i];
+    if (!o) {
         pthread_mutex_unlock(&g_mu);
         return rt_ret(cudaErrorInvalidValue);
     }
-    int last = --a->refs == 0;
+    int last = a->nopens == 1 && o->refs == 1;
     pthread_mutex_unlock(&g_mu);
-    COUNT(C_IPC_CLOSE, 1);
-    if (!last) return cudaSuccess;
-    sync_streams(-1); /* queued work may still use the mapping */
+    if (last) {
+        /* The last close unmaps: queued work may still use the mapping. */
+        cudaError_t e = device_sync("cudaIpcCloseMemHandle", -1);
+        if (e != cudaSuccess) return rt_ret(e);
+    }
     pthread_mutex_lock(&g_mu);
+    a = alloc_find((uintptr_t)devPtr);
+    o = NULL;
+    for (size_t i = 0; a && a->kind == A_IMPORT && i < a->nopens && !o; i++)
+        if (a->opens[i].ptr == (uintptr_t)devPtr) o = &a->opens[i];
+    if (!o) {
+        pthread_mutex_unlock(&g_mu);
+        return rt_ret(cudaErrorInvalidValue);
+    }
+    __atomic_sub_fetch(&a->meta->imports[o->off / EMU_UNIT], 1, __ATOMIC_ACQ_REL);
+    if (--o->refs == 0) *o = a->opens[--a->nopens];
+    COUNT(C_IPC_CLOSE, 1);
+    if (a->nopens > 0) {
+        pthread_mutex_unlock(&g_mu);
+        return cudaSuccess;
+    }
     alloc_remove(a);
-    unreserve_range(a->base, a->map_size);
-    va_put(&g_impva, a->base, a->map_size);
+    unreserve_range(a->base, a->size);
+    va_put(&g_impva, a->base, a->size);
     pthread_mutex_unlock(&g_mu);
-    munmap(a->alias, a->map_size);
+    munmap(a->alias, a->size + EMU_META_LEN);
     close(a->fd);
+    free(a->opens);
     free(a);
     COUNT(C_IPC_IMPORTS, -1);
     return cudaSuccess;
@@ -2257,11 +2786,13 @@ cudaError_t cudaIpcCloseMemHandle(void *devPtr)
 /* ------------------------------------------------------------------ contexts, modules, kernels */
 
 /* Contexts: one per device (the primary context, g_ctx). cuCtxPushCurrent
- * makes its device the thread's current device -- what the runtime does
- * with a context made current through the driver -- until the matching
- * cuCtxPopCurrent restores the previous one. */
+ * makes it current on the thread -- its device becomes the thread's current
+ * device, as the runtime does with a context made current through the
+ * driver -- until the matching cuCtxPopCurrent restores what was current
+ * before (possibly no context at all). */
 #define EMU_CTX_DEPTH 16
 static _Thread_local int t_ctx_saved[EMU_CTX_DEPTH];
+static _Thread_local int t_ctx_saved_has[EMU_CTX_DEPTH];
 static _Thread_local int t_ctx_depth;
 
 static int ctx_device(CUcontext ctx)
@@ -2276,6 +2807,9 @@ CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     cudaError_t e = ensure();
     if (e) return drv_err(e);
+    /* The legacy and per-thread streams are those of the current context. */
+    if ((hStream == NULL || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD) && !t_has_ctx)
+        return CUDA_ERROR_INVALID_CONTEXT;
     struct CUstream_st *s;
     if (stream_resolve(hStream, &s) != cudaSuccess) return CUDA_ERROR_INVALID_HANDLE;
     *pctx = &g_ctx[s->device];
@@ -2289,8 +2823,10 @@ CUresult cuCtxPushCurrent(CUcontext ctx)
     int d = ctx_device(ctx);
     if (d < 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (t_ctx_depth == EMU_CTX_DEPTH) return CUDA_ERROR_OUT_OF_MEMORY;
-    t_ctx_saved[t_ctx_depth++] = t_dev;
+    t_ctx_saved[t_ctx_depth] = t_dev;
+    t_ctx_saved_has[t_ctx_depth++] = t_has_ctx;
     t_dev = d;
+    t_has_ctx = 1;
     return CUDA_SUCCESS;
 }
 
@@ -2300,54 +2836,175 @@ CUresult cuCtxPopCurrent(CUcontext *pctx)
     if (e) return drv_err(e);
     if (t_ctx_depth == 0) return CUDA_ERROR_INVALID_CONTEXT;
     if (pctx) *pctx = &g_ctx[t_dev];
-    t_dev = t_ctx_saved[--t_ctx_depth];
+    t_ctx_depth--;
+    t_dev = t_ctx_saved[t_ctx_depth];
+    t_has_ctx = t_ctx_saved_has[t_ctx_depth];
     return CUDA_SUCCESS;
 }
 
 CUresult cuCtxGetDevice(CUdevice *device)
 {
     if (!device) return CUDA_ERROR_INVALID_VALUE;
-    cudaError_t e = ensure();
-    if (e) return drv_err(e);
+    CUresult r = need_ctx();
+    if (r != CUDA_SUCCESS) return r;
     *device = t_dev;
     return CUDA_SUCCESS;
 }
 
-/* Kernels cannot run here: loading a module is refused with
- * CUDA_ERROR_NOT_SUPPORTED, so no module or function handle ever exists
- * and the calls that take one fail with CUDA_ERROR_INVALID_HANDLE. weft
- * sees the refusal of a real driver call (and stages device reductions
- * through host memory) rather than a missing entry point. */
+/* Modules: a well-formed fatbin (magic 0xBA55ED50, version 1, its header's
+ * size within the image) loads into the current context -- a call that
+ * synchronises the device, as lazy loading makes it on a GPU -- and its
+ * functions are weft's reduction kernels, looked up by name (the first
+ * lookup of each synchronises too: that is when lazy loading loads it).
+ * They run on the stream's worker with weft's host arithmetic
+ * (emu_kernels.c). Any other image (a cubin, PTX text) is refused with
+ * CUDA_ERROR_NOT_SUPPORTED: no other kernel can run here. */
+#define EMU_FATBIN_MAGIC 0xBA55ED50u
+
+struct CUfunc_st {
+    struct CUmod_st         *mod;
+    const struct emu_kernel *k;
+    int                      looked_up;
+};
+
+struct CUmod_st {
+    uint32_t          magic;     /* EMU_MOD_MAGIC while loaded */
+    int               device;
+    struct CUfunc_st *fns;       /* one per kernel of the table */
+};
+#define EMU_MOD_MAGIC 0x4d4f4455u
+
+static int module_live(const struct CUmod_st *m) { return m && m->magic == EMU_MOD_MAGIC; }
+
+static int fatbin_ok(const void *image)
+{
+    const unsigned char *p = image;
+    uint32_t magic;
+    uint16_t version, hsize;
+    uint64_t body;
+    memcpy(&magic, p, 4);
+    memcpy(&version, p + 4, 2);
+    memcpy(&hsize, p + 6, 2);
+    memcpy(&body, p + 8, 8);
+    return magic == EMU_FATBIN_MAGIC && version == 1 && hsize >= 16 && body > 0 && body < (1ULL << 32);
+}
+
 CUresult cuModuleLoadData(CUmodule *module, const void *image)
 {
     if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
     *module = NULL;
-    cudaError_t e = ensure();
-    if (e) return drv_err(e);
-    return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult r = need_ctx();
+    if (r != CUDA_SUCCESS) return r;
+    if (!fatbin_ok(image)) return CUDA_ERROR_NOT_SUPPORTED;
+    cudaError_t e = device_sync("cuModuleLoadData", t_dev);
+    if (e != cudaSuccess) return drv_err(e);
+    struct CUmod_st *m = calloc(1, sizeof(*m));
+    struct CUfunc_st *f = m ? calloc((size_t)emu_kernel_count(), sizeof(*f)) : NULL;
+    if (!f) {
+        free(m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    m->magic = EMU_MOD_MAGIC;
+    m->device = t_dev;
+    m->fns = f;
+    COUNT(C_MODULE_LOADS, 1);
+    *module = m;
+    return CUDA_SUCCESS;
 }
 
 CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
 {
-    (void)hmod;
     if (!hfunc || !name) return CUDA_ERROR_INVALID_VALUE;
     *hfunc = NULL;
-    return CUDA_ERROR_INVALID_HANDLE;
+    if (!module_live(hmod)) return CUDA_ERROR_INVALID_HANDLE;
+    const struct emu_kernel *k = emu_kernel_find(name);
+    if (!k) return CUDA_ERROR_NOT_FOUND;
+    struct CUfunc_st *f = &hmod->fns[emu_kernel_index(k)];
+    if (!__atomic_load_n(&f->looked_up, __ATOMIC_ACQUIRE)) {
+        cudaError_t e = device_sync("cuModuleGetFunction (first lookup)", hmod->device);
+        if (e != cudaSuccess) return drv_err(e);
+        f->mod = hmod;
+        f->k = k;
+        __atomic_store_n(&f->looked_up, 1, __ATOMIC_RELEASE);
+    }
+    *hfunc = f;
+    return CUDA_SUCCESS;
 }
 
 CUresult cuModuleUnload(CUmodule hmod)
 {
-    (void)hmod;
-    return CUDA_ERROR_INVALID_HANDLE;
+    if (!module_live(hmod)) return CUDA_ERROR_INVALID_HANDLE;
+    /* Queued launches may still use it: they keep their kernel (a table
+     * entry), not the module. */
+    hmod->magic = 0;
+    free(hmod->fns);
+    free(hmod);
+    return CUDA_SUCCESS;
+}
+
+/* A kernel operand: n elements of es bytes at p, device memory the kernel
+ * can reach (its device's allocations, IPC imports), aligned to the element
+ * (a misaligned access faults on a GPU). *view: where the worker reads it. */
+static CUresult kernel_operand(const void *p, unsigned long long n, size_t es, int device, void **view)
+{
+    if ((uintptr_t)p % es) return CUDA_ERROR_MISALIGNED_ADDRESS;
+    int d = -1;
+    size_t bytes = (size_t)n * es;
+    int k = classify(p, bytes ? bytes : 1, &d, view);
+    if (k != P_DEVICE) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (d != device && g_no_peer[device][d]) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    return CUDA_SUCCESS;
 }
 
 CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                         unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                         unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
 {
-    (void)f; (void)gridDimX; (void)gridDimY; (void)gridDimZ; (void)blockDimX; (void)blockDimY;
-    (void)blockDimZ; (void)sharedMemBytes; (void)hStream; (void)kernelParams; (void)extra;
-    return CUDA_ERROR_INVALID_HANDLE;
+    (void)sharedMemBytes;
+    CUresult r = need_ctx();
+    if (r != CUDA_SUCCESS) return r;
+    if (!f || !f->looked_up || !module_live(f->mod)) return CUDA_ERROR_INVALID_HANDLE;
+    if (!kernelParams || extra) return CUDA_ERROR_INVALID_VALUE;
+    if (gridDimX == 0 || gridDimY == 0 || gridDimZ == 0 || blockDimX == 0 || blockDimY == 0 || blockDimZ == 0 ||
+        (unsigned long long)blockDimX * blockDimY * blockDimZ > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* The function's context must be current, and the stream one of it. */
+    if (f->mod->device != t_dev) return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUstream_st *s;
+    if (stream_resolve(hStream, &s) != cudaSuccess) return CUDA_ERROR_INVALID_HANDLE;
+    if (s->device != f->mod->device) return CUDA_ERROR_INVALID_HANDLE;
+    const struct emu_kernel *k = f->k;
+    void *dst = *(void **)kernelParams[0];
+    const void *a = *(const void **)kernelParams[1];
+    const void *b = k->div ? NULL : *(const void **)kernelParams[2];
+    unsigned long long n = *(unsigned long long *)kernelParams[k->div ? 2 : 3];
+    int divisor = k->div ? *(int *)kernelParams[3] : 0;
+    if (k->div && divisor < 1) return CUDA_ERROR_INVALID_VALUE;
+    struct op *o = op_new(OP_KERNEL);
+    if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
+    void *vd = NULL, *va = NULL, *vb = NULL;
+    if (n > 0) {
+        r = kernel_operand(dst, n, k->esize, s->device, &vd);
+        if (r == CUDA_SUCCESS) r = kernel_operand(a, n, k->esize, s->device, &va);
+        if (r == CUDA_SUCCESS && !k->div) r = kernel_operand(b, n, k->esize, s->device, &vb);
+        if (r != CUDA_SUCCESS) {
+            free(o);
+            fprintf(stderr, "weft-emu-cuda: cuLaunchKernel(%s) over %llu elements (dst %p, a %p%s%p): %s\n",
+                    k->name, n, dst, a, k->div ? "" : ", b ", k->div ? (const void *)"" : b,
+                    r == CUDA_ERROR_MISALIGNED_ADDRESS ? "misaligned address" : "an operand is not device memory "
+                    "of the stream's device (illegal address)");
+            return r;
+        }
+    }
+    o->kernel = k;
+    o->dst = vd;
+    o->src = va;
+    o->arg = vb;
+    o->u64 = n;
+    o->value = divisor;
+    stream_push(s, o);
+    COUNT(C_LAUNCHES, 1);
+    return CUDA_SUCCESS;
 }
 
 /* ------------------------------------------------------------------ driver entry points */

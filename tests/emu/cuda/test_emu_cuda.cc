@@ -279,7 +279,8 @@ TEST(EmuCuda, EnvKnobs)
 
     EXPECT_EQ("0", m["big"]);
     EXPECT_EQ("0", m["gdr"]);
-    auto small = child_info({"WEFT_EMU_CUDA_MEM=1M", "WEFT_EMU_CUDA_GDR=1"});
+    // Device memory is counted in 2 MiB blocks: room for one.
+    auto small = child_info({"WEFT_EMU_CUDA_MEM=2M", "WEFT_EMU_CUDA_GDR=1"});
     EXPECT_EQ("0", small["malloc"]);
     EXPECT_EQ(std::to_string((int)cudaErrorMemoryAllocation), small["big"]);
     EXPECT_EQ("1", small["gdr"]);
@@ -1037,6 +1038,7 @@ TEST(EmuCudaIpc, DataBothWays)
     for (size_t i = 0; i < kDataLen; i++) h[i] = pattern(i, 3);
     CK(cudaMemset(d, 0, kIpcBytes));
     CK(cudaMemcpy((char *)d + kData, h.data(), kDataLen, cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());  // a pageable H2D copy lands late
     cudaIpcMemHandle_t handle;
     CK(cudaIpcGetMemHandle(&handle, d));
 
@@ -1269,7 +1271,7 @@ int child_info_role()
     printf("malloc=%d\n", (int)cudaMalloc(&p, 64));
     if (p) cudaFree(p);
     p = nullptr;
-    printf("big=%d\n", (int)cudaMalloc(&p, 2 << 20));
+    printf("big=%d\n", (int)cudaMalloc(&p, 4 << 20));
     if (p) cudaFree(p);
     int gdr = -1;
     cudaDeviceGetAttribute(&gdr, cudaDevAttrGPUDirectRDMASupported, 0);
@@ -1320,6 +1322,8 @@ int child_dmabuf_role()
         void *d = nullptr;
         DB_CHECK(cudaMalloc(&d, n) == cudaSuccess);
         DB_CHECK(cudaMemcpy(d, src.data(), n, cudaMemcpyHostToDevice) == cudaSuccess);
+        // From pageable memory the copy lands later: wait for it.
+        DB_CHECK(cudaDeviceSynchronize() == cudaSuccess);
         CUdeviceptr dp = (CUdeviceptr)d;
         const CUmemRangeHandleType dmabuf = CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD;
         // The whole allocation, up to its page-rounded end: a mappable fd
@@ -1348,8 +1352,15 @@ int child_dmabuf_role()
         int bad = -1;
         DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp + 100, 4096, dmabuf, 0) == CUDA_ERROR_INVALID_VALUE);
         DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp, 4000, dmabuf, 0) == CUDA_ERROR_INVALID_VALUE);
-        DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp, mapped + 4096, dmabuf, 0) == CUDA_ERROR_INVALID_VALUE);
-        DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp + 4096, mapped, dmabuf, 0) == CUDA_ERROR_INVALID_VALUE);
+        // The allocation shares a 2 MiB block (the first of this process:
+        // it starts the block); a range may cover the block, not more.
+        const size_t block = 2 << 20;
+        CUdeviceptr blk = 0;
+        DB_CHECK(cuPointerGetAttribute(&blk, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, dp) == CUDA_SUCCESS && blk == dp);
+        DB_CHECK(cuMemGetHandleForAddressRange(&fd3, dp, block, dmabuf, 0) == CUDA_SUCCESS);
+        close(fd3);
+        DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp, block + 4096, dmabuf, 0) == CUDA_ERROR_INVALID_VALUE);
+        DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp + 4096, block, dmabuf, 0) == CUDA_ERROR_INVALID_VALUE);
         DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp, 4096, dmabuf, 2) == CUDA_ERROR_INVALID_VALUE);
         DB_CHECK(cuMemGetHandleForAddressRange(&bad, dp, 4096, (CUmemRangeHandleType)2, 0) ==
                  CUDA_ERROR_INVALID_VALUE);
