@@ -9,6 +9,7 @@
 #include "config.h"
 #include "core.h"
 #include "log.h"
+#include "reduce_kernel.h"
 #include "tags.h"
 #include "weft.h"
 
@@ -126,6 +127,15 @@ int weft_coll_init(struct weft_coll *cc, struct weft_p2p *p2p, struct weft_core 
     if (coll_topo_build(cc, node) != 0)
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "collectives: no memory for the node layout of %d ranks",
                               core->size);
+    /* The reduction kernels' module, loaded now (once per process and
+     * device): loading waits for the device, which a first stream-ordered
+     * reduction must not make its caller do behind a busy stream, and
+     * weft's threads must never do. A refusal is kept, with its why, and
+     * said by the first call that needs kernels. */
+    if (core->cuda) {
+        char why[320];
+        (void)weft_reduce_device_available(core, -1, why, sizeof why);
+    }
     return WEFT_SUCCESS;
 }
 

@@ -197,7 +197,7 @@ static const struct kmod *kmod_get(CUcontext ctx, int *not_now)
             k = &kmods[i];
             break;
         }
-    if (k == NULL && !weft_cuda_may_sync()) {
+    if (k == NULL && !weft_cuda_may_sync_in_progress()) {
         *not_now = 1;   /* not a refusal: a caller's thread loads it */
     } else if (k == NULL && nkmods < KMOD_MAX) {
         k = &kmods[nkmods++];

@@ -15,10 +15,14 @@
 #   reductions_big   64 MiB float32 SUM once per algorithm: np 2 shm,
 #                    np 4 vnodes2; np 8 shm (allreduce only)
 #   nonblocking      np 1, 2, 3, 4, 8 shm; np 2, 3 tcp; np 4, 5 vnodes2
-#   reductions_dev   device buffers (staged path): np 2 shm, tcp, vnodes2;
-#                    np 4 vnodes2 -- the matrix with WEFT_TEST_SIZES=reduced
-#                    plus test_reductions_device.cc
-#   reductions_dev_info  np 2 shm, WEFT_DEBUG=info: the staged path is said once
+#   reductions_dev   device buffers (the kernels, run by the emulated runtime
+#                    by name with the host's arithmetic): np 2 shm, tcp,
+#                    vnodes2; np 4 vnodes2 -- the matrix with
+#                    WEFT_TEST_SIZES=reduced plus test_reductions_device.cc
+#   reductions_dev_staged  np 2 shm, the same with no kernel image for the
+#                    emulated GPU (WEFT_EMU_CUDA_MODULES=0): the staged path
+#   reductions_dev_info  np 2 shm, WEFT_DEBUG=info, no kernels: the staged
+#                    path is said once
 weft_add_mpi_test_binary(weft_mpi_reductions test_reductions.cc)
 weft_add_mpi_test_binary(weft_mpi_nonblocking test_nonblocking.cc)
 
@@ -57,8 +61,10 @@ weft_add_mpi_suite(NAME nonblocking BINARY weft_mpi_nonblocking NPS 4 5 CONFIGS 
 # test_reductions.cc again with every buffer from cudaMalloc
 # (WEFT_TEST_MEM=device, the reduced count list), and
 # test_reductions_device.cc (mixed host/device, alltoall, non-blocking).
-# Under the emulated runtime no kernel loads, so this is the staged path;
-# on real GPUs (WEFT_TEST_CUDA_RUNTIME=real) the same entries run the kernels.
+# The emulated runtime runs weft's kernels (tests/emu/cuda/README.md); one
+# entry refuses them (WEFT_EMU_CUDA_MODULES=0), as a GPU whose architecture
+# has no image, and covers the staged path. On real GPUs
+# (WEFT_TEST_CUDA_RUNTIME=real) the same entries run the kernels.
 if(DEFINED WEFT_DEV_CUDART AND WEFT_DEV_CUDART)
   weft_add_mpi_test_binary(weft_mpi_reductions_dev test_reductions.cc test_reductions_device.cc)
   target_compile_definitions(weft_mpi_reductions_dev PRIVATE WEFT_TEST_WITH_CUDA)
@@ -72,8 +78,12 @@ if(DEFINED WEFT_DEV_CUDART AND WEFT_DEV_CUDART)
                      GTEST_FILTER ${WEFT_RED_DEV_FILTER} LABELS "reductions;device"
                      ENV ${WEFT_RED_DEV_ENV} TIMEOUT 300)
   if(WEFT_TEST_CUDA_RUNTIME STREQUAL "emu")
+    weft_add_mpi_suite(NAME reductions_dev_staged BINARY weft_mpi_reductions_dev NPS 2 CONFIGS shm
+                       GTEST_FILTER ${WEFT_RED_DEV_FILTER} LABELS "reductions;device"
+                       ENV ${WEFT_RED_DEV_ENV} WEFT_EMU_CUDA_MODULES=0 TIMEOUT 300)
     weft_add_mpi_suite(NAME reductions_dev_info BINARY weft_mpi_reductions_dev NPS 2 CONFIGS shm
                        GTEST_FILTER "*StagedPathLoggedOnce*" LABELS "reductions;device"
-                       ENV ${WEFT_RED_DEV_ENV} WEFT_DEBUG=info WEFT_REDUCTIONS_EXPECT_STAGED=1 TIMEOUT 60)
+                       ENV ${WEFT_RED_DEV_ENV} WEFT_DEBUG=info WEFT_REDUCTIONS_EXPECT_STAGED=1
+                           WEFT_EMU_CUDA_MODULES=0 TIMEOUT 60)
   endif()
 endif()

@@ -116,6 +116,11 @@ public:
             return;
         }
         cudaError_t e = cudaMemcpy(data(), src, n, cudaMemcpyHostToDevice);
+        /* From pageable memory the copy may land after cudaMemcpy returned
+         * ("API synchronization behavior"): weft's streams do not wait for
+         * it, so the test does before handing the buffer over. */
+        if (e == cudaSuccess)
+            e = cudaDeviceSynchronize();
         if (e != cudaSuccess)
             ADD_FAILURE() << "cudaMemcpy H2D: " << cuda_err(e);
     }
@@ -414,6 +419,7 @@ TEST_F(DeviceTest, AllgatherEveryAlgorithm)
                 if (mode == 2) {
                     ASSERT_EQ(cudaMemcpy(static_cast<char *>(rb.data()) + (size_t)rank * b, mine.data(), b,
                                          cudaMemcpyHostToDevice), cudaSuccess);
+                    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);   /* a pageable H2D lands late */
                     send = static_cast<char *>(rb.data()) + (size_t)rank * b;
                 } else {
                     sb.put(mine.data(), b);

@@ -71,9 +71,12 @@ struct Buf {
     {
         std::vector<unsigned char> v(n);
         fill_pattern(v.data(), n, seed);
-        if (kind == DEV)
+        if (kind == DEV) {
             EXPECT_EQ(cudaMemcpy(p, v.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
-        else
+            /* From pageable memory the copy may land after cudaMemcpy
+             * returned: weft's own streams do not wait for it. */
+            EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        } else
             std::memcpy(p, v.data(), n);
     }
     void clear()

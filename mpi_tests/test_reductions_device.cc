@@ -328,11 +328,12 @@ TEST_F(ReductionsDevice, NonblockingOnDevice)
     }
 }
 
-/* The emulated runtime loads no kernel: device reductions are staged
+/* No kernel loads (the emulated runtime with WEFT_EMU_CUDA_MODULES=0, as a
+ * GPU whose architecture has no image): device reductions are staged
  * through host memory, and WEFT_DEBUG=info says so exactly once per
- * process. Runs only in an entry of its own with WEFT_DEBUG=info and the
- * emulated runtime (WEFT_REDUCTIONS_EXPECT_STAGED=1), before any other
- * device reduction of the process. */
+ * process. Runs only in an entry of its own with WEFT_DEBUG=info
+ * (WEFT_REDUCTIONS_EXPECT_STAGED=1), before any other device reduction of
+ * the process. */
 TEST_F(ReductionsDevice, StagedPathLoggedOnce)
 {
     if (std::string(env_or("WEFT_REDUCTIONS_EXPECT_STAGED", "0")) != "1")

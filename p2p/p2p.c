@@ -112,7 +112,8 @@ int weft_p2p_signal_peer(struct weft_p2p *p, int peer)
     if (peer < 0 || peer >= p->size || !p->core->cuda)
         return 0;
     pp = &p->pipes[peer];
-    return pp->mover.tp && pp->mover.tp->rndv_mem &&
+    /* What the mover path asks (p2p/rndv.c, mover_applies). */
+    return pp->mover.tp && pp->carrier.tp && pp->carrier.tp->scope == WEFT_TP_SCOPE_NODE && pp->mover.tp->rndv_mem &&
            (pp->mover.tp->rndv_mem(pp->mover.ctx, peer) & WEFT_TP_MEM_DEVICE) != 0;
 }
 

@@ -241,7 +241,9 @@ static int stage_wakeless(struct weft_p2p *p2p)
 
 /* ----------------------------------------------------------- slot pools */
 
-static int pool_ensure(struct stage_state *st, struct stage_pool *pl, const char *side)
+/* allowed: cudaMallocHost may wait for the device here (the caller's
+ * thread, weft_stage_prepare), else only when no stream waits on weft. */
+static int pool_ensure(struct stage_state *st, struct stage_pool *pl, const char *side, int allowed)
 {
     if (pl->mem)
         return WEFT_SUCCESS;
@@ -249,11 +251,10 @@ static int pool_ensure(struct stage_state *st, struct stage_pool *pl, const char
         return WEFT_ERR_NO_MEMORY;
 #ifdef WEFT_HAVE_CUDA_HEADERS
     size_t bytes = (size_t)st->nslots * st->chunk;
-    if (!weft_cuda_may_sync())
-        return weft_set_error(st->core, WEFT_ERR_NO_MEMORY, "cuda: the %s staging slots are needed on one of weft's "
-                              "threads while a stream waits on weft, where cudaMallocHost (which waits for the "
-                              "device) would wait for itself; they are allocated where a stream-ordered call is "
-                              "made (weft_p2p_prepare_device)", side);
+    if (!allowed && !weft_cuda_may_sync_in_progress())
+        return weft_set_error(st->core, WEFT_ERR_NO_MEMORY, "cuda: the %s staging slots are needed while a stream "
+                              "waits on weft, where cudaMallocHost (which waits for the device) would wait for "
+                              "itself; they are allocated at weft_comm_create (weft_p2p_prepare_device)", side);
     void *mem = NULL;
     int entered = weft_devcopy_enter(st->core);   /* the events on weft's stream's device */
     cudaError_t e = cu()->MallocHost(&mem, bytes);
@@ -308,8 +309,8 @@ void weft_stage_prepare(struct weft_p2p *p2p)
     struct stage_state *st = state_get(p2p);
     if (st == NULL || !st->cuda)
         return;
-    (void)pool_ensure(st, &st->send, "send");
-    (void)pool_ensure(st, &st->recv, "receive");
+    (void)pool_ensure(st, &st->send, "send", weft_cuda_may_sync());
+    (void)pool_ensure(st, &st->recv, "receive", weft_cuda_may_sync());
 }
 
 static struct stage_pool *pool_of(struct stage_state *st, const struct stage_op *op)
@@ -774,7 +775,7 @@ static int staged_recv_start(struct weft_pipe *p, struct weft_request *r, const 
     if (rts->aux != 0 && rts->aux < chunk)
         chunk = rts->aux;   /* the sender's slots are smaller */
     if (dev) {
-        int rc = pool_ensure(st, &st->recv, "receive");
+        int rc = pool_ensure(st, &st->recv, "receive", 0);
         if (rc != WEFT_SUCCESS)
             return rc;
     }
@@ -821,7 +822,7 @@ static void staged_send_start(struct weft_pipe *p, struct weft_request *s, const
             rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory for a staged transfer",
                                 p->peer, s->tag);
         } else {
-            if (dev && pool_ensure(st, &st->send, "send") != WEFT_SUCCESS)
+            if (dev && pool_ensure(st, &st->send, "send", 0) != WEFT_SUCCESS)
                 op_fail(op, WEFT_ERR_NO_MEMORY, "no pinned staging memory");   /* the receiver gets empty chunks */
             if (!st->in_progress)
                 op_step(st, op);

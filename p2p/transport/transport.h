@@ -274,7 +274,7 @@ struct weft_transport {
      * taken and the caller decides. A mover may answer WEFT_EAGAIN: it
      * cannot take this transfer now without a call that would wait for
      * the device where that may not wait (core/cudawrap.h,
-     * weft_cuda_may_sync); the pipe then has the receiver pick another path
+     * weft_cuda_may_sync_in_progress); the pipe then has the receiver pick another path
      * (RTS flag REDO). Pushes to one peer are started in the order of the
      * CTS frames that carried their keys. */
     int  (*rndv_push)(void *ctx, int peer, struct weft_tp_xfer *x, const void *key, size_t keylen);

@@ -444,6 +444,12 @@ int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make
         node[r] = card_hdr(c, r)->node;
     if (rc == WEFT_SUCCESS)
         rc = weft_coll_init(&c->coll, c->p2p, &c->core, node);
+    /* What device buffers need from CUDA -- the staging slots, the eager
+     * bounce buffer -- allocated now: pinned allocations wait for the
+     * device, which a stream-ordered call must not make its caller do
+     * behind a busy stream, and weft's threads must never do. */
+    if (rc == WEFT_SUCCESS && c->core.cuda)
+        weft_p2p_prepare_device(c->p2p);
     if (rc == WEFT_SUCCESS)
         rc = weft_stream_create(&c->core, c->p2p, &c->coll, &c->stream);
     if (rc == WEFT_SUCCESS)

@@ -429,6 +429,11 @@ int weft_cuda_may_sync(void)
     return !t_weft_thread || weft_cuda_stream_waits() == 0;
 }
 
+int weft_cuda_may_sync_in_progress(void)
+{
+    return weft_cuda_stream_waits() == 0;
+}
+
 void weft_cuda_stream_waits_add(long delta)
 {
     __atomic_add_fetch(&g_stream_waits, delta, __ATOMIC_ACQ_REL);

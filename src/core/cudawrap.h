@@ -93,9 +93,18 @@ long weft_cuda_stream_waits(void);
  * dlsym; absent from real CUDA), and then refuses such a call at once
  * instead of hanging. */
 void weft_cuda_mark_weft_thread(void);
-/* Nonzero when the calling thread may make such a call now: it is not one
- * of weft's own threads, or no stream waits on weft. */
+/* Nonzero when the calling thread may make such a call now: no stream
+ * waits on weft, or it is an application thread outside weft's progress
+ * (a collective's start, a stream-ordered call being queued): it then
+ * waits for weft's progress thread, which lets the streams go. */
 int  weft_cuda_may_sync(void);
+/* The same for code that runs inside weft's progress -- the p2p lock held,
+ * or moving data a stream-ordered operation waits for (transports, the
+ * pipe's copies) -- on whatever thread: only when no stream waits on weft.
+ * (An application thread that drives progress for the very operation a
+ * stream waits on would otherwise wait for itself, and holds the lock
+ * weft's progress thread needs.) */
+int  weft_cuda_may_sync_in_progress(void);
 
 #ifdef WEFT_HAVE_CUDA_HEADERS
 #include <cuda.h>

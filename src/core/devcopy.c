@@ -184,12 +184,12 @@ void *weft_devcopy_bounce(struct weft_core *core, size_t n)
         return NULL;
     if (d->bounce_size >= n)
         return d->bounce;
-    if (weft_cuda_may_sync())
+    if (weft_cuda_may_sync_in_progress())
         return bounce_grow(d, n);
-    /* A weft thread while a stream waits on weft: no cudaMallocHost or
-     * cudaFreeHost now (each would wait for that stream, which waits for
-     * this thread). Pageable memory for this message; the copies are
-     * synchronous either way. */
+    /* A stream waits on weft (and this runs inside weft's progress): no
+     * cudaMallocHost or cudaFreeHost now (each would wait for that stream,
+     * which waits for weft's progress). Pageable memory for this message;
+     * the copies are synchronous either way. */
     if (d->bounce_pageable_size < n) {
         void *p = realloc(d->bounce_pageable, n);
         if (p == NULL)
@@ -278,7 +278,7 @@ void *weft_devcopy_align_get(struct weft_core *core)
     if (d == NULL)
         return NULL;
     pthread_mutex_lock(&d->align_lock);
-    if (d->align == NULL && weft_cuda_may_sync())
+    if (d->align == NULL && weft_cuda_may_sync_in_progress())
         (void)align_make(core, d);
     if (d->align == NULL) {
         pthread_mutex_unlock(&d->align_lock);

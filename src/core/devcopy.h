@@ -32,12 +32,13 @@ int  weft_devcopy_sync(struct weft_core *core, void *dst, const void *src, size_
 
 /* A host bounce buffer of at least n bytes for eager device messages
  * (pinned when possible); valid until the next call. NULL: no memory.
- * Pinned memory is allocated (and an old one freed) only on a thread that
- * may synchronise the device (weft_cuda_may_sync): elsewhere a buffer too
- * small is replaced by pageable memory for the call. */
+ * Pinned memory is allocated (and an old one freed) only when no stream
+ * waits on weft (weft_cuda_may_sync_in_progress: this runs inside weft's
+ * progress); otherwise a buffer too small is replaced by pageable memory
+ * for the call. */
 void *weft_devcopy_bounce(struct weft_core *core, size_t n);
-/* On the caller's thread (stream-ordered calls prepare here): a pinned
- * bounce of at least n bytes, so weft's threads never allocate one. */
+/* At weft_comm_create (weft_p2p_prepare_device): a pinned bounce of at
+ * least n bytes, so progress never has to allocate one. */
 void  weft_devcopy_prepare_bounce(struct weft_core *core, size_t n);
 
 /* Device scratch for operands a kernel must see element-aligned (the

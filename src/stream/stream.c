@@ -600,14 +600,9 @@ static int op_progress(struct weft_stream *S, struct sop *op, int block)
         return 0;
     if (rc != WEFT_SUCCESS && op->err == WEFT_SUCCESS)
         op->err = rc;
-    if (op->sig) {
-        /* Its stream waits on the slot: the sender's GPU wrote it (CUDA
-         * IPC, the data is in), or weft's stream writes it now. */
-        int src = weft_signals_complete(S->core, op->sig_slot, op->sig_value, signaled && op->err == WEFT_SUCCESS);
-        op->sig = 0;
-        if (src != WEFT_SUCCESS && op->err == WEFT_SUCCESS)
-            op->err = src;
-    }
+    /* The error is on record before the stream may go on (the slot below,
+     * or the counter in publish): whoever synchronises the stream and then
+     * asks (weft_comm_async_error) sees it. */
     if (op->err != WEFT_SUCCESS && !op->reported) {
         char why[1024];
         last_error_copy(S->core, why, sizeof(why));
@@ -615,6 +610,21 @@ static int op_progress(struct weft_stream *S, struct sop *op, int block)
         pthread_mutex_lock(&S->mu);
         record_async_error(S, op, op->err, why);
         pthread_mutex_unlock(&S->mu);
+    }
+    if (op->sig) {
+        /* Its stream waits on the slot: the sender's GPU wrote it (CUDA
+         * IPC, the data is in), or weft's stream writes it now. */
+        int src = weft_signals_complete(S->core, op->sig_slot, op->sig_value, signaled && op->err == WEFT_SUCCESS);
+        op->sig = 0;
+        if (src != WEFT_SUCCESS && !op->reported) {
+            char why[1024];
+            last_error_copy(S->core, why, sizeof(why));
+            op->reported = 1;
+            op->err = src;
+            pthread_mutex_lock(&S->mu);
+            record_async_error(S, op, op->err, why);
+            pthread_mutex_unlock(&S->mu);
+        }
     }
     return 1;
 }

@@ -347,6 +347,10 @@ static inline void tu_h2d(void *d, const void *h, size_t bytes)
 {
     if (bytes && cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess)
         FATAL("cudaMemcpy H2D %zu bytes failed", bytes);
+    /* From pageable memory the copy may land after cudaMemcpy returned; the
+     * collectives run on other streams, which do not wait for it. */
+    if (bytes && cudaDeviceSynchronize() != cudaSuccess)
+        FATAL("cudaDeviceSynchronize after an H2D copy failed");
 }
 static inline void tu_d2h(void *h, const void *d, size_t bytes)
 {

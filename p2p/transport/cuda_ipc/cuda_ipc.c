@@ -89,6 +89,7 @@ struct ipc_peer {
     int       area_opened;  /* area_mapped came from cudaIpcOpenMemHandle (closed at detach) */
     int       same_process; /* a rank of this process: nothing is opened between us */
     int       ipc_broken;   /* opening its buffer failed: its messages are staged */
+    unsigned  warned;       /* open failures said (the first at warn level) */
     struct ipc_op *last_op; /* my last push to it still copying */
 };
 
@@ -218,7 +219,7 @@ static int can_access(const struct weft_cuda *cu, int from, int to)
 /* Whether this thread may call cudaIpcOpenMemHandle now (cuda_ipc.h). */
 static int may_open(const struct ipc_state *st)
 {
-    return !st->core->cfg.cuda_ipc_open_syncs || weft_cuda_may_sync();
+    return !st->core->cfg.cuda_ipc_open_syncs || weft_cuda_may_sync_in_progress();
 }
 
 /* ---------------------------------------------------------------- caches */
@@ -309,13 +310,13 @@ static void import_close(void *ctx, struct weft_ipc_cache_entry *e)
     e->mapped = NULL;
 }
 
-/* Closing a mapping waits for the device: not on weft's threads while a
- * stream waits on weft, whose progress thread may be the one closing
- * (core/cudawrap.h, weft_cuda_may_sync). */
+/* Closing a mapping waits for the device: not while a stream waits on
+ * weft (core/cudawrap.h, weft_cuda_may_sync_in_progress: the lock is held,
+ * and the thread may be the one that would let that stream go). */
 static int import_may_close(void *ctx)
 {
     (void)ctx;
-    return weft_cuda_may_sync();
+    return weft_cuda_may_sync_in_progress();
 }
 
 static const struct weft_ipc_cache_ops import_ops = { import_open, import_close, import_may_close };
@@ -651,10 +652,19 @@ static int map_peer_buffer(struct ipc_state *st, int peer, const struct weft_tp_
         return WEFT_EAGAIN;
     }
     if (rc != 0) {
-        pp->ipc_broken = 1;
-        WEFT_WARN(st->rank, "cuda_ipc: send to peer %d tag %d: cannot open the IPC handle of its buffer %#llx id %llu: "
-                  "%s; device messages to peer %d are staged from now on", peer, x->tag, (unsigned long long)pl->base,
-                  (unsigned long long)pl->buffer_id, rc < 0 ? "no memory" : cu_err(st->cu, ia.err), peer);
+        /* Staged instead, never a failed message. A mapping of the same
+         * memory held elsewhere in this process (the application's own
+         * cudaIpcOpenMemHandle) concerns that buffer only; anything else
+         * (IPC refused here) every later message to that peer too. */
+        int this_buffer = rc > 0 && ia.err == cudaErrorAlreadyMapped;
+        if (!this_buffer)
+            pp->ipc_broken = 1;
+        int level = pp->warned++ ? WEFT_LOG_TRACE : WEFT_LOG_WARN;
+        WEFT_LOG(level, st->rank,
+                 "cuda_ipc: send to peer %d tag %d: cannot open the IPC handle of its buffer %#llx id %llu: %s; %s "
+                 "staged", peer, x->tag, (unsigned long long)pl->base, (unsigned long long)pl->buffer_id,
+                 rc < 0 ? "no memory" : cu_err(st->cu, ia.err),
+                 this_buffer ? "this message is" : "device messages to that peer are");
         return WEFT_EAGAIN;
     }
     *dst = (char *)(*entry)->mapped + (pl->base - ia.kbase) + pl->offset;

@@ -48,7 +48,7 @@
  * documented either way; WEFT_CUDA_IPC_OPEN_SYNCS, default 1, assumes it
  * does). One of weft's own threads (the stream engine's progress thread)
  * never does it while a stream waits on weft (core/cudawrap.h,
- * weft_cuda_may_sync): rndv_push then answers WEFT_EAGAIN and the pipe has
+ * weft_cuda_may_sync_in_progress): rndv_push then answers WEFT_EAGAIN and the pipe has
  * the receiver stage the message (RTS flag REDO). Closing (the last close
  * waits for the device) is put off the same way (the cache's may_close).
  * An open that fails for any other reason marks the peer: its later

@@ -214,6 +214,7 @@ struct ib_peer {
 
 struct ib_state {
     const struct weft_tp_env *env;    /* cards, upcalls (valid until destroy) */
+    const void             *reg_buf;  /* during ib_reg_acquire: the buffer whose page range is registered */
     struct weft_core       *core;     /* rank, size, cfg, cuda, errors */
     struct weft_ibv         ibv;
     int                     loaded;

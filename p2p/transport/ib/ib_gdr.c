@@ -133,10 +133,17 @@ static struct ibv_mr *reg_device(struct ib_state *st, uintptr_t addr, size_t len
     return NULL;
 }
 
-/* The memory at [addr, addr+len) as CUDA sees it: its first page, else its
- * last (the user's buffer starts in the first page and ends in the last). */
-static void classify(uintptr_t addr, size_t len, struct weft_mem_attr *a)
+/* The memory at [addr, addr+len) as CUDA sees it: the user's buffer when
+ * the registration is for one (a page's start may lie in another, smaller
+ * allocation: drivers carve those from shared blocks), else its first
+ * page, else its last. */
+static void classify(const struct ib_state *st, uintptr_t addr, size_t len, struct weft_mem_attr *a)
 {
+    if (st->reg_buf != NULL && (uintptr_t)st->reg_buf >= addr && (uintptr_t)st->reg_buf - addr < len) {
+        weft_cuda_mem_attr(st->reg_buf, a);
+        if (a->kind == WEFT_MEM_DEVICE)
+            return;
+    }
     weft_cuda_mem_attr((const void *)addr, a);
     if (a->kind != WEFT_MEM_DEVICE && len > 1) {
         struct weft_mem_attr b;
@@ -158,7 +165,7 @@ int ib_reg_cb(void *ctx, uintptr_t addr, size_t len, void **handle, uint32_t *lk
     memset(&a, 0, sizeof(a));
     a.kind = WEFT_MEM_HOST;
     if (weft_cuda_available())
-        classify(addr, len, &a);
+        classify(st, addr, len, &a);
     if (a.kind == WEFT_MEM_DEVICE) {
         mr = reg_device(st, addr, len, &a, &how, why, whylen);
         if (mr == NULL)
@@ -217,7 +224,9 @@ int ib_reg_acquire(struct ib_state *st, const void *buf, size_t len, int mem_kin
     struct weft_regcache *rc = st->regcache;
     struct weft_mem_attr a;
     const struct ib_mr *m;
+    st->reg_buf = buf;   /* what ib_reg_cb classifies (under the p2p lock) */
     int err = weft_regcache_acquire(rc, buf, len, out, why, whylen);
+    st->reg_buf = NULL;
 
     if (err != WEFT_SUCCESS || mem_kind != WEFT_MEM_DEVICE)
         return err;
@@ -232,7 +241,10 @@ int ib_reg_acquire(struct ib_state *st, const void *buf, size_t len, int mem_kin
     weft_regcache_release(rc, *out);
     *out = NULL;
     weft_regcache_invalidate(rc, buf, len);
-    return weft_regcache_acquire(rc, buf, len, out, why, whylen);
+    st->reg_buf = buf;
+    err = weft_regcache_acquire(rc, buf, len, out, why, whylen);
+    st->reg_buf = NULL;
+    return err;
 }
 
 /* ------------------------------------------------------------ capability */

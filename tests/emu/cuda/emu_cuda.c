@@ -170,6 +170,7 @@ static int g_gdr;
 static int g_exclusive;         /* WEFT_EMU_CUDA_COMPUTE_MODE=exclusive_process */
 static unsigned g_late_min_us, g_late_max_us; /* WEFT_EMU_CUDA_H2D_LATE_US: pageable H2D lands late */
 static int g_sync_ipc_open;     /* WEFT_EMU_CUDA_SYNC_IPC_OPEN: cudaIpcOpenMemHandle synchronises */
+static int g_modules;           /* WEFT_EMU_CUDA_MODULES: 0 refuses every module (no image for this GPU) */
 static struct vregion g_devva[EMU_MAX_DEV], g_impva;
 static struct alloc **g_allocs; /* sorted by base */
 static size_t g_nallocs, g_capallocs;
@@ -191,11 +192,13 @@ static _Thread_local int t_wakes_streams;
 
 enum { C_MALLOC, C_FREE, C_IPC_GET, C_IPC_OPEN, C_IPC_CLOSE, C_IPC_IMPORTS, C_MEMCPY,
        C_MEMSET, C_WAIT_VALUE, C_WRITE_VALUE, C_STREAMS, C_FREE_IMPORTED, C_SYNC_REFUSED,
-       C_DEVICE_SYNCS, C_MODULE_LOADS, C_LAUNCHES, C_BLOCKS, C_LATE_H2D, C_NCOUNTERS };
+       C_DEVICE_SYNCS, C_MODULE_LOADS, C_LAUNCHES, C_BLOCKS, C_LATE_H2D, C_WAIT_VALUE_DEVICE,
+       C_EVENT_RECORD_REFUSED, C_NCOUNTERS };
 static const char *const g_counter_names[C_NCOUNTERS] = {
     "malloc", "free", "ipc_get", "ipc_open", "ipc_close", "ipc_imports", "memcpy",
     "memset", "wait_value", "write_value", "streams", "free_imported", "sync_refused",
-    "device_syncs", "module_loads", "launches", "blocks", "late_h2d" };
+    "device_syncs", "module_loads", "launches", "blocks", "late_h2d", "wait_value_device",
+    "event_record_refused" };
 static unsigned long long g_counters[C_NCOUNTERS];
 #define COUNT(c, d) __atomic_add_fetch(&g_counters[c], (unsigned long long)(d), __ATOMIC_RELAXED)
 
@@ -422,6 +425,7 @@ static void emu_init(void)
     s = getenv("WEFT_EMU_CUDA_COMPUTE_MODE");
     g_exclusive = s && strcmp(s, "exclusive_process") == 0;
     g_sync_ipc_open = (int)env_ull("WEFT_EMU_CUDA_SYNC_IPC_OPEN", 1) != 0;
+    g_modules = (int)env_ull("WEFT_EMU_CUDA_MODULES", 1) != 0;
     /* "MIN-MAX" or "N" microseconds; 0 turns it off. */
     g_late_min_us = 1000;
     g_late_max_us = 5000;
@@ -1111,6 +1115,7 @@ static CUresult need_ctx(void)
     X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")          \
     X(CUDA_ERROR_MISALIGNED_ADDRESS, "misaligned address")                             \
     X(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid")                      \
+    X(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device") \
     X(CUDA_ERROR_UNKNOWN, "unknown error")
 
 const char *cudaGetErrorName(cudaError_t error)
@@ -1881,9 +1886,9 @@ static int dmabuf_fd_locked(int memfd, size_t off, size_t len)
 
 /* dma-buf export (the real contract): dptr and size aligned to the host page
  * size, flags 0 or CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE; the range
- * starts in a cudaMalloc allocation and stays inside its block (real
- * drivers export the pages of the physical allocation, which a small
- * allocation shares with its neighbours). The fd stands for the range
+ * lies inside one block of cudaMalloc memory (drivers export the pages of
+ * the physical allocation, which a small allocation shares with its
+ * neighbours). The fd stands for the range
  * starting at dptr: offset 0 of the dma-buf is dptr, so
  * ibv_reg_dmabuf_mr(pd, 0, size, (uint64_t)dptr, fd, access) registers
  * exactly [dptr, dptr+size). (An mmap of the fd, which real NVIDIA dma-bufs
@@ -1899,11 +1904,16 @@ CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t si
     cudaError_t e = ensure();
     if (e) return drv_err(e);
     pthread_mutex_lock(&g_mu);
-    struct alloc *a = alloc_find((uintptr_t)dptr);
-    size_t off = a && a->kind == A_DEVICE ? (uintptr_t)dptr - a->blk->base : 0;
-    int ok = a && a->kind == A_DEVICE && size <= a->blk->size && off <= a->blk->size - size;
+    /* A page of a small allocation may start in a neighbour or in free
+     * space of the block: the block is what is exported. */
+    struct block *b = NULL;
+    for (int d = 0; d < g_ndev && !b; d++)
+        for (struct block *x = g_blocks[d]; x && !b; x = x->next)
+            if ((uintptr_t)dptr >= x->base && (uintptr_t)dptr - x->base < x->size) b = x;
+    size_t off = b ? (uintptr_t)dptr - b->base : 0;
+    int ok = b && size <= b->size && off <= b->size - size;
     int fd = -1;
-    if (ok && g_gdr) fd = dmabuf_fd_locked(a->blk->fd, off, size);
+    if (ok && g_gdr) fd = dmabuf_fd_locked(b->fd, off, size);
     pthread_mutex_unlock(&g_mu);
     if (!ok) return CUDA_ERROR_INVALID_VALUE;
     if (!g_gdr) return CUDA_ERROR_NOT_SUPPORTED; /* no dma-buf support on this "platform" */
@@ -1914,8 +1924,10 @@ CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t si
 
 /* For libweft_emu_verbs.so's WEFT_EMU_VERBS_PEERMEM (nvidia-peermem: plain
  * ibv_reg_mr of device memory): an emulated dma-buf descriptor for the pages
- * covering [ptr, ptr+size), which must lie in one device allocation or IPC
- * import of this process; -1 otherwise. Not gated by WEFT_EMU_CUDA_GDR. */
+ * covering [ptr, ptr+size), which must start in a device allocation or IPC
+ * import of this process and stay inside its block (the pages of a small
+ * allocation are shared with its neighbours); -1 otherwise. Not gated by
+ * WEFT_EMU_CUDA_GDR. */
 int weft_emu_cuda_peermem_fd(const void *ptr, size_t size)
 {
     if (!ptr || size == 0 || ensure() != cudaSuccess) return -1;
@@ -1923,11 +1935,11 @@ int weft_emu_cuda_peermem_fd(const void *ptr, size_t size)
     struct alloc *a = alloc_find((uintptr_t)ptr);
     int fd = -1;
     if (a && (a->kind == A_DEVICE || a->kind == A_IMPORT)) {
-        size_t in = (uintptr_t)ptr - a->base;
-        if (size <= a->size - in) {
-            /* Offsets in the memfd: a device allocation sits at its offset
-             * in its block; an import maps the block from offset 0. */
-            size_t off = (a->kind == A_DEVICE ? a->off : 0) + in;
+        /* Offsets in the memfd: a device allocation sits at its offset in
+         * its block; an import maps the block from offset 0. */
+        size_t off = (a->kind == A_DEVICE ? a->off : 0) + ((uintptr_t)ptr - a->base);
+        size_t span = a->kind == A_DEVICE ? a->blk->size : a->size;
+        if (size <= span - off) {
             size_t first = off & ~(size_t)(EMU_PAGE - 1);
             fd = dmabuf_fd_locked(a->kind == A_DEVICE ? a->blk->fd : a->fd, first, round_page(off + size) - first);
         }
@@ -2372,6 +2384,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
     /* "event and stream must be on the same device" (cudaEventRecord). */
     if (ev->device != s->device) {
         static int said;
+        COUNT(C_EVENT_RECORD_REFUSED, 1);
         if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
             fprintf(stderr, "weft-emu-cuda: cudaEventRecord of an event of device %d on a stream of device %d: "
                     "invalid resource handle (event and stream must be on the same device)\n", ev->device,
@@ -2499,6 +2512,7 @@ static CUresult mem_op(CUstream stream, CUdeviceptr addr, uint64_t value, unsign
     o->flags = flags;
     stream_push(s, o);
     COUNT(wait ? C_WAIT_VALUE : C_WRITE_VALUE, 1);
+    if (wait && k == P_DEVICE) COUNT(C_WAIT_VALUE_DEVICE, 1);
     return CUDA_SUCCESS;
 }
 
@@ -2896,6 +2910,9 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image)
     CUresult r = need_ctx();
     if (r != CUDA_SUCCESS) return r;
     if (!fatbin_ok(image)) return CUDA_ERROR_NOT_SUPPORTED;
+    /* WEFT_EMU_CUDA_MODULES=0: as a GPU whose architecture the fatbin has no
+     * image (and no PTX) for. */
+    if (!g_modules) return CUDA_ERROR_NO_BINARY_FOR_GPU;
     cudaError_t e = device_sync("cuModuleLoadData", t_dev);
     if (e != cudaSuccess) return drv_err(e);
     struct CUmod_st *m = calloc(1, sizeof(*m));

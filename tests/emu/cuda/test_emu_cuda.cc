@@ -603,13 +603,17 @@ TEST(EmuCuda, PeermemHook)
     CK(cudaDeviceSynchronize());
     int fd = weft_emu_cuda_peermem_fd((char *)d + 100, 5000);
     ASSERT_GE(fd, 0);
-    // The memfd behind the allocation (offset 0: its base).
-    void *m = mmap(nullptr, 3 * 4096, PROT_READ, MAP_SHARED, fd, 0);
+    // The memfd behind the allocation's block (offset 0: the block's base).
+    CUdeviceptr blk = 0;
+    DK(cuPointerGetAttribute(&blk, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, (CUdeviceptr)d));
+    size_t off = (size_t)((CUdeviceptr)d - blk);
+    void *m = mmap(nullptr, off + 3 * 4096, PROT_READ, MAP_SHARED, fd, 0);
     ASSERT_NE(MAP_FAILED, m);
-    EXPECT_EQ(0x3e, ((unsigned char *)m)[5100]);
-    munmap(m, 3 * 4096);
+    EXPECT_EQ(0x3e, ((unsigned char *)m)[off + 5100]);
+    munmap(m, off + 3 * 4096);
     close(fd);
-    EXPECT_EQ(-1, weft_emu_cuda_peermem_fd((char *)d + 100, 3 * 4096));
+    // Pages past the block's end (2 MiB) are refused.
+    EXPECT_EQ(-1, weft_emu_cuda_peermem_fd((char *)d + 100, (2u << 20) - off));
     std::vector<char> h(64);
     EXPECT_EQ(-1, weft_emu_cuda_peermem_fd(h.data(), 64));
     CK(cudaFree(d));

@@ -23,7 +23,9 @@ cudaError_t weft_emu_cuda_stream_delay(cudaStream_t stream, unsigned int usec);
  * that synchronised the device), "sync_refused" (such calls refused on a
  * thread that wakes streams while a stream was parked), "module_loads",
  * "launches", "late_h2d" (cudaMemcpy H2D from pageable memory applied
- * late), and "node" (the emulated node id this process is on). Unknown
+ * late), "wait_value_device" (stream waits on device memory),
+ * "event_record_refused" (cudaEventRecord of an event of another device
+ * than the stream's), and "node" (the emulated node id this process is on). Unknown
  * names give (unsigned long long)-1. */
 unsigned long long weft_emu_cuda_counter(const char *name);
 
