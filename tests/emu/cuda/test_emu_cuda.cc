@@ -1032,6 +1032,538 @@ TEST(EmuCuda, ForkedChildWithoutExecIsRefused)
     CK(cudaFree(d));
 }
 
+// ---------------------------------------------------------------- rules that make CI as strict as a GPU
+// (shared/gpu-review.md section 2; README.md "What is modelled"). Each test
+// names its rule.
+
+namespace {
+
+// A word of mapped pinned memory a stream can be parked on.
+struct ParkWord {
+    unsigned int *w = nullptr;
+    ParkWord()
+    {
+        void *p = nullptr;
+        if (cudaHostAlloc(&p, 4096, cudaHostAllocMapped) == cudaSuccess) w = static_cast<unsigned int *>(p);
+        if (w) *w = 0;
+    }
+    ~ParkWord()
+    {
+        if (w) cudaFreeHost(w);
+    }
+    void release() { __atomic_store_n(w, 1u, __ATOMIC_SEQ_CST); }
+};
+
+// A minimal fatbin: the header (magic, version 1, header size 16, body
+// size) and one empty entry's worth of body. The emulator checks the
+// header and serves weft's kernels by name.
+struct FakeFatbin {
+    alignas(16) unsigned char b[48];
+    FakeFatbin()
+    {
+        memset(b, 0, sizeof(b));
+        uint32_t magic = 0xBA55ED50u;
+        uint16_t version = 1, hsize = 16;
+        uint64_t body = 32;
+        memcpy(b, &magic, 4);
+        memcpy(b + 4, &version, 2);
+        memcpy(b + 6, &hsize, 2);
+        memcpy(b + 8, &body, 8);
+    }
+};
+
+}  // namespace
+
+// Rule 1: allocations below 2 MiB are carved from shared 2 MiB blocks at
+// 512-byte granularity; larger ones get a block of their own.
+TEST(EmuCudaRules, SmallAllocationsShareBlocks)
+{
+    void *a = nullptr, *b = nullptr, *c = nullptr, *big = nullptr;
+    CK(cudaMalloc(&a, 8));
+    CK(cudaMalloc(&b, 4097));
+    CK(cudaMalloc(&c, 4098));
+    CK(cudaMalloc(&big, 3 << 20));
+    CUdeviceptr ba = 0, bb = 0, bc = 0, bbig = 0;
+    size_t sa = 0, sbig = 0;
+    unsigned long long ia = 0, ib = 0, ibig = 0;
+    DK(cuPointerGetAttribute(&ba, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, (CUdeviceptr)a));
+    DK(cuPointerGetAttribute(&bb, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, (CUdeviceptr)b));
+    DK(cuPointerGetAttribute(&bc, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, (CUdeviceptr)c));
+    DK(cuPointerGetAttribute(&bbig, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, (CUdeviceptr)big));
+    DK(cuPointerGetAttribute(&sa, CU_POINTER_ATTRIBUTE_MAPPING_SIZE, (CUdeviceptr)a));
+    DK(cuPointerGetAttribute(&sbig, CU_POINTER_ATTRIBUTE_MAPPING_SIZE, (CUdeviceptr)big));
+    DK(cuPointerGetAttribute(&ia, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, (CUdeviceptr)a));
+    DK(cuPointerGetAttribute(&ib, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, (CUdeviceptr)b));
+    DK(cuPointerGetAttribute(&ibig, CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID, (CUdeviceptr)big));
+    EXPECT_EQ(ba, bb);
+    EXPECT_EQ(ba, bc);
+    EXPECT_EQ(ia, ib);
+    EXPECT_EQ(sa, (size_t)2 << 20);
+    EXPECT_EQ(0u, ba % (2u << 20));
+    for (void *p : {a, b, c}) EXPECT_EQ(0u, (uintptr_t)p % 512) << p;
+    EXPECT_NE(a, b);
+    EXPECT_NE(b, c);
+    EXPECT_EQ((CUdeviceptr)big, bbig) << "a large allocation starts its own block";
+    EXPECT_EQ(sbig, (size_t)4 << 20);
+    EXPECT_NE(ia, ibig);
+    // The allocation's own range, whatever the block.
+    CUdeviceptr base = 0;
+    size_t len = 0;
+    DK(cuMemGetAddressRange(&base, &len, (CUdeviceptr)b + 4000));
+    EXPECT_EQ((CUdeviceptr)b, base);
+    EXPECT_EQ(4097u, len);
+    // Between allocations of a block: no allocation, refused for a copy.
+    std::vector<char> h(16);
+    EXPECT_EQ(cudaErrorInvalidValue, cudaMemcpy(h.data(), (char *)b + 4097 + 64, 8, cudaMemcpyDeviceToHost));
+    cudaGetLastError();
+    unsigned long long blocks = weft_emu_cuda_counter("blocks");
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    CK(cudaFree(c));
+    EXPECT_EQ(blocks - 1, weft_emu_cuda_counter("blocks")) << "the shared block goes with its last allocation";
+    CK(cudaFree(big));
+}
+
+// Rule 1: a second open of a mapped block is refused
+// (cudaErrorAlreadyMapped), also for another allocation in it; with
+// WEFT_EMU_CUDA_IPC_REOPEN=refcount the existing mapping is shared. A block
+// freed and made again at the same addresses cannot be opened while the old
+// one is still mapped.
+TEST(EmuCudaRules, IpcMapsWholeBlocks)
+{
+    void *x = nullptr, *y = nullptr;
+    CK(cudaMalloc(&x, 8));
+    CK(cudaMalloc(&y, 4097));
+    CK(cudaMemset(y, 0x5c, 4097));
+    CK(cudaDeviceSynchronize());
+    cudaIpcMemHandle_t hx, hy;
+    CK(cudaIpcGetMemHandle(&hx, x));
+    CK(cudaIpcGetMemHandle(&hy, y));
+    for (int refcount = 0; refcount < 2; refcount++) {
+        Child c("ipc_block", refcount ? std::vector<std::string>{"WEFT_EMU_CUDA_IPC_REOPEN=refcount"}
+                                      : std::vector<std::string>{});
+        ASSERT_TRUE(c.send(hx));
+        ASSERT_TRUE(c.send(hy));
+        long long dist = (char *)y - (char *)x;
+        ASSERT_TRUE(c.send(dist));
+        int r1 = -1, r2 = -1, seen = -1;
+        ASSERT_TRUE(c.recv(&r1));
+        ASSERT_TRUE(c.recv(&r2));
+        ASSERT_TRUE(c.recv(&seen));
+        EXPECT_EQ(0, r1);
+        EXPECT_EQ(refcount ? 0 : (int)cudaErrorAlreadyMapped, r2) << "refcount " << refcount;
+        EXPECT_EQ(0x5c, seen) << "y reached through x's mapping of the block";
+        EXPECT_EQ(0, c.wait());
+    }
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+
+    // A block of its own, mapped by a child, freed, made again at the same
+    // address: the child's open of the new handle is refused while it maps
+    // the old block, and works once it closed it.
+    void *big = nullptr;
+    CK(cudaMalloc(&big, 2 << 20));
+    cudaIpcMemHandle_t h1, h2;
+    CK(cudaIpcGetMemHandle(&h1, big));
+    Child c("ipc_realloc", {});
+    ASSERT_TRUE(c.send(h1));
+    int r = -1;
+    ASSERT_TRUE(c.recv(&r));
+    ASSERT_EQ(0, r);
+    void *old = big;
+    CK(cudaFree(big));
+    CK(cudaMalloc(&big, 2 << 20));
+    EXPECT_EQ(old, big);
+    CK(cudaIpcGetMemHandle(&h2, big));
+    ASSERT_TRUE(c.send(h2));
+    int r_while = -1, r_after = -1;
+    ASSERT_TRUE(c.recv(&r_while));
+    ASSERT_TRUE(c.recv(&r_after));
+    EXPECT_EQ((int)cudaErrorAlreadyMapped, r_while);
+    EXPECT_EQ(0, r_after);
+    EXPECT_EQ(0, c.wait());
+    CK(cudaFree(big));
+}
+
+// Rule 2: freeing memory another process still has open is counted.
+TEST(EmuCudaRules, FreeWhileImportedIsCounted)
+{
+    void *d = nullptr;
+    CK(cudaMalloc(&d, 1 << 16));
+    cudaIpcMemHandle_t handle;
+    CK(cudaIpcGetMemHandle(&handle, d));
+    unsigned long long f0 = weft_emu_cuda_counter("free_imported");
+    {
+        Child c("ipc_hold", {});
+        ASSERT_TRUE(c.send(handle));
+        int r = -1;
+        ASSERT_TRUE(c.recv(&r));
+        ASSERT_EQ(0, r);
+        CK(cudaFree(d));   // the child still maps it
+        EXPECT_EQ(f0 + 1, weft_emu_cuda_counter("free_imported"));
+        int go = 1;
+        ASSERT_TRUE(c.send(go));
+        unsigned char seen = 0;
+        ASSERT_TRUE(c.recv(&seen));
+        EXPECT_EQ(0, c.wait());
+    }
+    // Closed first, then freed: not counted.
+    CK(cudaMalloc(&d, 1 << 16));
+    CK(cudaIpcGetMemHandle(&handle, d));
+    {
+        Child c("ipc_open", {});
+        ASSERT_TRUE(c.send(handle));
+        int r = -1;
+        ASSERT_TRUE(c.recv(&r));
+        EXPECT_EQ(0, r);
+        EXPECT_EQ(0, c.wait());   // it closed and exited
+    }
+    CK(cudaFree(d));
+    EXPECT_EQ(f0 + 1, weft_emu_cuda_counter("free_imported"));
+}
+
+// Rule 3: calls that synchronise the device wait for every stream of the
+// device, a stream parked on a wait included; from a thread that declared
+// it wakes streams, they fail at once instead (cudaErrorNotPermitted /
+// CUDA_ERROR_NOT_PERMITTED, counter sync_refused) while the wait is not
+// satisfied, and work again once it is.
+TEST(EmuCudaRules, DeviceSynchronisingCalls)
+{
+    ParkWord pw;
+    ASSERT_NE(pw.w, nullptr);
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    DK(cuStreamWaitValue32(s, (CUdeviceptr)pw.w, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    void *held = nullptr;
+    CK(cudaMalloc(&held, 4096));
+    void *reg = std::malloc(8192);
+
+    // A waker thread: every listed call refused at once.
+    unsigned long long refused0 = weft_emu_cuda_counter("sync_refused");
+    std::vector<int> got;
+    std::thread waker([&] {
+        weft_emu_cuda_thread_wakes_streams();
+        void *p = nullptr;
+        FakeFatbin fb;
+        CUmodule m = nullptr;
+        got.push_back((int)cudaMalloc(&p, 1 << 20));
+        got.push_back((int)cudaMallocHost(&p, 1 << 20));
+        got.push_back((int)cudaHostAlloc(&p, 1 << 20, cudaHostAllocMapped));
+        got.push_back((int)cudaHostRegister(reg, 8192, 0));
+        got.push_back((int)cudaFree(held));
+        got.push_back((int)cuModuleLoadData(&m, fb.b) == (int)CUDA_ERROR_NOT_PERMITTED ? (int)cudaErrorNotPermitted
+                                                                                         : -1);
+    });
+    waker.join();
+    EXPECT_EQ(6u, got.size());
+    for (size_t i = 0; i < got.size(); i++)
+        EXPECT_EQ((int)cudaErrorNotPermitted, got[i]) << "call " << i;
+    EXPECT_EQ(refused0 + 6, weft_emu_cuda_counter("sync_refused"));
+
+    // An application thread waits instead, until the word is written.
+    double t0 = now_ms();
+    std::thread releaser([&] {
+        sleep_ms(150);
+        pw.release();
+    });
+    void *p = nullptr;
+    CK(cudaMalloc(&p, 1 << 20));
+    double waited = now_ms() - t0;
+    EXPECT_GE(waited, 100.0) << "cudaMalloc returned while a stream of the device was parked";
+    releaser.join();
+    // Satisfied now: the waker's calls work.
+    std::thread waker2([&] {
+        weft_emu_cuda_thread_wakes_streams();
+        got.push_back((int)cudaFree(held));
+    });
+    waker2.join();
+    EXPECT_EQ((int)cudaSuccess, got.back());
+    CK(cudaFree(p));
+    CK(cudaStreamDestroy(s));
+    std::free(reg);
+}
+
+// Rule 4: weft's fatbin loads, its kernels run by name with the host's
+// arithmetic; the rest is refused as a GPU would.
+TEST(EmuCudaRules, ModulesAndKernels)
+{
+    FakeFatbin fb;
+    CUmodule m = nullptr;
+    EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, cuModuleLoadData(&m, "not a fatbin"));
+    DK(cuModuleLoadData(&m, fb.b));
+    CUfunction f = nullptr, h = nullptr, nope = nullptr;
+    DK(cuModuleGetFunction(&f, m, "weft_reduce_f32_sum"));
+    DK(cuModuleGetFunction(&h, m, "weft_reduce_f16_max"));
+    EXPECT_EQ(CUDA_ERROR_NOT_FOUND, cuModuleGetFunction(&nope, m, "some_other_kernel"));
+    const unsigned long long n = 1000;
+    void *a = nullptr, *b = nullptr, *d = nullptr;
+    CK(cudaMalloc(&a, n * 4));
+    CK(cudaMalloc(&b, n * 4));
+    CK(cudaMalloc(&d, n * 4));
+    std::vector<float> x(n), y(n), out(n);
+    for (size_t i = 0; i < n; i++) {
+        x[i] = (float)i * 0.5f;
+        y[i] = 3.0f - (float)i;
+    }
+    CK(cudaMemcpy(a, x.data(), n * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(b, y.data(), n * 4, cudaMemcpyHostToDevice));
+    CK(cudaDeviceSynchronize());
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    void *params[] = {&d, &a, &b, (void *)&n};
+    unsigned long long l0 = weft_emu_cuda_counter("launches");
+    DK(cuLaunchKernel(f, 4, 1, 1, 256, 1, 1, 0, (CUstream)s, params, nullptr));
+    CK(cudaStreamSynchronize(s));
+    CK(cudaMemcpy(out.data(), d, n * 4, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) ASSERT_EQ(x[i] + y[i], out[i]) << i;
+    EXPECT_EQ(l0 + 1, weft_emu_cuda_counter("launches"));
+    // A 2-byte kernel given an odd address: a GPU faults (misaligned).
+    void *odd = (char *)a + 1;
+    void *oparams[] = {&d, &odd, &b, (void *)&n};
+    EXPECT_EQ(CUDA_ERROR_MISALIGNED_ADDRESS, cuLaunchKernel(h, 4, 1, 1, 256, 1, 1, 0, (CUstream)s, oparams, nullptr));
+    // Host memory is not reachable by a kernel here.
+    void *host = x.data();
+    void *hparams[] = {&d, &host, &b, (void *)&n};
+    EXPECT_EQ(CUDA_ERROR_ILLEGAL_ADDRESS, cuLaunchKernel(f, 4, 1, 1, 256, 1, 1, 0, (CUstream)s, hparams, nullptr));
+    // A stream of another device than the function's context.
+    CK(cudaSetDevice(1));
+    cudaStream_t s1;
+    CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CK(cudaSetDevice(0));
+    EXPECT_EQ(CUDA_ERROR_INVALID_HANDLE, cuLaunchKernel(f, 4, 1, 1, 256, 1, 1, 0, (CUstream)s1, params, nullptr));
+    // No current context on a fresh thread.
+    CUresult fresh = CUDA_SUCCESS;
+    std::thread t([&] { fresh = cuLaunchKernel(f, 4, 1, 1, 256, 1, 1, 0, (CUstream)s, params, nullptr); });
+    t.join();
+    EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, fresh);
+    DK(cuModuleUnload(m));
+    EXPECT_EQ(CUDA_ERROR_INVALID_HANDLE, cuModuleUnload(m));
+    CK(cudaStreamDestroy(s));
+    CK(cudaStreamDestroy(s1));
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    CK(cudaFree(d));
+    // WEFT_EMU_CUDA_MODULES=0: no image for this GPU.
+    Child c("modules_off", {"WEFT_EMU_CUDA_MODULES=0"});
+    int r = -1;
+    ASSERT_TRUE(c.recv(&r));
+    EXPECT_EQ((int)CUDA_ERROR_NO_BINARY_FOR_GPU, r);
+    EXPECT_EQ(0, c.wait());
+}
+
+// Rule 5: a host thread has no current context until cudaSetDevice,
+// cuCtxPushCurrent or its first runtime call that needs one; the driver's
+// pointer calls refuse without one.
+TEST(EmuCudaRules, NoContextUntilBound)
+{
+    void *d = nullptr;
+    CK(cudaMalloc(&d, 4096));
+    CUresult before = CUDA_SUCCESS, after = CUDA_ERROR_UNKNOWN, range = CUDA_SUCCESS, dev = CUDA_SUCCESS;
+    std::thread t1([&] {
+        unsigned int mt = 0;
+        CUpointer_attribute at = CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+        void *data[] = {&mt};
+        int n = 0;
+        cudaGetDeviceCount(&n);   // needs no context
+        before = cuPointerGetAttributes(1, &at, data, (CUdeviceptr)d);
+        CUdeviceptr b = 0;
+        size_t s = 0;
+        range = cuMemGetAddressRange(&b, &s, (CUdeviceptr)d);
+        CUdevice cd;
+        dev = cuCtxGetDevice(&cd);
+        cudaPointerAttributes pa;
+        cudaPointerGetAttributes(&pa, d);   // a runtime call that binds one
+        after = cuPointerGetAttributes(1, &at, data, (CUdeviceptr)d);
+    });
+    t1.join();
+    EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, before);
+    EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, range);
+    EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, dev);
+    EXPECT_EQ(CUDA_SUCCESS, after);
+    CUresult set = CUDA_ERROR_UNKNOWN, pushed = CUDA_ERROR_UNKNOWN, popped = CUDA_SUCCESS;
+    std::thread t2([&] {
+        unsigned int mt = 0;
+        CUpointer_attribute at = CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+        void *data[] = {&mt};
+        CUcontext ctx = nullptr, out = nullptr;
+        cudaStream_t s0 = nullptr;
+        (void)s0;
+        cuStreamGetCtx((CUstream)nullptr, &ctx);   // the legacy stream: refused without a context
+        if (ctx == nullptr) {
+            // get device 0's context through a stream created elsewhere
+        }
+        cudaSetDevice(0);
+        set = cuPointerGetAttributes(1, &at, data, (CUdeviceptr)d);
+        cuStreamGetCtx((CUstream)nullptr, &ctx);
+        cuCtxPopCurrent(&out);   // nothing pushed: refused, the binding stays
+        pushed = cuCtxPushCurrent(ctx);
+        cuCtxPopCurrent(&out);
+        popped = cuPointerGetAttributes(1, &at, data, (CUdeviceptr)d);
+    });
+    t2.join();
+    EXPECT_EQ(CUDA_SUCCESS, set);
+    EXPECT_EQ(CUDA_SUCCESS, pushed);
+    EXPECT_EQ(CUDA_SUCCESS, popped) << "pop restores the binding cudaSetDevice made";
+    CUresult push_only = CUDA_ERROR_UNKNOWN, after_pop = CUDA_SUCCESS;
+    CUcontext ctx0 = nullptr;
+    cudaStream_t s;
+    CK(cudaStreamCreate(&s));
+    DK(cuStreamGetCtx((CUstream)s, &ctx0));
+    std::thread t3([&] {
+        unsigned int mt = 0;
+        CUpointer_attribute at = CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+        void *data[] = {&mt};
+        CUcontext out = nullptr;
+        cuCtxPushCurrent(ctx0);
+        push_only = cuPointerGetAttributes(1, &at, data, (CUdeviceptr)d);
+        cuCtxPopCurrent(&out);
+        after_pop = cuPointerGetAttributes(1, &at, data, (CUdeviceptr)d);
+    });
+    t3.join();
+    EXPECT_EQ(CUDA_SUCCESS, push_only);
+    EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, after_pop) << "pop leaves the thread without a context again";
+    CK(cudaStreamDestroy(s));
+    CK(cudaFree(d));
+}
+
+// Rule 6: an event is recorded only on a stream of its own device; waits
+// and queries across devices are fine.
+TEST(EmuCudaRules, EventAndStreamOnOneDevice)
+{
+    cudaEvent_t e1;
+    cudaStream_t s0, s1;
+    CK(cudaSetDevice(1));
+    CK(cudaEventCreateWithFlags(&e1, cudaEventDisableTiming));
+    CK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CK(cudaSetDevice(0));
+    CK(cudaStreamCreateWithFlags(&s0, cudaStreamNonBlocking));
+    unsigned long long r0 = weft_emu_cuda_counter("event_record_refused");
+    EXPECT_EQ(cudaErrorInvalidResourceHandle, cudaEventRecord(e1, s0));
+    EXPECT_EQ(r0 + 1, weft_emu_cuda_counter("event_record_refused"));
+    cudaGetLastError();
+    CK(cudaEventRecord(e1, s1));
+    CK(cudaStreamWaitEvent(s0, e1, 0));
+    CK(cudaStreamSynchronize(s0));
+    CK(cudaEventQuery(e1));
+    CK(cudaEventDestroy(e1));
+    CK(cudaStreamDestroy(s0));
+    CK(cudaStreamDestroy(s1));
+}
+
+// Rule 7: cudaMemcpy from pageable memory to the device returns once the
+// bytes are staged and lands later on the legacy stream; work on a
+// non-blocking stream that reads it without a sync sees the old bytes.
+TEST(EmuCudaRules, PageableHostToDeviceLandsLate)
+{
+    Child late("late_h2d", {"WEFT_EMU_CUDA_H2D_LATE_US=200000"});
+    int stale = -1, synced = -1;
+    ASSERT_TRUE(late.recv(&stale));
+    ASSERT_TRUE(late.recv(&synced));
+    EXPECT_EQ(1, stale) << "a non-blocking stream saw the copy before it could have landed";
+    EXPECT_EQ(1, synced) << "after cudaDeviceSynchronize the copy is there";
+    EXPECT_EQ(0, late.wait());
+    Child off("late_h2d", {"WEFT_EMU_CUDA_H2D_LATE_US=0"});
+    ASSERT_TRUE(off.recv(&stale));
+    ASSERT_TRUE(off.recv(&synced));
+    EXPECT_EQ(0, stale) << "WEFT_EMU_CUDA_H2D_LATE_US=0: lands at once";
+    EXPECT_EQ(1, synced);
+    EXPECT_EQ(0, off.wait());
+}
+
+// Rule 8: the legacy stream parked on a wait holds the blocking streams'
+// later work and synchronous copies of any thread; non-blocking streams go on.
+TEST(EmuCudaRules, ParkedLegacyStreamHoldsSynchronousCopies)
+{
+    ParkWord pw;
+    ASSERT_NE(pw.w, nullptr);
+    const size_t n = 4096;
+    void *d = nullptr;
+    CK(cudaMalloc(&d, n));
+    CK(cudaMemset(d, 7, n));
+    CK(cudaDeviceSynchronize());
+    cudaStream_t blocking, nonblocking;
+    CK(cudaStreamCreate(&blocking));
+    CK(cudaStreamCreateWithFlags(&nonblocking, cudaStreamNonBlocking));
+    DK(cuStreamWaitValue32((CUstream)nullptr, (CUdeviceptr)pw.w, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    std::vector<unsigned char> h(n, 0), h2(n, 0);
+    double t0 = now_ms(), copy_ms = 0, nonblocking_ms = 0;
+    std::thread other([&] {
+        cudaMemcpy(h.data(), d, n, cudaMemcpyDeviceToHost);   // synchronous: on the legacy stream
+        copy_ms = now_ms() - t0;
+    });
+    CK(cudaMemcpyAsync(h2.data(), d, n, cudaMemcpyDeviceToHost, nonblocking));
+    CK(cudaStreamSynchronize(nonblocking));
+    nonblocking_ms = now_ms() - t0;
+    CK(cudaMemsetAsync(d, 9, n, blocking));   // behind the parked legacy stream
+    sleep_ms(150);
+    EXPECT_EQ(cudaErrorNotReady, cudaStreamQuery(blocking));
+    pw.release();
+    other.join();
+    CK(cudaStreamSynchronize(blocking));
+    EXPECT_LT(nonblocking_ms, 100.0);
+    EXPECT_GE(copy_ms, 140.0) << "a synchronous copy of another thread went past the parked legacy stream";
+    EXPECT_EQ(7, h[0]);
+    EXPECT_EQ(7, h2[0]);
+    CK(cudaStreamDestroy(blocking));
+    CK(cudaStreamDestroy(nonblocking));
+    CK(cudaFree(d));
+}
+
+// Rule 10: WEFT_EMU_CUDA_COMPUTE_MODE=exclusive_process: one process of the
+// node per device; another's first context on it fails with
+// cudaErrorDevicesUnavailable, on another device it works, and once the
+// holder exited the device is free.
+TEST(EmuCudaRules, ExclusiveProcessComputeMode)
+{
+    const std::vector<std::string> env = {"WEFT_EMU_CUDA_COMPUTE_MODE=exclusive_process", "WEFT_EMU_CUDA_NODE=57"};
+    Child holder("excl", env);
+    int dev = 0, r = -1;
+    ASSERT_TRUE(holder.send(dev));
+    ASSERT_TRUE(holder.recv(&r));
+    ASSERT_EQ(0, r);
+    {
+        Child other("excl", env);
+        ASSERT_TRUE(other.send(dev));
+        ASSERT_TRUE(other.recv(&r));
+        EXPECT_EQ((int)cudaErrorDevicesUnavailable, r);
+        EXPECT_EQ(0, other.wait());
+    }
+    {
+        Child other("excl", env);
+        int dev1 = 1;
+        ASSERT_TRUE(other.send(dev1));
+        ASSERT_TRUE(other.recv(&r));
+        EXPECT_EQ(0, r);
+        EXPECT_EQ(0, other.wait());
+    }
+    EXPECT_EQ(0, holder.wait());
+    {
+        Child again("excl", env);
+        ASSERT_TRUE(again.send(dev));
+        ASSERT_TRUE(again.recv(&r));
+        EXPECT_EQ(0, r) << "the holder exited: the device is free";
+        EXPECT_EQ(0, again.wait());
+    }
+}
+
+// Handles of this very process are refused, whichever thread asks.
+TEST(EmuCudaRules, OwnHandleRefusedOnAnyThread)
+{
+    void *d = nullptr;
+    CK(cudaMalloc(&d, 4096));
+    cudaIpcMemHandle_t h;
+    CK(cudaIpcGetMemHandle(&h, d));
+    cudaError_t e = cudaSuccess;
+    std::thread t([&] {
+        void *p = nullptr;
+        cudaSetDevice(1);
+        e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+    });
+    t.join();
+    EXPECT_EQ(cudaErrorDeviceUninitialized, e);
+    CK(cudaFree(d));
+}
+
 // ---------------------------------------------------------------- IPC
 
 TEST(EmuCudaIpc, DataBothWays)
