@@ -1231,12 +1231,12 @@ TEST(EmuCudaRules, DeviceSynchronisingCalls)
 {
     ParkWord pw;
     ASSERT_NE(pw.w, nullptr);
+    void *held = nullptr;   // made before the stream parks: cudaMalloc would wait for it
+    CK(cudaMalloc(&held, 4096));
+    void *reg = std::malloc(8192);
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     DK(cuStreamWaitValue32(s, (CUdeviceptr)pw.w, 1, CU_STREAM_WAIT_VALUE_GEQ));
-    void *held = nullptr;
-    CK(cudaMalloc(&held, 4096));
-    void *reg = std::malloc(8192);
 
     // A waker thread: every listed call refused at once.
     unsigned long long refused0 = weft_emu_cuda_counter("sync_refused");
@@ -1289,6 +1289,7 @@ TEST(EmuCudaRules, ModulesAndKernels)
 {
     FakeFatbin fb;
     CUmodule m = nullptr;
+    CK(cudaSetDevice(0));   // a module loads into the current context
     EXPECT_EQ(CUDA_ERROR_NOT_SUPPORTED, cuModuleLoadData(&m, "not a fatbin"));
     DK(cuModuleLoadData(&m, fb.b));
     CUfunction f = nullptr, h = nullptr, nope = nullptr;
@@ -1381,17 +1382,13 @@ TEST(EmuCudaRules, NoContextUntilBound)
     EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, dev);
     EXPECT_EQ(CUDA_SUCCESS, after);
     CUresult set = CUDA_ERROR_UNKNOWN, pushed = CUDA_ERROR_UNKNOWN, popped = CUDA_SUCCESS;
+    CUresult legacy = CUDA_SUCCESS;
     std::thread t2([&] {
         unsigned int mt = 0;
         CUpointer_attribute at = CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
         void *data[] = {&mt};
         CUcontext ctx = nullptr, out = nullptr;
-        cudaStream_t s0 = nullptr;
-        (void)s0;
-        cuStreamGetCtx((CUstream)nullptr, &ctx);   // the legacy stream: refused without a context
-        if (ctx == nullptr) {
-            // get device 0's context through a stream created elsewhere
-        }
+        legacy = cuStreamGetCtx((CUstream)nullptr, &ctx);   // the legacy stream's context: none yet
         cudaSetDevice(0);
         set = cuPointerGetAttributes(1, &at, data, (CUdeviceptr)d);
         cuStreamGetCtx((CUstream)nullptr, &ctx);
@@ -1401,6 +1398,7 @@ TEST(EmuCudaRules, NoContextUntilBound)
         popped = cuPointerGetAttributes(1, &at, data, (CUdeviceptr)d);
     });
     t2.join();
+    EXPECT_EQ(CUDA_ERROR_INVALID_CONTEXT, legacy);
     EXPECT_EQ(CUDA_SUCCESS, set);
     EXPECT_EQ(CUDA_SUCCESS, pushed);
     EXPECT_EQ(CUDA_SUCCESS, popped) << "pop restores the binding cudaSetDevice made";
@@ -1916,6 +1914,107 @@ int child_dmabuf_role()
     return rc;
 }
 
+// ipc_block: open x's handle, then y's (same block), read y through x's
+// mapping at the distance the parent sent.
+int child_ipc_block()
+{
+    cudaIpcMemHandle_t hx, hy;
+    long long dist = 0;
+    if (!read_all(0, &hx, sizeof(hx)) || !read_all(0, &hy, sizeof(hy)) || !read_all(0, &dist, sizeof(dist)))
+        return 2;
+    void *px = nullptr, *py = nullptr;
+    int r1 = (int)cudaIpcOpenMemHandle(&px, hx, cudaIpcMemLazyEnablePeerAccess);
+    int r2 = (int)cudaIpcOpenMemHandle(&py, hy, cudaIpcMemLazyEnablePeerAccess);
+    int seen = -1;
+    if (r1 == 0) {
+        unsigned char b = 0;
+        if (cudaMemcpy(&b, (char *)px + dist, 1, cudaMemcpyDeviceToHost) == cudaSuccess) seen = b;
+    }
+    write_all(1, &r1, sizeof(r1));
+    write_all(1, &r2, sizeof(r2));
+    write_all(1, &seen, sizeof(seen));
+    if (r2 == 0 && cudaIpcCloseMemHandle(py) != cudaSuccess) return 3;
+    if (r1 == 0 && cudaIpcCloseMemHandle(px) != cudaSuccess) return 4;
+    return 0;
+}
+
+// ipc_realloc: open h1; then h2 (a new block at h1's addresses) while h1
+// is open, and again after closing h1.
+int child_ipc_realloc()
+{
+    cudaIpcMemHandle_t h1, h2;
+    if (!read_all(0, &h1, sizeof(h1))) return 2;
+    void *p1 = nullptr, *p2 = nullptr;
+    int r = (int)cudaIpcOpenMemHandle(&p1, h1, cudaIpcMemLazyEnablePeerAccess);
+    write_all(1, &r, sizeof(r));
+    if (r != 0) return 0;
+    if (!read_all(0, &h2, sizeof(h2))) return 3;
+    int r_while = (int)cudaIpcOpenMemHandle(&p2, h2, cudaIpcMemLazyEnablePeerAccess);
+    if (r_while == 0) cudaIpcCloseMemHandle(p2);
+    if (cudaIpcCloseMemHandle(p1) != cudaSuccess) return 4;
+    int r_after = (int)cudaIpcOpenMemHandle(&p2, h2, cudaIpcMemLazyEnablePeerAccess);
+    write_all(1, &r_while, sizeof(r_while));
+    write_all(1, &r_after, sizeof(r_after));
+    if (r_after == 0 && cudaIpcCloseMemHandle(p2) != cudaSuccess) return 5;
+    return 0;
+}
+
+// modules_off: what loading weft's fatbin returns.
+int child_modules_off()
+{
+    FakeFatbin fb;
+    CUmodule m = nullptr;
+    if (cudaSetDevice(0) != cudaSuccess) return 2;
+    int r = (int)cuModuleLoadData(&m, fb.b);
+    write_all(1, &r, sizeof(r));
+    return 0;
+}
+
+// late_h2d: a pageable H2D cudaMemcpy, then a read on a non-blocking stream
+// without a sync (stale: 1 when it still saw the old bytes), then after
+// cudaDeviceSynchronize (synced: 1 when the new bytes are there).
+int child_late_h2d()
+{
+    const size_t n = 4096;
+    void *d = nullptr;
+    if (cudaMalloc(&d, n) != cudaSuccess) return 2;
+    if (cudaMemset(d, 1, n) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess) return 3;
+    std::vector<unsigned char> src(n, 2), back(n, 0);
+    if (cudaMemcpy(d, src.data(), n, cudaMemcpyHostToDevice) != cudaSuccess) return 4;
+    cudaStream_t s;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) return 5;
+    if (cudaMemcpyAsync(back.data(), d, n, cudaMemcpyDeviceToHost, s) != cudaSuccess) return 6;
+    if (cudaStreamSynchronize(s) != cudaSuccess) return 7;
+    int stale = back[0] == 1 ? 1 : 0;
+    if (cudaDeviceSynchronize() != cudaSuccess) return 8;
+    if (cudaMemcpy(back.data(), d, n, cudaMemcpyDeviceToHost) != cudaSuccess) return 9;
+    int synced = back[0] == 2 && back[n - 1] == 2 ? 1 : 0;
+    write_all(1, &stale, sizeof(stale));
+    write_all(1, &synced, sizeof(synced));
+    cudaStreamDestroy(s);
+    cudaFree(d);
+    return 0;
+}
+
+// excl: cudaSetDevice(dev) and its result; holds the device until the
+// parent closes stdin.
+int child_excl()
+{
+    int dev = -1;
+    if (!read_all(0, &dev, sizeof(dev))) return 2;
+    int r = (int)cudaSetDevice(dev);
+    if (r == 0) {
+        void *p = nullptr;   // a call that needs the context
+        r = (int)cudaMalloc(&p, 64);
+        if (p) cudaFree(p);
+    }
+    write_all(1, &r, sizeof(r));
+    char c;
+    while (read(0, &c, 1) > 0) {
+    }
+    return 0;
+}
+
 int child_ipc(const char *role)
 {
     cudaIpcMemHandle_t handle;
@@ -1996,6 +2095,11 @@ int main(int argc, char **argv)
     if (argc >= 3 && strcmp(argv[1], "--emu-child") == 0) {
         if (strcmp(argv[2], "info") == 0) return child_info_role();
         if (strcmp(argv[2], "dmabuf") == 0) return child_dmabuf_role();
+        if (strcmp(argv[2], "ipc_block") == 0) return child_ipc_block();
+        if (strcmp(argv[2], "ipc_realloc") == 0) return child_ipc_realloc();
+        if (strcmp(argv[2], "modules_off") == 0) return child_modules_off();
+        if (strcmp(argv[2], "late_h2d") == 0) return child_late_h2d();
+        if (strcmp(argv[2], "excl") == 0) return child_excl();
         return child_ipc(argv[2]);
     }
     // The in-process tests expect the defaults; children get their own knobs.
