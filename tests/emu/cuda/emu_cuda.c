@@ -3,16 +3,25 @@
  * fixture: see tests/emu/cuda/README.md for what it models and how it differs
  * from real GPUs.
  *
- * Device memory: one memfd per allocation, mapped MAP_SHARED with PROT_NONE
- * into a reserved address range of its own (so device pointers never mix
- * with the heap, and host code dereferencing one faults, as on a GPU). The
- * emulator's own operations (copies, memsets, stream memory operations) go
- * through a second, read-write mapping of the same memfd, the allocation's
- * "alias": host_view() translates a device address to it.
+ * Device memory: 2 MiB blocks, one memfd each, mapped MAP_SHARED with
+ * PROT_NONE into a reserved address range of its own (so device pointers
+ * never mix with the heap, and host code dereferencing one faults, as on a
+ * GPU); allocations below 2 MiB are carved from shared blocks at 512-byte
+ * units, larger ones get blocks of their own. Past the data, each memfd holds
+ * the block's metadata (struct block_meta: which allocation starts at each
+ * unit, how many importers), shared with importers. The emulator's own
+ * operations (copies, memsets, stream memory operations, kernels) go through
+ * a second, read-write mapping of the same memfd, the block's "alias":
+ * host_view() translates a device address to it.
  * IPC: the 64-byte handle names the exporter (node, pid, a per-process token),
- * the memfd's descriptor number and inode, the size and the buffer id; the
- * importer opens /proc/<pid>/fd/<n> and checks the inode, then maps it the
- * same way (PROT_NONE at the import address, plus an alias).
+ * the block (memfd descriptor number, id, address) and the allocation
+ * (offset, size, buffer id); the importer opens /proc/<pid>/fd/<n>, checks
+ * the block's metadata that the allocation still lives, and maps the whole
+ * block the same way (PROT_NONE at the import address, plus an alias).
+ * The strict rules (README.md, "The rules that make it strict"): blocks and
+ * AlreadyMapped, device-synchronising calls (refused on threads that wake
+ * streams while a stream is parked), contexts, kernels by name, late
+ * pageable H2D copies, event/stream devices, compute mode.
  * dma-buf (cuMemGetHandleForAddressRange): a fresh open file description of
  * the memfd whose file position encodes the range (see EMU_DMABUF_*).
  * Streams: one worker thread each, executing queued operations in order. */
