@@ -140,7 +140,26 @@ protected:
         ASSERT_EQ(cudaGetDeviceCount(&ndev), cudaSuccess);
         ASSERT_GT(ndev, 0);
         ASSERT_EQ(cudaSetDevice(rank % ndev), cudaSuccess);
+        refused0 = weft_emu_cuda_counter("sync_refused");
+        event_refused0 = weft_emu_cuda_counter("event_record_refused");
     }
+
+    /* On a GPU, a device-synchronising call on weft's progress thread while
+     * a stream waits on weft is a deadlock, and an event recorded on a
+     * stream of another device an error: the emulator refuses and counts
+     * both (tests/emu/cuda/README.md, rules 3 and 6); no test may cause one. */
+    void TearDown() override
+    {
+        if (refused0 != ~0ull) {
+            EXPECT_EQ(weft_emu_cuda_counter("sync_refused"), refused0)
+                << "weft made a device-synchronising CUDA call on its progress thread while a stream waited";
+            EXPECT_EQ(weft_emu_cuda_counter("event_record_refused"), event_refused0)
+                << "weft recorded an event on a stream of another device";
+        }
+        WeftMpiTest::TearDown();
+    }
+
+    unsigned long long refused0 = ~0ull, event_refused0 = ~0ull;
 
     /* Pairs (0,1), (2,3), ...; the last rank of an odd size pairs with itself. */
     int partner() const
@@ -227,6 +246,51 @@ TEST_F(StreamTest, GroupRingDoesNotDeadlock)
         ASSERT_EQ(cudaStreamSynchronize(recv_stream), cudaSuccess);
         ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
         EXPECT_TRUE(HasPattern(out.p, n, prev, tag, round)) << "round " << round;
+    }
+}
+
+/* A stream of another device than the calling thread's current one: weft
+ * takes the device from the stream (events, staging, signals), not from
+ * cudaGetDevice (review B6: "cudaEventRecord ... invalid resource handle"
+ * on a GPU). */
+TEST_F(StreamTest, StreamOfAnotherDeviceThanCurrent)
+{
+    int ndev = 0, home = -1;
+    ASSERT_EQ(cudaGetDeviceCount(&ndev), cudaSuccess);
+    ASSERT_EQ(cudaGetDevice(&home), cudaSuccess);
+    if (ndev < 2)
+        GTEST_SKIP() << "needs two devices";
+    const int other = (home + 1) % ndev, peer = partner(), tag = 25;
+    const bool sender = rank <= peer, receiver = rank >= peer;
+    for (size_t n : { (size_t)256, (size_t)1 << 20 }) {
+        ASSERT_EQ(cudaSetDevice(other), cudaSuccess);
+        {
+            Stream ss, rs;
+            Dev sbuf(n), rbuf(n);
+            Pinned src(n), out(n);
+            ASSERT_TRUE(ss.s && rs.s && sbuf.p && rbuf.p && src.p && out.p);
+            fill_pattern(src.p, n, pattern_seed(rank, tag, n));
+            ASSERT_EQ(stream_copy(sbuf.p, src.p, n, ss.s), cudaSuccess);
+            ASSERT_EQ(cudaSetDevice(home), cudaSuccess);   /* the calls below run with home current */
+            EXPECT_EQ(weft_group_start(), WEFT_SUCCESS);
+            if (receiver) {
+                EXPECT_EQ(weft_recv_on_stream(comm, rbuf.p, n, peer, tag, rs.s), WEFT_SUCCESS) << last_error();
+            }
+            if (sender) {
+                EXPECT_EQ(weft_send_on_stream(comm, sbuf.p, n, peer, tag, ss.s), WEFT_SUCCESS) << last_error();
+            }
+            ASSERT_EQ(weft_group_end(), WEFT_SUCCESS) << last_error();
+            if (receiver) {
+                ASSERT_EQ(stream_copy(out.p, rbuf.p, n, rs.s), cudaSuccess);
+            }
+            ASSERT_EQ(cudaStreamSynchronize(ss.s), cudaSuccess);
+            ASSERT_EQ(cudaStreamSynchronize(rs.s), cudaSuccess);
+            if (receiver) {
+                EXPECT_TRUE(HasPattern(out.p, n, peer, tag, n)) << "size " << n;
+            }
+            ASSERT_EQ(cudaSetDevice(other), cudaSuccess);   /* the buffers and streams go on their device */
+        }
+        ASSERT_EQ(cudaSetDevice(home), cudaSuccess);
     }
 }
 

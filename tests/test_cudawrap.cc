@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "weft.h"
@@ -73,6 +74,11 @@ bool in_child() { return std::getenv("WEFT_CUDAWRAP_CHILD") != nullptr; }
 TEST(CudaWrap, KindsAndBufferIds) { EXPECT_EQ(run_child("KindsAndBufferIds"), 0); }
 TEST(CudaWrap, BadPathIsUnsupportedWithWhy) { EXPECT_EQ(run_child("BadPathIsUnsupportedWithWhy"), 0); }
 TEST(CudaWrap, ApplicationRuntimeAfterFailedLoad) { EXPECT_EQ(run_child("ApplicationRuntimeAfterFailedLoad"), 0); }
+TEST(CudaWrap, FreshThreadClassifiesDevicePointer)
+{
+    EXPECT_EQ(run_child("FreshThreadClassifiesDevicePointer"), 0);
+}
+TEST(CudaWrap, SmallAllocationsReportTheirBlock) { EXPECT_EQ(run_child("SmallAllocationsReportTheirBlock"), 0); }
 
 TEST(CudaWrapChild, BadPathIsUnsupportedWithWhy)
 {
@@ -166,6 +172,75 @@ TEST(CudaWrapChild, KindsAndBufferIds)
     EXPECT_EQ(cu->Free(d), cudaSuccess);
 }
 
+/* A thread that never made a CUDA call has no current context, and the
+ * driver's pointer queries fail there (CUDA_ERROR_INVALID_CONTEXT); weft
+ * must still see device memory as device memory, not as host memory it
+ * would memcpy (review D1: SIGSEGV on a GPU). */
+TEST(CudaWrapChild, FreshThreadClassifiesDevicePointer)
+{
+    CHILD_ONLY();
+    char why[512] = "";
+    ASSERT_EQ(weft_cuda_load(WEFT_EMU_CUDA_LIB_PATH, why, sizeof why), WEFT_SUCCESS) << why;
+    const weft_cuda *cu = weft_cuda_get();
+    ASSERT_EQ(cu->SetDevice(1), cudaSuccess);
+    void *d = nullptr;
+    ASSERT_EQ(cu->Malloc(&d, 5000), cudaSuccess);
+    weft_mem_attr a;
+    weft_mem_block b;
+    int rc_attr = -1, rc_block = -1;
+    CUresult raw = CUDA_SUCCESS;
+    std::thread t([&] {
+        /* What the driver says to this thread before weft asks. */
+        unsigned int mt = 0;
+        CUpointer_attribute at = CU_POINTER_ATTRIBUTE_MEMORY_TYPE;
+        void *data[] = { &mt };
+        CUresult (*get)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr) = nullptr;
+        void *h = dlopen(WEFT_EMU_CUDA_LIB_PATH, RTLD_NOW | RTLD_NOLOAD);
+        if (h) get = reinterpret_cast<decltype(get)>(dlsym(h, "cuPointerGetAttributes"));
+        if (get) raw = get(1, &at, data, (CUdeviceptr)d);
+        rc_attr = weft_cuda_mem_attr(static_cast<char *>(d) + 100, &a);
+        rc_block = weft_cuda_mem_block(d, &b);
+    });
+    t.join();
+    EXPECT_EQ(raw, CUDA_ERROR_INVALID_CONTEXT) << "the emulator no longer models a thread without a context";
+    ASSERT_EQ(rc_attr, WEFT_SUCCESS);
+    EXPECT_EQ(a.kind, WEFT_MEM_DEVICE);
+    EXPECT_EQ(a.device, 1);
+    EXPECT_EQ(a.base, (uintptr_t)d);
+    EXPECT_EQ(a.size, 5000u);
+    EXPECT_EQ(rc_block, WEFT_SUCCESS);
+    EXPECT_NE(b.id, 0u);
+    EXPECT_EQ(cu->Free(d), cudaSuccess);
+}
+
+/* Small allocations share a block (the unit CUDA IPC maps); weft's IPC
+ * cache keys imports by it. */
+TEST(CudaWrapChild, SmallAllocationsReportTheirBlock)
+{
+    CHILD_ONLY();
+    char why[512] = "";
+    ASSERT_EQ(weft_cuda_load(WEFT_EMU_CUDA_LIB_PATH, why, sizeof why), WEFT_SUCCESS) << why;
+    const weft_cuda *cu = weft_cuda_get();
+    void *x = nullptr, *y = nullptr, *big = nullptr;
+    ASSERT_EQ(cu->Malloc(&x, 64), cudaSuccess);
+    ASSERT_EQ(cu->Malloc(&y, 64), cudaSuccess);
+    ASSERT_EQ(cu->Malloc(&big, 5 << 20), cudaSuccess);
+    weft_mem_block bx, by, bbig;
+    ASSERT_EQ(weft_cuda_mem_block(x, &bx), WEFT_SUCCESS);
+    ASSERT_EQ(weft_cuda_mem_block(static_cast<char *>(y) + 10, &by), WEFT_SUCCESS);
+    ASSERT_EQ(weft_cuda_mem_block(big, &bbig), WEFT_SUCCESS);
+    EXPECT_EQ(bx.id, by.id);
+    EXPECT_EQ(bx.base, by.base);
+    EXPECT_LE(bx.base, (uintptr_t)x);
+    EXPECT_LE((uintptr_t)y + 64, bx.base + bx.size);
+    EXPECT_NE(bbig.id, bx.id);
+    EXPECT_EQ(bbig.base, (uintptr_t)big);
+    EXPECT_GE(bbig.size, (size_t)5 << 20);
+    int host = 0;
+    EXPECT_NE(weft_cuda_mem_block(&host, &bx), WEFT_SUCCESS);
+    for (void *p : { x, y, big }) EXPECT_EQ(cu->Free(p), cudaSuccess);
+}
+
 /* weft's load failed, but the application has a CUDA runtime in the
  * process: its device pointers are still recognised (so weft can refuse
  * them instead of reading them as host memory). */
@@ -196,6 +271,16 @@ TEST(CudaWrapChild, ApplicationRuntimeAfterFailedLoad)
 #else
 
 TEST(CudaWrapChild, KindsAndBufferIds) { CHILD_ONLY(); GTEST_SKIP() << "no emulated CUDA runtime in this build"; }
+TEST(CudaWrapChild, FreshThreadClassifiesDevicePointer)
+{
+    CHILD_ONLY();
+    GTEST_SKIP() << "no emulated CUDA runtime in this build";
+}
+TEST(CudaWrapChild, SmallAllocationsReportTheirBlock)
+{
+    CHILD_ONLY();
+    GTEST_SKIP() << "no emulated CUDA runtime in this build";
+}
 TEST(CudaWrapChild, ApplicationRuntimeAfterFailedLoad)
 {
     CHILD_ONLY();
