@@ -684,7 +684,15 @@ NCCL_API(ncclResult_t, ncclMemAlloc, void **ptr, size_t size)
         *ptr = NULL;
         return ncclSuccess;
     }
-    if ((e = cu->Malloc(&p, size)) != cudaSuccess)
+    /* Rounded up to 2 MiB, the granularity NCCL's cuMem allocations have:
+     * a smaller cudaMalloc shares a block with the application's other
+     * allocations, and CUDA IPC maps whole blocks (a peer that opened one
+     * neighbour cannot open this one again: cudaErrorAlreadyMapped). A
+     * block of its own keeps the buffer importable on its own. */
+    const size_t gran = (size_t)2 << 20;
+    if (size > SIZE_MAX - gran)
+        return nccl_fail(NULL, ncclInvalidArgument, fn, "size %zu is too large", size);
+    if ((e = cu->Malloc(&p, (size + gran - 1) / gran * gran)) != cudaSuccess)
         return nccl_cuda_fail(NULL, fn, "cudaMalloc", e);
     *ptr = p;
     return ncclSuccess;

@@ -800,6 +800,15 @@ static void test_memory(int rank, int n, ncclComm_t other)
               (int)cudaMemoryTypeDevice, (int)at.type);
         CHECK(at.device == g_dev, "ncclMemAlloc on the current device", "%d, got %d", g_dev, at.device);
     }
+    /* Each allocation in a 2 MiB block of its own (as NCCL's cuMem
+     * allocations are): two small ones never share one. */
+    void *q = NULL;
+    if (NCHECK(ncclMemAlloc(&q, 64))) {
+        uintptr_t a = (uintptr_t)p, b = (uintptr_t)q, dist = a > b ? a - b : b - a;
+        CHECK(dist >= ((uintptr_t)2 << 20), "ncclMemAlloc rounds to 2 MiB", "allocations >= 2 MiB apart, got %zu",
+              (size_t)dist);
+        NCHECK(ncclMemFree(q));
+    }
     void *hnd = NULL, *hnd2 = NULL;
     if (NCHECK(ncclCommRegister(g_comm, p, count * 4, &hnd))) {
         CHECK(hnd != NULL, "ncclCommRegister handle", "non-NULL, got NULL");
