@@ -262,6 +262,39 @@ TEST_F(CudaIpc, BufferInMappedBlockOpensNothing)
     EXPECT_EQ(counter("ipc_open") - opens0, 0u);
 }
 
+/* Two blocks freed and one larger block made over both: the sender's
+ * mapping of the first is stale (same base, new block id) and closed, but
+ * its mapping of the second still covers part of the new block, and the
+ * open is refused (cudaErrorAlreadyMapped). weft closes the idle mappings
+ * that overlap and opens again (UCX's order): the message still goes by IPC. */
+TEST_F(CudaIpc, OverlappingStaleMappingIsClosedAndRetried)
+{
+    ASSERT_GT(ndev, 0);
+    const size_t blk = 6u << 20;
+    DevBuf s(2 * blk);
+    /* a and b side by side: carved from a freed range of twice the size. */
+    void *span = nullptr;
+    ASSERT_EQ(cudaMalloc(&span, 2 * blk), cudaSuccess);
+    ASSERT_EQ(cudaFree(span), cudaSuccess);
+    auto a = std::make_unique<DevBuf>(blk);
+    auto b = std::make_unique<DevBuf>(blk);
+    ring(comm, s, *a, blk, 33, 0);
+    ring(comm, s, *b, blk, 33, 1);
+    const bool adjacent = (char *)b->p == (char *)a->p + blk;
+    void *old = a->p;
+    b->reset();
+    a->reset();
+    DevBuf c(2 * blk);
+    const bool over_both = adjacent && c.p == old;
+    EXPECT_TRUE(over_both) << "the new block does not cover both old ones: the test proves less";
+    MPI_Barrier(MPI_COMM_WORLD);
+    unsigned long long opens0 = counter("ipc_open"), closes0 = counter("ipc_close");
+    std::string log = capture_stderr([&] { ring(comm, s, c, 2 * blk, 34, 0); });
+    EXPECT_EQ(log.find("staged"), std::string::npos) << log;
+    EXPECT_EQ(counter("ipc_open") - opens0, 1u) << "the new block was not opened (staged instead?)";
+    EXPECT_EQ(counter("ipc_close") - closes0, 2u) << "the stale and the overlapping mapping are closed";
+}
+
 TEST_F(CudaIpc, ManyBuffersBeyondCacheCap)
 {
     ASSERT_GT(ndev, 0);

@@ -271,18 +271,55 @@ static void unreserve_range(uintptr_t addr, size_t len)
                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 }
 
+/* Index of the free range starting at addr, or -1. */
+static long va_free_at(const struct vregion *r, uintptr_t addr)
+{
+    for (size_t i = 0; i < r->nfree; i++)
+        if (r->free[i].addr == addr) return (long)i;
+    return -1;
+}
+
+static void va_free_remove(struct vregion *r, size_t i)
+{
+    memmove(&r->free[i], &r->free[i + 1], (r->nfree - i - 1) * sizeof(*r->free));
+    r->nfree--;
+}
+
 /* Address-space allocator: the most recently freed block of the same size
  * first (so a same-size cudaMalloc after cudaFree gets the same address, as
- * real GPUs often do), then fresh space, then any larger free block. */
+ * real GPUs often do), then freed blocks that lie next to each other and
+ * together fit (two freed 2 MiB blocks give one 4 MiB block at the first's
+ * address, as a driver's address space does: the case where an importer
+ * still maps one of the old blocks), then fresh space, then any larger free
+ * block. */
 static uintptr_t va_get(struct vregion *r, size_t len)
 {
     for (size_t i = r->nfree; i-- > 0;) {
         if (r->free[i].len == len) {
             uintptr_t a = r->free[i].addr;
-            memmove(&r->free[i], &r->free[i + 1], (r->nfree - i - 1) * sizeof(*r->free));
-            r->nfree--;
+            va_free_remove(r, i);
             return a;
         }
+    }
+    for (size_t i = r->nfree; i-- > 0;) {
+        uintptr_t a = r->free[i].addr, end = a + r->free[i].len;
+        long j;
+        while (end - a < len && (j = va_free_at(r, end)) >= 0) end += r->free[j].len;
+        if (end - a < len) continue;
+        /* Take [a, a+len): whole ranges, and the head of the last one. */
+        uintptr_t at = a;
+        while (at < a + len) {
+            long k = va_free_at(r, at);
+            uintptr_t kend = at + r->free[k].len;
+            if (kend <= a + len) {
+                va_free_remove(r, (size_t)k);
+            } else {
+                r->free[k].addr = a + len;
+                r->free[k].len = kend - (a + len);
+            }
+            at = kend;
+        }
+        return a;
     }
     if (r->end - r->bump >= len) {
         uintptr_t a = r->bump;
