@@ -712,7 +712,10 @@ int weft_p2p_done(const struct weft_request *r)
     return done;
 }
 
-int weft_p2p_test_check(struct weft_request *r, int *done, weft_status_t *status, struct weft_p2p_check *peer)
+/* One progress pass unless r is done; when it is, what the caller asked
+ * for (the peer's check, whether the sender's GPU signalled) and finish. */
+static int test_finish(struct weft_request *r, int *done, weft_status_t *status, struct weft_p2p_check *peer,
+                       int *signaled)
 {
     struct weft_p2p *p = r->p2p;
     int rc = WEFT_SUCCESS;
@@ -721,31 +724,27 @@ int weft_p2p_test_check(struct weft_request *r, int *done, weft_status_t *status
     if (r->state != WEFT_REQ_DONE)
         weft_p2p_progress(p);
     *done = r->state == WEFT_REQ_DONE;
+    if (signaled)
+        *signaled = 0;
     if (*done) {
         if (peer)
             *peer = r->check;
+        if (signaled)
+            *signaled = r->type == WEFT_REQ_RECV && r->xfer.signal_done;
         rc = finish(r, status);
     }
     pthread_mutex_unlock(&p->lock);
     return rc;
 }
 
+int weft_p2p_test_check(struct weft_request *r, int *done, weft_status_t *status, struct weft_p2p_check *peer)
+{
+    return test_finish(r, done, status, peer, NULL);
+}
+
 int weft_p2p_test_signal(struct weft_request *r, int *done, weft_status_t *status, int *signaled)
 {
-    struct weft_p2p *p = r->p2p;
-    int rc = WEFT_SUCCESS;
-
-    pthread_mutex_lock(&p->lock);
-    if (r->state != WEFT_REQ_DONE)
-        weft_p2p_progress(p);
-    *done = r->state == WEFT_REQ_DONE;
-    *signaled = 0;
-    if (*done) {
-        *signaled = r->type == WEFT_REQ_RECV && r->xfer.signal_done;
-        rc = finish(r, status);
-    }
-    pthread_mutex_unlock(&p->lock);
-    return rc;
+    return test_finish(r, done, status, NULL, signaled);
 }
 
 int weft_p2p_test(struct weft_request *r, int *done, weft_status_t *status)

@@ -589,7 +589,7 @@ static CUresult drv_err(cudaError_t e)
 /* ------------------------------------------------------------------ streams */
 
 enum opkind { OP_COPY, OP_SET, OP_HOSTFN, OP_CALLBACK, OP_DELAY, OP_WAIT_EVENT, OP_WAIT_STREAM,
-              OP_RECORD, OP_WAIT32, OP_WAIT64, OP_WRITE32, OP_WRITE64, OP_KERNEL };
+              OP_RECORD, OP_WAIT32, OP_WAIT64, OP_WRITE32, OP_WRITE64, OP_KERNEL, OP_LATE };
 
 struct op {
     struct op *next;
@@ -637,6 +637,7 @@ struct CUevent_st {
     int      device;
     uint64_t rec_gen;  /* under g_done_mu */
     uint64_t done_gen; /* under g_done_mu */
+    int      legacy;   /* under g_done_mu: last recorded on a legacy stream */
     struct timespec t;
     int      refs;     /* under g_mu */
     struct CUevent_st *next_all;
@@ -707,6 +708,20 @@ static void poll_wait(const struct op *o)
     }
 }
 
+/* Late pageable H2D copies (OP_LATE) wait on the legacy stream until their
+ * time is up -- or until someone waits for the legacy stream's work: then
+ * the ordering is visible to CUDA (a sync, a blocking stream's later work,
+ * an event recorded there) and a GPU would have the data in place for
+ * that waiter. So a sync costs no artificial delay, and only readers
+ * without one see the old bytes. g_done_mu held. */
+static uint64_t g_late_flush; /* under g_done_mu */
+
+static void late_flush_locked(void)
+{
+    g_late_flush++;
+    pthread_cond_broadcast(&g_done_cv);
+}
+
 static void op_exec(struct CUstream_st *s, struct op *o)
 {
     switch (o->kind) {
@@ -721,14 +736,30 @@ static void op_exec(struct CUstream_st *s, struct op *o)
     case OP_HOSTFN: o->fn(o->arg); break;
     case OP_CALLBACK: o->cb(s, cudaSuccess, o->arg); break;
     case OP_DELAY: sleep_us(o->n); break;
+    case OP_LATE: {
+        /* o->u64: the deadline (CLOCK_REALTIME ns); o->gen: the flush count
+         * when the copy was made. */
+        struct timespec dl = { (time_t)(o->u64 / 1000000000ull), (long)(o->u64 % 1000000000ull) };
+        pthread_mutex_lock(&g_done_mu);
+        while (g_late_flush == o->gen) {
+            struct timespec now;
+            clock_gettime(CLOCK_REALTIME, &now);
+            if ((uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec >= o->u64) break;
+            pthread_cond_timedwait(&g_done_cv, &g_done_mu, &dl);
+        }
+        pthread_mutex_unlock(&g_done_mu);
+        break;
+    }
     case OP_WAIT_EVENT:
         pthread_mutex_lock(&g_done_mu);
+        if (o->ev->legacy && o->ev->done_gen < o->gen) late_flush_locked();
         while (o->ev->done_gen < o->gen) pthread_cond_wait(&g_done_cv, &g_done_mu);
         pthread_mutex_unlock(&g_done_mu);
         event_unref(o->ev);
         break;
     case OP_WAIT_STREAM:
         pthread_mutex_lock(&g_done_mu);
+        if (o->other->special == STREAM_LEGACY && o->other->done_seq < o->gen) late_flush_locked();
         while (o->other->done_seq < o->gen) pthread_cond_wait(&g_done_cv, &g_done_mu);
         pthread_mutex_unlock(&g_done_mu);
         stream_unref(o->other);
@@ -925,6 +956,7 @@ static uint64_t stream_push(struct CUstream_st *s, struct op *o)
 static void stream_wait_seq(struct CUstream_st *s, uint64_t seq)
 {
     pthread_mutex_lock(&g_done_mu);
+    if (s->special == STREAM_LEGACY && s->done_seq < seq) late_flush_locked();
     while (s->done_seq < seq) pthread_cond_wait(&g_done_cv, &g_done_mu);
     pthread_mutex_unlock(&g_done_mu);
 }
@@ -2100,10 +2132,11 @@ static cudaError_t enqueue_copy(void *dst, const void *src, size_t count, enum c
          * the pageable buffer has been copied to the staging memory for DMA
          * transfer to device memory, but the DMA to final destination may
          * not have completed" (API synchronization behavior): staged now,
-         * written on the legacy stream a few milliseconds later. Work on a
+         * written on the legacy stream a few milliseconds later, or as soon
+         * as anyone waits for the legacy stream (OP_LATE). Work on a
          * non-blocking stream that reads it without a sync sees old bytes. */
         void *staged = malloc(count);
-        struct op *d = staged ? op_new(OP_DELAY) : NULL;
+        struct op *d = staged ? op_new(OP_LATE) : NULL;
         if (!d) {
             free(staged);
             free(o);
@@ -2112,7 +2145,12 @@ static cudaError_t enqueue_copy(void *dst, const void *src, size_t count, enum c
         memcpy(staged, src, count);
         o->src = staged;
         o->owned = staged;
-        d->n = late_us();
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        d->u64 = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec + (uint64_t)late_us() * 1000ull;
+        pthread_mutex_lock(&g_done_mu);
+        d->gen = g_late_flush;
+        pthread_mutex_unlock(&g_done_mu);
         stream_push(s, d);
         stream_push(s, o);
         COUNT(C_MEMCPY, 1);
@@ -2444,6 +2482,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
     pthread_mutex_unlock(&g_mu);
     pthread_mutex_lock(&g_done_mu);
     o->gen = ++ev->rec_gen;
+    ev->legacy = s->special == STREAM_LEGACY;
     pthread_mutex_unlock(&g_done_mu);
     o->ev = ev;
     stream_push(s, o);
@@ -2476,6 +2515,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event)
     if (e) return rt_ret(e);
     pthread_mutex_lock(&g_done_mu);
     uint64_t gen = ev->rec_gen;
+    if (ev->legacy && ev->done_gen < gen) late_flush_locked();
     while (ev->done_gen < gen) pthread_cond_wait(&g_done_cv, &g_done_mu);
     pthread_mutex_unlock(&g_done_mu);
     return cudaSuccess;
@@ -2942,7 +2982,10 @@ static int fatbin_ok(const void *image)
     uint32_t magic;
     uint16_t version, hsize;
     uint64_t body;
+    /* The magic first: an image that is not a fatbin may be shorter than
+     * the header (a driver reads no further than it needs either). */
     memcpy(&magic, p, 4);
+    if (magic != EMU_FATBIN_MAGIC) return 0;
     memcpy(&version, p + 4, 2);
     memcpy(&hsize, p + 6, 2);
     memcpy(&body, p + 8, 8);
