@@ -2968,13 +2968,26 @@ struct CUfunc_st {
 };
 
 struct CUmod_st {
-    uint32_t          magic;     /* EMU_MOD_MAGIC while loaded */
+    uint32_t          magic;     /* EMU_MOD_MAGIC while loaded, 0 once unloaded */
     int               device;
     struct CUfunc_st *fns;       /* one per kernel of the table */
+    struct CUmod_st  *next;      /* every module ever made (g_mods, under g_mu) */
 };
 #define EMU_MOD_MAGIC 0x4d4f4455u
 
-static int module_live(const struct CUmod_st *m) { return m && m->magic == EMU_MOD_MAGIC; }
+/* Modules are never freed: an unloaded one stays on the list, dead, and is
+ * reused by a later load, so a stale handle (or a function of it) reads
+ * "not loaded" instead of freed memory. */
+static struct CUmod_st *g_mods;
+
+static int module_live(const struct CUmod_st *m)
+{
+    int live = 0;
+    pthread_mutex_lock(&g_mu);
+    for (const struct CUmod_st *x = g_mods; x && !live; x = x->next) live = x == m && m->magic == EMU_MOD_MAGIC;
+    pthread_mutex_unlock(&g_mu);
+    return live;
+}
 
 static int fatbin_ok(const void *image)
 {
@@ -3004,15 +3017,30 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image)
     if (!g_modules) return CUDA_ERROR_NO_BINARY_FOR_GPU;
     cudaError_t e = device_sync("cuModuleLoadData", t_dev);
     if (e != cudaSuccess) return drv_err(e);
-    struct CUmod_st *m = calloc(1, sizeof(*m));
-    struct CUfunc_st *f = m ? calloc((size_t)emu_kernel_count(), sizeof(*f)) : NULL;
-    if (!f) {
-        free(m);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct CUmod_st *m = NULL;
+    pthread_mutex_lock(&g_mu);
+    for (m = g_mods; m && m->magic == EMU_MOD_MAGIC; m = m->next) {}
+    if (m) {
+        memset(m->fns, 0, (size_t)emu_kernel_count() * sizeof(*m->fns));
+        m->magic = EMU_MOD_MAGIC;
+        m->device = t_dev;
     }
-    m->magic = EMU_MOD_MAGIC;
-    m->device = t_dev;
-    m->fns = f;
+    pthread_mutex_unlock(&g_mu);
+    if (!m) {
+        m = calloc(1, sizeof(*m));
+        struct CUfunc_st *f = m ? calloc((size_t)emu_kernel_count(), sizeof(*f)) : NULL;
+        if (!f) {
+            free(m);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        m->magic = EMU_MOD_MAGIC;
+        m->device = t_dev;
+        m->fns = f;
+        pthread_mutex_lock(&g_mu);
+        m->next = g_mods;
+        g_mods = m;
+        pthread_mutex_unlock(&g_mu);
+    }
     COUNT(C_MODULE_LOADS, 1);
     *module = m;
     return CUDA_SUCCESS;
@@ -3041,10 +3069,10 @@ CUresult cuModuleUnload(CUmodule hmod)
 {
     if (!module_live(hmod)) return CUDA_ERROR_INVALID_HANDLE;
     /* Queued launches may still use it: they keep their kernel (a table
-     * entry), not the module. */
+     * entry), not the module. Kept on g_mods, dead (see there). */
+    pthread_mutex_lock(&g_mu);
     hmod->magic = 0;
-    free(hmod->fns);
-    free(hmod);
+    pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
 
