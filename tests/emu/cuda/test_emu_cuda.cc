@@ -1475,9 +1475,11 @@ TEST(EmuCudaRules, ParkedLegacyStreamHoldsSynchronousCopies)
     ParkWord pw;
     ASSERT_NE(pw.w, nullptr);
     const size_t n = 4096;
-    void *d = nullptr;
+    void *d = nullptr, *d2 = nullptr;
     CK(cudaMalloc(&d, n));
+    CK(cudaMalloc(&d2, n));
     CK(cudaMemset(d, 7, n));
+    CK(cudaMemset(d2, 7, n));
     CK(cudaDeviceSynchronize());
     cudaStream_t blocking, nonblocking;
     CK(cudaStreamCreate(&blocking));
@@ -1492,7 +1494,10 @@ TEST(EmuCudaRules, ParkedLegacyStreamHoldsSynchronousCopies)
     CK(cudaMemcpyAsync(h2.data(), d, n, cudaMemcpyDeviceToHost, nonblocking));
     CK(cudaStreamSynchronize(nonblocking));
     nonblocking_ms = now_ms() - t0;
-    CK(cudaMemsetAsync(d, 9, n, blocking));   // behind the parked legacy stream
+    // A buffer of its own: the other thread's copy may be issued after this
+    // memset (a thread start is slow under ASan), and then, as on a GPU, the
+    // legacy-stream copy is ordered after the blocking stream's memset.
+    CK(cudaMemsetAsync(d2, 9, n, blocking));   // behind the parked legacy stream
     sleep_ms(150);
     EXPECT_EQ(cudaErrorNotReady, cudaStreamQuery(blocking));
     pw.release();
@@ -1502,9 +1507,13 @@ TEST(EmuCudaRules, ParkedLegacyStreamHoldsSynchronousCopies)
     EXPECT_GE(copy_ms, 140.0) << "a synchronous copy of another thread went past the parked legacy stream";
     EXPECT_EQ(7, h[0]);
     EXPECT_EQ(7, h2[0]);
+    unsigned char b = 0;
+    CK(cudaMemcpy(&b, d2, 1, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(9, b) << "the blocking stream's memset ran once the legacy stream went on";
     CK(cudaStreamDestroy(blocking));
     CK(cudaStreamDestroy(nonblocking));
     CK(cudaFree(d));
+    CK(cudaFree(d2));
 }
 
 // Rule 10: WEFT_EMU_CUDA_COMPUTE_MODE=exclusive_process: one process of the
