@@ -32,7 +32,7 @@ struct weft_p2p {
     int                      table_slot; /* entry in the handle table (request.c), -1: none */
     pthread_mutex_t          lock;       /* guards everything here and in the transports */
     int                      rank, size;
-    struct weft_pipe        *pipes;      /* [size]; pipes[rank] is the self pipe */
+    struct weft_peer_pipe        *pipes;      /* [size]; pipes[rank] is the self pipe */
     struct weft_p2p_tp       tps[WEFT_P2P_MAX_TRANSPORTS];   /* registry order */
     int                      ntps;
     int                      used[WEFT_P2P_MAX_TRANSPORTS];   /* indices into tps of those some pipe uses */

@@ -43,7 +43,7 @@ void weft_health_connect(struct weft_p2p *p, const unsigned char *cards, size_t 
     const struct weft_card_hdr *me = (const void *)(cards + (size_t)p->rank * card_bytes);
     double now = weft_now();
     for (int i = 0; i < p->size; i++) {
-        struct weft_pipe *pp = &p->pipes[i];
+        struct weft_peer_pipe *pp = &p->pipes[i];
         const struct weft_card_hdr *h = (const void *)(cards + (size_t)i * card_bytes);
         pp->pid = h->pid;
         pp->pidfd = -1;
@@ -83,7 +83,7 @@ static char proc_state(int pid)
     return e && e[1] == ' ' ? e[2] : 0;
 }
 
-static int process_gone(const struct weft_pipe *pp)
+static int process_gone(const struct weft_peer_pipe *pp)
 {
     if (pp->pidfd >= 0) {
         struct pollfd pf = { pp->pidfd, POLLIN, 0 };
@@ -94,7 +94,7 @@ static int process_gone(const struct weft_pipe *pp)
 
 /* Whether a same-host peer's process has ended, a zombie included (a pidfd
  * turns readable then; without one, /proc says so). 0 for other hosts. */
-static int peer_process_ended(const struct weft_pipe *pp)
+static int peer_process_ended(const struct weft_peer_pipe *pp)
 {
     if (!pp->same_host || pp->pid <= 0)
         return 0;
@@ -109,7 +109,7 @@ static int peer_process_ended(const struct weft_pipe *pp)
 /* What we know of the peer's liveness; why says how we know. */
 static int probe(struct weft_p2p *p, int peer, double now, char *why, size_t n)
 {
-    struct weft_pipe *pp = &p->pipes[peer];
+    struct weft_peer_pipe *pp = &p->pipes[peer];
     double timeout = p->core->cfg.timeout_s;
 
     if (pp->same_host && pp->pid > 0) {
@@ -141,7 +141,7 @@ static int probe(struct weft_p2p *p, int peer, double now, char *why, size_t n)
 
 static void notice_send(struct weft_p2p *p, int to, int kind, int about, int code, uint32_t seq, const char *text)
 {
-    struct weft_pipe *pp = &p->pipes[to];
+    struct weft_peer_pipe *pp = &p->pipes[to];
     struct weft_wire_hdr h;
     size_t len = strlen(text) + 1;
 
@@ -173,7 +173,7 @@ void weft_health_tick(struct weft_p2p *p, double now)
     if (hb < 0.1)
         hb = 0.1;
     for (int i = 0; i < p->size; i++) {
-        struct weft_pipe *pp = &p->pipes[i];
+        struct weft_peer_pipe *pp = &p->pipes[i];
         if (i == p->rank || pp->failed)
             continue;
         if (pp->broken) {
@@ -221,7 +221,7 @@ void weft_health_tick(struct weft_p2p *p, double now)
 void weft_health_watch_processes(struct weft_p2p *p)
 {
     for (int i = 0; i < p->size; i++) {
-        struct weft_pipe *pp = &p->pipes[i];
+        struct weft_peer_pipe *pp = &p->pipes[i];
         if (i != p->rank && !pp->failed && peer_process_ended(pp)) {
             char why[128];
             snprintf(why, sizeof(why), "its process (pid %d on this host) died", pp->pid);
@@ -232,7 +232,7 @@ void weft_health_watch_processes(struct weft_p2p *p)
 
 void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why, int from_notice)
 {
-    struct weft_pipe *pp = &p->pipes[rank];
+    struct weft_peer_pipe *pp = &p->pipes[rank];
     char text[WEFT_WIRE_NOTICE_TEXT_MAX];
 
     if (rank == p->rank || pp->failed)
@@ -262,7 +262,7 @@ void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why
 
 void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char *why)
 {
-    struct weft_pipe *pp = &p->pipes[rank];
+    struct weft_peer_pipe *pp = &p->pipes[rank];
     if (__atomic_load_n(&p->core->leaving, __ATOMIC_ACQUIRE)) {
         /* Destroy's last round: a peer that has finished it closes its
          * links, and its last message came before the close. Not a failure
@@ -304,7 +304,7 @@ static const char *req_verb(const struct weft_request *r)
 
 int weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, double idle, const char *what)
 {
-    struct weft_pipe *pp = r->pipe;
+    struct weft_peer_pipe *pp = r->pipe;
     int peer = pp->peer, code;
     char why[200];
 
@@ -341,7 +341,7 @@ int weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, do
     return 1;
 }
 
-void weft_health_on_notice(struct weft_pipe *pp, const struct weft_wire_hdr *h, const char *text, size_t len)
+void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr *h, const char *text, size_t len)
 {
     struct weft_p2p *p = pp->p2p;
     char msg[WEFT_WIRE_NOTICE_TEXT_MAX + 64];

@@ -29,7 +29,7 @@
 #include <stdint.h>
 
 struct weft_p2p;
-struct weft_pipe;
+struct weft_peer_pipe;
 struct weft_request;
 struct weft_wire_hdr;
 
@@ -54,7 +54,7 @@ void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why
  * (failed) now; 0: its live peer gets a grace period first. */
 int  weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, double idle, const char *what);
 /* A NOTICE frame from the pipe's peer. */
-void weft_health_on_notice(struct weft_pipe *pp, const struct weft_wire_hdr *h, const char *text, size_t len);
+void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr *h, const char *text, size_t len);
 /* weft_comm_abort: tell every peer, break every pipe with WEFT_ERR_ABORTED. */
 void weft_health_abort(struct weft_p2p *p);
 /* A collective (seq) failed here with code: tell every live peer. */

@@ -108,7 +108,7 @@ int weft_p2p_irecv_signal(struct weft_p2p *p, void *buf, size_t bytes, int peer,
 
 int weft_p2p_signal_peer(struct weft_p2p *p, int peer)
 {
-    const struct weft_pipe *pp;
+    const struct weft_peer_pipe *pp;
     if (peer < 0 || peer >= p->size || !p->core->cuda)
         return 0;
     pp = &p->pipes[peer];

@@ -53,7 +53,7 @@ static size_t lane_hash(int tag, size_t buckets)
     return ((uint32_t)tag * 2654435761u) & (buckets - 1);
 }
 
-static int lanes_grow(struct weft_pipe *p)
+static int lanes_grow(struct weft_peer_pipe *p)
 {
     size_t nb = p->nbuckets * 2;
     struct weft_list *nl = malloc(nb * sizeof(*nl));
@@ -75,7 +75,7 @@ static int lanes_grow(struct weft_pipe *p)
 }
 
 /* The lane of tag; created when create is set. NULL: absent or no memory. */
-static __attribute__((noinline)) struct weft_lane *lane_lookup(struct weft_pipe *p, int tag, int create)
+static __attribute__((noinline)) struct weft_lane *lane_lookup(struct weft_peer_pipe *p, int tag, int create)
 {
     struct weft_list *b = &p->buckets[lane_hash(tag, p->nbuckets)];
     weft_list_for_each(n, b) {
@@ -104,7 +104,7 @@ static __attribute__((noinline)) struct weft_lane *lane_lookup(struct weft_pipe 
 /* A stream of messages on one tag posts and matches on the same lane over
  * and over: the last lane found is looked at before the hash (inline, the
  * hash and the creation out of line). */
-static inline struct weft_lane *lane_get(struct weft_pipe *p, int tag, int create)
+static inline struct weft_lane *lane_get(struct weft_peer_pipe *p, int tag, int create)
 {
     struct weft_lane *last = p->lane_last;
     if (last != NULL && last->tag == tag)
@@ -112,7 +112,7 @@ static inline struct weft_lane *lane_get(struct weft_pipe *p, int tag, int creat
     return lane_lookup(p, tag, create);
 }
 
-void weft_pipe_lane_release(struct weft_pipe *p, int tag)
+void weft_pipe_lane_release(struct weft_peer_pipe *p, int tag)
 {
     struct weft_lane *l = lane_get(p, tag, 0);
     if (l == NULL || !weft_list_empty(&l->posted) || !weft_queue_empty(&l->unexp))
@@ -126,7 +126,7 @@ void weft_pipe_lane_release(struct weft_pipe *p, int tag)
 
 /* ----------------------------------------------------------- set-up/down */
 
-int weft_pipe_init(struct weft_p2p *p2p, struct weft_pipe *p, int peer)
+int weft_pipe_init(struct weft_p2p *p2p, struct weft_peer_pipe *p, int peer)
 {
     memset(p, 0, sizeof(*p));
     p->p2p = p2p;
@@ -155,7 +155,7 @@ static void outbound_free(struct weft_outbound *o)
     free(o);
 }
 
-void weft_pipe_fini(struct weft_pipe *p)
+void weft_pipe_fini(struct weft_peer_pipe *p)
 {
     if (p->buckets) {
         for (size_t i = 0; i < p->nbuckets; i++) {
@@ -188,14 +188,14 @@ void weft_pipe_complete(struct weft_request *r, int err)
     __atomic_store_n(&r->state, WEFT_REQ_DONE, __ATOMIC_RELEASE);
 }
 
-void weft_pipe_activate(struct weft_pipe *p, struct weft_request *r)
+void weft_pipe_activate(struct weft_peer_pipe *p, struct weft_request *r)
 {
     r->state = WEFT_REQ_ACTIVE;
     weft_list_add_tail(&p->inflight, &r->link);
     p->ninflight++;
 }
 
-static void inflight_remove(struct weft_pipe *p, struct weft_request *r)
+static void inflight_remove(struct weft_peer_pipe *p, struct weft_request *r)
 {
     if (weft_list_linked(&r->link)) {
         weft_list_del(&r->link);
@@ -203,14 +203,14 @@ static void inflight_remove(struct weft_pipe *p, struct weft_request *r)
     }
 }
 
-void weft_pipe_finish_inflight(struct weft_pipe *p, struct weft_request *r, int err)
+void weft_pipe_finish_inflight(struct weft_peer_pipe *p, struct weft_request *r, int err)
 {
     inflight_remove(p, r);
     weft_pipe_complete(r, err);
 }
 
 /* A protocol error: what the peer sent makes no sense here. */
-static void protocol_error(struct weft_pipe *p, const char *fmt, unsigned long long a, unsigned long long b)
+static void protocol_error(struct weft_peer_pipe *p, const char *fmt, unsigned long long a, unsigned long long b)
 {
     char what[200];
     snprintf(what, sizeof(what), fmt, a, b);
@@ -221,23 +221,23 @@ static void protocol_error(struct weft_pipe *p, const char *fmt, unsigned long l
 
 /* --------------------------------------------------------------- sending */
 
-static void outbound_append(struct weft_pipe *p, struct weft_outbound *o)
+static void outbound_append(struct weft_peer_pipe *p, struct weft_outbound *o)
 {
     weft_queue_push(&p->out, &o->qn);
     p->p2p->out_queued++;
 }
 
-static int carrier_send(struct weft_pipe *p, const void *hdr, size_t hdr_len, const void *payload, size_t len)
+static int carrier_send(struct weft_peer_pipe *p, const void *hdr, size_t hdr_len, const void *payload, size_t len)
 {
     return p->carrier.tp->ctrl_send(p->carrier.ctx, p->peer, hdr, hdr_len, payload, len);
 }
 
-static int send_full(struct weft_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len)
+static int send_full(struct weft_peer_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len)
 {
     return carrier_send(p, h, sizeof(*h), payload, len);
 }
 
-int weft_pipe_send_oob(struct weft_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len)
+int weft_pipe_send_oob(struct weft_peer_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len)
 {
     if (p->carrier.tp == NULL)
         return WEFT_ERR_TRANSPORT;
@@ -246,7 +246,7 @@ int weft_pipe_send_oob(struct weft_pipe *p, const struct weft_wire_hdr *h, const
 
 /* A message's first frame: the header, the request's fingerprint when it
  * carries one (flag CHECK), the payload. */
-static int send_msg(struct weft_pipe *p, const struct weft_request *r, struct weft_wire_hdr *h, const void *payload,
+static int send_msg(struct weft_peer_pipe *p, const struct weft_request *r, struct weft_wire_hdr *h, const void *payload,
                     size_t len)
 {
     unsigned char hb[sizeof(*h) + WEFT_WIRE_CHECK_BYTES];
@@ -260,14 +260,14 @@ static int send_msg(struct weft_pipe *p, const struct weft_request *r, struct we
 
 /* ---- flow control (wire.h) ---- */
 
-static int fc_on(const struct weft_pipe *p)
+static int fc_on(const struct weft_peer_pipe *p)
 {
     return p->peer != p->p2p->rank;   /* self: the process's own memory either way */
 }
 
 /* Whether a message of this cost may go now: within the window, or alone
  * on the wire (one larger than the window still goes, by itself). */
-static int fc_may_send(const struct weft_pipe *p, uint64_t cost)
+static int fc_may_send(const struct weft_peer_pipe *p, uint64_t cost)
 {
     uint64_t out = p->fc_sent - p->fc_granted;
     return !fc_on(p) || out == 0 || out + cost <= p->p2p->core->cfg.eager_window;
@@ -278,7 +278,7 @@ static uint64_t fc_cost_of(const struct weft_request *r)
     return (r->rndv ? 0 : r->bytes) + WEFT_WIRE_MSG_COST;
 }
 
-static int credit_send(struct weft_pipe *p)
+static int credit_send(struct weft_peer_pipe *p)
 {
     struct weft_wire_hdr h;
     memset(&h, 0, sizeof(h));
@@ -290,11 +290,11 @@ static int credit_send(struct weft_pipe *p)
     return rc;
 }
 
-static void fc_report(struct weft_pipe *p);
+static void fc_report(struct weft_peer_pipe *p);
 
 /* A message of ours... of the peer's was consumed: report every quarter
  * window (inline: every delivery passes here; the report is out of line). */
-static inline void fc_consume(struct weft_pipe *p, uint64_t cost)
+static inline void fc_consume(struct weft_peer_pipe *p, uint64_t cost)
 {
     if (!fc_on(p))
         return;
@@ -304,7 +304,7 @@ static inline void fc_consume(struct weft_pipe *p, uint64_t cost)
     fc_report(p);
 }
 
-static __attribute__((noinline)) void fc_report(struct weft_pipe *p)
+static __attribute__((noinline)) void fc_report(struct weft_peer_pipe *p)
 {
     int rc = credit_send(p);
     if (rc == WEFT_EAGAIN) {
@@ -319,7 +319,7 @@ static __attribute__((noinline)) void fc_report(struct weft_pipe *p)
  * bounce (synchronous D2H). If the copy fails, the message still goes out
  * (its sequence number is taken) as a 0-byte EAGER whose status tells the
  * receiver, and the send fails with the copy's error. */
-__attribute__((noinline)) static int send_eager_device(struct weft_pipe *p, struct weft_request *r,
+__attribute__((noinline)) static int send_eager_device(struct weft_peer_pipe *p, struct weft_request *r,
                                                        struct weft_wire_hdr *h)
 {
     struct weft_core *core = p->p2p->core;
@@ -350,11 +350,11 @@ __attribute__((noinline)) static int send_eager_device(struct weft_pipe *p, stru
     return rc;
 }
 
-static int send_req_first(struct weft_pipe *p, struct weft_request *r);
+static int send_req_first(struct weft_peer_pipe *p, struct weft_request *r);
 
 /* Hands a send's first frame (EAGER with data, or RTS) to the carrier,
  * within the flow-control window. */
-static int send_req_now(struct weft_pipe *p, struct weft_request *r)
+static int send_req_now(struct weft_peer_pipe *p, struct weft_request *r)
 {
     uint64_t cost = fc_cost_of(r);
     int rc;
@@ -368,7 +368,7 @@ static int send_req_now(struct weft_pipe *p, struct weft_request *r)
     return rc;
 }
 
-static int send_req_first(struct weft_pipe *p, struct weft_request *r)
+static int send_req_first(struct weft_peer_pipe *p, struct weft_request *r)
 {
     struct weft_wire_hdr h;
     int rc;
@@ -412,7 +412,7 @@ static int send_req_first(struct weft_pipe *p, struct weft_request *r)
     return rc;
 }
 
-void weft_pipe_send_ctrl(struct weft_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len)
+void weft_pipe_send_ctrl(struct weft_peer_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len)
 {
     struct weft_outbound *o;
     int rc;
@@ -445,7 +445,7 @@ void weft_pipe_send_ctrl(struct weft_pipe *p, const struct weft_wire_hdr *h, con
     outbound_append(p, o);
 }
 
-int weft_pipe_flush(struct weft_pipe *p)
+int weft_pipe_flush(struct weft_peer_pipe *p)
 {
     int n = 0;
 
@@ -485,7 +485,7 @@ int weft_pipe_flush(struct weft_pipe *p)
 
 /* Inlined: its two callers (isend, irecv) are each on a small message's path. */
 static inline __attribute__((always_inline)) struct weft_request *
-req_new(struct weft_pipe *p, int type, void *buf, size_t bytes, int tag, int mem_kind, int device,
+req_new(struct weft_peer_pipe *p, int type, void *buf, size_t bytes, int tag, int mem_kind, int device,
         const struct weft_p2p_check *check)
 {
     struct weft_request *r = weft_req_alloc(p->p2p);
@@ -511,7 +511,7 @@ req_new(struct weft_pipe *p, int type, void *buf, size_t bytes, int tag, int mem
     return r;
 }
 
-int weft_pipe_isend(struct weft_pipe *p, const void *buf, size_t bytes, int tag, int mem_kind, int device,
+int weft_pipe_isend(struct weft_peer_pipe *p, const void *buf, size_t bytes, int tag, int mem_kind, int device,
                     const struct weft_p2p_check *check, struct weft_request **out)
 {
     struct weft_core *core = p->p2p->core;
@@ -577,7 +577,7 @@ int weft_pipe_isend(struct weft_pipe *p, const void *buf, size_t bytes, int tag,
 /* ------------------------------------------------------------- receiving */
 
 /* An EAGER payload into a device buffer: one synchronous copy. */
-__attribute__((noinline)) static void deliver_eager_device(struct weft_pipe *p, struct weft_request *r,
+__attribute__((noinline)) static void deliver_eager_device(struct weft_peer_pipe *p, struct weft_request *r,
                                                            const struct weft_wire_hdr *m, const void *payload)
 {
     char what[96];
@@ -589,7 +589,7 @@ __attribute__((noinline)) static void deliver_eager_device(struct weft_pipe *p, 
  * meet receive r. On a mismatch r completes with WEFT_ERR_MISMATCH holding
  * the sender's fingerprint (zero for an unchecked message); the caller
  * consumes the message. */
-static int check_ok(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m,
+static int check_ok(struct weft_peer_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m,
                     const struct weft_p2p_check *mcheck)
 {
     int mchecked = (m->flags & WEFT_WIRE_F_CHECK) != 0;
@@ -610,7 +610,7 @@ static int check_ok(struct weft_pipe *p, struct weft_request *r, const struct we
 }
 
 /* EAGER message meets its receive: copy, or fail with TRUNCATE. */
-static void deliver_eager(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m,
+static void deliver_eager(struct weft_peer_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m,
                           const void *payload)
 {
     struct weft_core *core = p->p2p->core;
@@ -644,11 +644,11 @@ static void deliver_eager(struct weft_pipe *p, struct weft_request *r, const str
     weft_pipe_complete(r, WEFT_SUCCESS);
 }
 
-static void start_paths(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m, int first);
+static void start_paths(struct weft_peer_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m, int first);
 
 /* RTS meets its receive: the first rendezvous path that applies moves it,
  * or the message is refused (truncation, no path, failure to start). */
-static void match_rts(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m)
+static void match_rts(struct weft_peer_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m)
 {
 
     r->msg_bytes = m->bytes;
@@ -673,7 +673,7 @@ static void match_rts(struct weft_pipe *p, struct weft_request *r, const struct 
 
 /* The paths of the table from index first on, in order: the first that
  * applies and takes r moves it; none: the message is refused. */
-static void start_paths(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m, int first)
+static void start_paths(struct weft_peer_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m, int first)
 {
     int rc = WEFT_ERR_UNSUPPORTED;
 
@@ -702,7 +702,7 @@ static void start_paths(struct weft_pipe *p, struct weft_request *r, const struc
 }
 
 /* A message on a refusing lane: dropped; an RTS's sender is told. */
-static void refuse_msg(struct weft_pipe *p, struct weft_lane *l, const struct weft_wire_hdr *m)
+static void refuse_msg(struct weft_peer_pipe *p, struct weft_lane *l, const struct weft_wire_hdr *m)
 {
     fc_consume(p, (m->type == WEFT_WIRE_EAGER ? m->bytes : 0) + WEFT_WIRE_MSG_COST);
     WEFT_TRACE(p->p2p->rank, "peer %d tag %d: refusing a %s of %llu B (lane given up)", p->peer, m->tag,
@@ -712,7 +712,7 @@ static void refuse_msg(struct weft_pipe *p, struct weft_lane *l, const struct we
 }
 
 /* A message meets receive r: fingerprint, then delivery. */
-static void match_msg(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m,
+static void match_msg(struct weft_peer_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m,
                       const struct weft_p2p_check *mcheck, const void *payload)
 {
     fc_consume(p, (m->type == WEFT_WIRE_EAGER ? m->bytes : 0) + WEFT_WIRE_MSG_COST);
@@ -727,28 +727,28 @@ static void match_msg(struct weft_pipe *p, struct weft_request *r, const struct 
         match_rts(p, r, m);
 }
 
-static int irecv_(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
+static int irecv_(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                   const struct weft_p2p_check *check, int discard, uint32_t sig_slot, uint32_t sig_value,
                   struct weft_request **out);
 
-int weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
+int weft_pipe_irecv(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                     const struct weft_p2p_check *check, struct weft_request **out)
 {
     return irecv_(p, buf, bytes, tag, mem_kind, device, check, 0, 0, 0, out);
 }
 
-int weft_pipe_irecv_signal(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
+int weft_pipe_irecv_signal(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                            uint32_t slot, uint32_t value, struct weft_request **out)
 {
     return irecv_(p, buf, bytes, tag, mem_kind, device, NULL, 0, slot, value, out);
 }
 
-int weft_pipe_idiscard(struct weft_pipe *p, int tag, struct weft_request **out)
+int weft_pipe_idiscard(struct weft_peer_pipe *p, int tag, struct weft_request **out)
 {
     return irecv_(p, NULL, 0, tag, 0 /* WEFT_MEM_HOST */, -1, NULL, 1, 0, 0, out);
 }
 
-static int irecv_(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
+static int irecv_(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                   const struct weft_p2p_check *check, int discard, uint32_t sig_slot, uint32_t sig_value,
                   struct weft_request **out)
 {
@@ -782,7 +782,7 @@ static int irecv_(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem
     return WEFT_SUCCESS;
 }
 
-static void unexpected_add(struct weft_pipe *p, struct weft_lane *l, const struct weft_wire_hdr *m,
+static void unexpected_add(struct weft_peer_pipe *p, struct weft_lane *l, const struct weft_wire_hdr *m,
                            const struct weft_p2p_check *mcheck, const void *payload, size_t len)
 {
     struct weft_unexpected *u = calloc(1, sizeof(*u));
@@ -805,7 +805,7 @@ static void unexpected_add(struct weft_pipe *p, struct weft_lane *l, const struc
 }
 
 /* EAGER or RTS: in sequence, then matched on its lane. */
-static void on_message(struct weft_pipe *p, const struct weft_wire_hdr *m, const struct weft_p2p_check *mcheck,
+static void on_message(struct weft_peer_pipe *p, const struct weft_wire_hdr *m, const struct weft_p2p_check *mcheck,
                        const void *payload, size_t len)
 {
     struct weft_request *r = NULL;
@@ -841,7 +841,7 @@ static void on_message(struct weft_pipe *p, const struct weft_wire_hdr *m, const
         match_msg(p, r, m, mcheck, payload);
 }
 
-void weft_pipe_lane_refuse(struct weft_pipe *p, int tag, int err)
+void weft_pipe_lane_refuse(struct weft_peer_pipe *p, int tag, int err)
 {
     struct weft_lane *l = lane_get(p, tag, 1);
     struct weft_qnode *q;
@@ -858,7 +858,7 @@ void weft_pipe_lane_refuse(struct weft_pipe *p, int tag, int err)
     }
 }
 
-static void on_cts(struct weft_pipe *p, const struct weft_wire_hdr *m, const void *key, size_t keylen)
+static void on_cts(struct weft_peer_pipe *p, const struct weft_wire_hdr *m, const void *key, size_t keylen)
 {
     struct weft_request *s = weft_req_lookup(p->p2p, p, m->sreq, WEFT_REQ_SEND);
     const struct weft_rndv_path *path;
@@ -886,7 +886,7 @@ static void on_cts(struct weft_pipe *p, const struct weft_wire_hdr *m, const voi
 /* RTS with REDO: the sender's mover could not take the message the
  * receive rreq met (it may not open the buffer now, p2p/rndv.c): the
  * receive starts over with the paths after the one it took. */
-static void on_redo(struct weft_pipe *p, const struct weft_wire_hdr *m)
+static void on_redo(struct weft_peer_pipe *p, const struct weft_wire_hdr *m)
 {
     struct weft_request *r = weft_req_lookup(p->p2p, p, m->rreq, WEFT_REQ_RECV);
     if (r == NULL || !weft_list_linked(&r->link) || r->state != WEFT_REQ_ACTIVE || r->path <= 0 ||
@@ -905,7 +905,7 @@ static void on_redo(struct weft_pipe *p, const struct weft_wire_hdr *m)
     start_paths(p, r, m, first);
 }
 
-static void on_fin(struct weft_pipe *p, const struct weft_wire_hdr *m)
+static void on_fin(struct weft_peer_pipe *p, const struct weft_wire_hdr *m)
 {
     /* FIN from the receiver names our send; with TO_RECV the sender's names our receive. */
     int to_recv = (m->flags & WEFT_WIRE_F_TO_RECV) != 0;
@@ -931,7 +931,7 @@ static void on_fin(struct weft_pipe *p, const struct weft_wire_hdr *m)
 /* The common case of a small eager message: in sequence, a host receive
  * posted and nothing unexpected before it on its lane: straight into the
  * buffer. 0: not that case, nothing done (the general path takes it). */
-static int deliver_small(struct weft_pipe *p, const struct weft_wire_small *s, const void *payload, size_t len)
+static int deliver_small(struct weft_peer_pipe *p, const struct weft_wire_small *s, const void *payload, size_t len)
 {
     struct weft_lane *l;
     struct weft_request *r;
@@ -952,7 +952,7 @@ static int deliver_small(struct weft_pipe *p, const struct weft_wire_small *s, c
     return 1;
 }
 
-void weft_pipe_on_frame(struct weft_pipe *p, const void *frame, size_t len)
+void weft_pipe_on_frame(struct weft_peer_pipe *p, const void *frame, size_t len)
 {
     struct weft_wire_hdr m;
     const unsigned char *b = frame;
@@ -1051,7 +1051,7 @@ int weft_pipe_cancel(struct weft_request *r, int err)
 
 /* ---------------------------------------------------------------- breaking */
 
-void weft_pipe_break(struct weft_pipe *p, int err)
+void weft_pipe_break(struct weft_peer_pipe *p, int err)
 {
     struct weft_list *n;
     struct weft_qnode *q;

@@ -49,7 +49,7 @@ struct weft_tp_bound {
     void                        *ctx;
 };
 
-struct weft_pipe {
+struct weft_peer_pipe {
     struct weft_p2p         *p2p;
     int                      peer;
     struct weft_tp_bound     carrier;      /* carries frames and (native path) rendezvous data */
@@ -87,22 +87,22 @@ struct weft_pipe {
     uint32_t                 stage_lane_next; /* next staged-transfer lane index (receiver side) */
 };
 
-int  weft_pipe_init(struct weft_p2p *p2p, struct weft_pipe *p, int peer);
-void weft_pipe_fini(struct weft_pipe *p);
+int  weft_pipe_init(struct weft_p2p *p2p, struct weft_peer_pipe *p, int peer);
+void weft_pipe_fini(struct weft_peer_pipe *p);
 
 /* Starts a send/recv on the pipe (negative tags: internal lanes). mem_kind
  * and device describe buf (classified by the caller). */
-int  weft_pipe_isend(struct weft_pipe *p, const void *buf, size_t bytes, int tag, int mem_kind, int device,
+int  weft_pipe_isend(struct weft_peer_pipe *p, const void *buf, size_t bytes, int tag, int mem_kind, int device,
                      const struct weft_p2p_check *check, struct weft_request **out);
 /* A receive that consumes the next message of the lane whatever its size
  * and moves none of it (completes WEFT_SUCCESS; a rendezvous sender is
  * released with success). */
-int  weft_pipe_idiscard(struct weft_pipe *p, int tag, struct weft_request **out);
-int  weft_pipe_irecv(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
+int  weft_pipe_idiscard(struct weft_peer_pipe *p, int tag, struct weft_request **out);
+int  weft_pipe_irecv(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                      const struct weft_p2p_check *check, struct weft_request **out);
 /* A receive whose stream waits on device signal slot (slot, value): see
  * struct weft_tp_xfer's signal fields. */
-int  weft_pipe_irecv_signal(struct weft_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
+int  weft_pipe_irecv_signal(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                             uint32_t slot, uint32_t value, struct weft_request **out);
 
 /* Completes r with err without breaking the pipe when that is safe: a
@@ -114,41 +114,41 @@ int  weft_pipe_cancel(struct weft_request *r, int err);
  * tag, and what arrives there until a receive is posted on it again, is
  * dropped; an RTS is answered with a FIN carrying err, so the sender's
  * request completes instead of waiting for a receive that never comes. */
-void weft_pipe_lane_refuse(struct weft_pipe *p, int tag, int err);
+void weft_pipe_lane_refuse(struct weft_peer_pipe *p, int tag, int err);
 
 /* Sends a frame that takes no part in ordering or flow control (CREDIT,
  * HEARTBEAT, NOTICE) now; 0 or WEFT_EAGAIN / an error (nothing queued). */
-int  weft_pipe_send_oob(struct weft_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len);
+int  weft_pipe_send_oob(struct weft_peer_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len);
 
 /* Retries queued outbound frames; returns the number sent. */
-int  weft_pipe_flush(struct weft_pipe *p);
+int  weft_pipe_flush(struct weft_peer_pipe *p);
 
 /* Breaks the pipe: every request of this pipe completes with err. */
-void weft_pipe_break(struct weft_pipe *p, int err);
+void weft_pipe_break(struct weft_peer_pipe *p, int err);
 
 /* Sends a control frame now, or queues it behind earlier ones (payload
  * copied); a failure breaks the pipe. For the rendezvous paths. */
-void weft_pipe_send_ctrl(struct weft_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len);
+void weft_pipe_send_ctrl(struct weft_peer_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len);
 
 /* Completes r with err (status filled). */
 void weft_pipe_complete(struct weft_request *r, int err);
 /* r leaves the inflight list and completes. */
-void weft_pipe_finish_inflight(struct weft_pipe *p, struct weft_request *r, int err);
+void weft_pipe_finish_inflight(struct weft_peer_pipe *p, struct weft_request *r, int err);
 /* r joins the inflight list as ACTIVE. */
-void weft_pipe_activate(struct weft_pipe *p, struct weft_request *r);
+void weft_pipe_activate(struct weft_peer_pipe *p, struct weft_request *r);
 
 /* Frees the lane of tag when nothing is posted or waiting on it (the
  * per-message lanes of staged transfers). */
-void weft_pipe_lane_release(struct weft_pipe *p, int tag);
+void weft_pipe_lane_release(struct weft_peer_pipe *p, int tag);
 
 /* A frame arrived from the pipe's peer (the carrier's on_ctrl upcall). */
-void weft_pipe_on_frame(struct weft_pipe *p, const void *frame, size_t len);
+void weft_pipe_on_frame(struct weft_peer_pipe *p, const void *frame, size_t len);
 
 /* Nonzero when a buffer of this kind is CUDA device (or managed) memory:
  * nothing but CUDA touches such a buffer. */
 static inline int weft_mem_is_device(int mem_kind) { return mem_kind >= 2; /* WEFT_MEM_DEVICE, WEFT_MEM_MANAGED */ }
 
-static inline const char *weft_pipe_tp_name(const struct weft_pipe *p)
+static inline const char *weft_pipe_tp_name(const struct weft_peer_pipe *p)
 {
     return p->carrier.tp ? p->carrier.tp->name : "none";
 }

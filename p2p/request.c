@@ -78,7 +78,7 @@ void weft_req_free(struct weft_request *r)
     weft_queue_push_head(&p->reqs.free, &r->free_link);
 }
 
-struct weft_request *weft_req_lookup(struct weft_p2p *p, const struct weft_pipe *pipe, uint64_t id, int type)
+struct weft_request *weft_req_lookup(struct weft_p2p *p, const struct weft_peer_pipe *pipe, uint64_t id, int type)
 {
     uint32_t index = (uint32_t)id, gen = (uint32_t)(id >> 32);
     const struct weft_req_pool *pl = &p->reqs;

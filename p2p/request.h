@@ -19,7 +19,7 @@
 #include "weft.h"
 
 struct weft_p2p;
-struct weft_pipe;
+struct weft_peer_pipe;
 
 /* UPPER: a request of the layer above (a non-blocking collective), with
  * a handle like the others; its completion is the upper layer's (upper). */
@@ -39,7 +39,7 @@ struct weft_request {
     uint32_t             gen;      /* slot generation (never 0 while in use) */
     struct weft_qnode    free_link;/* the pool's free list */
     /* One use. */
-    struct weft_pipe    *pipe;
+    struct weft_peer_pipe    *pipe;
     int                  type;     /* enum weft_req_type */
     int                  state;    /* enum weft_req_state */
     int                  tag;
@@ -79,7 +79,7 @@ struct weft_request *weft_req_alloc(struct weft_p2p *p);
 /* Back to the pool; its id stops being valid. */
 void weft_req_free(struct weft_request *r);
 /* The live request of pipe with that wire id and type, or NULL. */
-struct weft_request *weft_req_lookup(struct weft_p2p *p, const struct weft_pipe *pipe, uint64_t id, int type);
+struct weft_request *weft_req_lookup(struct weft_p2p *p, const struct weft_peer_pipe *pipe, uint64_t id, int type);
 /* Public handles. A handle (what weft_isend gives the user as a
  * weft_request_t *) is not an address: it packs the slot's generation, the
  * comm's entry in a process-wide table and the slot index, so a handle

@@ -24,7 +24,7 @@ unsigned weft_rndv_id(const struct weft_rndv_path *path)
     return 0;
 }
 
-void weft_rndv_rts_fill(const struct weft_pipe *p, const struct weft_request *s, struct weft_wire_hdr *rts)
+void weft_rndv_rts_fill(const struct weft_peer_pipe *p, const struct weft_request *s, struct weft_wire_hdr *rts)
 {
     for (int i = 0; i < weft_rndv_npaths; i++)
         if (weft_rndv_paths[i]->rts_fill)
@@ -38,7 +38,7 @@ void weft_rndv_src(const struct weft_wire_hdr *rts, struct weft_tp_src *src)
     src->device = (rts->flags & WEFT_WIRE_F_DEVICE) ? (int)rts->device : -1;
 }
 
-void weft_rndv_send_cts(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *rts,
+void weft_rndv_send_cts(struct weft_peer_pipe *p, struct weft_request *r, const struct weft_wire_hdr *rts,
                         const struct weft_rndv_path *path, const void *key, size_t keylen)
 {
     struct weft_wire_hdr h;
@@ -53,7 +53,7 @@ void weft_rndv_send_cts(struct weft_pipe *p, struct weft_request *r, const struc
     weft_pipe_send_ctrl(p, &h, key, keylen);
 }
 
-void weft_rndv_send_fin(struct weft_pipe *p, const struct weft_wire_hdr *rts, int status)
+void weft_rndv_send_fin(struct weft_peer_pipe *p, const struct weft_wire_hdr *rts, int status)
 {
     struct weft_wire_hdr h;
     memset(&h, 0, sizeof(h));
@@ -75,7 +75,7 @@ static unsigned mem_bit(int mem_kind)
 
 /* The carrier moves the data itself when its rendezvous reads the sender's
  * kind of memory and writes the receiver's. */
-static int native_applies(const struct weft_pipe *p, const struct weft_request *r, const struct weft_wire_hdr *rts)
+static int native_applies(const struct weft_peer_pipe *p, const struct weft_request *r, const struct weft_wire_hdr *rts)
 {
     const struct weft_transport *tp = p->carrier.tp;
     unsigned need = mem_bit(r->xfer.mem_kind) | ((rts->flags & WEFT_WIRE_F_DEVICE) ? WEFT_TP_MEM_DEVICE : WEFT_TP_MEM_HOST);
@@ -84,7 +84,7 @@ static int native_applies(const struct weft_pipe *p, const struct weft_request *
 }
 
 /* Pull when the carrier can (FIN), else expect its push (CTS with its key). */
-static int native_recv_start(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *rts)
+static int native_recv_start(struct weft_peer_pipe *p, struct weft_request *r, const struct weft_wire_hdr *rts)
 {
     const struct weft_transport *tp = p->carrier.tp;
     struct weft_tp_src src;
@@ -113,7 +113,7 @@ static int native_recv_start(struct weft_pipe *p, struct weft_request *r, const 
     return WEFT_SUCCESS;
 }
 
-static void native_send_start(struct weft_pipe *p, struct weft_request *s, const struct weft_wire_hdr *cts,
+static void native_send_start(struct weft_peer_pipe *p, struct weft_request *s, const struct weft_wire_hdr *cts,
                               const void *key, size_t keylen)
 {
     (void)cts;
@@ -125,7 +125,7 @@ static void native_send_start(struct weft_pipe *p, struct weft_request *s, const
     }
 }
 
-static void native_xfer_done(struct weft_pipe *p, struct weft_request *r, int err)
+static void native_xfer_done(struct weft_peer_pipe *p, struct weft_request *r, int err)
 {
     weft_pipe_finish_inflight(p, r, err);
 }
@@ -142,7 +142,7 @@ const struct weft_rndv_path weft_rndv_native = {
 
 /* Device to device between ranks of one node whose carrier is node-local
  * (shm): a mover (cuda_ipc) that reaches the peer copies GPU to GPU. */
-static int mover_applies(const struct weft_pipe *p, const struct weft_request *r, const struct weft_wire_hdr *rts)
+static int mover_applies(const struct weft_peer_pipe *p, const struct weft_request *r, const struct weft_wire_hdr *rts)
 {
     const struct weft_transport *mv = p->mover.tp;
     if (mv == NULL || !p->p2p->core->cuda || p->carrier.tp->scope != WEFT_TP_SCOPE_NODE)
@@ -152,7 +152,7 @@ static int mover_applies(const struct weft_pipe *p, const struct weft_request *r
     return mv->rndv_mem && (mv->rndv_mem(p->mover.ctx, p->peer) & WEFT_TP_MEM_DEVICE);
 }
 
-static int mover_recv_start(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *rts)
+static int mover_recv_start(struct weft_peer_pipe *p, struct weft_request *r, const struct weft_wire_hdr *rts)
 {
     struct weft_tp_src src;
     unsigned char key[WEFT_TP_KEY_MAX];
@@ -172,7 +172,7 @@ static int mover_recv_start(struct weft_pipe *p, struct weft_request *r, const s
 }
 
 /* Sender: tells the receiver how its mover transfer ended, and completes. */
-static void mover_fin(struct weft_pipe *p, struct weft_request *s, int status)
+static void mover_fin(struct weft_peer_pipe *p, struct weft_request *s, int status)
 {
     struct weft_wire_hdr h;
     memset(&h, 0, sizeof(h));
@@ -195,7 +195,7 @@ static void mover_fin(struct weft_pipe *p, struct weft_request *s, int status)
  * The message is announced again (RTS with REDO, naming the receive) and
  * the receiver picks the paths after the mover: the data is staged. s
  * waits for that CTS as after its first RTS. */
-static void mover_redo(struct weft_pipe *p, struct weft_request *s)
+static void mover_redo(struct weft_peer_pipe *p, struct weft_request *s)
 {
     struct weft_wire_hdr h;
     memset(&h, 0, sizeof(h));
@@ -220,7 +220,7 @@ static void mover_redo(struct weft_pipe *p, struct weft_request *s)
     weft_pipe_send_ctrl(p, &h, NULL, 0);
 }
 
-static void mover_send_start(struct weft_pipe *p, struct weft_request *s, const struct weft_wire_hdr *cts,
+static void mover_send_start(struct weft_peer_pipe *p, struct weft_request *s, const struct weft_wire_hdr *cts,
                              const void *key, size_t keylen)
 {
     (void)cts;
@@ -237,7 +237,7 @@ static void mover_send_start(struct weft_pipe *p, struct weft_request *s, const 
         mover_fin(p, s, rc);   /* the mover recorded why; the receiver must not hang */
 }
 
-static void mover_xfer_done(struct weft_pipe *p, struct weft_request *r, int err)
+static void mover_xfer_done(struct weft_peer_pipe *p, struct weft_request *r, int err)
 {
     mover_fin(p, r, err);
 }

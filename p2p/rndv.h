@@ -28,18 +28,18 @@ struct weft_rndv_path {
     const char *name;
     /* Sender, optional: what the receiver needs to know from the sender for
      * this path, written into the RTS for s (staged: its chunk size). */
-    void (*rts_fill)(const struct weft_pipe *p, const struct weft_request *s, struct weft_wire_hdr *rts);
+    void (*rts_fill)(const struct weft_peer_pipe *p, const struct weft_request *s, struct weft_wire_hdr *rts);
     /* Receiver: can this path move the message rts announces into r? */
-    int  (*applies)(const struct weft_pipe *p, const struct weft_request *r, const struct weft_wire_hdr *rts);
+    int  (*applies)(const struct weft_peer_pipe *p, const struct weft_request *r, const struct weft_wire_hdr *rts);
     /* Receiver: start. WEFT_SUCCESS: the path owns r's answer (it sent FIN
      * or CTS, or will); WEFT_EAGAIN: declined, try the next path; another
      * code: nothing was announced, the pipe refuses the message (FIN). */
-    int  (*recv_start)(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *rts);
+    int  (*recv_start)(struct weft_peer_pipe *p, struct weft_request *r, const struct weft_wire_hdr *rts);
     /* Sender: the CTS naming this path arrived for s, with the path's key. */
-    void (*send_start)(struct weft_pipe *p, struct weft_request *s, const struct weft_wire_hdr *cts,
+    void (*send_start)(struct weft_peer_pipe *p, struct weft_request *s, const struct weft_wire_hdr *cts,
                        const void *key, size_t keylen);
     /* A transport finished r's transfer (its rndv_done upcall). */
-    void (*xfer_done)(struct weft_pipe *p, struct weft_request *r, int err);
+    void (*xfer_done)(struct weft_peer_pipe *p, struct weft_request *r, int err);
     /* Optional, per comm: progress (called only while p2p->path_ops counts
      * transfers a path drives itself: a path counts its own), busy (destroy
      * drains), wakeless (waiters poll), and the pipe broke (let go of its
@@ -47,7 +47,7 @@ struct weft_rndv_path {
     int  (*progress)(struct weft_p2p *p2p);
     int  (*busy)(struct weft_p2p *p2p);
     int  (*wakeless)(struct weft_p2p *p2p);
-    void (*abort_pipe)(struct weft_pipe *p);
+    void (*abort_pipe)(struct weft_peer_pipe *p);
 };
 
 /* The table, in priority order; path id on the wire = index + 1. */
@@ -67,13 +67,13 @@ static inline const struct weft_rndv_path *weft_rndv_path_of(unsigned id)
 unsigned weft_rndv_id(const struct weft_rndv_path *path);
 
 /* Sender: every path's part of the RTS for s. */
-void weft_rndv_rts_fill(const struct weft_pipe *p, const struct weft_request *s, struct weft_wire_hdr *rts);
+void weft_rndv_rts_fill(const struct weft_peer_pipe *p, const struct weft_request *s, struct weft_wire_hdr *rts);
 /* The sender's buffer as the RTS describes it. */
 void weft_rndv_src(const struct weft_wire_hdr *rts, struct weft_tp_src *src);
 /* A CTS answering rts for r, naming path, carrying key. */
-void weft_rndv_send_cts(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *rts,
+void weft_rndv_send_cts(struct weft_peer_pipe *p, struct weft_request *r, const struct weft_wire_hdr *rts,
                         const struct weft_rndv_path *path, const void *key, size_t keylen);
 /* FIN answering rts: the receiver pulled the data (status SUCCESS) or refused it. */
-void weft_rndv_send_fin(struct weft_pipe *p, const struct weft_wire_hdr *rts, int status);
+void weft_rndv_send_fin(struct weft_peer_pipe *p, const struct weft_wire_hdr *rts, int status);
 
 #endif

@@ -60,7 +60,7 @@ static void up_rndv_done(void *arg, struct weft_tp_xfer *x, int err)
 static void up_peer_failed(void *arg, int peer, int err)
 {
     struct weft_p2p *p = arg;
-    struct weft_pipe *pp = &p->pipes[peer];
+    struct weft_peer_pipe *pp = &p->pipes[peer];
     char why[512];
     if (pp->broken)
         return;
@@ -234,7 +234,7 @@ int weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struc
      * OR over all ranks says which transports some pair uses. */
     uint32_t used_here = 0;
     for (int peer = 0; peer < p->size && rc == WEFT_SUCCESS; peer++) {
-        struct weft_pipe *pp = &p->pipes[peer];
+        struct weft_peer_pipe *pp = &p->pipes[peer];
         int carrier, mover;
         choose(cards, me, peer, &carrier, &mover, why, sizeof(why));
         if (carrier < 0) {
@@ -294,7 +294,7 @@ int weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struc
         if (p->tps[i].used && p->tps[i].tp->progress)
             p->used[p->nused++] = i;
     for (int peer = 0; peer < p->size; peer++) {
-        struct weft_pipe *pp = &p->pipes[peer];
+        struct weft_peer_pipe *pp = &p->pipes[peer];
         pp->eager_limit = pp->carrier.tp->eager_limit(pp->carrier.ctx, peer, 0);
         pp->eager_limit_internal = pp->carrier.tp->eager_limit(pp->carrier.ctx, peer, 1);
     }
@@ -304,7 +304,7 @@ int weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struc
         WEFT_INFO(me, "comm of %d ranks on %d node(s)%s; this rank on host %s, node %d", p->size, core->num_nodes,
                   core->cfg.virtual_nodes ? " (WEFT_VIRTUAL_NODES)" : "", mh->hostname, mh->node);
         for (int peer = 0; peer < p->size; peer++) {
-            const struct weft_pipe *pp = &p->pipes[peer];
+            const struct weft_peer_pipe *pp = &p->pipes[peer];
             const struct weft_card_hdr *h = hdr_of(cards, peer);
             int carrier, mover;
             choose(cards, me, peer, &carrier, &mover, why, sizeof(why));
@@ -419,7 +419,7 @@ int weft_p2p_survivor_barrier(struct weft_p2p *p)
         __atomic_store_n(&p->core->leaving, round == 1, __ATOMIC_RELEASE);
         n = 0;
         for (int i = 0; i < p->size; i++) {
-            struct weft_pipe *pp = &p->pipes[i];
+            struct weft_peer_pipe *pp = &p->pipes[i];
             if (i == p->rank || pp->broken)
                 continue;
             if (weft_pipe_irecv(pp, NULL, 0, WEFT_TAG_DESTROY, WEFT_MEM_HOST, -1, NULL, &rs[n]) == WEFT_SUCCESS)

@@ -57,7 +57,7 @@ struct stage_chunk {
 
 struct stage_op {
     struct weft_list     link;     /* stage_state.ops */
-    struct weft_pipe    *p;
+    struct weft_peer_pipe    *p;
     struct weft_request *user;     /* NULL once the pipe broke (the pipe failed it) */
     int                  send;     /* 1: sender side */
     int                  dev;      /* user buffer is device memory: chunks go through slots */
@@ -391,7 +391,7 @@ static void op_fail(struct stage_op *op, int err, const char *fmt, ...)
                    op->p->peer, op->user ? op->user->tag : 0, op->bytes, msg);
 }
 
-static struct stage_op *op_new(struct stage_state *st, struct weft_pipe *p, struct weft_request *user, int send,
+static struct stage_op *op_new(struct stage_state *st, struct weft_peer_pipe *p, struct weft_request *user, int send,
                                size_t chunk, int tag)
 {
     int cap = st->nslots > 0 ? st->nslots : 1;
@@ -461,7 +461,7 @@ static void chunk_retire(struct stage_state *st, struct stage_op *op, struct sta
  * lane's chunk order could not be kept). Returns 0, or -1 when broken. */
 static int chunk_net(struct stage_op *op, struct stage_chunk *e, void *buf, size_t len)
 {
-    struct weft_pipe *p = op->p;
+    struct weft_peer_pipe *p = op->p;
     int rc = op->send ? weft_pipe_isend(p, buf, len, op->tag, WEFT_MEM_HOST, -1, NULL, &e->req)
                       : weft_pipe_irecv(p, buf, len, op->tag, WEFT_MEM_HOST, -1, NULL, &e->req);
     if (rc != WEFT_SUCCESS) {
@@ -509,7 +509,7 @@ static int op_reap(struct stage_state *st, struct stage_op *op)
 /* The op is complete: the user request too, the lane goes. */
 static int op_finish(struct stage_state *st, struct stage_op *op)
 {
-    struct weft_pipe *p = op->p;
+    struct weft_peer_pipe *p = op->p;
     struct weft_request *u = op->user;
     int err = op->err, tag = op->tag, send = op->send;
 
@@ -745,14 +745,14 @@ static int stage_progress(struct weft_p2p *p2p)
 
 /* A device sender tells the receiver its slot size (the receiver stages in
  * chunks no larger than what the sender's slots hold). */
-static void staged_rts_fill(const struct weft_pipe *p, const struct weft_request *s, struct weft_wire_hdr *rts)
+static void staged_rts_fill(const struct weft_peer_pipe *p, const struct weft_request *s, struct weft_wire_hdr *rts)
 {
     size_t chunk = p->p2p->core->cfg.cuda_stage_chunk;
     if (weft_mem_is_device(s->xfer.mem_kind))
         rts->aux = (uint32_t)(chunk > UINT32_MAX ? UINT32_MAX : chunk);
 }
 
-static int staged_applies(const struct weft_pipe *p, const struct weft_request *r, const struct weft_wire_hdr *rts)
+static int staged_applies(const struct weft_peer_pipe *p, const struct weft_request *r, const struct weft_wire_hdr *rts)
 {
     (void)p;
     return (rts->flags & WEFT_WIRE_F_DEVICE) || weft_mem_is_device(r->xfer.mem_kind);
@@ -760,7 +760,7 @@ static int staged_applies(const struct weft_pipe *p, const struct weft_request *
 
 /* Receiver: the message goes staged. The CTS goes now or once the op has
  * its anchor slot. */
-static int staged_recv_start(struct weft_pipe *p, struct weft_request *r, const struct weft_wire_hdr *rts)
+static int staged_recv_start(struct weft_peer_pipe *p, struct weft_request *r, const struct weft_wire_hdr *rts)
 {
     struct weft_core *core = p->p2p->core;
     struct stage_state *st = state_get(p->p2p);
@@ -798,7 +798,7 @@ static int staged_recv_start(struct weft_pipe *p, struct weft_request *r, const 
 }
 
 /* Sender: the receiver's CTS naming the staged path arrived for s. */
-static void staged_send_start(struct weft_pipe *p, struct weft_request *s, const struct weft_wire_hdr *cts,
+static void staged_send_start(struct weft_peer_pipe *p, struct weft_request *s, const struct weft_wire_hdr *cts,
                               const void *key, size_t keylen)
 {
     struct weft_core *core = p->p2p->core;
@@ -834,7 +834,7 @@ static void staged_send_start(struct weft_pipe *p, struct weft_request *s, const
 
 /* The pipe broke: every op of the pipe lets go of its request (the pipe
  * fails them); copies in flight are waited for. */
-static void staged_abort_pipe(struct weft_pipe *p)
+static void staged_abort_pipe(struct weft_peer_pipe *p)
 {
     struct stage_state *st = p->p2p->stage;
     int copying = 0;
@@ -860,7 +860,7 @@ static void staged_abort_pipe(struct weft_pipe *p)
 
 /* Chunks move as ordinary messages of the pipe: no transport completes
  * this path's transfers. */
-static void staged_xfer_done(struct weft_pipe *p, struct weft_request *r, int err)
+static void staged_xfer_done(struct weft_peer_pipe *p, struct weft_request *r, int err)
 {
     weft_pipe_finish_inflight(p, r, err);
 }
