@@ -17,6 +17,7 @@
 #include "context.h"
 #include "log.h"
 #include "pipe.h"
+#include "deadline.h"
 
 /* How often a waiter looks at its peers, and the grace a live peer gets
  * before a request it does not serve fails (a notice about a third rank
@@ -110,8 +111,6 @@ static int peer_process_ended(const struct weft_peer_pipe *pp)
 static int probe(struct weft_p2p *p, int peer, double now, char *why, size_t n)
 {
     struct weft_peer_pipe *pp = &p->pipes[peer];
-    double timeout = p->core->cfg.timeout_s;
-
     if (pp->same_host && pp->pid > 0) {
         char st = process_gone(pp) ? 'X' : proc_state(pp->pid);
         if (st == 'X' || st == 'Z' || st == 0) {
@@ -130,7 +129,7 @@ static int probe(struct weft_p2p *p, int peer, double now, char *why, size_t n)
         pp->heard_seen = pp->heard;
         pp->heard_at = now;
     }
-    if (timeout > 0 && now - pp->heard_at >= timeout) {
+    if (weft_wait_expired(&p->core->cfg, WEFT_WAIT_PEER_SILENT, pp->heard_at, now)) {
         snprintf(why, n, "nothing, not even a heartbeat, came from it (another host) for %.1f s: stopped, hung "
                  "or unreachable", now - pp->heard_at);
         return LIVE_SILENT;
@@ -164,14 +163,10 @@ static void notice_send(struct weft_p2p *p, int to, int kind, int about, int cod
 
 void weft_health_tick(struct weft_p2p *p, double now)
 {
-    double timeout = p->core->cfg.timeout_s;
     if (now - p->health_at < HEALTH_PERIOD_S)
         return;
     p->health_at = now;
-    /* A few heartbeats per timeout, at most one per 100 ms. */
-    double hb = timeout > 0 ? timeout / 4 : 1.0;
-    if (hb < 0.1)
-        hb = 0.1;
+    double hb = weft_heartbeat_period(&p->core->cfg);
     for (int i = 0; i < p->size; i++) {
         struct weft_peer_pipe *pp = &p->pipes[i];
         if (i == p->rank || pp->failed)
@@ -332,7 +327,7 @@ int weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, do
         code = WEFT_ERR_TIMEOUT;
         weft_set_error(p->core, code, "%s: %s peer %d tag %d (%zu B over %s) made no progress for %.1f s; peer "
                        "%d is alive (%s) but did not serve it (WEFT_TIMEOUT=%g)", what, req_verb(r), peer, r->tag,
-                       r->bytes, weft_pipe_tp_name(pp), idle, peer, why, p->core->cfg.timeout_s);
+                       r->bytes, weft_pipe_tp_name(pp), idle, peer, why, weft_timeout_setting(&p->core->cfg));
     }
     /* Withdraw the request alone; one that was moving data and stalled
      * leaves its pipe in an unknown state, which then breaks. */

@@ -64,6 +64,7 @@
 #include "tags.h"
 #ifdef WEFT_HAVE_CUDA_HEADERS
 #include "cudawrap.h"
+#include "deadline.h"
 #endif
 
 #define WIRE_MAGIC  0x31504d57u          /* "WMP1" */
@@ -1438,8 +1439,8 @@ int weft_msgpipes_progress(struct weft_msgpipes *m)
 }
 
 /* How long destroy waits with nothing moving before it gives up on a
- * pipe's closing: its peer did not open the pipe, or is not in destroy. */
-#define DESTROY_IDLE_S 2.0
+ * pipe's closing (its peer did not open the pipe, or is not in destroy):
+ * WEFT_KEEP_MSGPIPE_LINGER, 2 s or WEFT_TIMEOUT if shorter. */
 
 int weft_msgpipes_destroy(struct weft_msgpipes *m)
 {
@@ -1479,10 +1480,9 @@ int weft_msgpipes_destroy(struct weft_msgpipes *m)
     pthread_mutex_unlock(&m->lock);
 
     /* What is still moving finishes here (transfers both sides started),
-     * and the callbacks run, until nothing moved for DESTROY_IDLE_S
+     * and the callbacks run, until nothing moved for WEFT_KEEP_MSGPIPE_LINGER
      * (WEFT_TIMEOUT if shorter). */
-    double idle_max = m->core->cfg.timeout_s > 0 && m->core->cfg.timeout_s < DESTROY_IDLE_S ? m->core->cfg.timeout_s
-                                                                                          : DESTROY_IDLE_S;
+    double idle_max = weft_housekeeping_bound(&m->core->cfg, WEFT_KEEP_MSGPIPE_LINGER);
     double last = weft_now();
     for (;;) {
         int n = weft_p2p_poll_nap(m->p2p, 0);

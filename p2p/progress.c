@@ -29,6 +29,7 @@
 #include "log.h"
 #include "pipe.h"
 #include "rndv.h"
+#include "deadline.h"
 
 /* How long a waiter yields before it sleeps, and the longest single sleep
  * (bounds how late a wake-up from a source with no doorbell is seen). */
@@ -114,12 +115,12 @@ static void wait_sleep(struct weft_p2p *p, int timeout_ms)
 static int watch(struct weft_p2p *p, struct weft_request **reqs, size_t first, size_t n, double now,
                  const char *what)
 {
-    double timeout = p->core->cfg.timeout_s;
+    double timeout = weft_wait_bound(&p->core->cfg, WEFT_WAIT_REQUEST);
     int rc = WEFT_SUCCESS;
 
     weft_health_tick(p, now);
     if (timeout <= 0)
-        return rc;
+        return rc;   /* WEFT_TIMEOUT=0: never */
     for (size_t i = first; i < n; i++) {
         struct weft_request *r = reqs[i];
         if (r == NULL || r->state == WEFT_REQ_DONE || r->type == WEFT_REQ_UPPER)
@@ -239,7 +240,7 @@ int weft_p2p_progress_wait_until(struct weft_p2p *p, struct weft_request **reqs,
             hooked = now;
             weft_p2p_run_wait_hook(p);
             /* Short enough for the per-request clocks and heartbeats. */
-            wait_sleep(p, core->cfg.timeout_s > 0 ? 50 : WEFT_SLEEP_MAX_MS);
+            wait_sleep(p, weft_waits_never_fail(&core->cfg) ? WEFT_SLEEP_MAX_MS : 50);
         }
     }
     p->waiters--;

@@ -28,6 +28,7 @@
 #include "rndv.h"
 #include "stage.h"
 #include "tags.h"
+#include "deadline.h"
 
 static size_t blob_off[WEFT_P2P_MAX_TRANSPORTS];
 static size_t card_bytes;
@@ -350,10 +351,10 @@ int weft_p2p_drain(struct weft_p2p *p)
     pthread_mutex_lock(&p->lock);
     while (anything_busy(p)) {
         if (weft_p2p_progress(p) == 0) {
-            if (core->cfg.timeout_s > 0 && weft_now() - start > core->cfg.timeout_s) {
+            if (weft_wait_expired(&core->cfg, WEFT_WAIT_DESTROY, start, weft_now())) {
                 rc = weft_set_error(p->core, WEFT_ERR_TIMEOUT,
                                     "weft_comm_destroy: outbound messages still queued after %.0f s",
-                                    core->cfg.timeout_s);
+                                    weft_wait_bound(&core->cfg, WEFT_WAIT_DESTROY));
                 break;
             }
             struct timespec ts = { 0, 50 * 1000 };

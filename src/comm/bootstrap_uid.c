@@ -61,6 +61,7 @@
 #include "core.h"
 #include "log.h"
 #include "netif.h"
+#include "deadline.h"
 
 static const unsigned char uid_magic[4] = { 'W', 'f', 'I', 'd' };
 #define UID_VERSION    1
@@ -316,7 +317,8 @@ struct root {
     int            listen_fd;
     unsigned char  token[8];
     char           addr[80];         /* the listener, "10.0.0.1:4711" */
-    double         timeout;          /* WEFT_TIMEOUT of the process that made the id; 0 = never */
+    double         timeout;          /* WEFT_WAIT_UID_ROOT of the process that made the id; 0 = never */
+    double         tell;             /* WEFT_KEEP_UID_TELL: how long a failure is told to the ranks */
     double         last;             /* time of the last progress (a join, a contribution) */
 
     struct conn  **conns;            /* every open connection, joined or not */
@@ -815,7 +817,7 @@ static void root_fail(struct root *r, int code, const char *text)
     int told = 0;
     unsigned char *seen = r->nranks > 0 ? calloc((size_t)r->nranks, 1) : NULL;
     /* With WEFT_TIMEOUT=0 (never) the ranks still get a while to read it. */
-    double until = weft_now() + (r->timeout > 0 ? r->timeout : 10.0);
+    double until = weft_now() + r->tell;
     struct pollfd *pf = NULL;
 
     put32(f, REPLY_ERR);
@@ -927,7 +929,8 @@ int weft_uid_make(weft_unique_id_t *id)
     r = calloc(1, sizeof(*r));
     if (r == NULL)
         return weft_set_error(NULL, WEFT_ERR_NO_MEMORY, "weft_get_unique_id: no memory for the root");
-    r->timeout = cfg.timeout_s;
+    r->timeout = weft_wait_bound(&cfg, WEFT_WAIT_UID_ROOT);
+    r->tell = weft_housekeeping_bound(&cfg, WEFT_KEEP_UID_TELL);
     if (getrandom(r->token, sizeof(r->token), 0) != (ssize_t)sizeof(r->token)) {
         /* No entropy source: time and pid still make a collision between
          * two jobs' ids unlikely; the token guards mistakes, not attackers. */
@@ -982,7 +985,7 @@ int weft_uid_make(weft_unique_id_t *id)
         goto fail_socket;
     }
     WEFT_INFO(-1, "weft_get_unique_id: the root listens on %s (one meeting; expires after %g s without a rank "
-              "joining)", addr, cfg.timeout_s);
+              "joining)", addr, r->timeout);
     memcpy(id, &out, sizeof(out));
     return WEFT_SUCCESS;
 
@@ -1208,8 +1211,8 @@ static int make_uid_boot(void *arg, struct weft_core *core, struct weft_bootstra
     u->b.size = a->nranks;
     u->fd = -1;
     /* A little longer than the root's own bound, so that the root, which
-     * knows which ranks are missing, speaks first. */
-    u->window = cfg.timeout_s > 0 ? cfg.timeout_s + 1.0 + 0.1 * cfg.timeout_s : 0;
+     * knows which ranks are missing, speaks first (deadline.c). */
+    u->window = weft_wait_bound(&cfg, WEFT_WAIT_UID_RANK);
     snprintf(u->root, sizeof(u->root), "%s", d.text);
 
     rc = rank_connect(u, &d);

@@ -38,6 +38,7 @@
 #include "signals.h"
 #include "stream.h"
 #include "transport.h"
+#include "deadline.h"
 
 static uint64_t random_token(void)
 {
@@ -512,7 +513,6 @@ static int final_barrier_give_up(void *arg)
 {
     struct final_watch *w = arg;
     struct weft_p2p *p = w->c->p2p;
-    double timeout = w->c->core.cfg.timeout_s;
     char who[200];
 
     /* Spin a little first: with every rank in destroy the barrier ends in
@@ -524,9 +524,11 @@ static int final_barrier_give_up(void *arg)
     }
     if (weft_p2p_watch_processes(p))
         return FINAL_BARRIER_PEER_FAILED;
-    if (timeout > 0 && weft_now() - w->start > timeout && weft_p2p_broken_links(p, who, sizeof(who)) > 0)
+    if (weft_wait_expired(&w->c->core.cfg, WEFT_WAIT_DESTROY, w->start, weft_now()) &&
+        weft_p2p_broken_links(p, who, sizeof(who)) > 0)
         return weft_set_error(&w->c->core, WEFT_ERR_TIMEOUT, "weft_comm_destroy: the final barrier did not "
-                              "complete within WEFT_TIMEOUT=%g s while %s; destroy ends without it", timeout, who);
+                              "complete within WEFT_TIMEOUT=%g s while %s; destroy ends without it",
+                              weft_wait_bound(&w->c->core.cfg, WEFT_WAIT_DESTROY), who);
     return WEFT_SUCCESS;
 }
 

@@ -71,6 +71,7 @@
 #include "signals.h"
 #include "tags.h"
 #include "weft.h"
+#include "deadline.h"
 
 /* ---- groups: nesting depth per host thread ---- */
 
@@ -787,13 +788,12 @@ static void *progress_main(void *arg)
         events += weft_p2p_poll_nap(S->p2p, 0) > 0;
 
         double now = weft_now();
-        double timeout = S->core->cfg.timeout_s;
-        int stuck = timeout > 0 && now - last_event > timeout;
+        int stuck = weft_wait_expired(&S->core->cfg, WEFT_WAIT_STREAM, last_event, now);
         struct weft_list finished;
         weft_list_init(&finished);
         weft_list_for_each(n, &active) {
             struct sop *op = weft_container_of(n, struct sop, act);
-            int block = stuck && now - op->t_issue > timeout;
+            int block = stuck && weft_wait_expired(&S->core->cfg, WEFT_WAIT_STREAM, op->t_issue, now);
             if (op_progress(S, op, block)) {
                 weft_list_del(&op->act);
                 weft_list_add_tail(&finished, &op->act);
@@ -1191,7 +1191,6 @@ int weft_stream_quiesce(struct weft_stream *S)
         pthread_mutex_unlock(&S->mu);
         return WEFT_SUCCESS;
     }
-    double timeout = S->core->cfg.timeout_s;
     double t0 = weft_now();
     uint64_t seen = S->completed;
     while (S->outstanding > 0) {
@@ -1200,11 +1199,11 @@ int weft_stream_quiesce(struct weft_stream *S)
             seen = S->completed;
             t0 = now;
         }
-        if (timeout > 0 && now - t0 > timeout) {
+        if (weft_wait_expired(&S->core->cfg, WEFT_WAIT_DESTROY, t0, now)) {
             rc = weft_set_error(S->core, WEFT_ERR_TIMEOUT,
                                 "weft_comm_destroy: %zu stream-ordered operation(s) still not complete after %.0f s "
                                 "without progress; dropped, their streams released",
-                                S->outstanding, timeout);
+                                S->outstanding, weft_wait_bound(&S->core->cfg, WEFT_WAIT_DESTROY));
             S->abandon = 1;
             break;
         }

@@ -50,6 +50,7 @@
 #include "log.h"
 #include "shm_ring_inline.h"
 #include "transport.h"
+#include "deadline.h"
 
 #define SHM_SEG_MAGIC 0x314d48535446574full  /* "OWFTSHM1" */
 
@@ -1378,7 +1379,7 @@ static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *bu
     uint64_t claimed_pieces = w & SHM_HELP_IDX_MASK;
     size_t claimed = claimed_pieces * piece < total ? (size_t)(claimed_pieces * piece) : total;
     size_t want = claimed - failed;
-    double deadline = 0;
+    double started = 0;
     unsigned spins = 0;
     while (atomic_load_explicit(&h->copied, memory_order_acquire) < want) {
         if (++spins % 256 != 0)
@@ -1386,12 +1387,12 @@ static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *bu
         /* the sender is mid-piece; it may be descheduled on a busy node */
         sched_yield();
         double now = weft_now();
-        if (deadline == 0)
-            deadline = now + (cfg->timeout_s > 0 ? cfg->timeout_s : 300.0);
+        if (started == 0)
+            started = now;
         else if (kill(peer->pid, 0) != 0 && errno == ESRCH)
             return ESRCH;   /* the sender died mid-piece: not a timeout */
-        else if (now > deadline)
-            return -1;
+        else if (weft_wait_expired(cfg, WEFT_WAIT_SHM_PIECE, started, now))
+            return -1;      /* never with WEFT_TIMEOUT=0 */
     }
     if (err)
         return err;
@@ -1433,7 +1434,7 @@ static int shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struc
     if (e < 0)
         return weft_set_error(core, WEFT_ERR_TIMEOUT,
                               "shm: peer %d: its share of a %zu-byte copy (tag %d) did not land within %.0f s",
-                              peer->rank, total, x->tag, core->cfg.timeout_s > 0 ? core->cfg.timeout_s : 300.0);
+                              peer->rank, total, x->tag, weft_wait_bound(&core->cfg, WEFT_WAIT_SHM_PIECE));
     if (e == ESRCH) {
         weft_set_error(core, WEFT_ERR_TRANSPORT,
                        "shm: peer %d: process %d is gone (process_vm_readv of %zu bytes, tag %d)",

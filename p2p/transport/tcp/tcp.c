@@ -56,8 +56,8 @@
  *
  * A failed connection (refused, reset, hello turned down) fails the peer
  * through the peer_failed upcall, with an error that names it, its address
- * and why; so does one not up within TCP_CONNECT_TIMEOUT_FACTOR x
- * WEFT_TIMEOUT (a request waiting on it fails after WEFT_TIMEOUT already,
+ * and why; so does one not up within twice
+ * WEFT_TIMEOUT (WEFT_WAIT_TCP_CONNECT) (a request waiting on it fails after WEFT_TIMEOUT already,
  * p2p/health.c).
  *
  * Every function here but sleep runs under the pipe layer's lock
@@ -90,6 +90,7 @@
 #include "tcp_stripe.h"
 #include "transport.h"
 #include "weft.h"
+#include "deadline.h"
 
 /* Marks the start of every control frame: a desynchronised stream is caught
  * at once instead of being parsed as garbage headers. */
@@ -120,18 +121,10 @@
  * round trip or two, so the naps are few. */
 #define TCP_HANDSHAKE_NAP_MS 2
 
-/* Abandoned sockets (the losing set of a collision) wait this long at most
- * for the peer's COLLIDE answer when WEFT_TIMEOUT is 0. */
-#define TCP_ABANDON_MAX_S 60.0
-
-/* A connection not up within this many times WEFT_TIMEOUT fails its peer.
- * More than once: requests waiting on the pair fail first, each after
- * WEFT_TIMEOUT of its own wait, through the pipe's health checks
- * (p2p/health.c), which name the request (tag, bytes, the collective's
- * step) and tell a live peer that does not progress from a dead one, and
- * a collective may wait on a few such requests one after the other; this
- * is the backstop that ends a handshake nobody waits on. */
-#define TCP_CONNECT_TIMEOUT_FACTOR 2
+/* Abandoned sockets (the losing set of a collision) wait for the peer's
+ * COLLIDE answer at most WEFT_KEEP_TCP_ABANDONED (src/core/deadline.c), and
+ * a connection not up within WEFT_WAIT_TCP_CONNECT fails its peer (the why
+ * of its factor is written there). */
 
 /* This transport's blob in the rank card: the rank's listener. */
 struct tcp_card {
@@ -765,7 +758,7 @@ static void peer_up(struct tcp_state *st, struct tcp_peer *pe)
 static void peer_abandon_own(struct tcp_state *st, struct tcp_peer *pe)
 {
     double now = weft_now();
-    double wait = st->env->core->cfg.timeout_s > 0 ? st->env->core->cfg.timeout_s : TCP_ABANDON_MAX_S;
+    double wait = weft_housekeeping_bound(&st->env->core->cfg, WEFT_KEEP_TCP_ABANDONED);
     for (size_t i = 0; i < st->hs.n; i++) {
         struct tcp_conn *k = &st->hs.v[i];
         /* Not the control connection: my frames may be on it already, and
@@ -1282,7 +1275,7 @@ static int accept_pending(struct tcp_state *st)
 
 /* Rejects incoming connections whose hello (or our answer) is overdue,
  * closes abandoned ones nobody answered, and fails peers whose connection
- * is not up within TCP_CONNECT_TIMEOUT_FACTOR x WEFT_TIMEOUT. Returns the
+ * is not up within twice WEFT_TIMEOUT (WEFT_WAIT_TCP_CONNECT). Returns the
  * number of peers failed. */
 static int hs_expire(struct tcp_state *st, double now)
 {
@@ -1305,15 +1298,15 @@ static int hs_expire(struct tcp_state *st, double now)
                         k->peer, TCP_HELLO_DEADLINE_S);
         }
     }
-    const double timeout = st->env->core->cfg.timeout_s * TCP_CONNECT_TIMEOUT_FACTOR;
+    const double timeout = weft_wait_bound(&st->env->core->cfg, WEFT_WAIT_TCP_CONNECT);
     if (timeout <= 0 || st->nconnecting == 0)
         return 0;
     for (int i = 0; i < st->nactive; i++) {
         struct tcp_peer *pe = &st->peers[st->active[i]];
         if ((pe->state != PEER_OUT && pe->state != PEER_IN) || now - pe->since < timeout)
             continue;
-        peer_conn_fail(st, pe, WEFT_ERR_TIMEOUT, "no connection after %g s (%d x WEFT_TIMEOUT)%s%s", timeout,
-                       TCP_CONNECT_TIMEOUT_FACTOR,
+        peer_conn_fail(st, pe, WEFT_ERR_TIMEOUT, "no connection after %g s (%g x WEFT_TIMEOUT)%s%s", timeout,
+                       timeout / weft_timeout_setting(&st->env->core->cfg),
                        pe->state == PEER_OUT ? ": it did not answer this rank's hello"
                                              : ": its sockets did not all arrive",
                        st->listen.accept_short > 0 ? "; accepting ran out of descriptors: raise `ulimit -n`" : "");
@@ -2281,7 +2274,7 @@ static void tcp_sleep(void *ctx, int timeout_ms)
 
 /* Control bytes accepted by ctrl_send that the kernel has not taken yet,
  * also those waiting for their connection (which comes up or fails within
- * TCP_CONNECT_TIMEOUT_FACTOR x WEFT_TIMEOUT). */
+ * twice WEFT_TIMEOUT (WEFT_WAIT_TCP_CONNECT)). */
 static int tcp_busy(void *ctx)
 {
     const struct tcp_state *st = ctx;
