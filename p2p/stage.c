@@ -537,7 +537,7 @@ static int send_step(struct stage_state *st, struct stage_op *op)
         weft_req_free(e->req);
         e->req = NULL;
         if (err != WEFT_SUCCESS)
-            op_fail(op, err, "chunk %zu of %zu did not go out: %s", e->idx, e->len, weft_strerror(err));
+            op_fail(op, err, "chunk %zu of %zu did not go out: %s", e->idx, e->len, weft_err_str(err));
         chunk_retire(st, op, e);
         n++;
     }
@@ -628,7 +628,7 @@ static int recv_step(struct stage_state *st, struct stage_op *op)
             e->req = NULL;
             n++;
             if (s.error != WEFT_SUCCESS) {
-                op_fail(op, s.error, "chunk %zu did not arrive: %s", e->idx, weft_strerror(s.error));
+                op_fail(op, s.error, "chunk %zu did not arrive: %s", e->idx, weft_err_str(s.error));
             } else if (s.bytes != e->len) {
                 op_fail(op, WEFT_ERR_TRANSPORT,
                         "the sender failed to stage its data (chunk %zu came with %zu of %zu bytes)", e->idx,
