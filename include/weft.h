@@ -93,6 +93,42 @@ WEFT_API int  weft_comm_init(const weft_unique_id_t *id, int nranks, int rank, w
  * be destroyed first) and is destroyed with weft_comm_destroy. */
 #define WEFT_SPLIT_NONE (-1)
 WEFT_API int  weft_comm_split(weft_comm_t *comm, int color, int key, weft_comm_t **newcomm);
+
+/* A comm's own configuration (the way ncclConfig_t works): any WEFT_*
+ * setting a comm reads (docs/configuration.md), by name and value as the
+ * environment would hold it, for that comm only; the environment stays
+ * the default for every setting not given. Values are parsed exactly as
+ * the environment's are. Start from WEFT_CONFIG_INITIALIZER, which records
+ * the size and version the caller was built with:
+ *
+ *     weft_setting_t s[] = {{"WEFT_TIMEOUT", "30"}, {"WEFT_TRANSPORTS", "self,shm,tcp"}};
+ *     weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+ *     cfg.settings = s;
+ *     cfg.nsettings = 2;
+ *     weft_comm_create_config(MPI_COMM_WORLD, &cfg, &comm);
+ *
+ * A name that is not a comm's setting, a name given twice, or a NULL name
+ * or value is refused (WEFT_ERR_INVALID_ARG, naming the entry). The arrays
+ * are copied: they may be freed once the call returns. A comm made by
+ * weft_comm_split takes its parent's configuration. config NULL = the
+ * environment alone (the calls without _config). WEFT_DEBUG sets the
+ * process's log level, as the environment's does. */
+typedef struct { const char *name; const char *value; } weft_setting_t;
+typedef struct weft_comm_config {
+    size_t                size;       /* sizeof(weft_config_t) the caller was built with */
+    unsigned int          magic;      /* WEFT_CONFIG_MAGIC */
+    unsigned int          version;    /* WEFT_CONFIG_VERSION */
+    const weft_setting_t *settings;   /* nsettings entries (NULL when nsettings is 0) */
+    size_t                nsettings;
+} weft_config_t;
+#define WEFT_CONFIG_MAGIC   0x77656674u   /* "weft" */
+#define WEFT_CONFIG_VERSION 1
+#define WEFT_CONFIG_INITIALIZER { sizeof(weft_config_t), WEFT_CONFIG_MAGIC, WEFT_CONFIG_VERSION, 0, 0 }
+WEFT_API int  weft_comm_create_config(MPI_Comm mpi_comm, const weft_config_t *config, weft_comm_t **comm);
+WEFT_API int  weft_comm_init_config(const weft_unique_id_t *id, int nranks, int rank, const weft_config_t *config,
+                                    weft_comm_t **comm);
+/* The root of the meeting takes its WEFT_TIMEOUT and WEFT_TCP_IF from config. */
+WEFT_API int  weft_get_unique_id_config(weft_unique_id_t *id, const weft_config_t *config);
 /* A function of the application that weft runs while a thread of the
  * application waits inside a weft call on comm (weft_wait, weft_waitall,
  * the blocking collectives, a destroy's barrier over weft's pipes) and the

@@ -286,6 +286,132 @@ TEST_F(Comm, RefusedDebugLevelSaysWhy)
     set_log_level(std::getenv("WEFT_DEBUG"));
 }
 
+/* weft_comm_create_config: the settings are that comm's alone, over the
+ * environment's. One that differs between ranks refuses this comm, named as
+ * the environment's would be; the next comm, made without config, comes
+ * from the environment, which the call never wrote. */
+TEST_F(Comm, ConfigSettingsAreThatCommsOnly)
+{
+    if (size < 2)
+        GTEST_SKIP() << "needs 2 ranks";
+    const char *before = std::getenv("WEFT_TCP_STREAMS");
+    const std::string before_text = before ? before : "(unset)";
+    const weft_setting_t s[] = {{"WEFT_TCP_STREAMS", rank == 0 ? "2" : "4"}};
+    weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+    cfg.settings = s;
+    cfg.nsettings = 1;
+    weft_comm_t *c = nullptr;
+    int rc = WEFT_SUCCESS;
+    const std::string log = capture_stderr([&] { rc = weft_comm_create_config(MPI_COMM_WORLD, &cfg, &c); });
+    EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG) << log;
+    EXPECT_EQ(c, nullptr);
+    const std::string want = "WEFT_TCP_STREAMS differs between ranks: 2 on rank 0, 4 on rank 1";
+    EXPECT_EQ(count_of(log, want), 1u) << "expected once: " << want << "\nstderr:\n" << log;
+    const char *after = std::getenv("WEFT_TCP_STREAMS");
+    EXPECT_EQ(before_text, after ? after : "(unset)") << "the environment was written";
+
+    ASSERT_EQ(weft_comm_create(MPI_COMM_WORLD, &c), WEFT_SUCCESS) << weft_last_error();
+    ring_exchange(c, 10, 0);
+    EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
+}
+
+/* A value in config is parsed as the environment's is, and wins over it:
+ * the suites run with WEFT_TIMEOUT set to a valid value, and config's
+ * 0x10 is refused with the environment's message. */
+TEST_F(Comm, ConfigValueParsedLikeTheEnvironmentsAndWins)
+{
+    const weft_setting_t s[] = {{"WEFT_SPIN_US", "10"}, {"WEFT_TIMEOUT", "0x10"}};
+    weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+    cfg.settings = s;
+    cfg.nsettings = 2;
+    weft_comm_t *c = nullptr;
+    int rc = WEFT_SUCCESS;
+    const std::string log = capture_stderr([&] { rc = weft_comm_create_config(MPI_COMM_WORLD, &cfg, &c); });
+    EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG) << log;
+    EXPECT_EQ(c, nullptr);
+    const std::string want = "weft_comm_create: bad configuration: WEFT_TIMEOUT=0x10: hexadecimal is not accepted";
+    EXPECT_NE(log.find(want), std::string::npos) << "stderr:\n" << log;
+}
+
+/* Refused on the calling rank before any exchange, naming the call and the
+ * entry; nothing is made. */
+TEST_F(Comm, ConfigRefusalsNameTheEntry)
+{
+    struct Case {
+        std::vector<weft_setting_t> settings;
+        bool null_array;
+        unsigned magic, version;
+        std::string want;
+    };
+    const std::vector<Case> cases = {
+        {{{"WEFT_TIMEOUT", "30"}, {"WEFT_NOPE", "1"}}, false, WEFT_CONFIG_MAGIC, WEFT_CONFIG_VERSION,
+         "config.settings[1]: WEFT_NOPE is not a setting a comm takes"},
+        {{{"WEFT_TIMEOUT", "30"}, {"WEFT_TIMEOUT", "40"}}, false, WEFT_CONFIG_MAGIC, WEFT_CONFIG_VERSION,
+         "config.settings[1]: WEFT_TIMEOUT is given twice (also settings[0])"},
+        {{{"WEFT_TIMEOUT", nullptr}}, false, WEFT_CONFIG_MAGIC, WEFT_CONFIG_VERSION,
+         "config.settings[0]: its value is NULL"},
+        {{{nullptr, "1"}}, false, WEFT_CONFIG_MAGIC, WEFT_CONFIG_VERSION, "config.settings[0]: its name is NULL"},
+        {{{"WEFT_TIMEOUT", "30"}, {"WEFT_SPIN_US", "1"}}, true, WEFT_CONFIG_MAGIC, WEFT_CONFIG_VERSION,
+         "config has 2 settings but settings is NULL"},
+        {{}, false, 0, WEFT_CONFIG_VERSION, "was not set up with WEFT_CONFIG_INITIALIZER"},
+        {{}, false, WEFT_CONFIG_MAGIC, 99, "config version 99"},
+    };
+    for (const Case &k : cases) {
+        weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+        cfg.settings = k.null_array ? nullptr : k.settings.data();
+        cfg.nsettings = k.settings.size();
+        cfg.magic = k.magic;
+        cfg.version = k.version;
+        weft_comm_t *c = nullptr;
+        EXPECT_EQ(weft_comm_create_config(MPI_COMM_WORLD, &cfg, &c), WEFT_ERR_INVALID_ARG) << k.want;
+        EXPECT_EQ(c, nullptr);
+        const std::string err = weft_last_error();
+        EXPECT_NE(err.find("weft_comm_create_config: "), std::string::npos) << err;
+        EXPECT_NE(err.find(k.want), std::string::npos) << "\"" << err << "\" does not say " << k.want;
+
+        weft_unique_id_t id;
+        EXPECT_EQ(weft_get_unique_id_config(&id, &cfg), WEFT_ERR_INVALID_ARG) << k.want;
+        EXPECT_NE(std::string(weft_last_error()).find(k.want), std::string::npos) << weft_last_error();
+    }
+    /* Every comm made after the refusals works. */
+    weft_comm_t *c = nullptr;
+    ASSERT_EQ(weft_comm_create(MPI_COMM_WORLD, &c), WEFT_SUCCESS) << weft_last_error();
+    EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
+}
+
+/* A comm split from one made with config takes its configuration: the
+ * parent's WEFT_TIMEOUT=0.5 bounds a wait on the child, where the
+ * environment's (60 s in these suites) would not have ended it. */
+TEST_F(Comm, SplitTakesItsParentsConfig)
+{
+    if (size < 2)
+        GTEST_SKIP() << "needs 2 ranks";
+    const weft_setting_t s[] = {{"WEFT_TIMEOUT", "0.5"}};
+    weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+    cfg.settings = s;
+    cfg.nsettings = 1;
+    weft_comm_t *parent = nullptr, *child = nullptr;
+    ASSERT_EQ(weft_comm_create_config(MPI_COMM_WORLD, &cfg, &parent), WEFT_SUCCESS) << weft_last_error();
+    ASSERT_EQ(weft_comm_split(parent, 0, rank, &child), WEFT_SUCCESS) << weft_comm_last_error(parent);
+    if (rank == 0) {
+        /* A message rank 1 never sends, while rank 1 sits in MPI_Barrier. */
+        std::vector<unsigned char> buf(100);
+        weft_request_t *r = nullptr;
+        ASSERT_EQ(weft_irecv(child, buf.data(), buf.size(), 1, 11, &r), WEFT_SUCCESS);
+        weft_status_t st;
+        auto t0 = std::chrono::steady_clock::now();
+        int rc = weft_wait(r, &st);
+        double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_EQ(rc, WEFT_ERR_TIMEOUT) << weft_comm_last_error(child);
+        EXPECT_LE(waited, 10.0) << "the child waited " << waited << " s: not its parent's WEFT_TIMEOUT=0.5";
+        EXPECT_NE(std::string(weft_comm_last_error(child)).find("WEFT_TIMEOUT=0.5"), std::string::npos)
+            << weft_comm_last_error(child);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    EXPECT_EQ(weft_comm_destroy(child), WEFT_SUCCESS) << weft_comm_last_error(child);
+    EXPECT_EQ(weft_comm_destroy(parent), WEFT_SUCCESS) << weft_comm_last_error(parent);
+}
+
 TEST_F(Comm, OnCommSelf)
 {
     weft_comm_t *c = nullptr;

@@ -548,3 +548,67 @@ TEST(Config, ErrorMessageFitsSmallBuffers)
 }
 
 } // namespace
+
+/* A comm's own settings (weft_config_t): names the loader reads, checked
+ * and copied; looked up before the environment. */
+namespace {
+
+TEST(Settings, NamesAreTheLoadersOwn)
+{
+    EXPECT_TRUE(weft_config_reads("WEFT_TIMEOUT"));
+    EXPECT_TRUE(weft_config_reads("WEFT_TRANSPORTS"));
+    EXPECT_TRUE(weft_config_reads("WEFT_ALLTOALL_ALGO"));
+    EXPECT_TRUE(weft_config_reads("WEFT_SHM_COLL_EAGER"));
+    EXPECT_FALSE(weft_config_reads("WEFT_NOPE"));
+    EXPECT_FALSE(weft_config_reads("weft_timeout")) << "names are upper case, as in the environment";
+    EXPECT_FALSE(weft_config_reads("WEFT_EMU_CUDA_MODULES")) << "the emulator's knob is not a comm's setting";
+}
+
+TEST(Settings, CopiedCheckedAndLookedUpFirst)
+{
+    std::string name = "WEFT_SPIN_US", value = "7";
+    const char *names[] = {name.c_str(), "WEFT_TIMEOUT"};
+    const char *values[] = {value.c_str(), "12.5"};
+    struct weft_settings *s = nullptr;
+    char err[256] = "";
+    ASSERT_EQ(WEFT_SUCCESS, weft_settings_make(names, values, 2, &s, err, sizeof(err))) << err;
+    name = "WEFT_XXXXXXXX";   /* the caller's strings may change or go: the copy stays */
+    value = "9";
+    EXPECT_STREQ("7", weft_settings_lookup("WEFT_SPIN_US", s));
+    EXPECT_STREQ("12.5", weft_settings_lookup("WEFT_TIMEOUT", s));
+    EXPECT_EQ(getenv("PATH"), weft_settings_lookup("PATH", s)) << "not given: the environment's";
+    struct weft_config cfg;
+    ASSERT_EQ(WEFT_SUCCESS, weft_config_load(&cfg, weft_settings_lookup, s, err, sizeof(err))) << err;
+    EXPECT_EQ(7, cfg.spin_us);
+    EXPECT_EQ(12.5, cfg.timeout_s);
+    struct weft_settings *d = nullptr;
+    ASSERT_EQ(WEFT_SUCCESS, weft_settings_dup(s, &d));
+    weft_settings_free(s);
+    EXPECT_STREQ("12.5", weft_settings_lookup("WEFT_TIMEOUT", d));
+    weft_settings_free(d);
+
+    EXPECT_EQ(WEFT_SUCCESS, weft_settings_make(nullptr, nullptr, 0, &s, err, sizeof(err)));
+    EXPECT_EQ(nullptr, s) << "no settings: the environment alone";
+    EXPECT_EQ(WEFT_SUCCESS, weft_settings_dup(nullptr, &d));
+    EXPECT_EQ(nullptr, d);
+}
+
+TEST(Settings, RefusedEntriesAreNamedAndNothingIsMade)
+{
+    struct weft_settings *s = reinterpret_cast<struct weft_settings *>(0x1);
+    char err[256] = "";
+    const char *n1[] = {"WEFT_TIMEOUT", "WEFT_TIMEOUT"};
+    const char *v1[] = {"1", "2"};
+    EXPECT_EQ(WEFT_ERR_INVALID_ARG, weft_settings_make(n1, v1, 2, &s, err, sizeof(err)));
+    EXPECT_STREQ("settings[1]: WEFT_TIMEOUT is given twice (also settings[0])", err);
+    const char *n2[] = {"WEFT_TIMEOUT", "NCCL_DEBUG"};
+    EXPECT_EQ(WEFT_ERR_INVALID_ARG, weft_settings_make(n2, v1, 2, &s, err, sizeof(err)));
+    EXPECT_EQ(0, std::string(err).rfind("settings[1]: NCCL_DEBUG is not a setting a comm takes", 0)) << err;
+    const char *v3[] = {"1", nullptr};
+    const char *n3[] = {"WEFT_TIMEOUT", "WEFT_SPIN_US"};
+    EXPECT_EQ(WEFT_ERR_INVALID_ARG, weft_settings_make(n3, v3, 2, &s, err, sizeof(err)));
+    EXPECT_STREQ("settings[1]: its value is NULL", err);
+    EXPECT_EQ(reinterpret_cast<struct weft_settings *>(0x1), s) << "set only on success";
+}
+
+}  // namespace

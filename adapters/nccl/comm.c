@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "nccl_adapter.h"
 
@@ -178,7 +179,9 @@ NCCL_API(ncclResult_t, ncclGetUniqueId, ncclUniqueId *uniqueId)
     nccl_env_apply();
     if (uniqueId == NULL)
         return nccl_fail(NULL, ncclInvalidArgument, "ncclGetUniqueId", "uniqueId is NULL");
-    if ((rc = weft_get_unique_id(&id)) != WEFT_SUCCESS)
+    weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+    cfg.nsettings = nccl_env_settings(&cfg.settings);
+    if ((rc = weft_get_unique_id_config(&id, &cfg)) != WEFT_SUCCESS)
         return nccl_from_weft(NULL, rc, "ncclGetUniqueId");
     _Static_assert(sizeof(id.internal) == sizeof(uniqueId->internal), "unique id sizes differ");
     memcpy(uniqueId->internal, id.internal, sizeof(id.internal));
@@ -222,6 +225,9 @@ static struct ncclComm *shell_new(int nranks, int rank, int device)
     c->device = device;
     c->blocking = 1;
     c->state = COMM_INITING;
+    const weft_setting_t *env;
+    c->nsettings = nccl_env_settings(&env);
+    memcpy(c->settings, env, c->nsettings * sizeof(*env));
     return c;
 }
 
@@ -270,9 +276,32 @@ static ncclResult_t read_config(struct ncclComm *c, const ncclConfig_t *config, 
     IGNORED_INT(nChannelsPerNetPeer)
     IGNORED_INT(nvlinkCentricSched)
 #undef IGNORED_INT
-    if (config->netName != NULL)
-        nccl_log(NCCLW_LOG_INFO, c->device, "%s: config netName=%s ignored (WEFT_TRANSPORTS picks transports)", fn,
-                 config->netName);
+    if (config->netName != NULL && strcasecmp(config->netName, "Socket") == 0 && getenv("WEFT_TRANSPORTS") == NULL) {
+        /* Sockets only: this comm's WEFT_TRANSPORTS without ib. */
+        const char *from = "self,shm,tcp,ib";
+        size_t at = c->nsettings;
+        for (size_t i = 0; i < c->nsettings; i++)
+            if (strcmp(c->settings[i].name, "WEFT_TRANSPORTS") == 0) {
+                from = c->settings[i].value;
+                at = i;
+            }
+        char list[64], *save = NULL, *tok;
+        snprintf(list, sizeof(list), "%s", from);
+        c->transports[0] = '\0';
+        for (tok = strtok_r(list, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save))
+            if (strcasecmp(tok, "ib") != 0)
+                snprintf(c->transports + strlen(c->transports), sizeof(c->transports) - strlen(c->transports),
+                         "%s%s", c->transports[0] ? "," : "", tok);
+        c->settings[at].name = "WEFT_TRANSPORTS";
+        c->settings[at].value = c->transports;
+        if (at == c->nsettings)
+            c->nsettings++;
+        nccl_log(NCCLW_LOG_INFO, c->device, "%s: config netName=%s -> WEFT_TRANSPORTS=%s for this comm", fn,
+                 config->netName, c->transports);
+    } else if (config->netName != NULL) {
+        nccl_log(NCCLW_LOG_INFO, c->device, "%s: config netName=%s ignored (%s)", fn, config->netName,
+                 getenv("WEFT_TRANSPORTS") ? "WEFT_TRANSPORTS is set and wins" : "WEFT_TRANSPORTS picks transports");
+    }
     return ncclSuccess;
 }
 
@@ -294,8 +323,11 @@ void nccl_comm_run_init(struct ncclComm *c)
         cu->SetDevice(c->device);   /* the device is per host thread: this one may be new */
     if (c->init_kind == 0) {
         weft_unique_id_t id;
+        weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+        cfg.settings = c->settings;
+        cfg.nsettings = c->nsettings;
         memcpy(id.internal, c->init_id.internal, sizeof(id.internal));
-        rc = weft_comm_init(&id, c->nranks, c->rank, &w);
+        rc = weft_comm_init_config(&id, c->nranks, c->rank, &cfg, &w);
     } else {
         rc = weft_comm_split(c->split_parent->w, c->split_color, c->split_key, &w);
     }
@@ -449,7 +481,9 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t *comms, int ndev, const int *
                 return nccl_fail(NULL, ncclInvalidArgument, fn, "device %d is listed twice (entries %d and %d)", d,
                                  j, i);
     }
-    if ((e = weft_get_unique_id(&wid)) != WEFT_SUCCESS)
+    weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+    cfg.nsettings = nccl_env_settings(&cfg.settings);
+    if ((e = weft_get_unique_id_config(&wid, &cfg)) != WEFT_SUCCESS)
         return nccl_from_weft(NULL, e, fn);
     if ((cs = calloc((size_t)ndev, sizeof(*cs))) == NULL)
         return nccl_fail(NULL, ncclSystemError, fn, "out of memory");

@@ -1,9 +1,10 @@
 /*
  * NCCL's environment variables, as users set them out of habit, mapped
- * onto weft's (docs/nccl.md has the table). Applied once per process,
- * before the first comm is made: weft reads its WEFT_* variables at each
- * comm's creation. A WEFT_* variable the user set wins over the NCCL_* one
- * that would map to it. Every other NCCL_* variable is named once at info
+ * onto weft's (docs/nccl.md has the table). Read once per process, before
+ * the first comm is made, into settings every comm and unique id of this
+ * library is made with (weft_config_t): the process environment is never
+ * written, so no thread of the host races with it. A WEFT_* variable the
+ * user set wins over the NCCL_* one that would map to it. Every other NCCL_* variable is named once at info
  * level as ignored, so nobody believes a knob took effect when it did not.
  *
  * NCCL_DEBUG also drives this library's own lines, in NCCL's shape
@@ -24,6 +25,13 @@ extern char **environ;
 
 static int g_level = NCCLW_LOG_NONE;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+/* The WEFT_* settings the NCCL_* variables map to: written once under
+ * g_once, read-only after. */
+static char g_names[NCCLW_MAX_SETTINGS][32];
+static char g_values[NCCLW_MAX_SETTINGS][256];
+static weft_setting_t g_settings[NCCLW_MAX_SETTINGS];
+static size_t g_nsettings;
 
 const char *nccl_version_text(void)
 {
@@ -92,7 +100,7 @@ static void note(const char *fmt, ...)
     va_end(ap);
 }
 
-/* Sets weft_var to value unless the user set weft_var. */
+/* weft_var=value in the comms' settings, unless the user set weft_var. */
 static void map_to(const char *nccl_var, const char *nccl_value, const char *weft_var, const char *value)
 {
     const char *user = getenv(weft_var);
@@ -100,8 +108,27 @@ static void map_to(const char *nccl_var, const char *nccl_value, const char *wef
         note("%s=%s ignored: %s=%s is set and wins", nccl_var, nccl_value, weft_var, user);
         return;
     }
-    setenv(weft_var, value, 0);
+    for (size_t i = 0; i < g_nsettings; i++)
+        if (strcmp(g_names[i], weft_var) == 0) {
+            snprintf(g_values[i], sizeof(g_values[i]), "%s", value);   /* the later NCCL_* wins */
+            note("%s=%s -> %s=%s", nccl_var, nccl_value, weft_var, value);
+            return;
+        }
+    if (g_nsettings >= NCCLW_MAX_SETTINGS)
+        return;
+    snprintf(g_names[g_nsettings], sizeof(g_names[0]), "%s", weft_var);
+    snprintf(g_values[g_nsettings], sizeof(g_values[0]), "%s", value);
+    g_settings[g_nsettings].name = g_names[g_nsettings];
+    g_settings[g_nsettings].value = g_values[g_nsettings];
+    g_nsettings++;
     note("%s=%s -> %s=%s", nccl_var, nccl_value, weft_var, value);
+}
+
+size_t nccl_env_settings(const weft_setting_t **settings)
+{
+    pthread_once(&g_once, once);
+    *settings = g_settings;
+    return g_nsettings;
 }
 
 /* The first entry of an NCCL interface/HCA list, '=' (exact match) dropped;

@@ -53,6 +53,9 @@ struct nccl_reg;        /* comm.c: a registration handle */
 struct nccl_clique;     /* comm.c: the ranks of one comm living in this process */
 struct nccl_premul_tmp; /* premul.c: buffers of a pre-multiply in flight */
 
+/* The most WEFT_* settings NCCL_* variables map to (env.c). */
+#define NCCLW_MAX_SETTINGS 16
+
 struct ncclComm {
     uint64_t        magic;           /* NCCLW_COMM_MAGIC while alive */
     pthread_mutex_t mu;              /* ops, regs, tmps */
@@ -63,6 +66,10 @@ struct ncclComm {
     ncclResult_t    init_result;
     char            init_error[768];
     char            name[64];        /* config commName, for log lines */
+    /* the weft comm's settings: NCCL_* (env.c), then ncclConfig_t's */
+    weft_setting_t  settings[NCCLW_MAX_SETTINGS + 1];
+    size_t          nsettings;
+    char            transports[64];  /* config netName=Socket: WEFT_TRANSPORTS without ib */
     /* a pending initialisation (deferred to a group end, or non-blocking) */
     int             init_kind;       /* 0 init by id, 1 split */
     ncclUniqueId    init_id;
@@ -97,6 +104,9 @@ ncclResult_t nccl_refuse(const char *fn, const char *what);
 enum { NCCLW_LOG_NONE = 0, NCCLW_LOG_VERSION, NCCLW_LOG_WARN, NCCLW_LOG_INFO, NCCLW_LOG_TRACE };
 /* Maps NCCL_* onto WEFT_* once per process (before the first comm). */
 void nccl_env_apply(void);
+/* The WEFT_* settings NCCL_* variables map to (env.c), for every comm and
+ * unique id; the array lives as long as the process. */
+size_t nccl_env_settings(const weft_setting_t **settings);
 int  nccl_log_level(void);
 void nccl_log(int level, int device, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* "weft X.Y.Z (NCCL A.B.C API)" */

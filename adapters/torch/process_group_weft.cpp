@@ -33,13 +33,6 @@
 namespace weft_torch {
 namespace {
 
-// WEFT_TIMEOUT as the backend last set it (a group made later sets its own,
-// and a value the backend set must not pass for the user's choice); the
-// user's own value is any other.
-std::mutex g_envMu;
-std::string g_timeoutWeSet;
-bool g_timeoutSet = false;
-
 // The weft lane of the operations built here from point-to-point messages
 // (gather, scatter, uneven alltoall). Every rank starts them in the same
 // order, and a lane is FIFO per pair, so one lane serves them all; user tags
@@ -389,19 +382,16 @@ ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store>& store,
     fail(op, "rank " + std::to_string(rank) + " of " + std::to_string(size) + " is out of range");
 
   // weft bounds every wait for progress by WEFT_TIMEOUT; unless the user
-  // chose it, it follows the group's timeout so weft gives up when torch
-  // would. Read by weft when it makes the id and the comm.
-  {
-    std::lock_guard<std::mutex> lk(g_envMu);
-    const char* cur = std::getenv("WEFT_TIMEOUT");
-    bool users = cur && !(g_timeoutSet && g_timeoutWeSet == cur);
-    if (!users) {
-      g_timeoutWeSet = weftSeconds(timeout);
-      g_timeoutSet = true;
-      setenv("WEFT_TIMEOUT", g_timeoutWeSet.c_str(), 1);
-    }
-    const char* t = std::getenv("WEFT_TIMEOUT");
-    weftTimeout_ = t ? t : "";
+  // chose it (in the environment), this group's comm follows the group's
+  // timeout, so weft gives up when torch would. It is the comm's own
+  // setting (weft_config_t): the environment is never written.
+  const char* user_timeout = std::getenv("WEFT_TIMEOUT");
+  weftTimeout_ = user_timeout ? user_timeout : weftSeconds(timeout);
+  const weft_setting_t timeout_setting = {"WEFT_TIMEOUT", weftTimeout_.c_str()};
+  weft_config_t config = WEFT_CONFIG_INITIALIZER;
+  if (user_timeout == nullptr) {
+    config.settings = &timeout_setting;
+    config.nsettings = 1;
   }
 
   // Several groups may share a store (a re-init over the same file store):
@@ -413,7 +403,7 @@ ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store>& store,
 
   weft_unique_id_t id;
   if (rank == 0) {
-    int rc = weft_get_unique_id(&id);
+    int rc = weft_get_unique_id_config(&id, &config);
     if (rc != WEFT_SUCCESS) {
       std::string why = std::string("weft_get_unique_id: ") + weft_strerror(rc) + ": " + weft_last_error();
       // Tell the others at once rather than let them wait out the store.
@@ -436,7 +426,7 @@ ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store>& store,
       fail(op, "rank 0 could not make the weft unique id: " + std::string(got.begin(), got.end()));
     std::memcpy(id.internal, got.data(), WEFT_UNIQUE_ID_BYTES);
   }
-  int rc = weft_comm_init(&id, size, rank, &comm_);
+  int rc = weft_comm_init_config(&id, size, rank, &config, &comm_);
   if (rc != WEFT_SUCCESS)
     fail(op, "weft_comm_init (rank " + std::to_string(rank) + " of " + std::to_string(size) +
                  "): " + weft_strerror(rc) + ": " + weft_last_error());

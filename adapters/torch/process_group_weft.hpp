@@ -124,7 +124,8 @@ class ProcessGroupWeft : public PGBase {
  public:
   // Collective over the group: rank 0 makes the unique id and sets it in
   // `store`; the others get it (bounded by the store's timeout); all call
-  // weft_comm_init. `timeout` becomes WEFT_TIMEOUT unless the user set it.
+  // weft_comm_init. `timeout` becomes the comm's WEFT_TIMEOUT unless the user
+  // set WEFT_TIMEOUT in the environment.
   ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                    std::chrono::milliseconds timeout);
   ~ProcessGroupWeft() override;

@@ -2,6 +2,7 @@
  * The public comm calls: create, init (unique id) and destroy (src/comm/),
  * rank, size, and the error strings.
  */
+#include <stddef.h>
 #include <string.h>
 
 #include "bootstrap_uid.h"
@@ -9,37 +10,122 @@
 #include "log.h"
 #include "p2p.h"
 
+/* config's settings, checked and copied (*out NULL for none); the error
+ * names the call and the entry. */
+static int config_settings(const char *fn, int rank, const weft_config_t *config, struct weft_settings **out)
+{
+    enum { MAX_SETTINGS = 1024 };
+    const char *names[MAX_SETTINGS], *values[MAX_SETTINGS];
+    char why[300];
+    int rc;
+
+    *out = NULL;
+    if (config == NULL)
+        return WEFT_SUCCESS;
+    if (config->magic != WEFT_CONFIG_MAGIC || config->size < offsetof(weft_config_t, nsettings) + sizeof(size_t))
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: rank %d: config (magic 0x%x, size %zu) was not set up "
+                              "with WEFT_CONFIG_INITIALIZER", fn, rank, config->magic, config->size);
+    if (config->version < 1 || config->version > WEFT_CONFIG_VERSION)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: rank %d: config version %u: this weft knows versions "
+                              "1 to %d", fn, rank, config->version, WEFT_CONFIG_VERSION);
+    if (config->nsettings > 0 && config->settings == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: rank %d: config has %zu settings but settings is NULL",
+                              fn, rank, config->nsettings);
+    if (config->nsettings > MAX_SETTINGS)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: rank %d: config has %zu settings; at most %d (one per "
+                              "variable)", fn, rank, config->nsettings, (int)MAX_SETTINGS);
+    for (size_t i = 0; i < config->nsettings; i++) {
+        names[i] = config->settings[i].name;
+        values[i] = config->settings[i].value;
+    }
+    rc = weft_settings_make(names, values, config->nsettings, out, why, sizeof(why));
+    if (rc != WEFT_SUCCESS)
+        return weft_set_error(NULL, rc, "%s: rank %d: config.%s", fn, rank, why);
+    return WEFT_SUCCESS;
+}
+
+static int comm_create(const char *fn, weft_mpi_comm_t mpi_comm, const weft_config_t *config, weft_comm_t **out)
+{
+    struct weft_settings *settings;
+    int rc;
+
+    if (out == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: comm output pointer is NULL", fn);
+    if ((rc = config_settings(fn, -1, config, &settings)) != WEFT_SUCCESS)
+        return rc;
+    rc = weft_comm_create_mpi(mpi_comm, settings, out);
+    weft_settings_free(settings);
+    return rc;
+}
+
 int weft_comm_create(weft_mpi_comm_t mpi_comm, weft_comm_t **out)
 {
-    if (out == NULL)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_create: comm output pointer is NULL");
-    return weft_comm_create_mpi(mpi_comm, out);
+    return comm_create("weft_comm_create", mpi_comm, NULL, out);
+}
+
+int weft_comm_create_config(weft_mpi_comm_t mpi_comm, const weft_config_t *config, weft_comm_t **out)
+{
+    return comm_create("weft_comm_create_config", mpi_comm, config, out);
+}
+
+static int get_unique_id(const char *fn, weft_unique_id_t *id, const weft_config_t *config)
+{
+    struct weft_settings *settings;
+    int rc;
+
+    if (id == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: id is NULL", fn);
+    if ((rc = config_settings(fn, -1, config, &settings)) != WEFT_SUCCESS)
+        return rc;
+    rc = weft_uid_make(id, settings);
+    weft_settings_free(settings);
+    return rc;
 }
 
 int weft_get_unique_id(weft_unique_id_t *id)
 {
+    return get_unique_id("weft_get_unique_id", id, NULL);
+}
+
+int weft_get_unique_id_config(weft_unique_id_t *id, const weft_config_t *config)
+{
+    return get_unique_id("weft_get_unique_id_config", id, config);
+}
+
+static int comm_init(const char *fn, const weft_unique_id_t *id, int nranks, int rank, const weft_config_t *config,
+                     weft_comm_t **out)
+{
+    struct weft_settings *settings;
+    char why[160];
+    int rc;
+
     if (id == NULL)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_get_unique_id: id is NULL");
-    return weft_uid_make(id);
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: rank %d: id is NULL", fn, rank);
+    if (out == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: rank %d: comm output pointer is NULL", fn, rank);
+    if (nranks < 1)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: nranks is %d; at least 1", fn, nranks);
+    if (rank < 0 || rank >= nranks)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: rank %d is out of range for nranks %d", fn, rank,
+                              nranks);
+    if (weft_uid_check(id, why, sizeof(why)) != WEFT_SUCCESS)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: rank %d: %s", fn, rank, why);
+    if ((rc = config_settings(fn, rank, config, &settings)) != WEFT_SUCCESS)
+        return rc;
+    rc = weft_comm_init_uid(id, nranks, rank, settings, out);
+    weft_settings_free(settings);
+    return rc;
 }
 
 int weft_comm_init(const weft_unique_id_t *id, int nranks, int rank, weft_comm_t **out)
 {
-    char why[160];
+    return comm_init("weft_comm_init", id, nranks, rank, NULL, out);
+}
 
-    if (id == NULL)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_init: rank %d: id is NULL", rank);
-    if (out == NULL)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_init: rank %d: comm output pointer is NULL",
-                              rank);
-    if (nranks < 1)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_init: nranks is %d; at least 1", nranks);
-    if (rank < 0 || rank >= nranks)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_init: rank %d is out of range for nranks %d",
-                              rank, nranks);
-    if (weft_uid_check(id, why, sizeof(why)) != WEFT_SUCCESS)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_init: rank %d: %s", rank, why);
-    return weft_comm_init_uid(id, nranks, rank, out);
+int weft_comm_init_config(const weft_unique_id_t *id, int nranks, int rank, const weft_config_t *config,
+                          weft_comm_t **out)
+{
+    return comm_init("weft_comm_init_config", id, nranks, rank, config, out);
 }
 
 int weft_comm_destroy(weft_comm_t *c)

@@ -899,7 +899,7 @@ static void *root_main(void *arg)
     return NULL;
 }
 
-int weft_uid_make(weft_unique_id_t *id)
+int weft_uid_make(weft_unique_id_t *id, const struct weft_settings *settings)
 {
     struct weft_config cfg;
     char err[256];
@@ -909,7 +909,7 @@ int weft_uid_make(weft_unique_id_t *id)
     struct root *r;
     int rc;
 
-    if (weft_config_load(&cfg, NULL, NULL, err, sizeof(err)) != WEFT_SUCCESS)
+    if (weft_config_load(&cfg, weft_settings_lookup, (void *)settings, err, sizeof(err)) != WEFT_SUCCESS)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_get_unique_id: bad configuration: %s", err);
     switch (weft_netif_resolve_ipv4(cfg.tcp_if, &ip)) {
     case WEFT_NETIF_OK:
@@ -1199,7 +1199,7 @@ static int make_uid_boot(void *arg, struct weft_core *core, struct weft_bootstra
         return weft_set_error(core, rc, "weft_comm_init: %s", why);
     /* A malformed WEFT_* is reported by the assembly on every rank, after
      * the meeting; until then the defaults bound the waits. */
-    if (weft_config_load(&cfg, NULL, NULL, why, sizeof(why)) != WEFT_SUCCESS)
+    if (weft_config_load(&cfg, weft_settings_lookup, core->settings, why, sizeof(why)) != WEFT_SUCCESS)
         (void)weft_config_load(&cfg, no_env, NULL, why, sizeof(why));
 
     u = calloc(1, sizeof(*u));
@@ -1239,8 +1239,9 @@ fail_boot:
     return rc;
 }
 
-int weft_comm_init_uid(const weft_unique_id_t *id, int nranks, int rank, struct weft_comm **out)
+int weft_comm_init_uid(const weft_unique_id_t *id, int nranks, int rank, const struct weft_settings *settings,
+                       struct weft_comm **out)
 {
     struct uid_args a = { .id = id, .nranks = nranks, .rank = rank };
-    return weft_comm_assemble("weft_comm_init", make_uid_boot, &a, out);
+    return weft_comm_assemble("weft_comm_init", make_uid_boot, &a, settings, out);
 }

@@ -324,7 +324,8 @@ static void comm_free(struct weft_comm *c)
     free(c);
 }
 
-int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make_arg, struct weft_comm **out)
+int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make_arg,
+                       const struct weft_settings *settings, struct weft_comm **out)
 {
     struct weft_comm *c;
     struct weft_card_hdr mine;
@@ -339,13 +340,21 @@ int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make
         return weft_set_error(NULL, WEFT_ERR_NO_MEMORY, "%s: no memory for the comm", what);
     c->what = what;
     weft_core_init(&c->core, -1, 0);
+    /* The comm keeps its own copy: a split inherits it, and the caller's
+     * array may be gone once the call returns. */
+    rc = weft_settings_dup(settings, &c->core.settings);
+    if (rc != WEFT_SUCCESS) {
+        weft_core_fini(&c->core);
+        free(c);
+        return weft_set_error(NULL, rc, "%s: no memory for the comm's settings", what);
+    }
     rc = make(make_arg, &c->core, &c->boot);
     if (rc != WEFT_SUCCESS)
         goto fail;
     c->core.rank = c->boot->rank;
     c->core.size = c->boot->size;
 
-    rc = weft_config_load(&c->core.cfg, NULL, NULL, cfg_err, sizeof(cfg_err));
+    rc = weft_config_load(&c->core.cfg, weft_settings_lookup, c->core.settings, cfg_err, sizeof(cfg_err));
     if (rc == WEFT_SUCCESS && c->core.cfg.transports[0] != '\0' &&
         weft_registry_mask(c->core.cfg.transports, &mask, cfg_err, sizeof(cfg_err)) != 0) {
         char why[256];
@@ -487,12 +496,12 @@ static int make_mpi_boot(void *arg, struct weft_core *core, struct weft_bootstra
     return weft_bootstrap_mpi_create(*(weft_mpi_comm_t *)arg, core, out);
 }
 
-int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out)
+int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, const struct weft_settings *settings, struct weft_comm **out)
 {
     int rc = weft_bootstrap_mpi_check(mpi_comm);
     if (rc != WEFT_SUCCESS)
         return rc;
-    return weft_comm_assemble("weft_comm_create", make_mpi_boot, &mpi_comm, out);
+    return weft_comm_assemble("weft_comm_create", make_mpi_boot, &mpi_comm, settings, out);
 }
 
 /* destroy's final barrier over the bootstrap (MPI's), watched by weft: a
@@ -698,7 +707,8 @@ int weft_comm_split_all(struct weft_comm *parent, int color, int key, struct wef
             m.rank = i;
     }
     WEFT_INFO(prank, "weft_comm_split: color %d key %d: rank %d of %d in the new comm", color, key, m.rank, m.size);
-    rc = weft_comm_assemble("weft_comm_split", make_split_boot, &m, out);
+    /* The new comm takes its parent's configuration. */
+    rc = weft_comm_assemble("weft_comm_split", make_split_boot, &m, parent->core.settings, out);
     if (rc != WEFT_SUCCESS) {
         /* The new comm is gone and its text is this thread's
          * (weft_last_error); the parent's last error says it too, since

@@ -39,9 +39,10 @@ typedef int (*weft_bootstrap_make_fn)(void *arg, struct weft_core *core, struct 
 /* The common part of every creation: make the bootstrap, agree on the
  * configuration, exchange cards, connect, set up the layers above the pipes.
  * what names the public call in errors. Collective over the bootstrap's ranks. */
-int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make_arg, struct weft_comm **out);
+int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make_arg,
+                       const struct weft_settings *settings, struct weft_comm **out);
 /* Collective over mpi_comm (see weft_comm_create in weft.h). */
-int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, struct weft_comm **out);
+int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, const struct weft_settings *settings, struct weft_comm **out);
 /* Collective over parent (see weft_comm_split in weft.h): one allgather of
  * (color, key) on the parent's collectives, then, for color >= 0, a comm
  * assembled over the split bootstrap (bootstrap_split.h); color < 0:

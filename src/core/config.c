@@ -666,3 +666,118 @@ void weft_config_agreed_format(int i, int64_t value, char *buf, size_t len)
         break;
     }
 }
+
+/* ------------------------------------------------------------ a comm's own settings */
+
+struct reads_probe {
+    const char *want;
+    int         seen;
+};
+
+static const char *lookup_probe(const char *name, void *ctx)
+{
+    struct reads_probe *pr = ctx;
+    if (strcmp(name, pr->want) == 0)
+        pr->seen = 1;
+    return NULL;
+}
+
+/* Asks weft_config_load itself, so the list of names is never a second
+ * copy that can drift from what the loader reads. */
+int weft_config_reads(const char *name)
+{
+    struct weft_config cfg;
+    struct reads_probe pr = { name, 0 };
+    (void)weft_config_load(&cfg, lookup_probe, &pr, NULL, 0);
+    return pr.seen;
+}
+
+void weft_settings_free(struct weft_settings *s)
+{
+    if (s == NULL)
+        return;
+    for (size_t i = 0; i < s->n; i++) {
+        free(s->names ? s->names[i] : NULL);
+        free(s->values ? s->values[i] : NULL);
+    }
+    free(s->names);
+    free(s->values);
+    free(s);
+}
+
+static struct weft_settings *settings_alloc(size_t n)
+{
+    struct weft_settings *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return NULL;
+    s->names = calloc(n, sizeof(char *));
+    s->values = calloc(n, sizeof(char *));
+    if (s->names == NULL || s->values == NULL) {
+        weft_settings_free(s);
+        return NULL;
+    }
+    s->n = n;
+    return s;
+}
+
+int weft_settings_make(const char *const *names, const char *const *values, size_t n,
+                       struct weft_settings **out, char *err, size_t errlen)
+{
+    struct weft_settings *s;
+
+    if (n == 0) {
+        *out = NULL;
+        return WEFT_SUCCESS;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (names[i] == NULL || values[i] == NULL) {
+            snprintf(err, errlen, "settings[%zu]: its %s is NULL", i, names[i] == NULL ? "name" : "value");
+            return WEFT_ERR_INVALID_ARG;
+        }
+        if (!weft_config_reads(names[i])) {
+            snprintf(err, errlen, "settings[%zu]: %.80s is not a setting a comm takes (docs/configuration.md "
+                     "lists them; names are upper case, WEFT_...)", i, names[i]);
+            return WEFT_ERR_INVALID_ARG;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (strcmp(names[j], names[i]) == 0) {
+                snprintf(err, errlen, "settings[%zu]: %.80s is given twice (also settings[%zu])", i, names[i], j);
+                return WEFT_ERR_INVALID_ARG;
+            }
+    }
+    if ((s = settings_alloc(n)) == NULL) {
+        snprintf(err, errlen, "no memory for %zu settings", n);
+        return WEFT_ERR_NO_MEMORY;
+    }
+    for (size_t i = 0; i < n; i++) {
+        s->names[i] = strdup(names[i]);
+        s->values[i] = strdup(values[i]);
+        if (s->names[i] == NULL || s->values[i] == NULL) {
+            weft_settings_free(s);
+            snprintf(err, errlen, "no memory for %zu settings", n);
+            return WEFT_ERR_NO_MEMORY;
+        }
+    }
+    *out = s;
+    return WEFT_SUCCESS;
+}
+
+int weft_settings_dup(const struct weft_settings *s, struct weft_settings **out)
+{
+    char err[64];
+    if (s == NULL) {
+        *out = NULL;
+        return WEFT_SUCCESS;
+    }
+    return weft_settings_make((const char *const *)s->names, (const char *const *)s->values, s->n, out, err,
+                              sizeof(err));
+}
+
+const char *weft_settings_lookup(const char *name, void *ctx)
+{
+    const struct weft_settings *s = ctx;
+    for (size_t i = 0; s != NULL && i < s->n; i++)
+        if (strcmp(s->names[i], name) == 0)
+            return s->values[i];
+    return getenv(name);
+}

@@ -91,6 +91,30 @@ typedef const char *(*weft_env_lookup_fn)(const char *name, void *ctx);
 int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *ctx,
                      char *err, size_t errlen);
 
+/* A comm's own settings (weft_config_t's, from weft_comm_create_config and
+ * the other *_config calls), copied: looked up before the environment, so
+ * one comm's configuration never touches another's or the process's. */
+struct weft_settings {
+    size_t  n;
+    char  **names;
+    char  **values;
+};
+
+/* Copies and checks n (name, value) pairs: each name one weft_config_load
+ * reads, none twice, no NULL. NULL (n 0) -> *out NULL. On a bad entry
+ * returns WEFT_ERR_INVALID_ARG with "settings[i]: why" in err. *out set
+ * only on success. */
+int weft_settings_make(const char *const *names, const char *const *values, size_t n,
+                       struct weft_settings **out, char *err, size_t errlen);
+/* A copy (NULL for NULL); WEFT_ERR_NO_MEMORY when it cannot be made. */
+int weft_settings_dup(const struct weft_settings *s, struct weft_settings **out);
+void weft_settings_free(struct weft_settings *s);
+/* A weft_env_lookup_fn: ctx is a struct weft_settings (or NULL); its value
+ * for name, else the environment's. */
+const char *weft_settings_lookup(const char *name, void *ctx);
+/* 1 when weft_config_load reads name (a setting a comm takes). */
+int weft_config_reads(const char *name);
+
 /* Parses a size with an optional k/m/g suffix (powers of 1024, an optional
  * 'b' after it): digits first, nothing else around. 0 on success (out
  * written only then). */

@@ -17,6 +17,8 @@ struct weft_signals;
 struct weft_core {
     int                  rank, size;
     struct weft_config   cfg;
+    struct weft_settings *settings;      /* the comm's own settings over the environment (weft_config_t);
+                                          * NULL = the environment alone; freed by weft_core_fini */
     int                  num_nodes;      /* effective nodes of the comm (WEFT_VIRTUAL_NODES included) */
     int                  local_ranks;    /* ranks on this rank's effective node, itself included */
     int                  oversubscribed; /* more ranks on this host than online CPUs */

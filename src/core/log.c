@@ -89,11 +89,14 @@ void weft_core_init(struct weft_core *core, int rank, int size)
     core->rank = rank;
     core->size = size;
     core->last_error[0] = '\0';
+    core->settings = NULL;
     pthread_mutex_init(&core->err_lock, NULL);
 }
 
 void weft_core_fini(struct weft_core *core)
 {
+    weft_settings_free(core->settings);
+    core->settings = NULL;
     pthread_mutex_destroy(&core->err_lock);
 }
 
