@@ -19,7 +19,7 @@
  *   -0x300001                weft_comm_split           the new comm's set-up exchanges
  *                            (src/comm/bootstrap_split.c) over the parent's pipes
  *   -(0x400000 .. 0x5fffff)  message pipes             two lanes per pipe id (2^20 ids):
- *                            (p2p/msgpipe.c)           descriptors + close markers, buffers
+ *                            (p2p/msgpipe/msgpipe.c)   descriptors + close markers, buffers
  */
 #ifndef WEFT_TAGS_H
 #define WEFT_TAGS_H

@@ -831,7 +831,7 @@ TEST(TcpPair, FirstMessageToAPeerThatIsGoneFailsNamingIt)
 }
 
 // 2 x WEFT_TIMEOUT: requests waiting on the pair fail after WEFT_TIMEOUT
-// through the pipe's health checks first (tcp.c: TCP_CONNECT_TIMEOUT_FACTOR).
+// through the pipe's health checks first (tcp_conn.c: TCP_CONNECT_TIMEOUT_FACTOR).
 TEST(TcpPair, PeerThatNeverAnswersFailsAfterTwiceWeftTimeout)
 {
     Env env = small_env();

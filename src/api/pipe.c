@@ -1,5 +1,5 @@
 /*
- * The public message-pipe calls: argument checks, then p2p/msgpipe.c
+ * The public message-pipe calls: argument checks, then p2p/msgpipe/msgpipe.c
  * (which checks handles: a closed or unknown pipe is refused there).
  * A message's or allocation's shape is checked here, before anything is
  * queued, so a bad one corrupts nothing.

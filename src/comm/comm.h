@@ -26,7 +26,7 @@ struct weft_comm {
     struct weft_p2p       *p2p;      /* pipes, transports, requests (p2p/) */
     struct weft_coll       coll;     /* collectives' state (collectives/) */
     struct weft_stream    *stream;   /* stream-ordered engine (src/stream/) */
-    struct weft_msgpipes  *pipes;    /* message pipes (p2p/msgpipe.c) */
+    struct weft_msgpipes  *pipes;    /* message pipes (p2p/msgpipe/msgpipe.c) */
     struct weft_bootstrap *boot;     /* how the ranks met (src/comm/bootstrap.h) */
     unsigned char         *cards;    /* [size * card_bytes]: every rank's card (header + transport blobs) */
     size_t                 card_bytes;

@@ -40,7 +40,7 @@ struct weft_config {
     int      progress_thread;  /* WEFT_PROGRESS_THREAD: 1 = the comm's message pipes get a progress thread
                                   that runs their callbacks; 0 = callbacks run in weft_progress */
     size_t   pipe_inline;      /* WEFT_PIPE_INLINE: host bytes of a message that travel inside its
-                                  descriptor (p2p/msgpipe.c), capped by the pair's eager limit */
+                                  descriptor (p2p/msgpipe/msgpipe.c), capped by the pair's eager limit */
 
     /* InfiniBand verbs (p2p/transport/ib/ib.c) */
     char     ibverbs_lib[256]; /* WEFT_IBVERBS_LIB: library to dlopen ("libibverbs.so.1") */

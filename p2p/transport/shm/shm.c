@@ -22,6 +22,12 @@
  * makes no syscall. Store, barrier, load on both sides means one of the two
  * always sees the other (no lost wake-ups); see waker_fence for why the
  * waker's barrier is usually a membarrier issued by the sleeper.
+ *
+ * This file holds the segments, the lanes (rings, their growth, DATA
+ * pushes through them) and waking. The CMA path (its permission and
+ * probe, the single-copy pull, the shared pieces the sender helps with,
+ * and the fallback to the ring when CMA is refused) is in shm_cma.c; the
+ * state both share is in shm_int.h.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -33,14 +39,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -48,15 +51,11 @@
 #include "core.h"
 #include "list.h"
 #include "log.h"
+#include "shm_int.h"
 #include "shm_ring_inline.h"
 #include "transport.h"
-#include "deadline.h"
 
 #define SHM_SEG_MAGIC 0x314d48535446574full  /* "OWFTSHM1" */
-
-/* Largest piece one process_vm_readv call moves: keeps each call's iovec
- * length far below SSIZE_MAX and bounds the time between retries. */
-#define SHM_CMA_MAX_IOV ((size_t)1 << 30)
 
 /* Records drained from one inbound ring per progress pass, so one busy peer
  * cannot starve the others. */
@@ -72,48 +71,13 @@ enum {
 
 #define SHM_LANE_MAGIC 0x314e4c5f54465745ull  /* "EWFT_LN1" */
 
-/* Generations a lane may grow through (x4 each, from the smallest ring
- * that carries an eager frame up to WEFT_SHM_RING_KB). */
-#define SHM_LANE_GENS 8
-
 /* A lane grows once its producer found the ring full this many times. */
 #define SHM_GROW_STALLS 8
-
-/* This rank's blob in the rank card. */
-struct shm_card {
-    char     name[64];       /* this rank's home segment (doorbell, knocks); "" = none */
-    uint64_t token;          /* shm's own random token: the segment header repeats it */
-    uint64_t probe_addr;     /* address of that token in the owner's process: CMA probe */
-};
-#define SHM_CARD_BYTES ((sizeof(struct shm_card) + 7) & ~(size_t)7)
-_Static_assert(sizeof(struct shm_card) <= SHM_CARD_BYTES, "shm blob fits its card bytes");
 
 /* A rendezvous key (rndv_expect -> CTS -> rndv_push): the receiver's
  * per-peer sequence number of the expected transfer, 8 bytes in host
  * order (both ends are on one node). */
 #define SHM_KEY_BYTES sizeof(uint64_t)
-
-/* Home segment: one per rank and comm, made at create (before the cards
- * are exchanged, so whoever reads the card finds it). It holds what peers
- * need before any ring exists between them: the doorbell its owner sleeps
- * on and the knock map where a peer that made a lane toward the owner sets
- * its bit; also the helps counter a receiver bumps when it opens a help
- * slot toward the owner, so the owner's progress polls one word, not every
- * slot. It grows with the comm by one bit per rank; the rings live in
- * lanes (below), made only between ranks that talk. */
-struct shm_home_hdr {
-    uint64_t magic;
-    uint64_t token;          /* the owner's shm token (its blob): a peer checks it */
-    uint64_t bytes;          /* segment size */
-    int32_t  pid;
-    int32_t  nranks;         /* bits in the knock map */
-    _Alignas(64) _Atomic uint32_t doorbell;  /* futex word, bumped by wakers */
-    _Atomic uint32_t sleepers;               /* threads of the owner in sleep() */
-    _Atomic uint32_t knocks;                 /* bumped after a bit of the knock map is set */
-    _Atomic uint32_t helps;                  /* bumped after a peer opened a help slot toward the owner */
-    char     pad[48];
-};
-_Static_assert(sizeof(struct shm_home_hdr) % 64 == 0, "knock map starts aligned");
 
 static inline _Atomic uint64_t *home_knock_map(struct shm_home_hdr *h)
 {
@@ -157,39 +121,6 @@ struct shm_data_hdr {
 };
 _Static_assert(sizeof(struct shm_data_hdr) == 56, "DATA payload must be cache-line aligned");
 
-/* Shared work list of one large CMA transfer from the peer to the owner of
- * the segment. The receiver opens it in rndv_get; then both processes claim
- * pieces from `claim` and copy them with one copy each: the receiver with
- * process_vm_readv, the sender (from its progress loop, while it waits for
- * FIN anyway) with process_vm_writev. Two cores copy at once, and a side
- * that is descheduled is simply outrun by the other. The receiver returns
- * from rndv_get only when `copied` covers the message, so the sender never
- * touches either buffer after the send completes.
- *
- * claim = generation << 40 | index of the next piece; SHM_HELP_CLOSED as
- * the index means "no transfer open". The receiver closes the slot before
- * it rewrites the fields and reopens it after, and a claim is a CAS on the
- * whole word, so a sender that read fields of another generation fails its
- * claim instead of copying with stale addresses. */
-#define SHM_HELP_IDX_BITS 40
-#define SHM_HELP_IDX_MASK ((UINT64_C(1) << SHM_HELP_IDX_BITS) - 1)
-#define SHM_HELP_CLOSED SHM_HELP_IDX_MASK
-struct shm_help_slot {
-    _Alignas(64) _Atomic uint64_t claim;
-    _Atomic uint64_t src;        /* sender's buffer, in the sender's address space */
-    _Atomic uint64_t dst;        /* receiver's buffer, in the receiver's address space */
-    _Atomic uint64_t bytes;
-    _Atomic uint64_t piece;
-    _Alignas(64) _Atomic uint64_t copied;  /* bytes in place, by either side */
-    _Atomic uint64_t redo_off;   /* a piece the sender claimed but could not write */
-    _Atomic uint64_t redo_len;   /* (the receiver reads it itself); 0 = none */
-    char pad[40];
-};
-_Static_assert(sizeof(struct shm_help_slot) == 128, "help slot is two cache lines");
-
-/* Below this a single process_vm_readv is cheaper than sharing the work. */
-#define SHM_SPLIT_MIN ((size_t)256 << 10)
-
 /* Per-transfer state, in weft_tp_xfer.priv while shm holds the transfer:
  * on its peer's push FIFO (sender) or expect FIFO (receiver). */
 struct shm_xfer {
@@ -204,56 +135,6 @@ static inline struct weft_tp_xfer *xfer_of(struct weft_qnode *n)
 {
     return weft_container_of((void *)weft_container_of(n, struct shm_xfer, node), struct weft_tp_xfer, priv);
 }
-
-struct shm_peer {
-    int                   rank;
-    pid_t                 pid;
-    int                   cma_ok;       /* pulls from this peer work */
-    int                   cma_used;     /* a pull has succeeded */
-    int                   aborted;      /* abort_peer: the pipe broke; help no more, drop its data */
-    int                   listed;       /* on the state's live list */
-    struct shm_ring      *in;           /* peer -> me: the peer's lane (NULL until it knocked) */
-    struct shm_ring      *out;          /* me -> peer: our lane (NULL until our first message) */
-    struct shm_help_slot *help_in;      /* transfers peer -> me, in the peer's lane */
-    struct shm_help_slot *help_out;     /* transfers me -> peer, in our lane */
-    int                   help_broken;  /* a process_vm_writev into the peer failed: stop helping */
-    struct shm_home_hdr  *peer_hdr;     /* the peer's home segment (doorbell, knocks), mapped at first contact */
-    size_t                peer_home_bytes;
-    void                 *lane_maps[2][SHM_LANE_GENS]; /* [0 out, 1 in][generation]: every mapping, kept */
-    size_t                lane_bytes[2][SHM_LANE_GENS];
-    unsigned              out_gen, in_gen;
-    unsigned              out_stalls;   /* times the out ring had no room since it was made */
-    size_t                out_cap;      /* capacity of the out ring now */
-    int                   grow_denied;  /* the budget or /dev/shm refused a bigger ring: stop trying */
-    struct weft_queue     pushes_q;     /* sends to push, FIFO (struct shm_xfer) */
-    struct weft_queue     expects_q;    /* receives a push will fill, in CTS order (struct shm_xfer) */
-    uint64_t              expect_seq;   /* last key handed out by rndv_expect */
-    _Atomic size_t        out_need;     /* payload size a blocked producer waits room for; 0 = none */
-    _Atomic int           pushes;       /* entries on the push FIFO (read by sleep) */
-};
-
-struct shm_state {
-    const struct weft_tp_env *env;
-    uint64_t              token;        /* in the home header and the blob; its address is the CMA probe */
-    char                  name[64];     /* home segment; lanes are named after it */
-    int                   linked;       /* own home name still in /dev/shm */
-    struct shm_home_hdr  *seg;          /* own home segment */
-    size_t                seg_bytes;
-    uint32_t              knocks_seen;  /* home knocks counter at the last look */
-    uint32_t              helps_seen;   /* home helps counter at the last look */
-    int                   pushing;      /* entries on all push FIFOs (under the lock): progress skips
-                                         * advance_pushes while 0 */
-    struct shm_peer      *peers;
-    int                   npeers;
-    struct shm_peer     **by_rank;      /* [size]: the peer of that rank, NULL = not shm */
-    int                   nranks;       /* entries of by_rank (0 while it is NULL) */
-    struct shm_peer     **live;         /* peers with a lane either way, read by sleep without the lock */
-    _Atomic int           nlive;
-    size_t                ring_min;     /* a new lane's ring: fits the largest eager frame */
-    size_t                lane_budget;  /* WEFT_SHM_BUDGET_MB: bytes of rings this rank's lanes may hold */
-    size_t                lane_held;    /* bytes of rings in this rank's current lanes */
-    int                   budget_told;  /* the budget stopped a growth (logged once) */
-};
 
 static _Atomic unsigned shm_segment_counter;
 
@@ -285,21 +166,6 @@ static inline void waker_fence(void)
         atomic_signal_fence(memory_order_seq_cst);  /* compiler order only; the sleeper's membarrier does the rest */
 }
 
-static inline struct weft_core *shm_core(const struct shm_state *st)
-{
-    return st->env->core;
-}
-
-/* The peer of that rank, NULL when it does not use shm (or set-up failed). */
-static inline struct shm_peer *peer_of(const struct shm_state *st, int rank)
-{
-    /* nranks is 0 while by_rank is NULL; the unsigned compare rejects a
-     * negative rank too */
-    if (st == NULL || (unsigned)rank >= (unsigned)st->nranks)
-        return NULL;
-    return st->by_rank[rank];
-}
-
 /* ---- futex doorbells ---- */
 
 /* Wakes the owner of h if one of its threads sleeps. Callers publish what
@@ -307,19 +173,13 @@ static inline struct shm_peer *peer_of(const struct shm_state *st, int rank)
  * counts itself in and runs a barrier (membarrier or fence) before it
  * re-checks, so either we see its count here or it sees our update and
  * does not sleep. */
-static __attribute__((noinline, cold)) void ring_doorbell(struct shm_home_hdr *h)
+__attribute__((noinline, cold)) void weft_shm_ring_doorbell(struct shm_home_hdr *h)
 {
     atomic_fetch_add_explicit(&h->doorbell, 1, memory_order_release);
     /* shared (not PRIVATE) futex: the waiter is another process */
     syscall(SYS_futex, &h->doorbell, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
-static inline void wake_sleepers(struct shm_home_hdr *h)
-{
-    /* the usual answer (nobody sleeps) costs one load, inlined into every send */
-    if (__builtin_expect(atomic_load_explicit(&h->sleepers, memory_order_relaxed) != 0, 0))
-        ring_doorbell(h);
-}
 
 /* After publishing records into peer's ring: wake the peer if it sleeps. */
 static inline void notify_consumer(struct shm_peer *peer)
@@ -492,14 +352,7 @@ static int shm_create(const struct weft_tp_env *env, void *blob, void **ctx)
     memcpy(blob, &mine, sizeof(mine));
     membarrier_register();
 
-    if (core->cfg.shm_cma) {
-        /* With Yama ptrace_scope=1 a peer may only process_vm_readv us if
-         * we name it a tracer; "any" because peers are not our children.
-         * EINVAL means Yama is absent and nothing needs allowing. */
-        if (prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0 && errno != EINVAL)
-            WEFT_INFO(core->rank, "shm: prctl(PR_SET_PTRACER) failed: %s; peers may not pull by CMA",
-                      strerror(errno));
-    }
+    weft_shm_cma_allow_peers(core);
     *ctx = st;
     return WEFT_SUCCESS;
 }
@@ -518,14 +371,6 @@ static int shm_reach(const struct weft_tp_cards *k, int me, int peer, char *why,
     return 1;
 }
 
-/* A peer's blob, copied out (the card area promises no alignment). */
-static struct shm_card read_card(const struct shm_state *st, int rank)
-{
-    struct shm_card card;
-    memcpy(&card, weft_tp_blob(&st->env->cards, rank), sizeof(card));
-    card.name[sizeof(card.name) - 1] = '\0';
-    return card;
-}
 
 /* Lane segment names: the producer's home name, the consumer, the generation. */
 static void lane_name(char *out, size_t len, const char *producer_home, int consumer, unsigned gen)
@@ -587,24 +432,6 @@ static void shm_destroy(void *ctx)
     free(st);
 }
 
-/* Whether we may read the peer's memory: its blob says where its token is. */
-static int probe_cma(struct shm_state *st, struct shm_peer *peer)
-{
-    struct weft_core *core = shm_core(st);
-    const struct shm_card card = read_card(st, peer->rank);
-    if (!core->cfg.shm_cma || card.probe_addr == 0)
-        return 0;
-    uint64_t value = 0;
-    struct iovec local = { &value, sizeof(value) };
-    struct iovec remote = { (void *)(uintptr_t)card.probe_addr, sizeof(value) };
-    ssize_t n = process_vm_readv(peer->pid, &local, 1, &remote, 1, 0);
-    if (n != (ssize_t)sizeof(value)) {
-        WEFT_TRACE(core->rank, "shm: peer %d: CMA probe failed: %s", peer->rank,
-                   n < 0 ? strerror(errno) : "short read");
-        return 0;
-    }
-    return value == card.token;
-}
 
 /* First contact with a peer, either way: maps its home segment (doorbell,
  * knock map, pid) and probes CMA. A home that is gone means the peer left
@@ -649,7 +476,7 @@ static int map_home(struct shm_state *st, struct shm_peer *peer)
     peer->peer_hdr = h;
     peer->peer_home_bytes = want;
     peer->pid = h->pid;
-    peer->cma_ok = probe_cma(st, peer);
+    peer->cma_ok = weft_shm_probe_cma(st, peer);
     return WEFT_SUCCESS;
 }
 
@@ -1249,209 +1076,11 @@ static int advance_pushes(struct shm_state *st, struct shm_peer *peer)
     return n;
 }
 
-/* Copies len bytes between local memory and the peer's (write: local ->
- * remote). Returns 0 or the errno that stopped it. */
-static int cma_copy(pid_t pid, int write, char *local, uint64_t remote, size_t len)
-{
-    while (len > 0) {
-        size_t n = len < SHM_CMA_MAX_IOV ? len : SHM_CMA_MAX_IOV;
-        struct iovec l = { local, n };
-        struct iovec r = { (void *)(uintptr_t)remote, n };
-        ssize_t got = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return got < 0 ? errno : EFAULT;
-        local += got;
-        remote += (uint64_t)got;
-        len -= (size_t)got;
-    }
-    return 0;
-}
-
-/* Claims the next piece of the transfer open in h. Returns 1 with the
- * piece [*off, *off + *len) and both buffers, 0 when the slot is closed,
- * exhausted, or changed generation under us. */
-static int help_claim(struct shm_help_slot *h, uint64_t *src, uint64_t *dst, size_t *off, size_t *len)
-{
-    uint64_t w = atomic_load_explicit(&h->claim, memory_order_acquire);
-    for (;;) {
-        uint64_t idx = w & SHM_HELP_IDX_MASK;
-        if (idx == SHM_HELP_CLOSED)
-            return 0;
-        /* acquire: if these show a newer transfer's values, the CAS below
-         * sees that transfer's claim word and fails */
-        uint64_t bytes = atomic_load_explicit(&h->bytes, memory_order_acquire);
-        uint64_t piece = atomic_load_explicit(&h->piece, memory_order_acquire);
-        uint64_t s = atomic_load_explicit(&h->src, memory_order_acquire);
-        uint64_t d = atomic_load_explicit(&h->dst, memory_order_acquire);
-        if (piece == 0 || idx >= (bytes + piece - 1) / piece)
-            return 0;
-        if (atomic_compare_exchange_weak_explicit(&h->claim, &w, w + 1, memory_order_acq_rel,
-                                                  memory_order_acquire)) {
-            *off = (size_t)(idx * piece);
-            *len = (size_t)(bytes - idx * piece < piece ? bytes - idx * piece : piece);
-            *src = s;
-            *dst = d;
-            return 1;
-        }
-    }
-}
-
-/* Sender side, from progress: copy pieces of a transfer the peer opened
- * from our buffer straight into its buffer. */
-static int help_peer(struct shm_state *st, struct shm_peer *peer)
-{
-    struct shm_help_slot *h = peer->help_out;
-    /* an aborted peer (broken pipe) may have failed the send whose buffer
-     * the slot names */
-    if (h == NULL || !peer->cma_ok || peer->help_broken || peer->aborted ||
-        (atomic_load_explicit(&h->claim, memory_order_relaxed) & SHM_HELP_IDX_MASK) == SHM_HELP_CLOSED)
-        return 0;
-    int n = 0;
-    uint64_t src, dst;
-    size_t off, len;
-    while (help_claim(h, &src, &dst, &off, &len)) {
-        int e = cma_copy(peer->pid, 1, (char *)(uintptr_t)(src + off), dst + off, len);
-        if (e) {
-            /* hand the piece back; the receiver reads it itself */
-            atomic_store_explicit(&h->redo_off, off, memory_order_relaxed);
-            atomic_store_explicit(&h->redo_len, len, memory_order_relaxed);
-            peer->help_broken = 1;
-            WEFT_INFO(shm_core(st)->rank, "peer %d: process_vm_writev failed (%s); the peer pulls alone from now on",
-                      peer->rank, strerror(e));
-        }
-        /* release: our bytes (or the redo note) are visible before the count */
-        atomic_fetch_add_explicit(&h->copied, len, memory_order_release);
-        n++;
-        if (e)
-            break;
-    }
-    return n;
-}
-
-/* Receiver side: opens the shared transfer, copies pieces until none are
- * left, then waits for the sender's pieces in flight. Returns 0, an errno
- * from our own copy (nothing of the sender's is still in flight then), or
- * -1 when the sender's pieces did not land within the timeout, ESRCH when
- * the sender's process is gone. */
-static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *buf, uint64_t src, size_t total)
-{
-    const struct weft_config *cfg = &shm_core(st)->cfg;
-    struct shm_help_slot *h = peer->help_in;
-    /* a piece of ~1/8 of the message, 64 KiB .. 1 MiB: enough pieces for
-     * both sides to share, few enough that the syscalls do not show */
-    size_t piece = ((total / 8) + 4095) & ~(size_t)4095;
-    piece = piece < ((size_t)64 << 10) ? (size_t)64 << 10 : piece > ((size_t)1 << 20) ? (size_t)1 << 20 : piece;
-
-    uint64_t gen = (atomic_load_explicit(&h->claim, memory_order_relaxed) >> SHM_HELP_IDX_BITS) + 1;
-    gen &= (UINT64_C(1) << (64 - SHM_HELP_IDX_BITS)) - 1;
-    atomic_store_explicit(&h->claim, (gen << SHM_HELP_IDX_BITS) | SHM_HELP_CLOSED, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);   /* closed before the fields change */
-    atomic_store_explicit(&h->src, src, memory_order_relaxed);
-    atomic_store_explicit(&h->dst, (uint64_t)(uintptr_t)buf, memory_order_relaxed);
-    atomic_store_explicit(&h->bytes, total, memory_order_relaxed);
-    atomic_store_explicit(&h->piece, piece, memory_order_relaxed);
-    atomic_store_explicit(&h->copied, 0, memory_order_relaxed);
-    atomic_store_explicit(&h->redo_len, 0, memory_order_relaxed);
-    atomic_store_explicit(&h->claim, gen << SHM_HELP_IDX_BITS, memory_order_release);
-    /* the sender's progress looks at its help slots only when this counter
-     * moved (release: after the slot is open) */
-    atomic_fetch_add_explicit(&peer->peer_hdr->helps, 1, memory_order_release);
-    /* a sender asleep in wait would not help: knock */
-    atomic_thread_fence(memory_order_seq_cst);
-    wake_sleepers(peer->peer_hdr);
-
-    int err = 0;
-    size_t failed = 0, off, len;
-    uint64_t s, d;
-    while (help_claim(h, &s, &d, &off, &len)) {
-        err = cma_copy(peer->pid, 0, buf + off, src + off, len);
-        if (err) {
-            failed = len;
-            break;
-        }
-        atomic_fetch_add_explicit(&h->copied, len, memory_order_relaxed);
-    }
-    /* close: from here on the sender cannot claim; count what it holds */
-    uint64_t w = atomic_exchange_explicit(&h->claim, (gen << SHM_HELP_IDX_BITS) | SHM_HELP_CLOSED,
-                                          memory_order_acq_rel);
-    uint64_t claimed_pieces = w & SHM_HELP_IDX_MASK;
-    size_t claimed = claimed_pieces * piece < total ? (size_t)(claimed_pieces * piece) : total;
-    size_t want = claimed - failed;
-    double started = 0;
-    unsigned spins = 0;
-    while (atomic_load_explicit(&h->copied, memory_order_acquire) < want) {
-        if (++spins % 256 != 0)
-            continue;
-        /* the sender is mid-piece; it may be descheduled on a busy node */
-        sched_yield();
-        double now = weft_now();
-        if (started == 0)
-            started = now;
-        else if (kill(peer->pid, 0) != 0 && errno == ESRCH)
-            return ESRCH;   /* the sender died mid-piece: not a timeout */
-        else if (weft_wait_expired(cfg, WEFT_WAIT_SHM_PIECE, started, now))
-            return -1;      /* never with WEFT_TIMEOUT=0 */
-    }
-    if (err)
-        return err;
-    size_t redo = (size_t)atomic_load_explicit(&h->redo_len, memory_order_relaxed);
-    if (redo) {
-        size_t ro = (size_t)atomic_load_explicit(&h->redo_off, memory_order_relaxed);
-        return cma_copy(peer->pid, 0, buf + ro, src + ro, redo);
-    }
-    return 0;
-}
-
 static unsigned shm_rndv_mem(void *ctx, int peer)
 {
     (void)ctx;
     (void)peer;
     return WEFT_TP_MEM_HOST;
-}
-
-static int shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct weft_tp_src *src)
-{
-    struct shm_state *st = ctx;
-    struct shm_peer *peer = peer_of(st, rank);
-    if (peer == NULL || peer->help_in == NULL)
-        return WEFT_EAGAIN;  /* decline: the sender pushes through the ring */
-    struct weft_core *core = shm_core(st);
-    if (!core->cfg.shm_cma || !peer->cma_ok || x->bytes < core->cfg.shm_cma_min)
-        return WEFT_EAGAIN;
-
-    size_t total = x->bytes;
-    /* Sharing needs a core for the sender; with more ranks than cores it
-     * would only make us wait for a preempted sender's piece. */
-    int e = total >= SHM_SPLIT_MIN && !core->oversubscribed
-                ? cma_pull_shared(st, peer, x->buf, src->addr, total)
-                : cma_copy(peer->pid, 0, x->buf, src->addr, total);
-    if (e == 0) {
-        peer->cma_used = 1;
-        return WEFT_SUCCESS;
-    }
-    if (e < 0)
-        return weft_set_error(core, WEFT_ERR_TIMEOUT,
-                              "shm: peer %d: its share of a %zu-byte copy (tag %d) did not land within %.0f s",
-                              peer->rank, total, x->tag, weft_wait_bound(&core->cfg, WEFT_WAIT_SHM_PIECE));
-    if (e == ESRCH) {
-        weft_set_error(core, WEFT_ERR_TRANSPORT,
-                       "shm: peer %d: process %d is gone (process_vm_readv of %zu bytes, tag %d)",
-                       peer->rank, (int)peer->pid, total, x->tag);
-        /* The whole pipe, not only this message: the peer is dead. */
-        st->env->up->peer_failed(st->env->up->arg, peer->rank, WEFT_ERR_TRANSPORT);
-        return WEFT_ERR_TRANSPORT;
-    }
-    if (e == EPERM || e == ENOSYS || (e == EFAULT && !peer->cma_used)) {
-        /* Refused (ptrace policy, kernel without CMA, or a buffer CMA
-         * cannot read): stop trying with this peer; pushes still work. */
-        peer->cma_ok = 0;
-        WEFT_INFO(core->rank, "peer %d: shm CMA refused (%s); using bounce buffers", peer->rank, strerror(e));
-    }
-    /* Anything else: decline this message; the push overwrites whatever
-     * part of the buffer was already read. */
-    return WEFT_EAGAIN;
 }
 
 /* The work of a progress pass, once shm_progress saw there is some. */
@@ -1473,14 +1102,14 @@ static __attribute__((noinline)) int progress_work(struct shm_state *st)
     }
     /* A peer bumps our helps counter after it opened a help slot toward us
      * (cma_pull_shared). One pass claims every piece left in every open
-     * slot (help_peer loops until none is left), so until the counter
+     * slot (weft_shm_help_peer loops until none is left), so until the counter
      * moves again no slot has work for us. Acquire: the slot's opening,
      * made before the bump, is visible to help_claim. */
     uint32_t hk = atomic_load_explicit(&st->seg->helps, memory_order_acquire);
     if (hk != st->helps_seen) {
         __atomic_store_n(&st->helps_seen, hk, __ATOMIC_RELAXED);
         for (int i = 0; i < n; i++)
-            events += help_peer(st, st->live[i]);
+            events += weft_shm_help_peer(st, st->live[i]);
     }
     return events;
 }
@@ -1628,7 +1257,7 @@ const struct weft_transport weft_transport_shm = {
     .ctrl_send = shm_ctrl_send,
     .progress = shm_progress,
     .rndv_mem = shm_rndv_mem,
-    .rndv_get = shm_rndv_get,
+    .rndv_get = weft_shm_rndv_get,
     .rndv_expect = shm_rndv_expect,
     .rndv_push = shm_rndv_push,
     .abort_peer = shm_abort_peer,

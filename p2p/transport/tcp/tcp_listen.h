@@ -20,7 +20,7 @@
  *    memory, the oldest pending connection is closed and accept retried;
  *    with none pending the listener rests TCP_ACCEPT_BACKOFF_MS before the
  *    next try, and a pair whose connection is not up within 2 x WEFT_TIMEOUT
- *    fails with an error naming the peer (tcp.c);
+ *    fails with an error naming the peer (tcp_conn.c);
  *  - every connection turned away is closed at once and logged with one
  *    WEFT_WARN line "tcp: rejected connection from ADDR:PORT: WHY"
  *    (docs/troubleshooting.md, "TCP listener rejections"); connections still

@@ -1,0 +1,265 @@
+/*
+ * shm transport, the CMA path (the design is at the top of shm.c): a large
+ * message moves with one copy, the receiver pulling from the sender's
+ * buffer with process_vm_readv (rndv_get); from SHM_SPLIT_MIN up the
+ * sender, idle while it waits for FIN, takes pieces of the same transfer
+ * and writes them with process_vm_writev (struct shm_help_slot), so two
+ * cores copy at once. Here also: allowing peers to read this process
+ * (Yama's PR_SET_PTRACER), the probe of whether a peer's memory can be
+ * read, and the fallback: rndv_get declines (WEFT_EAGAIN) when CMA is off,
+ * refused or fails, and the sender then pushes through the ring (shm.c).
+ *
+ * Runs under the pipe layer's lock (transport.h), like the rest of shm.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/uio.h>
+
+#include "weft.h"
+#include "core.h"
+#include "log.h"
+#include "shm_int.h"
+#include "transport.h"
+#include "deadline.h"
+
+/* Largest piece one process_vm_readv call moves: keeps each call's iovec
+ * length far below SSIZE_MAX and bounds the time between retries. */
+#define SHM_CMA_MAX_IOV ((size_t)1 << 30)
+
+/* Below this a single process_vm_readv is cheaper than sharing the work. */
+#define SHM_SPLIT_MIN ((size_t)256 << 10)
+
+/* Lets peers pull from this process by CMA, when WEFT_SHM_CMA allows it. */
+void weft_shm_cma_allow_peers(const struct weft_core *core)
+{
+    if (!core->cfg.shm_cma)
+        return;
+    /* With Yama ptrace_scope=1 a peer may only process_vm_readv us if
+     * we name it a tracer; "any" because peers are not our children.
+     * EINVAL means Yama is absent and nothing needs allowing. */
+    if (prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) != 0 && errno != EINVAL)
+        WEFT_INFO(core->rank, "shm: prctl(PR_SET_PTRACER) failed: %s; peers may not pull by CMA",
+                  strerror(errno));
+}
+
+/* Whether we may read the peer's memory: its blob says where its token is. */
+int weft_shm_probe_cma(struct shm_state *st, struct shm_peer *peer)
+{
+    struct weft_core *core = shm_core(st);
+    const struct shm_card card = read_card(st, peer->rank);
+    if (!core->cfg.shm_cma || card.probe_addr == 0)
+        return 0;
+    uint64_t value = 0;
+    struct iovec local = { &value, sizeof(value) };
+    struct iovec remote = { (void *)(uintptr_t)card.probe_addr, sizeof(value) };
+    ssize_t n = process_vm_readv(peer->pid, &local, 1, &remote, 1, 0);
+    if (n != (ssize_t)sizeof(value)) {
+        WEFT_TRACE(core->rank, "shm: peer %d: CMA probe failed: %s", peer->rank,
+                   n < 0 ? strerror(errno) : "short read");
+        return 0;
+    }
+    return value == card.token;
+}
+
+/* Copies len bytes between local memory and the peer's (write: local ->
+ * remote). Returns 0 or the errno that stopped it. */
+static int cma_copy(pid_t pid, int write, char *local, uint64_t remote, size_t len)
+{
+    while (len > 0) {
+        size_t n = len < SHM_CMA_MAX_IOV ? len : SHM_CMA_MAX_IOV;
+        struct iovec l = { local, n };
+        struct iovec r = { (void *)(uintptr_t)remote, n };
+        ssize_t got = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return got < 0 ? errno : EFAULT;
+        local += got;
+        remote += (uint64_t)got;
+        len -= (size_t)got;
+    }
+    return 0;
+}
+
+/* Claims the next piece of the transfer open in h. Returns 1 with the
+ * piece [*off, *off + *len) and both buffers, 0 when the slot is closed,
+ * exhausted, or changed generation under us. */
+static int help_claim(struct shm_help_slot *h, uint64_t *src, uint64_t *dst, size_t *off, size_t *len)
+{
+    uint64_t w = atomic_load_explicit(&h->claim, memory_order_acquire);
+    for (;;) {
+        uint64_t idx = w & SHM_HELP_IDX_MASK;
+        if (idx == SHM_HELP_CLOSED)
+            return 0;
+        /* acquire: if these show a newer transfer's values, the CAS below
+         * sees that transfer's claim word and fails */
+        uint64_t bytes = atomic_load_explicit(&h->bytes, memory_order_acquire);
+        uint64_t piece = atomic_load_explicit(&h->piece, memory_order_acquire);
+        uint64_t s = atomic_load_explicit(&h->src, memory_order_acquire);
+        uint64_t d = atomic_load_explicit(&h->dst, memory_order_acquire);
+        if (piece == 0 || idx >= (bytes + piece - 1) / piece)
+            return 0;
+        if (atomic_compare_exchange_weak_explicit(&h->claim, &w, w + 1, memory_order_acq_rel,
+                                                  memory_order_acquire)) {
+            *off = (size_t)(idx * piece);
+            *len = (size_t)(bytes - idx * piece < piece ? bytes - idx * piece : piece);
+            *src = s;
+            *dst = d;
+            return 1;
+        }
+    }
+}
+
+/* Sender side, from progress: copy pieces of a transfer the peer opened
+ * from our buffer straight into its buffer. */
+int weft_shm_help_peer(struct shm_state *st, struct shm_peer *peer)
+{
+    struct shm_help_slot *h = peer->help_out;
+    /* an aborted peer (broken pipe) may have failed the send whose buffer
+     * the slot names */
+    if (h == NULL || !peer->cma_ok || peer->help_broken || peer->aborted ||
+        (atomic_load_explicit(&h->claim, memory_order_relaxed) & SHM_HELP_IDX_MASK) == SHM_HELP_CLOSED)
+        return 0;
+    int n = 0;
+    uint64_t src, dst;
+    size_t off, len;
+    while (help_claim(h, &src, &dst, &off, &len)) {
+        int e = cma_copy(peer->pid, 1, (char *)(uintptr_t)(src + off), dst + off, len);
+        if (e) {
+            /* hand the piece back; the receiver reads it itself */
+            atomic_store_explicit(&h->redo_off, off, memory_order_relaxed);
+            atomic_store_explicit(&h->redo_len, len, memory_order_relaxed);
+            peer->help_broken = 1;
+            WEFT_INFO(shm_core(st)->rank, "peer %d: process_vm_writev failed (%s); the peer pulls alone from now on",
+                      peer->rank, strerror(e));
+        }
+        /* release: our bytes (or the redo note) are visible before the count */
+        atomic_fetch_add_explicit(&h->copied, len, memory_order_release);
+        n++;
+        if (e)
+            break;
+    }
+    return n;
+}
+
+/* Receiver side: opens the shared transfer, copies pieces until none are
+ * left, then waits for the sender's pieces in flight. Returns 0, an errno
+ * from our own copy (nothing of the sender's is still in flight then), or
+ * -1 when the sender's pieces did not land within the timeout, ESRCH when
+ * the sender's process is gone. */
+static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *buf, uint64_t src, size_t total)
+{
+    const struct weft_config *cfg = &shm_core(st)->cfg;
+    struct shm_help_slot *h = peer->help_in;
+    /* a piece of ~1/8 of the message, 64 KiB .. 1 MiB: enough pieces for
+     * both sides to share, few enough that the syscalls do not show */
+    size_t piece = ((total / 8) + 4095) & ~(size_t)4095;
+    piece = piece < ((size_t)64 << 10) ? (size_t)64 << 10 : piece > ((size_t)1 << 20) ? (size_t)1 << 20 : piece;
+
+    uint64_t gen = (atomic_load_explicit(&h->claim, memory_order_relaxed) >> SHM_HELP_IDX_BITS) + 1;
+    gen &= (UINT64_C(1) << (64 - SHM_HELP_IDX_BITS)) - 1;
+    atomic_store_explicit(&h->claim, (gen << SHM_HELP_IDX_BITS) | SHM_HELP_CLOSED, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);   /* closed before the fields change */
+    atomic_store_explicit(&h->src, src, memory_order_relaxed);
+    atomic_store_explicit(&h->dst, (uint64_t)(uintptr_t)buf, memory_order_relaxed);
+    atomic_store_explicit(&h->bytes, total, memory_order_relaxed);
+    atomic_store_explicit(&h->piece, piece, memory_order_relaxed);
+    atomic_store_explicit(&h->copied, 0, memory_order_relaxed);
+    atomic_store_explicit(&h->redo_len, 0, memory_order_relaxed);
+    atomic_store_explicit(&h->claim, gen << SHM_HELP_IDX_BITS, memory_order_release);
+    /* the sender's progress looks at its help slots only when this counter
+     * moved (release: after the slot is open) */
+    atomic_fetch_add_explicit(&peer->peer_hdr->helps, 1, memory_order_release);
+    /* a sender asleep in wait would not help: knock */
+    atomic_thread_fence(memory_order_seq_cst);
+    wake_sleepers(peer->peer_hdr);
+
+    int err = 0;
+    size_t failed = 0, off, len;
+    uint64_t s, d;
+    while (help_claim(h, &s, &d, &off, &len)) {
+        err = cma_copy(peer->pid, 0, buf + off, src + off, len);
+        if (err) {
+            failed = len;
+            break;
+        }
+        atomic_fetch_add_explicit(&h->copied, len, memory_order_relaxed);
+    }
+    /* close: from here on the sender cannot claim; count what it holds */
+    uint64_t w = atomic_exchange_explicit(&h->claim, (gen << SHM_HELP_IDX_BITS) | SHM_HELP_CLOSED,
+                                          memory_order_acq_rel);
+    uint64_t claimed_pieces = w & SHM_HELP_IDX_MASK;
+    size_t claimed = claimed_pieces * piece < total ? (size_t)(claimed_pieces * piece) : total;
+    size_t want = claimed - failed;
+    double started = 0;
+    unsigned spins = 0;
+    while (atomic_load_explicit(&h->copied, memory_order_acquire) < want) {
+        if (++spins % 256 != 0)
+            continue;
+        /* the sender is mid-piece; it may be descheduled on a busy node */
+        sched_yield();
+        double now = weft_now();
+        if (started == 0)
+            started = now;
+        else if (kill(peer->pid, 0) != 0 && errno == ESRCH)
+            return ESRCH;   /* the sender died mid-piece: not a timeout */
+        else if (weft_wait_expired(cfg, WEFT_WAIT_SHM_PIECE, started, now))
+            return -1;      /* never with WEFT_TIMEOUT=0 */
+    }
+    if (err)
+        return err;
+    size_t redo = (size_t)atomic_load_explicit(&h->redo_len, memory_order_relaxed);
+    if (redo) {
+        size_t ro = (size_t)atomic_load_explicit(&h->redo_off, memory_order_relaxed);
+        return cma_copy(peer->pid, 0, buf + ro, src + ro, redo);
+    }
+    return 0;
+}
+
+int weft_shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct weft_tp_src *src)
+{
+    struct shm_state *st = ctx;
+    struct shm_peer *peer = peer_of(st, rank);
+    if (peer == NULL || peer->help_in == NULL)
+        return WEFT_EAGAIN;  /* decline: the sender pushes through the ring */
+    struct weft_core *core = shm_core(st);
+    if (!core->cfg.shm_cma || !peer->cma_ok || x->bytes < core->cfg.shm_cma_min)
+        return WEFT_EAGAIN;
+
+    size_t total = x->bytes;
+    /* Sharing needs a core for the sender; with more ranks than cores it
+     * would only make us wait for a preempted sender's piece. */
+    int e = total >= SHM_SPLIT_MIN && !core->oversubscribed
+                ? cma_pull_shared(st, peer, x->buf, src->addr, total)
+                : cma_copy(peer->pid, 0, x->buf, src->addr, total);
+    if (e == 0) {
+        peer->cma_used = 1;
+        return WEFT_SUCCESS;
+    }
+    if (e < 0)
+        return weft_set_error(core, WEFT_ERR_TIMEOUT,
+                              "shm: peer %d: its share of a %zu-byte copy (tag %d) did not land within %.0f s",
+                              peer->rank, total, x->tag, weft_wait_bound(&core->cfg, WEFT_WAIT_SHM_PIECE));
+    if (e == ESRCH) {
+        weft_set_error(core, WEFT_ERR_TRANSPORT,
+                       "shm: peer %d: process %d is gone (process_vm_readv of %zu bytes, tag %d)",
+                       peer->rank, (int)peer->pid, total, x->tag);
+        /* The whole pipe, not only this message: the peer is dead. */
+        st->env->up->peer_failed(st->env->up->arg, peer->rank, WEFT_ERR_TRANSPORT);
+        return WEFT_ERR_TRANSPORT;
+    }
+    if (e == EPERM || e == ENOSYS || (e == EFAULT && !peer->cma_used)) {
+        /* Refused (ptrace policy, kernel without CMA, or a buffer CMA
+         * cannot read): stop trying with this peer; pushes still work. */
+        peer->cma_ok = 0;
+        WEFT_INFO(core->rank, "peer %d: shm CMA refused (%s); using bounce buffers", peer->rank, strerror(e));
+    }
+    /* Anything else: decline this message; the push overwrites whatever
+     * part of the buffer was already read. */
+    return WEFT_EAGAIN;
+}
