@@ -53,7 +53,6 @@ static void op_fail(struct weft_coll_op *op, int err, const struct weft_sched_st
                     size_t bytes)
 {
     char cause[512];
-    size_t n;
     if (op->err != WEFT_SUCCESS)
         return;
     /* A step that failed because a rank failed, or because the call failed
@@ -65,19 +64,19 @@ static void op_fail(struct weft_coll_op *op, int err, const struct weft_sched_st
         op_withdraw(op, fc);
         return;
     }
-    pthread_mutex_lock(&op->core->err_lock);
-    for (n = 0; n < sizeof cause - 1 && op->core->last_error[n]; n++) {}
-    memcpy(cause, op->core->last_error, n);
-    pthread_mutex_unlock(&op->core->err_lock);
-    cause[n] = '\0';
+    struct weft_error last;
+    weft_error_get(op->core, &last);
+    weft_error_format(&last, 1, cause, sizeof cause);
     op->err = weft_set_error(op->core, err, "%s step %d: %s of %zu B with peer %d failed (%s): %s",
                              op->what, s->num, verb, bytes, s->peer, weft_err_str(err), cause);
     /* Decided here (a peer alive but not serving, a mismatch seen by the
      * sender): the other ranks' waits in this call end now too. A rank
      * failure was announced by p2p already. */
     if ((err == WEFT_ERR_TIMEOUT || err == WEFT_ERR_MISMATCH) && !weft_p2p_any_failed(op->p2p)) {
-        char text[240];
-        snprintf(text, sizeof text, "rank %d: %.200s", op->core->rank, op->core->last_error);
+        char text[240], line[1024];
+        weft_error_get(op->core, &last);
+        weft_error_format(&last, 1, line, sizeof line);
+        snprintf(text, sizeof text, "rank %d: %.200s", op->core->rank, line);
         weft_p2p_coll_failed(op->p2p, op->seq, err, text);
     }
     op_withdraw(op, err);

@@ -69,18 +69,10 @@ static void up_peer_failed(void *arg, int peer, int err)
      * every rank should know, not only those whose own link noticed. */
     /* The transport recorded what it saw; keep it. p2p/health.c tells a
      * link failure (the peer still runs) from a failed peer. */
-    char seen[256];
-    pthread_mutex_lock(&p->core->err_lock);
-    memcpy(seen, p->core->last_error, sizeof(seen) - 1);
-    pthread_mutex_unlock(&p->core->err_lock);
-    seen[sizeof(seen) - 1] = '\0';
-    /* Without the "rank N: " prefix and the " (code)" suffix it was stored with. */
-    const char *text = seen;
-    if (strncmp(text, "rank ", 5) == 0 && strchr(text, ':'))
-        text = strchr(text, ':') + 2;
-    char *paren = strrchr(seen, '(');
-    if (paren && paren > text && paren[-1] == ' ')
-        paren[-1] = '\0';
+    struct weft_error seen;
+    char text[256];
+    weft_error_get(p->core, &seen);
+    weft_error_reason(&seen, text, sizeof(text));
     snprintf(why, sizeof(why), "its %s link to this rank failed (%s): %s", weft_pipe_tp_name(pp), weft_err_str(err),
              text);
     weft_health_link_failed(p, peer, err, why);

@@ -15,6 +15,7 @@
 // The internal headers are C11; C++ spells its static assertion differently.
 #define _Static_assert static_assert
 extern "C" {
+#include "log.h"
 #include "context.h"
 #include "p2p.h"
 #include "pipe.h"
@@ -101,7 +102,7 @@ protected:
     void expect_protocol_error(int peer)
     {
         EXPECT_EQ(p2p->pipes[peer].broken, WEFT_ERR_INTERNAL);
-        std::string e = core.last_error;
+        std::string e = weft_error_line(&core);
         EXPECT_NE(e.find("peer " + std::to_string(peer)), std::string::npos) << e;
         EXPECT_NE(e.find("protocol error"), std::string::npos) << e;
     }
@@ -128,7 +129,7 @@ TEST_F(PipeIds, StaleGenerationAfterReuse)
     weft_request *r = nullptr;
     uint64_t id = start_rndv_send(1, buf, &r);
     deliver(1, WEFT_WIRE_FIN, id, 0);   // the receiver pulled it: the send completes
-    ASSERT_EQ(p2p->pipes[1].broken, 0) << core.last_error;
+    ASSERT_EQ(p2p->pipes[1].broken, 0) << weft_error_line(&core);
     weft_status_t st;
     ASSERT_EQ(weft_p2p_wait(r, &st), WEFT_SUCCESS);
     // The slot is reused by the next request; the old id must not find it.

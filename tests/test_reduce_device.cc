@@ -54,6 +54,7 @@
 #endif
 extern "C" {
 #include "core.h"
+#include "log.h"
 #include "cudawrap.h"
 #include "devcopy.h"
 #include "reduce_kernel.h"
@@ -145,9 +146,9 @@ TEST(ReduceDevice, NoCudaInComm)
 #endif
     int x[4] = { 1, 2, 3, 4 };
     EXPECT_EQ(weft_reduce_device(&t.core, x, x, x, 4, WEFT_INT32, WEFT_SUM, "reduce-test"), WEFT_ERR_UNSUPPORTED);
-    EXPECT_TRUE(has(t.core.last_error, "reduce-test")) << t.core.last_error;
+    EXPECT_TRUE(has(weft_error_line(&t.core), "reduce-test")) << weft_error_line(&t.core);
     EXPECT_EQ(weft_reduce_device_div(&t.core, x, x, 4, WEFT_INT32, 3, "div-test"), WEFT_ERR_UNSUPPORTED);
-    EXPECT_TRUE(has(t.core.last_error, "div-test")) << t.core.last_error;
+    EXPECT_TRUE(has(weft_error_line(&t.core), "div-test")) << weft_error_line(&t.core);
     EXPECT_EQ(x[0], 1) << "host memory must not be touched";
     EXPECT_EQ(weft_reduce_device_alloc(&t.core, 4096), nullptr);
     weft_reduce_device_free(&t.core, nullptr);
@@ -275,9 +276,9 @@ TEST(ReduceDeviceChild, EmulatorRunsKernels)
     ASSERT_EQ(cu->Memcpy(q, y.data(), 4000, cudaMemcpyHostToDevice), cudaSuccess);
     ASSERT_EQ(cu->StreamSynchronize(nullptr), cudaSuccess);   /* pageable copies land late */
     EXPECT_EQ(weft_reduce_device(&t.core, p, p, q, 1000, WEFT_INT32, WEFT_SUM, "reduce-test"), WEFT_SUCCESS)
-        << t.core.last_error;
+        << weft_error_line(&t.core);
     EXPECT_EQ(weft_reduce_device_div(&t.core, p, p, 1000, WEFT_INT32, 2, "div-test"), WEFT_SUCCESS)
-        << t.core.last_error;
+        << weft_error_line(&t.core);
     ASSERT_EQ(cu->Memcpy(out.data(), p, 4000, cudaMemcpyDeviceToHost), cudaSuccess);
     for (int i = 0; i < 1000; i++)
         ASSERT_EQ(out[i], (x[i] + y[i]) / 2) << i;
@@ -285,7 +286,7 @@ TEST(ReduceDeviceChild, EmulatorRunsKernels)
     /* Host memory is refused before any launch. */
     EXPECT_EQ(weft_reduce_device(&t.core, p, x.data(), q, 1000, WEFT_INT32, WEFT_SUM, "reduce-test"),
               WEFT_ERR_UNSUPPORTED);
-    EXPECT_TRUE(has(t.core.last_error, "not device memory")) << t.core.last_error;
+    EXPECT_TRUE(has(weft_error_line(&t.core), "not device memory")) << weft_error_line(&t.core);
     EXPECT_EQ(counter("launches") - launches0, 2u);
     weft_reduce_device_free(&t.core, p);
     weft_reduce_device_free(&t.core, q);
@@ -337,12 +338,12 @@ TEST(ReduceDeviceChild, NoImageForThisGpu)
     ASSERT_NE(p, nullptr);
     /* Launches fail cleanly, naming the call. */
     EXPECT_EQ(weft_reduce_device(&t.core, p, p, p, 250, WEFT_FLOAT32, WEFT_SUM, "reduce-test"), WEFT_ERR_UNSUPPORTED);
-    EXPECT_TRUE(has(t.core.last_error, "reduce-test")) << t.core.last_error;
+    EXPECT_TRUE(has(weft_error_line(&t.core), "reduce-test")) << weft_error_line(&t.core);
     EXPECT_EQ(weft_reduce_device_div(&t.core, p, p, 250, WEFT_FLOAT32, 3, "div-test"), WEFT_ERR_UNSUPPORTED);
-    EXPECT_TRUE(has(t.core.last_error, "div-test")) << t.core.last_error;
+    EXPECT_TRUE(has(weft_error_line(&t.core), "div-test")) << weft_error_line(&t.core);
     /* Division by 1 is a copy (no kernel needed), as on the host. */
     EXPECT_EQ(weft_reduce_device_div(&t.core, p, p, 250, WEFT_INT32, 1, "div-test"), WEFT_SUCCESS)
-        << t.core.last_error;
+        << weft_error_line(&t.core);
     weft_reduce_device_free(&t.core, p);
 }
 
@@ -658,7 +659,7 @@ TEST(ReduceDeviceChild, GpuKernels)
                      * stream, which does not wait for it: wait here. */
                     ASSERT_EQ(cu->StreamSynchronize(nullptr), cudaSuccess);
                     ASSERT_EQ(weft_reduce_device(&t.core, pd, pa, pb, count, dtype, op, "gpu-test"), WEFT_SUCCESS)
-                        << t.core.last_error;
+                        << weft_error_line(&t.core);
                     ASSERT_EQ(cu->Memcpy(got.data(), pd, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
                     std::string where = std::string(weft_dtype_name(dtype)) + " " + weft_op_name(op) + " x" +
                                         std::to_string(count) + " " + place_name[pl] + ": ";
@@ -687,7 +688,7 @@ TEST(ReduceDeviceChild, GpuKernels)
                     ASSERT_EQ(cu->Memcpy(pa, a.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
                     ASSERT_EQ(cu->StreamSynchronize(nullptr), cudaSuccess);   /* the copy has landed */
                     ASSERT_EQ(weft_reduce_device_div(&t.core, pd, pa, count, dtype, n, "gpu-test"), WEFT_SUCCESS)
-                        << t.core.last_error;
+                        << weft_error_line(&t.core);
                     ASSERT_EQ(cu->Memcpy(got.data(), pd, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
                     std::string where = std::string(weft_dtype_name(dtype)) + " / " + std::to_string(n) + " x" +
                                         std::to_string(count) + " " + place_name[pl] + ": ";
@@ -710,9 +711,9 @@ TEST(ReduceDeviceChild, GpuKernels)
     std::vector<float> h(64, 1.0f);
     EXPECT_EQ(weft_reduce_device(&t.core, dD, h.data(), dB, 64, WEFT_FLOAT32, WEFT_SUM, "gpu-test"),
               WEFT_ERR_UNSUPPORTED);
-    EXPECT_TRUE(has(t.core.last_error, "not device memory")) << t.core.last_error;
+    EXPECT_TRUE(has(weft_error_line(&t.core), "not device memory")) << weft_error_line(&t.core);
     EXPECT_EQ(weft_reduce_device(&t.core, dD, dA, dB, 64, WEFT_FLOAT32, WEFT_SUM, "gpu-test"), WEFT_SUCCESS)
-        << t.core.last_error;
+        << weft_error_line(&t.core);
     weft_reduce_device_free(&t.core, dA);
     weft_reduce_device_free(&t.core, dB);
     weft_reduce_device_free(&t.core, dD);

@@ -79,7 +79,7 @@ struct Rank {
     std::vector<std::string> frames;
     size_t done_ok = 0;
     size_t failed = 0;
-    std::string last_error() const { return core.last_error; }
+    std::string last_error() const { return weft_error_line(const_cast<struct weft_core *>(&core)); }
 };
 
 size_t blob_off() { return (sizeof(weft_card_hdr) + 7) & ~(size_t)7; }

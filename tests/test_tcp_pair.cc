@@ -31,6 +31,7 @@
 extern "C" {
 #include "config.h"
 #include "core.h"
+#include "log.h"
 #include "tcp_hello.h"
 #include "tcp_listen.h"
 #include "transport.h"
@@ -90,7 +91,7 @@ struct Rank {
     std::vector<Done> done;
     std::vector<Failed> failed;
 
-    std::string last_error() const { return core.last_error; }
+    std::string last_error() const { return weft_error_line(const_cast<struct weft_core *>(&core)); }
 };
 
 size_t blob_off() { return (sizeof(weft_card_hdr) + 7) & ~(size_t)7; }

@@ -266,14 +266,13 @@ static int bad_handle(const char *fn)
 
 /* ---- errors ---- */
 
+/* The comm's last error without its rank, cut to n (the text's head names
+ * the call and peer); "" when none. */
 static void last_error(struct weft_core *core, char *out, size_t n)
 {
-    /* A copy cut to n (the text's head names the rank, call and peer). */
-    pthread_mutex_lock(&core->err_lock);
-    size_t len = strnlen(core->last_error, n - 1);
-    memcpy(out, core->last_error, len);
-    out[len] = '\0';
-    pthread_mutex_unlock(&core->err_lock);
+    struct weft_error e;
+    weft_error_get(core, &e);
+    weft_error_format(&e, 0, out, n);
 }
 
 static const char *op_name(int kind)
@@ -321,12 +320,9 @@ static void op_fail_text(struct mp_pipe *pp, struct mp_op *op, int code, const c
  * words for a failure it just decided: they name the peer and why). */
 static void reason(struct mp_pipe *pp, int code, char *out, size_t n)
 {
-    char le[512], prefix[32];
+    char le[512];
     const char *t = le;
     last_error(pp->m->core, le, sizeof(le));
-    snprintf(prefix, sizeof(prefix), "rank %d: ", pp->m->core->rank);
-    if (strncmp(le, prefix, strlen(prefix)) == 0)
-        t += strlen(prefix);
     if (*t == '\0')
         snprintf(out, n, "the transfer failed (%s)", weft_err_str(code));
     else

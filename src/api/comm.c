@@ -167,14 +167,13 @@ const char *weft_last_error(void)
 
 const char *weft_comm_last_error(const weft_comm_t *c)
 {
-    static _Thread_local char copy[sizeof(((struct weft_core *)0)->last_error)];
-    struct weft_core *core;
+    static _Thread_local char copy[1024];
+    struct weft_error e;
 
     if (c == NULL)
         return "weft_comm_last_error: comm is NULL";
-    core = (struct weft_core *)&c->core;
-    pthread_mutex_lock(&core->err_lock);
-    memcpy(copy, core->last_error, sizeof(copy));
-    pthread_mutex_unlock(&core->err_lock);
+    /* The one place a comm's error becomes its line. */
+    weft_error_get((struct weft_core *)&c->core, &e);
+    weft_error_format(&e, 1, copy, sizeof(copy));
     return copy;
 }

@@ -59,11 +59,9 @@ static void parent_error(struct boot_split *s, char *out, size_t len)
 {
     struct weft_core *pc = weft_p2p_core(s->parent);
     /* Cut to fit: the sentence it goes into has a bounded length too. */
-    pthread_mutex_lock(&pc->err_lock);
-    size_t n = strnlen(pc->last_error, len - 1);
-    memcpy(out, pc->last_error, n);
-    out[n] = '\0';
-    pthread_mutex_unlock(&pc->err_lock);
+    struct weft_error e;
+    weft_error_get(pc, &e);
+    weft_error_format(&e, 1, out, len);
 }
 
 static int request_failed(struct boot_split *s, int op, uint32_t nth, int entry, int code)

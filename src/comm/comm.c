@@ -51,33 +51,31 @@ static uint64_t random_token(void)
     return t ? t : 1;
 }
 
-/* The reason in core's last error, without its "rank N: " prefix, its
- * "what: " call name and its " (code)" suffix, so that a message naming
- * the call and the step can say it again: the reason is what names the
- * rank that was lost. */
+/* The reason in core's last error, without its rank, its call when that is
+ * what (the message it goes into names the call and the step) and its code
+ * when that is code: the reason is what names the rank that was lost. */
 static void last_reason(struct weft_core *core, const char *what, int code, char *out, size_t len)
 {
-    char buf[sizeof(core->last_error)], suffix[96];
-    const char *s = buf;
-    size_t n, wl = strlen(what);
-    int skip = 0;
+    struct weft_error e;
+    char reason[sizeof(e.op) + sizeof(e.text) + 4];
+    const char *s = reason;
+    size_t wl = strlen(what);
 
-    pthread_mutex_lock(&core->err_lock);
-    memcpy(buf, core->last_error, sizeof(buf));
-    pthread_mutex_unlock(&core->err_lock);
-    buf[sizeof(buf) - 1] = '\0';
-    if (sscanf(s, "rank %*d: %n", &skip) == 0 && skip > 0)
-        s += skip;
-    if (strncmp(s, what, wl) == 0 && s[wl] == ':' && s[wl + 1] == ' ')
-        s += wl + 2;
-    snprintf(suffix, sizeof(suffix), " (%s)", weft_err_str(code));
-    n = strlen(s);
-    if (n >= strlen(suffix) && strcmp(s + n - strlen(suffix), suffix) == 0)
-        n -= strlen(suffix);
-    if (n == 0)
-        snprintf(out, len, "%s", weft_err_str(code));
+    weft_error_get(core, &e);
+    if (e.op[0] != '\0' && strcmp(e.op, what) == 0)
+        snprintf(reason, sizeof(reason), "%s", e.text);
     else
-        snprintf(out, len, "%.*s", (int)n, s);
+        weft_error_reason(&e, reason, sizeof(reason));
+    /* Set before the call's name was a part of its own (weft_set_error_at):
+     * the bootstraps' texts still start with it. */
+    if (e.op[0] == '\0' && strncmp(s, what, wl) == 0 && s[wl] == ':' && s[wl + 1] == ' ')
+        s += wl + 2;
+    if (*s == '\0')
+        snprintf(out, len, "%s", weft_err_str(code));
+    else if (e.code == code)
+        snprintf(out, len, "%.*s", (int)(len - 1), s);
+    else if (snprintf(out, len, "%s (%s)", s, weft_err_str(e.code)) >= (int)len)
+        WEFT_TRACE(core->rank, "%s: the reason was cut to %zu bytes", what, len);
 }
 
 /* Every rank gets the worst code of all; a rank that failed keeps its own
@@ -95,11 +93,11 @@ static int agree(struct weft_comm *c, int rc, const char *stage)
          * away); keep that and say where. */
         char why[700];
         last_reason(&c->core, c->what, brc, why, sizeof(why));
-        return weft_set_error(&c->core, brc, "%s: the %s bootstrap failed during %s: %s", c->what,
+        return weft_set_error_at(&c->core, brc, c->what, -1, "the %s bootstrap failed during %s: %s",
                               c->boot->ops->name, stage, why);
     }
     if (v != 0 && rc == WEFT_SUCCESS)
-        weft_set_error(&c->core, (int)(v / span), "%s: %s failed on rank %lld", c->what, stage,
+        weft_set_error_at(&c->core, (int)(v / span), c->what, -1, "%s failed on rank %lld", stage,
                        span - 1 - v % span);
     return (int)(v / span);
 }
@@ -367,7 +365,7 @@ int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make
      * WEFT_DEBUG itself is what was refused. */
     weft_log_set_level(rc != WEFT_SUCCESS ? weft_config_log_level_env() : c->core.cfg.log_level);
     if (rc != WEFT_SUCCESS)
-        weft_set_error(&c->core, rc, "%s: bad configuration: %s", what, cfg_err);
+        weft_set_error_at(&c->core, rc, what, -1, "bad configuration: %s", cfg_err);
     if (c->core.cfg.transports[0] == '\0')
         mask = weft_registry_mask_all();
 
@@ -386,7 +384,7 @@ int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make
     c->cards = calloc((size_t)c->core.size, c->card_bytes);
     g.buf = malloc(((size_t)c->core.size + 1) * g.rec);
     if (rc == WEFT_SUCCESS && (c->cards == NULL || g.buf == NULL))
-        rc = weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "%s: no memory for %d peers", what, c->core.size);
+        rc = weft_set_error_at(&c->core, WEFT_ERR_NO_MEMORY, what, -1, "no memory for %d peers", c->core.size);
     if (g.buf == NULL) {
         /* Too little memory for the scratch: agree on that alone (a gather
          * needs the scratch), so no rank waits in a gather the others skip. */
@@ -449,7 +447,7 @@ int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make
         rc = weft_devcopy_init(&c->core);
     node = rc == WEFT_SUCCESS ? calloc((size_t)c->core.size, sizeof(*node)) : NULL;
     if (rc == WEFT_SUCCESS && node == NULL)
-        rc = weft_set_error(&c->core, WEFT_ERR_NO_MEMORY, "%s: no memory for %d peers", what, c->core.size);
+        rc = weft_set_error_at(&c->core, WEFT_ERR_NO_MEMORY, what, -1, "no memory for %d peers", c->core.size);
     for (int r = 0; node && r < c->core.size; r++)
         node[r] = card_hdr(c, r)->node;
     if (rc == WEFT_SUCCESS)
@@ -480,7 +478,7 @@ fail:
     /* The step that failed logged its message at warn (weft_set_error), on
      * every rank (agree); logging it again would print each failure twice.
      * Only a path that recorded nothing is said here. */
-    if (c->core.last_error[0] == '\0')
+    if (c->core.err.code == WEFT_SUCCESS && c->core.err.text[0] == '\0')
         WEFT_WARN(c->core.rank, "%s failed: %s", what, weft_err_str(rc));
     {
         int rc2 = rc;
@@ -667,12 +665,10 @@ int weft_comm_split_all(struct weft_comm *parent, int color, int key, struct wef
         /* The collective's text names the rank that failed, not the call
          * the user made: say it (in place: the collective logged it). */
         char why[700];
+        struct weft_error e = { .code = rc, .rank = prank, .peer = -1, .op = "weft_comm_split" };
         last_reason(&parent->core, "weft_comm_split", rc, why, sizeof(why));
-        pthread_mutex_lock(&parent->core.err_lock);
-        snprintf(parent->core.last_error, sizeof(parent->core.last_error),
-                 "rank %d: weft_comm_split: the parent's allgather of the members' colors failed: %s (%s)", prank, why,
-                 weft_err_str(rc));
-        pthread_mutex_unlock(&parent->core.err_lock);
+        snprintf(e.text, sizeof(e.text), "the parent's allgather of the members' colors failed: %s", why);
+        weft_error_put(&parent->core, &e);
     }
     for (int r = 0; rc == WEFT_SUCCESS && r < psize; r++)
         if (all[r].magic != SPLIT_REC_MAGIC)
@@ -713,11 +709,19 @@ int weft_comm_split_all(struct weft_comm *parent, int color, int key, struct wef
         /* The new comm is gone and its text is this thread's
          * (weft_last_error); the parent's last error says it too, since
          * the call was made on the parent. */
-        pthread_mutex_lock(&parent->core.err_lock);
-        snprintf(parent->core.last_error, sizeof(parent->core.last_error),
-                 "rank %d: weft_comm_split: the new comm's set-up failed (this rank is rank %d of %d there): %s",
-                 prank, m.rank, m.size, weft_error_thread());
-        pthread_mutex_unlock(&parent->core.err_lock);
+        struct weft_error inner, e = { .code = rc, .rank = prank, .peer = -1, .op = "weft_comm_split" };
+        char reason[700];   /* room for the sentence around it in e.text */
+        weft_error_thread_get(&inner);
+        weft_error_reason(&inner, reason, sizeof(reason));
+        if (inner.code != WEFT_SUCCESS)
+            e.code = inner.code;
+        if (inner.rank >= 0)
+            snprintf(e.text, sizeof(e.text), "the new comm's set-up failed (this rank is rank %d of %d there): "
+                     "rank %d: %s", m.rank, m.size, inner.rank, reason);
+        else
+            snprintf(e.text, sizeof(e.text), "the new comm's set-up failed (this rank is rank %d of %d there): %s",
+                         m.rank, m.size, reason);
+        weft_error_put(&parent->core, &e);
         goto done;
     }
 

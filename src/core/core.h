@@ -14,6 +14,17 @@
 struct weft_devcopy;
 struct weft_signals;
 
+/* An error as the layer that decided it recorded it: kept in parts, and
+ * formatted once, at the API edge ("rank R: [op: ]text (why of code)",
+ * weft_error_format), so no layer reads a message back to take it apart. */
+struct weft_error {
+    int  code;        /* WEFT_* code; WEFT_SUCCESS: none recorded */
+    int  rank;        /* the rank that recorded it; -1 before the rank is known */
+    int  peer;        /* the peer it is about; -1: none or named in text */
+    char op[64];      /* the call or step ("weft_comm_split"); "": named in text, if at all */
+    char text[900];   /* what failed and why */
+};
+
 struct weft_core {
     int                  rank, size;
     struct weft_config   cfg;
@@ -30,8 +41,8 @@ struct weft_core {
     int                  leaving;        /* destroy's last exchange is under way: a peer's orderly
                                           * close is its goodbye, not a failure (atomic access) */
 
-    pthread_mutex_t      err_lock;       /* guards last_error only */
-    char                 last_error[1024];
+    pthread_mutex_t      err_lock;       /* guards err only */
+    struct weft_error    err;            /* the comm's last error (weft_comm_last_error formats it) */
 };
 
 /* Initialises the lock and an empty last error; fini destroys the lock. */

@@ -44,8 +44,11 @@ int weft_devcopy_init(struct weft_core *core)
             cu()->GetLastError();
             weft_set_error(core, WEFT_ERR_UNSUPPORTED, "cuda: cudaStreamCreateWithFlags failed: %s",
                            cu()->GetErrorString(e));
-            WEFT_WARN(core->rank, "cuda: staging set-up failed, device buffers will be refused: %s",
-                      core->last_error);
+            struct weft_error err;
+            char line[1024];
+            weft_error_get(core, &err);
+            weft_error_format(&err, 1, line, sizeof(line));
+            WEFT_WARN(core->rank, "cuda: staging set-up failed, device buffers will be refused: %s", line);
             core->cuda = 0;
         } else {
             d->stream = s;

@@ -20,6 +20,8 @@ static atomic_int log_level = -1;
 /* weft_last_error(): per thread, so two threads that fail creations at once
  * each read their own failure, and no lock is needed. */
 static _Thread_local char thread_error[1024];
+/* The same error in parts (weft_error_thread_get). */
+static _Thread_local struct weft_error thread_err;
 
 int weft_log_level(void)
 {
@@ -88,7 +90,9 @@ void weft_core_init(struct weft_core *core, int rank, int size)
 {
     core->rank = rank;
     core->size = size;
-    core->last_error[0] = '\0';
+    memset(&core->err, 0, sizeof(core->err));
+    core->err.rank = rank;
+    core->err.peer = -1;
     core->settings = NULL;
     pthread_mutex_init(&core->err_lock, NULL);
 }
@@ -100,35 +104,117 @@ void weft_core_fini(struct weft_core *core)
     pthread_mutex_destroy(&core->err_lock);
 }
 
-int weft_set_error(struct weft_core *c, int err, const char *fmt, ...)
+static int record(struct weft_core *c, int err, const char *op, int peer, const char *fmt, va_list ap)
 {
-    char msg[900];
-    va_list ap;
-    int rank = c ? c->rank : -1;
+    struct weft_error e;
+    char line[sizeof(thread_error)];
 
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
+    e.code = err;
+    e.rank = c ? c->rank : -1;
+    e.peer = peer;
+    snprintf(e.op, sizeof(e.op), "%s", op ? op : "");
+    vsnprintf(e.text, sizeof(e.text), fmt, ap);
     if (c) {
         pthread_mutex_lock(&c->err_lock);
-        snprintf(c->last_error, sizeof(c->last_error), "rank %d: %s (%s)", rank, msg, weft_err_str(err));
+        c->err = e;
         pthread_mutex_unlock(&c->err_lock);
     } else {
         /* No comm to hold it: the caller reads it with weft_last_error(). */
-        snprintf(thread_error, sizeof(thread_error), "%s (%s)", msg, weft_err_str(err));
+        thread_err = e;
+        weft_error_format(&e, 0, thread_error, sizeof(thread_error));
     }
-    WEFT_WARN(rank, "%s (%s)", msg, weft_err_str(err));
+    if (weft_log_level() >= WEFT_LOG_WARN) {
+        weft_error_format(&e, 0, line, sizeof(line));
+        weft_log(WEFT_LOG_WARN, e.rank, "%s", line);
+    }
     return err;
+}
+
+int weft_set_error(struct weft_core *c, int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    record(c, err, NULL, -1, fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+int weft_set_error_at(struct weft_core *c, int err, const char *op, int peer, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    record(c, err, op, peer, fmt, ap);
+    va_end(ap);
+    return err;
+}
+
+void weft_error_get(struct weft_core *c, struct weft_error *out)
+{
+    pthread_mutex_lock(&c->err_lock);
+    *out = c->err;
+    pthread_mutex_unlock(&c->err_lock);
+}
+
+void weft_error_put(struct weft_core *c, const struct weft_error *e)
+{
+    pthread_mutex_lock(&c->err_lock);
+    c->err = *e;
+    pthread_mutex_unlock(&c->err_lock);
+}
+
+const char *weft_error_line(struct weft_core *c)
+{
+    static _Thread_local char line[1024];
+    struct weft_error e;
+    weft_error_get(c, &e);
+    weft_error_format(&e, 1, line, sizeof(line));
+    return line;
+}
+
+void weft_error_reason(const struct weft_error *e, char *buf, size_t len)
+{
+    if (e->code == WEFT_SUCCESS && e->text[0] == '\0')
+        snprintf(buf, len, "%s", "");
+    else if (e->op[0])
+        snprintf(buf, len, "%s: %s", e->op, e->text);
+    else
+        snprintf(buf, len, "%s", e->text);
+}
+
+void weft_error_format(const struct weft_error *e, int with_rank, char *buf, size_t len)
+{
+    char reason[sizeof(e->op) + sizeof(e->text) + 4];
+    if (e->code == WEFT_SUCCESS && e->text[0] == '\0') {
+        snprintf(buf, len, "%s", "");
+        return;
+    }
+    weft_error_reason(e, reason, sizeof(reason));
+    if (with_rank)
+        snprintf(buf, len, "rank %d: %s (%s)", e->rank, reason, weft_err_str(e->code));
+    else
+        snprintf(buf, len, "%s (%s)", reason, weft_err_str(e->code));
 }
 
 void weft_error_keep(struct weft_core *c, const char *what, int err)
 {
     pthread_mutex_lock(&c->err_lock);
-    if (c->last_error[0] != '\0')
-        snprintf(thread_error, sizeof(thread_error), "%s", c->last_error);
-    else
-        snprintf(thread_error, sizeof(thread_error), "%s failed (%s)", what, weft_err_str(err));
+    if (c->err.code != WEFT_SUCCESS || c->err.text[0] != '\0') {
+        thread_err = c->err;
+        weft_error_format(&c->err, 1, thread_error, sizeof(thread_error));
+    } else {
+        memset(&thread_err, 0, sizeof(thread_err));
+        thread_err.code = err;
+        thread_err.rank = -1;
+        thread_err.peer = -1;
+        snprintf(thread_err.text, sizeof(thread_err.text), "%s failed", what);
+        weft_error_format(&thread_err, 0, thread_error, sizeof(thread_error));
+    }
     pthread_mutex_unlock(&c->err_lock);
+}
+
+void weft_error_thread_get(struct weft_error *out)
+{
+    *out = thread_err;
 }
 
 const char *weft_error_thread(void)

@@ -290,12 +290,13 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, long usec)
     pthread_cond_timedwait(cv, mu, &ts);
 }
 
-/* The comm's last error (what a failed p2p call or collective recorded). */
+/* The comm's last error (what a failed p2p call or collective recorded),
+ * without its rank: the message it goes into names the rank. */
 static void last_error_copy(struct weft_core *core, char *buf, size_t len)
 {
-    pthread_mutex_lock(&core->err_lock);
-    snprintf(buf, len, "%s", core->last_error);
-    pthread_mutex_unlock(&core->err_lock);
+    struct weft_error e;
+    weft_error_get(core, &e);
+    weft_error_format(&e, 0, buf, len);
 }
 
 /* Records the first unreported asynchronous failure (S->mu held). */
@@ -303,9 +304,6 @@ static void record_async_error(struct weft_stream *S, const struct sop *op, int 
 {
     char msg[sizeof(S->async_msg)];
     const char *w = why;
-    /* The pipe's text already names the rank: drop its "rank R: " prefix. */
-    if (strncmp(w, "rank ", 5) == 0 && strstr(w, ": "))
-        w = strstr(w, ": ") + 2;
     if (op->kind == SOP_COLL)
         snprintf(msg, sizeof(msg), "%s (count %zu, stream %p, op #%u) failed asynchronously: %s",
                  kind_name(op->kind, op->coll.kind), op->coll.count, (void *)op->ss->stream, op->seq, w);
