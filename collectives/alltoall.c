@@ -6,6 +6,10 @@
  * rank, each byte moved up to log2(n) times). WEFT_ALLTOALL_ALGO forces one
  * (cc->a2a_algo); otherwise the selector below decides.
  *
+ * weft_alltoallv: the same exchange with a size and an offset per block
+ * (struct weft_coll_vec), always pairwise (Bruck packs equal blocks); see
+ * coll_alltoallv_start at the end.
+ *
  * Buffers may be host or device memory: data moves only through SEND/RECV
  * (the pipe layer stages device memory where it must) and COPY steps
  * (weft_devcopy), never through memcpy here. In place (sendbuf == recvbuf)
@@ -66,11 +70,31 @@ struct a2a_args {
     const char *sendbuf;
     char       *recvbuf;
     size_t      bytes;
+    const struct weft_coll_vec *vec;   /* alltoallv: the blocks' sizes and offsets (pairwise only) */
     int         in_place;
     int         window;     /* pairwise: steps in flight */
     int         stage_out;  /* bruck: recvbuf is device memory: assemble in scratch, one copy out */
     size_t      maxcnt;     /* bruck: most blocks sent in one round */
 };
+
+/* Where the block for rank `to` is in sendbuf, where the one from rank
+ * `from` goes in recvbuf, and their sizes: uniform blocks, or alltoallv's. */
+static size_t send_off(const struct a2a_args *a, int to)
+{
+    return a->vec ? a->vec->send_displs[to] : (size_t)to * a->bytes;
+}
+static size_t send_len(const struct a2a_args *a, int to)
+{
+    return a->vec ? a->vec->send_bytes[to] : a->bytes;
+}
+static size_t recv_off(const struct a2a_args *a, int from)
+{
+    return a->vec ? a->vec->recv_displs[from] : (size_t)from * a->bytes;
+}
+static size_t recv_len(const struct a2a_args *a, int from)
+{
+    return a->vec ? a->vec->recv_bytes[from] : a->bytes;
+}
 
 /*
  * Pairwise exchange: n-1 steps; at step s rank me sends its block for
@@ -94,14 +118,25 @@ struct a2a_args {
  * Schedule: [in place: COPY of sendbuf into scratch], RECVs 1..w, SENDs
  * 1..w, [out of place: COPY of the own block], then per step s > w a RECV
  * depending on RECV s-w and a SEND depending on SEND s-w.
+ *
+ * alltoallv runs the same schedule with its own sizes and offsets (never in
+ * place). A block of 0 bytes is still a message: a rank cannot tell that
+ * its peer also passes 0, and an empty message costs a header while a
+ * skipped one that the peer waits for is a hang; each receive must get
+ * exactly its size (WEFT_SCHED_F_EXACT), so ranks that disagree on a
+ * block's size fail with WEFT_ERR_MISMATCH (a larger one: the pipe's
+ * WEFT_ERR_TRUNCATE) instead of returning short data. The window may
+ * differ between ranks (each picks it from its own block sizes): the
+ * induction above holds for any windows.
  */
 static void build_pairwise(struct weft_sched_build *b, const void *args)
 {
     const struct a2a_args *a = args;
     int n = a->n, me = a->me, w = a->window;
-    size_t bytes = a->bytes, total = (size_t)n * bytes;
+    size_t total = (size_t)n * a->bytes;
     const char *src = a->sendbuf;
     size_t first_recv = 0, first_send = 0;
+    unsigned rflags = WEFT_SCHED_F_RECEIVE | (a->vec ? WEFT_SCHED_F_EXACT : 0u);
 
     if (a->in_place) {
         /* Before any receive is posted: an eager message already here is
@@ -111,19 +146,19 @@ static void build_pairwise(struct weft_sched_build *b, const void *args)
     }
     for (int s = 1; s <= w; s++) {
         int from = (me - s + n) % n;
-        size_t i = weft_sched_recv(b, s, a->recvbuf + (size_t)from * bytes, bytes, from, 0, WEFT_SCHED_NODEP,
-                                   WEFT_SCHED_F_RECEIVE);
+        size_t i = weft_sched_recv(b, s, at(a->recvbuf, recv_off(a, from)), recv_len(a, from), from, 0,
+                                   WEFT_SCHED_NODEP, rflags);
         if (s == 1)
             first_recv = i;
     }
     for (int s = 1; s <= w; s++) {
         int to = (me + s) % n;
-        size_t i = weft_sched_send(b, s, at_c(src, (size_t)to * bytes), bytes, to, 0, WEFT_SCHED_NODEP);
+        size_t i = weft_sched_send(b, s, at_c(src, send_off(a, to)), send_len(a, to), to, 0, WEFT_SCHED_NODEP);
         if (s == 1)
             first_send = i;
     }
-    if (!a->in_place)
-        weft_sched_copy(b, a->recvbuf + (size_t)me * bytes, a->sendbuf + (size_t)me * bytes, bytes);
+    if (!a->in_place && send_len(a, me) > 0)
+        weft_sched_copy(b, at(a->recvbuf, recv_off(a, me)), at_c(a->sendbuf, send_off(a, me)), send_len(a, me));
     /* Steps w+1 .. n-1, two schedule entries each: RECV s, SEND s. Step s-w's
      * receive is first_recv + (s-w-1) while s-w <= w, and its send
      * first_send + ...; later ones are in the sliding part (2 per step). */
@@ -138,8 +173,8 @@ static void build_pairwise(struct weft_sched_build *b, const void *args)
             rdep = slide + 2 * (size_t)(prev - w - 1);
             sdep = rdep + 1;
         }
-        weft_sched_recv(b, s, a->recvbuf + (size_t)from * bytes, bytes, from, 0, (int)rdep, WEFT_SCHED_F_RECEIVE);
-        weft_sched_send(b, s, at_c(src, (size_t)to * bytes), bytes, to, 0, (int)sdep);
+        weft_sched_recv(b, s, at(a->recvbuf, recv_off(a, from)), recv_len(a, from), from, 0, (int)rdep, rflags);
+        weft_sched_send(b, s, at_c(src, send_off(a, to)), send_len(a, to), to, 0, (int)sdep);
     }
 }
 
@@ -321,4 +356,56 @@ int coll_alltoall_start(struct weft_coll *cc, const struct weft_coll_args *ca, w
         return weft_set_error(cc->core, WEFT_ERR_INTERNAL, "weft_alltoall: selector returned algorithm %d", algo);
     }
     return weft_sched_start(cc->p2p, cc->core, &call, build, &a, op);
+}
+
+/*
+ * weft_alltoallv: the pairwise schedule above over the caller's layout
+ * (ca->vec, validated by src/api/check.c: offsets + sizes fit, the own
+ * block's two sizes agree, send and receive blocks apart). Every pair
+ * exchanges one message each way per call, empty or not (see
+ * build_pairwise), so all ranks take part in every call whatever their
+ * sizes. The window is picked from this rank's largest block, as for
+ * uniform blocks. The fingerprint carries no size (each rank's layout is
+ * its own): the sizes are checked pairwise by the receives instead.
+ */
+int coll_alltoallv_start(struct weft_coll *cc, const struct weft_coll_args *ca, weft_coll_tag_fn tag, uint32_t seq,
+                         struct weft_coll_op **op)
+{
+    int n = cc->core->size, me = cc->core->rank;
+    const struct weft_coll_vec *v = ca->vec;
+    struct a2a_args a;
+
+    *op = NULL;
+    if (v == NULL)
+        return weft_set_error(cc->core, WEFT_ERR_INTERNAL, "weft_alltoallv: no block layout");
+    if (n == 1) {
+        size_t len = v->send_bytes[0];
+        char *dst = len ? (char *)ca->recvbuf + v->recv_displs[0] : NULL;
+        const char *src = len ? (const char *)ca->sendbuf + v->send_displs[0] : NULL;
+        if (len == 0 || dst == src)
+            return WEFT_SUCCESS;
+        return weft_devcopy(cc->core, dst, src, len, "weft_alltoallv");
+    }
+
+    memset(&a, 0, sizeof a);
+    a.n = n;
+    a.me = me;
+    a.sendbuf = ca->sendbuf;
+    a.recvbuf = ca->recvbuf;
+    a.vec = v;
+    size_t biggest = 0;
+    for (int j = 0; j < n; j++) {
+        if (j == me)
+            continue;
+        if (v->send_bytes[j] > biggest)
+            biggest = v->send_bytes[j];
+        if (v->recv_bytes[j] > biggest)
+            biggest = v->recv_bytes[j];
+    }
+    a.window = biggest <= WEFT_A2A_WIDE_BLOCK || n - 1 < WEFT_A2A_WINDOW ? n - 1 : WEFT_A2A_WINDOW;
+    struct weft_sched_call call = {
+        .what = "alltoallv pairwise", .sig = { WEFT_COLL_ALLTOALLV, -1, 0, -1, -1 }, .tag = tag, .seq = seq,
+        .nranks = n,
+    };
+    return weft_sched_start(cc->p2p, cc->core, &call, build_pairwise, &a, op);
 }

@@ -167,6 +167,9 @@ static const coll_start_fn starts[WEFT_COLL_KIND_END] = {
     [WEFT_COLL_REDUCE_SCATTER] = coll_reduce_scatter_start,
     [WEFT_COLL_REDUCE] = coll_reduce_start,
     [WEFT_COLL_ALLTOALL] = coll_alltoall_start,
+    [WEFT_COLL_GATHER] = coll_gather_start,
+    [WEFT_COLL_SCATTER] = coll_scatter_start,
+    [WEFT_COLL_ALLTOALLV] = coll_alltoallv_start,
 };
 
 int weft_coll_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
@@ -191,8 +194,31 @@ int weft_coll_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_c
     return starts[a->kind](cc, a, tag, seq, op);
 }
 
+/* alltoallv's arrays, copied into one allocation (prep->vec). */
+static int coll_vec_copy(struct weft_coll *cc, const struct weft_coll_vec *v, struct weft_coll_prep *prep)
+{
+    size_t n = (size_t)cc->core->size, each = n * sizeof(size_t);
+    struct weft_coll_vec *c = malloc(sizeof *c + 4 * each);
+    if (c == NULL)
+        return weft_set_error(cc->core, WEFT_ERR_NO_MEMORY,
+                              "weft_alltoallv: no memory for a copy of the %zu-rank byte counts and displacements", n);
+    size_t *p = (size_t *)(c + 1);
+    memcpy(p, v->send_bytes, each);
+    memcpy(p + n, v->send_displs, each);
+    memcpy(p + 2 * n, v->recv_bytes, each);
+    memcpy(p + 3 * n, v->recv_displs, each);
+    c->send_bytes = p;
+    c->send_displs = p + n;
+    c->recv_bytes = p + 2 * n;
+    c->recv_displs = p + 3 * n;
+    prep->vec = c;
+    return WEFT_SUCCESS;
+}
+
 /* Only the reductions take CUDA resources at their start (coll_reduce.c:
- * the kernels' module, staging, scratch); the other kinds need nothing. */
+ * the kernels' module, staging, scratch); alltoallv needs a copy of its
+ * arrays (the caller may reuse them once the call returned); the other
+ * kinds need nothing. */
 int weft_coll_prepare(struct weft_coll *cc, const struct weft_coll_args *a, struct weft_coll_prep *prep)
 {
     struct weft_coll_args d;
@@ -200,6 +226,8 @@ int weft_coll_prepare(struct weft_coll *cc, const struct weft_coll_args *a, stru
     int rc;
 
     memset(prep, 0, sizeof *prep);
+    if (a->kind == WEFT_COLL_ALLTOALLV)
+        return a->vec ? coll_vec_copy(cc, a->vec, prep) : WEFT_SUCCESS;
     if (a->kind != WEFT_COLL_ALLREDUCE && a->kind != WEFT_COLL_REDUCE_SCATTER && a->kind != WEFT_COLL_REDUCE)
         return WEFT_SUCCESS;
     if (!cc->core->cuda)
@@ -226,8 +254,10 @@ void weft_coll_prep_release(struct weft_coll *cc, struct weft_coll_prep *prep)
         coll_stage_put(cc, prep->stage);
     if (prep->scratch)
         coll_scratch_put(cc, prep->scratch);
+    free(prep->vec);
     prep->stage = NULL;
     prep->scratch = NULL;
+    prep->vec = NULL;
 }
 
 int weft_coll_run(struct weft_coll *cc, const struct weft_coll_args *a)
@@ -239,19 +269,19 @@ int weft_coll_run(struct weft_coll *cc, const struct weft_coll_args *a)
 
 int weft_coll_allgather(struct weft_coll *cc, const void *sendbuf, void *recvbuf, size_t bytes_per_rank)
 {
-    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL };
+    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL, NULL };
     return weft_coll_run(cc, &a);
 }
 
 int weft_coll_bcast(struct weft_coll *cc, void *buf, size_t bytes, int root)
 {
-    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root, NULL };
+    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root, NULL, NULL };
     return weft_coll_run(cc, &a);
 }
 
 int weft_coll_barrier(struct weft_coll *cc)
 {
-    struct weft_coll_args a = { WEFT_COLL_BARRIER, NULL, NULL, 0, -1, -1, -1, NULL };
+    struct weft_coll_args a = { WEFT_COLL_BARRIER, NULL, NULL, 0, -1, -1, -1, NULL, NULL };
     return weft_coll_run(cc, &a);
 }
 
@@ -259,6 +289,6 @@ int weft_coll_allgather_start_tagged(struct weft_coll *cc, weft_coll_tag_fn tag,
                                      const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
                                      struct weft_coll_op **op)
 {
-    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL };
+    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL, NULL };
     return weft_coll_start(cc, &a, tag, seq, op);
 }

@@ -38,22 +38,34 @@ struct weft_coll_nb;
 enum weft_coll_kind {
     WEFT_COLL_ALLGATHER = 1, WEFT_COLL_BCAST, WEFT_COLL_BARRIER,
     WEFT_COLL_ALLREDUCE, WEFT_COLL_REDUCE_SCATTER, WEFT_COLL_REDUCE, WEFT_COLL_ALLTOALL,
+    WEFT_COLL_GATHER, WEFT_COLL_SCATTER, WEFT_COLL_ALLTOALLV,
     WEFT_COLL_KIND_END
 };
 
 /* One call's arguments, for weft_coll_start (validated by src/api/check.c). */
 struct weft_coll_prep;
 
+/* alltoallv's per-rank layout (weft_alltoallv): size entries each, bytes
+ * and byte offsets into sendbuf / recvbuf. Read only while the call
+ * starts (its schedule is built from them); the stream engine starts
+ * later, so it keeps a copy (weft_coll_prepare). */
+struct weft_coll_vec {
+    const size_t *send_bytes, *send_displs;
+    const size_t *recv_bytes, *recv_displs;
+};
+
 struct weft_coll_args {
     int         kind;     /* enum weft_coll_kind */
-    const void *sendbuf;  /* bcast: unused (buf is recvbuf) */
-    void       *recvbuf;  /* bcast: buf; reduce: significant at root only */
-    size_t      count;    /* reductions: elements (reduce_scatter: per rank); allgather, alltoall: bytes
-                             per rank; bcast: bytes; barrier: 0 */
+    const void *sendbuf;  /* bcast: unused (buf is recvbuf); scatter: significant at root only */
+    void       *recvbuf;  /* bcast: buf; reduce, gather: significant at root only */
+    size_t      count;    /* reductions: elements (reduce_scatter: per rank); allgather, alltoall, gather,
+                             scatter: bytes per rank; bcast: bytes; barrier: 0; alltoallv: the bytes this
+                             rank sends (logs only: the layout is vec) */
     int         dtype;    /* reductions: weft_dtype_t */
     int         op;       /* reductions: weft_op_t */
-    int         root;     /* bcast, reduce; -1 otherwise */
+    int         root;     /* bcast, reduce, gather, scatter; -1 otherwise */
     struct weft_coll_prep *prep; /* what weft_coll_prepare took for this call, or NULL */
+    const struct weft_coll_vec *vec; /* alltoallv; NULL otherwise */
 };
 
 /* What a call will need from CUDA, taken on the caller's thread before the
@@ -67,6 +79,9 @@ struct weft_coll_prep {
     int                     dry;      /* inside weft_coll_prepare: size and take, start nothing */
     struct weft_coll_stage *stage;    /* host staging (device buffers reduced on the host) */
     struct weft_coll_stage *scratch;  /* device scratch of the kernel path */
+    struct weft_coll_vec   *vec;      /* alltoallv: a copy of the caller's arrays (one allocation), for a
+                                         call that starts after its caller returned; the caller points
+                                         its args' vec at it */
 };
 
 /* The collectives' context of one comm (embedded in struct weft_comm). */
@@ -135,9 +150,10 @@ int  weft_coll_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_
 /* start + wait. */
 int  weft_coll_run(struct weft_coll *cc, const struct weft_coll_args *a);
 /* On the caller's thread: fills *prep for a (see struct weft_coll_prep)
- * by running its start without starting anything. WEFT_SUCCESS (also when
- * a needs nothing), or the error its start would give. Release what a call
- * that never starts took with weft_coll_prep_release. */
+ * by running its start without starting anything, and copies alltoallv's
+ * arrays. WEFT_SUCCESS (also when a needs nothing), or the error its start
+ * would give. Release what a call took with weft_coll_prep_release (a call
+ * that never starts, and one that started: the copy of the arrays). */
 int  weft_coll_prepare(struct weft_coll *cc, const struct weft_coll_args *a, struct weft_coll_prep *prep);
 void weft_coll_prep_release(struct weft_coll *cc, struct weft_coll_prep *prep);
 

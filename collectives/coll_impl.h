@@ -59,6 +59,12 @@ int coll_reduce_start(struct weft_coll *cc, const struct weft_coll_args *a, weft
                       struct weft_coll_op **op);      /* reduce.c */
 int coll_alltoall_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
                         struct weft_coll_op **op);    /* alltoall.c */
+int coll_alltoallv_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
+                         struct weft_coll_op **op);   /* alltoall.c */
+int coll_gather_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
+                      struct weft_coll_op **op);      /* gather.c */
+int coll_scatter_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,
+                       struct weft_coll_op **op);     /* gather.c */
 
 /* ---- reductions over any memory (coll_reduce.c) ----
  * A reducing call's algorithm builds its schedule over host or device

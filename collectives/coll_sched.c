@@ -110,6 +110,15 @@ static void sig_describe(const struct weft_coll_sig *sig, char *out, size_t n)
     case WEFT_COLL_ALLTOALL:
         snprintf(out, n, "alltoall(%llu B/rank)", p);
         break;
+    case WEFT_COLL_GATHER:
+        snprintf(out, n, "gather(%llu B/rank, root %d)", p, sig->root);
+        break;
+    case WEFT_COLL_SCATTER:
+        snprintf(out, n, "scatter(%llu B/rank, root %d)", p, sig->root);
+        break;
+    case WEFT_COLL_ALLTOALLV:
+        snprintf(out, n, "alltoallv");
+        break;
     default:
         snprintf(out, n, "a collective of unknown kind %d", sig->kind);
         break;
@@ -305,8 +314,14 @@ static int step_complete(struct weft_coll_op *op, size_t i, int drive)
         }
         return 1;
     }
-    if (rc != WEFT_SUCCESS)
+    if (rc != WEFT_SUCCESS) {
         op_fail(op, rc, s, done_verb(s), st.bytes);
+    } else if ((s->flags & WEFT_SCHED_F_EXACT) && s->kind == WEFT_SCHED_RECV && st.bytes != s->bytes) {
+        weft_set_error(op->core, WEFT_ERR_MISMATCH,
+                       "recv from peer %d: a message of %zu B where this rank expects %zu B (the two ranks "
+                       "disagree on the size of this block)", s->peer, st.bytes, s->bytes);
+        op_fail(op, WEFT_ERR_MISMATCH, s, "receive", st.bytes);
+    }
     return 1;
 }
 

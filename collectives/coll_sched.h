@@ -56,6 +56,10 @@ enum weft_sched_kind { WEFT_SCHED_SEND = 1, WEFT_SCHED_RECV, WEFT_SCHED_COPY, WE
 /* REDUCE: the last reduction of an element under WEFT_AVG: divide by the
  * comm size after it (ignored for other operations). */
 #define WEFT_SCHED_F_AVG     2u
+/* RECV: the message must have exactly the step's bytes. A shorter one
+ * fails the call with WEFT_ERR_MISMATCH (alltoallv: the two ranks disagree
+ * on the size of the block; a longer one is the pipe's WEFT_ERR_TRUNCATE). */
+#define WEFT_SCHED_F_EXACT   4u
 
 struct weft_sched_step {
     void                *buf;    /* RECV, COPY: destination */

@@ -213,6 +213,28 @@ WEFT_API int  weft_reduce(weft_comm_t *c, const void *sendbuf, void *recvbuf, si
  * goes to rank j, landing at recvbuf + rank*bytes_per_rank there. In place
  * when sendbuf == recvbuf; otherwise they must not overlap. */
 WEFT_API int  weft_alltoall(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank);
+/* Rank r's bytes_per_rank bytes from sendbuf land at recvbuf +
+ * r*bytes_per_rank on root. recvbuf (size * bytes_per_rank bytes) is used
+ * at the root only (may be NULL elsewhere). In place at the root when
+ * sendbuf == recvbuf + root*bytes_per_rank; otherwise they must not overlap. */
+WEFT_API int  weft_gather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, int root);
+/* Block r of root's sendbuf (bytes_per_rank bytes at sendbuf +
+ * r*bytes_per_rank) lands in recvbuf on rank r. sendbuf is used at the root
+ * only (may be NULL elsewhere). In place at the root when recvbuf ==
+ * sendbuf + root*bytes_per_rank; otherwise they must not overlap. */
+WEFT_API int  weft_scatter(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, int root);
+/* MPI_Alltoallv in bytes: send_bytes[j] bytes at sendbuf + send_displs[j]
+ * go to rank j, where they land at recvbuf + recv_displs[i] (i: this rank),
+ * and recv_bytes[i] there must equal send_bytes[j] here (ranks that
+ * disagree fail: WEFT_ERR_MISMATCH, or WEFT_ERR_TRUNCATE when more
+ * arrives). The four arrays have size entries each, are read during the
+ * call only (reusable once it returned, also for the non-blocking and
+ * stream-ordered forms); sizes may be 0 (a buffer whose sizes are all 0
+ * may be NULL). No in-place form: the send blocks' span must not overlap
+ * the receive blocks'. */
+WEFT_API int  weft_alltoallv(weft_comm_t *c, const void *sendbuf, const size_t *send_bytes,
+                             const size_t *send_displs, void *recvbuf, const size_t *recv_bytes,
+                             const size_t *recv_displs);
 
 /* Non-blocking collectives: the same arguments, and *req to complete with
  * weft_test / weft_wait / weft_waitall like a p2p request (status->bytes,
@@ -232,6 +254,13 @@ WEFT_API int  weft_ireduce(weft_comm_t *c, const void *sendbuf, void *recvbuf, s
                            weft_op_t op, int root, weft_request_t **req);
 WEFT_API int  weft_ialltoall(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
                              weft_request_t **req);
+WEFT_API int  weft_igather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, int root,
+                           weft_request_t **req);
+WEFT_API int  weft_iscatter(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, int root,
+                            weft_request_t **req);
+WEFT_API int  weft_ialltoallv(weft_comm_t *c, const void *sendbuf, const size_t *send_bytes,
+                              const size_t *send_displs, void *recvbuf, const size_t *recv_bytes,
+                              const size_t *recv_displs, weft_request_t **req);
 
 /* Stream-ordered calls (NCCL style); struct CUstream_st * is cudaStream_t.
  * The operation starts after the work queued on `stream` before the call,
@@ -270,6 +299,13 @@ WEFT_API int  weft_alltoall_on_stream(weft_comm_t *c, const void *sendbuf, void 
                                       struct CUstream_st *stream);
 WEFT_API int  weft_reduce_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
                                     weft_dtype_t dtype, weft_op_t op, int root, struct CUstream_st *stream);
+WEFT_API int  weft_gather_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                                    int root, struct CUstream_st *stream);
+WEFT_API int  weft_scatter_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
+                                     int root, struct CUstream_st *stream);
+WEFT_API int  weft_alltoallv_on_stream(weft_comm_t *c, const void *sendbuf, const size_t *send_bytes,
+                                       const size_t *send_displs, void *recvbuf, const size_t *recv_bytes,
+                                       const size_t *recv_displs, struct CUstream_st *stream);
 /* The error of a stream-ordered operation of comm that failed after its
  * call returned and that no call reported yet, without taking it (the next
  * stream-ordered call still returns it); WEFT_ERR_ABORTED once

@@ -20,6 +20,7 @@
  */
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -456,6 +457,97 @@ TEST_F(StreamTest, ReductionsBcastAlltoallOnStream)
     EXPECT_EQ(weft_allreduce_on_stream(comm, in.p, out.p, 4, (weft_dtype_t)99, WEFT_SUM, s.s), WEFT_ERR_INVALID_ARG);
 }
 
+/* Gather to the last rank, scatter from it, and an uneven alltoallv (empty
+ * blocks included) on one stream, queued behind slow work. The alltoallv's
+ * arrays are overwritten as soon as the call returned, before the stream
+ * lets the operation start: the engine must have copied them. */
+TEST_F(StreamTest, GatherScatterAlltoallvOnStream)
+{
+    const size_t nb = 1000 + 3;   /* gather / scatter: bytes per rank */
+    const int root = size - 1;
+    const size_t n = (size_t)size, total = nb * n;
+    /* alltoallv: rank s sends rank d vb(s, d) bytes, byte k = s*31 + d*7 + k. */
+    auto vb = [](int s, int d) { return (size_t)((s + 2 * d) % 3) * 257; };
+    auto vbyte = [](int s, int d, size_t k) { return (unsigned char)(s * 31 + d * 7 + (int)k); };
+    std::vector<size_t> sb(n), sd(n), rb(n), rd(n);
+    size_t stot = 0, rtot = 0;
+    for (int j = 0; j < size; j++) {
+        sb[j] = vb(rank, j);
+        sd[j] = stot;
+        stot += sb[j];
+        rb[j] = vb(j, rank);
+        rd[j] = rtot;
+        rtot += rb[j];
+    }
+    Stream s;
+    Dev gin(nb), gout(total), sin(total), sout(nb), vin(stot), vout(rtot);
+    Pinned src(nb + total), res_g(total), res_s(nb), res_v(rtot);
+    ASSERT_TRUE(gin.p && gout.p && sin.p && sout.p && vin.p && vout.p && src.p && res_g.p && res_s.p && res_v.p);
+    for (size_t k = 0; k < nb; k++)   /* gather: this rank's block */
+        src.p[k] = (unsigned char)(rank * 13 + (int)k);
+    for (size_t k = 0; k < total; k++)   /* scatter: the root's blocks (byte k of block d = d*5 + k) */
+        src.p[nb + k] = (unsigned char)((int)(k / nb) * 5 + (int)(k % nb));
+    std::vector<unsigned char> vsrc(stot);
+    for (int d = 0; d < size; d++)
+        for (size_t k = 0; k < sb[d]; k++)
+            vsrc[sd[d] + k] = vbyte(rank, d, k);
+    Pinned vpin(stot);
+    ASSERT_TRUE(vpin.p);
+    if (stot)
+        std::memcpy(vpin.p, vsrc.data(), stot);
+    ASSERT_EQ(cudaMemset(gout.p, 0, total), cudaSuccess);
+    ASSERT_EQ(cudaMemset(sout.p, 0, nb), cudaSuccess);
+    ASSERT_EQ(cudaMemset(vout.p, 0, rtot ? rtot : 1), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+    ASSERT_EQ(weft_emu_cuda_stream_delay(s.s, 50 * 1000), cudaSuccess);
+    ASSERT_EQ(stream_copy(gin.p, src.p, nb, s.s), cudaSuccess);
+    ASSERT_EQ(stream_copy(sin.p, src.p + nb, total, s.s), cudaSuccess);
+    if (stot) {
+        ASSERT_EQ(stream_copy(vin.p, vpin.p, stot, s.s), cudaSuccess);
+    }
+    ASSERT_EQ(weft_gather_on_stream(comm, gin.p, rank == root ? gout.p : nullptr, nb, root, s.s), WEFT_SUCCESS)
+        << last_error();
+    ASSERT_EQ(weft_scatter_on_stream(comm, rank == root ? sin.p : nullptr, sout.p, nb, root, s.s), WEFT_SUCCESS)
+        << last_error();
+    ASSERT_EQ(weft_alltoallv_on_stream(comm, stot ? vin.p : nullptr, sb.data(), sd.data(), rtot ? vout.p : nullptr,
+                                       rb.data(), rd.data(), s.s),
+              WEFT_SUCCESS)
+        << last_error();
+    for (auto *v : {&sb, &sd, &rb, &rd})   /* the engine holds its own copy */
+        std::fill(v->begin(), v->end(), (size_t)0xdeadbeef);
+    if (rank == root) {
+        ASSERT_EQ(stream_copy(res_g.p, gout.p, total, s.s), cudaSuccess);
+    }
+    ASSERT_EQ(stream_copy(res_s.p, sout.p, nb, s.s), cudaSuccess);
+    if (rtot) {
+        ASSERT_EQ(stream_copy(res_v.p, vout.p, rtot, s.s), cudaSuccess);
+    }
+    ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+    ASSERT_EQ(weft_comm_async_error(comm), WEFT_SUCCESS) << last_error();
+
+    int bad[3] = { 0, 0, 0 };
+    if (rank == root)
+        for (size_t k = 0; k < total; k++)
+            bad[0] += res_g.p[k] != (unsigned char)((int)(k / nb) * 13 + (int)(k % nb));
+    for (size_t k = 0; k < nb; k++)
+        bad[1] += res_s.p[k] != (unsigned char)(rank * 5 + (int)k);
+    size_t off = 0;
+    for (int j = 0; j < size; j++)
+        for (size_t k = 0; k < vb(j, rank); k++)
+            bad[2] += res_v.p[off++] != vbyte(j, rank, k);
+    EXPECT_EQ(bad[0], 0) << "gather on stream";
+    EXPECT_EQ(bad[1], 0) << "scatter on stream";
+    EXPECT_EQ(bad[2], 0) << "alltoallv on stream";
+    /* Zero bytes queue nothing; arguments are checked at the call. */
+    EXPECT_EQ(weft_gather_on_stream(comm, nullptr, nullptr, 0, root, s.s), WEFT_SUCCESS) << last_error();
+    EXPECT_EQ(weft_scatter_on_stream(comm, sin.p, sout.p, nb, size, s.s), WEFT_ERR_INVALID_ARG);
+    EXPECT_NE(last_error().find("weft_scatter_on_stream: root"), std::string::npos) << last_error();
+    EXPECT_EQ(weft_alltoallv_on_stream(comm, vin.p, nullptr, sd.data(), vout.p, rb.data(), rd.data(), s.s),
+              WEFT_ERR_INVALID_ARG);
+    EXPECT_NE(last_error().find("weft_alltoallv_on_stream: send_bytes is NULL"), std::string::npos) << last_error();
+}
+
 /* A receive buffer too small: the stream is released, the next
  * stream-ordered call returns the error with the peer in the text, and the
  * comm and stream keep working afterwards. */
@@ -575,6 +667,13 @@ TEST_F(StreamNoCuda, EveryCallUnsupported)
     EXPECT_EQ(weft_recv_on_stream(comm, host, 8, rank, 0, s.s), WEFT_ERR_UNSUPPORTED);
     EXPECT_EQ(weft_allgather_on_stream(comm, host, all, 8, s.s), WEFT_ERR_UNSUPPORTED);
     EXPECT_EQ(weft_allgather_on_stream(comm, nullptr, nullptr, 0, s.s), WEFT_ERR_UNSUPPORTED);
+    EXPECT_EQ(weft_gather_on_stream(comm, host, all, 8, 0, s.s), WEFT_ERR_UNSUPPORTED);
+    EXPECT_EQ(weft_scatter_on_stream(comm, all, host, 8, 0, s.s), WEFT_ERR_UNSUPPORTED);
+    {
+        size_t z[8] = { 0 };
+        EXPECT_EQ(weft_alltoallv_on_stream(comm, nullptr, z, z, nullptr, z, z, s.s), WEFT_ERR_UNSUPPORTED);
+        EXPECT_NE(last_error().find("weft_alltoallv_on_stream"), std::string::npos) << last_error();
+    }
     EXPECT_EQ(weft_group_start(), WEFT_SUCCESS);
     EXPECT_EQ(weft_send_on_stream(comm, host, 8, rank, 0, s.s), WEFT_ERR_UNSUPPORTED);
     EXPECT_EQ(weft_group_end(), WEFT_SUCCESS);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,11 +34,6 @@
 namespace weft_torch {
 namespace {
 
-// The weft lane of the operations built here from point-to-point messages
-// (gather, scatter, uneven alltoall). Every rank starts them in the same
-// order, and a lane is FIFO per pair, so one lane serves them all; user tags
-// are passed through as they are and must stay below it.
-constexpr int kInternalTag = INT_MAX;
 
 [[noreturn]] void fail(const std::string& op, const std::string& why) {
   throw std::runtime_error("weft backend: " + op + ": " + why);
@@ -150,9 +146,10 @@ void checkRoot(const std::string& op, int64_t root, int size) {
     fail(op, "root rank " + std::to_string(root) + " is out of range (group of " + std::to_string(size) + ")");
 }
 
+// User tags are weft's tags as they are (weft's own lanes are negative).
 void checkUserTag(const std::string& op, int tag) {
-  if (tag < 0 || tag >= kInternalTag)
-    fail(op, "tag " + std::to_string(tag) + " is out of range (0 .. " + std::to_string(kInternalTag - 1) + ")");
+  if (tag < 0)
+    fail(op, "tag " + std::to_string(tag) + " is out of range (0 .. " + std::to_string(INT_MAX) + ")");
 }
 
 enum class Use { In, Out, InOut };
@@ -601,19 +598,34 @@ class Starter {
     else
       started(weft_ialltoall(comm_, in.data_ptr(), out.data_ptr(), bytesPerRank, &r), r, "weft_ialltoall");
   }
-  // Several stream-ordered sends and receives queued as one (weft's groups),
-  // so a ring of them cannot deadlock; host requests need none.
-  void groupStart() {
-    if (onStream_) {
-      done(weft_group_start(), "weft_group_start");
-      inGroup_ = true;
-    }
+  // recv: the root's size x bytesPerRank bytes; nullptr off the root.
+  void gather(const at::Tensor& in, void* recv, size_t bytesPerRank, int root) {
+    weft_request_t* r = nullptr;
+    if (onStream_)
+      done(weft_gather_on_stream(comm_, in.data_ptr(), recv, bytesPerRank, root, stream_), "weft_gather_on_stream");
+    else
+      started(weft_igather(comm_, in.data_ptr(), recv, bytesPerRank, root, &r), r, "weft_igather");
   }
-  void groupEnd() {
-    if (onStream_) {
-      inGroup_ = false;
-      done(weft_group_end(), "weft_group_end");
-    }
+  // send: the root's size x bytesPerRank bytes; nullptr off the root.
+  void scatter(const void* send, const at::Tensor& out, size_t bytesPerRank, int root) {
+    weft_request_t* r = nullptr;
+    if (onStream_)
+      done(weft_scatter_on_stream(comm_, send, out.data_ptr(), bytesPerRank, root, stream_),
+           "weft_scatter_on_stream");
+    else
+      started(weft_iscatter(comm_, send, out.data_ptr(), bytesPerRank, root, &r), r, "weft_iscatter");
+  }
+  // Byte counts and offsets per rank (weft reads them during the call only).
+  void alltoallv(const at::Tensor& in, const std::vector<size_t>& sb, const std::vector<size_t>& sd,
+                 const at::Tensor& out, const std::vector<size_t>& rb, const std::vector<size_t>& rd) {
+    weft_request_t* r = nullptr;
+    if (onStream_)
+      done(weft_alltoallv_on_stream(comm_, in.data_ptr(), sb.data(), sd.data(), out.data_ptr(), rb.data(), rd.data(),
+                                    stream_),
+           "weft_alltoallv_on_stream");
+    else
+      started(weft_ialltoallv(comm_, in.data_ptr(), sb.data(), sd.data(), out.data_ptr(), rb.data(), rd.data(), &r),
+              r, "weft_ialltoallv");
   }
 
  private:
@@ -632,12 +644,6 @@ class Starter {
   }
   [[noreturn]] void raise(int rc, const char* call) {
     std::string why = std::string(call) + " on rank " + rankStr(op_.rank) + ": " + weftWhy(rc, comm_);
-    if (inGroup_) {
-      // Groups are per host thread: one left open would swallow every later
-      // stream-ordered call of this thread.
-      inGroup_ = false;
-      weft_group_end();
-    }
     if (!op_.reqs.empty()) {
       // Requests of this operation already in flight hold its buffers:
       // the process group completes them (their result is dropped).
@@ -654,7 +660,6 @@ class Starter {
   std::mutex* orphansMu_;
   std::shared_ptr<PendingOp> self_;
   bool onStream_ = false;
-  bool inGroup_ = false;
   struct CUstream_st* stream_ = nullptr;
 #if WEFT_TORCH_HAVE_CUDA
   c10::optional<c10::cuda::CUDAGuard> guard_;
@@ -835,22 +840,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::gather(std::vector<std::vector<
   }
   auto op = newOp(name);
   at::Tensor in = stage(*op, inputs[0], Use::In);
-  // weft has no gather: each rank sends to the root on the internal lane.
+  // weft_igather into one buffer at the root, copied into the output list
+  // on completion (as allgather).
   WEFT_STARTER(op, in);
-  st.groupStart();
   if (rank == root) {
-    for (int r = 0; r < getSize(); r++) {
-      if (r == rank) {
-        outputs[0][r].copy_(inputs[0]);
-        continue;
-      }
-      st.recv(stage(*op, outputs[0][r], Use::Out), r, kInternalTag);
-    }
-    op->outputs = outputs[0];
+    const int64_t n = in.numel();
+    at::Tensor flat = scratch(*op, in, n * getSize());
+    st.gather(in, flat.data_ptr(), nbytes(in), root);
+    std::vector<at::Tensor> outs = outputs[0];
+    op->finish.push_back([outs, flat, n]() mutable {
+      for (size_t r = 0; r < outs.size(); r++)
+        outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * n, n).view(outs[r].sizes()));
+    });
+    op->outputs = outs;
   } else {
-    st.send(in, root, kInternalTag);
+    st.gather(in, nullptr, nbytes(in), root);
   }
-  st.groupEnd();
   return launch(op, c10d::OpType::GATHER, "weft:gather", inputs);
 }
 
@@ -873,19 +878,17 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::scatter(std::vector<at::Tensor>
   }
   auto op = newOp(name);
   at::Tensor out = stage(*op, outputs[0], Use::Out);
-  WEFT_STARTER(op, out);
-  st.groupStart();
+  // weft_iscatter from the root's input list side by side in one buffer.
+  at::Tensor in;
   if (rank == root) {
-    for (int r = 0; r < getSize(); r++) {
-      if (r == rank)
-        out.copy_(inputs[0][r]);
-      else
-        st.send(stage(*op, inputs[0][r], Use::In), r, kInternalTag);
-    }
-  } else {
-    st.recv(out, root, kInternalTag);
+    std::vector<at::Tensor> flat;
+    for (const auto& i : inputs[0])
+      flat.push_back(i.reshape({-1}));
+    in = at::cat(flat);
+    op->keep.push_back(in);
   }
-  st.groupEnd();
+  WEFT_STARTER(op, out);
+  st.scatter(rank == root ? in.data_ptr() : nullptr, out, nbytes(out), root);
   op->outputs = outputs;
   std::vector<at::Tensor> ins = rank == root ? inputs[0] : std::vector<at::Tensor>();
   return launch(op, c10d::OpType::SCATTER, "weft:scatter", ins);
@@ -985,49 +988,48 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall_base(at::Tensor& outpu
   auto op = newOp(name);
   at::Tensor in = stage(*op, input, Use::In);
   at::Tensor out = stage(*op, output, Use::Out);
-  WEFT_STARTER(op, in);
   // No split sizes: equal blocks on every rank, weft_alltoall. Split sizes
-  // (even equal ones): one message to and from each rank on the internal
-  // lane. The choice must not depend on the sizes: a rank whose splits
-  // happen to be equal cannot tell whether its peers' are, and
-  // weft_alltoall on some ranks against messages on others never matches.
-  if (inputSplitSizes.empty() && outputSplitSizes.empty()) {
+  // (even equal ones): weft_alltoallv. The choice must not depend on the
+  // sizes: a rank whose splits happen to be equal cannot tell whether its
+  // peers' are, and weft_alltoall on some ranks against weft_alltoallv on
+  // others never matches.
+  const bool split = !(inputSplitSizes.empty() && outputSplitSizes.empty());
+  std::vector<size_t> sb(size), sd(size), rb(size), rd(size);  // alltoallv: bytes and offsets per rank
+  if (!split) {
     if (nbytes(in) != nbytes(out))
       fail(name, "without split sizes input and output must have the same size (" + std::to_string(nbytes(in)) +
                      " and " + std::to_string(nbytes(out)) + " bytes)");
-    st.alltoall(in, out, nbytes(in) / size);
   } else {
     const size_t inRow = rowBytes(in), outRow = rowBytes(out);
     auto rows = [size](const std::vector<int64_t>& s, const at::Tensor& t, int r) -> int64_t {
       return s.empty() ? t.size(0) / size : s[r];
     };
-    auto* inBase = static_cast<char*>(in.data_ptr());
-    auto* outBase = static_cast<char*>(out.data_ptr());
-    std::vector<size_t> inOff(size + 1, 0), outOff(size + 1, 0);
+    size_t inOff = 0, outOff = 0;
     for (int r = 0; r < size; r++) {
-      inOff[r + 1] = inOff[r] + rows(inputSplitSizes, in, r) * inRow;
-      outOff[r + 1] = outOff[r] + rows(outputSplitSizes, out, r) * outRow;
+      sd[r] = inOff;
+      sb[r] = static_cast<size_t>(rows(inputSplitSizes, in, r)) * inRow;
+      inOff += sb[r];
+      rd[r] = outOff;
+      rb[r] = static_cast<size_t>(rows(outputSplitSizes, out, r)) * outRow;
+      outOff += rb[r];
     }
-    // Byte views of the blocks, so send/recv take tensors like the rest.
-    at::Tensor inBytes = at::from_blob(inBase, {static_cast<int64_t>(nbytes(in))}, in.options().dtype(at::kByte));
-    at::Tensor outBytes = at::from_blob(outBase, {static_cast<int64_t>(nbytes(out))}, out.options().dtype(at::kByte));
     const int rank = getRank();
-    st.groupStart();
-    for (int r = 0; r < size; r++) {
-      at::Tensor ob = outBytes.narrow(0, static_cast<int64_t>(outOff[r]), static_cast<int64_t>(outOff[r + 1] - outOff[r]));
-      at::Tensor ib = inBytes.narrow(0, static_cast<int64_t>(inOff[r]), static_cast<int64_t>(inOff[r + 1] - inOff[r]));
-      if (r == rank) {
-        if (ob.numel() != ib.numel())
-          fail(name, "rank " + std::to_string(rank) + " sends itself " + std::to_string(ib.numel()) +
-                         " bytes but expects " + std::to_string(ob.numel()));
-        ob.copy_(ib);
-        continue;
-      }
-      st.recv(ob, r, kInternalTag);
-      st.send(ib, r, kInternalTag);
+    if (sb[rank] != rb[rank])
+      fail(name, "rank " + std::to_string(rank) + " sends itself " + std::to_string(sb[rank]) +
+                     " bytes but expects " + std::to_string(rb[rank]));
+    // weft_alltoallv has no in-place form: an input sharing memory with the
+    // output is sent from a copy.
+    auto addr = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()); };
+    if (nbytes(in) && nbytes(out) && addr(in) < addr(out) + nbytes(out) && addr(out) < addr(in) + nbytes(in)) {
+      in = in.clone();
+      op->keep.push_back(in);
     }
-    st.groupEnd();
   }
+  WEFT_STARTER(op, in);
+  if (split)
+    st.alltoallv(in, sb, sd, out, rb, rd);
+  else
+    st.alltoall(in, out, nbytes(in) / size);
   op->outputs = {output};
   return launch(op, c10d::OpType::ALLTOALL_BASE, "weft:all_to_all", {input});
 }
@@ -1045,25 +1047,43 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupWeft::alltoall(std::vector<at::Tensor
   for (int r = 0; r < size; r++)
     if (inputs[r].scalar_type() != inputs[0].scalar_type() || outputs[r].scalar_type() != inputs[0].scalar_type())
       fail(name, "all tensors must have one dtype");
-  auto op = newOp(name);
-  // Always point-to-point: a rank whose blocks happen to be equal cannot
-  // tell whether its peers' are, and weft_alltoall on some ranks against
-  // messages on others would never match.
-  WEFT_STARTER(op, inputs[0]);
   const int rank = getRank();
-  st.groupStart();
+  if (outputs[rank].numel() != inputs[rank].numel())
+    fail(name, "rank " + std::to_string(rank) + " sends itself " + std::to_string(inputs[rank].numel()) +
+                   " elements but expects " + std::to_string(outputs[rank].numel()));
+  auto op = newOp(name);
+  // Always weft_alltoallv: a rank whose blocks happen to be equal cannot
+  // tell whether its peers' are, and weft_alltoall on some ranks against
+  // weft_alltoallv on others would never match. The inputs go side by side
+  // in one buffer; the output arrives in one buffer, copied into the output
+  // list on completion.
+  std::vector<at::Tensor> flat;
+  for (const auto& i : inputs)
+    flat.push_back(i.reshape({-1}));
+  at::Tensor in = at::cat(flat);
+  op->keep.push_back(in);
+  const size_t esize = static_cast<size_t>(in.element_size());
+  std::vector<size_t> sb(size), sd(size), rb(size), rd(size);
+  std::vector<int64_t> outAt(size);
+  size_t inOff = 0;
+  int64_t outElems = 0;
   for (int r = 0; r < size; r++) {
-    if (r == rank) {
-      if (outputs[r].numel() != inputs[r].numel())
-        fail(name, "rank " + std::to_string(rank) + " sends itself " + std::to_string(inputs[r].numel()) +
-                       " elements but expects " + std::to_string(outputs[r].numel()));
-      outputs[r].copy_(inputs[r]);
-      continue;
-    }
-    st.recv(stage(*op, outputs[r], Use::Out), r, kInternalTag);
-    st.send(stage(*op, inputs[r], Use::In), r, kInternalTag);
+    sd[r] = inOff;
+    sb[r] = static_cast<size_t>(inputs[r].numel()) * esize;
+    inOff += sb[r];
+    outAt[r] = outElems;
+    rd[r] = static_cast<size_t>(outElems) * esize;
+    rb[r] = static_cast<size_t>(outputs[r].numel()) * esize;
+    outElems += outputs[r].numel();
   }
-  st.groupEnd();
+  at::Tensor out = scratch(*op, in, outElems);
+  WEFT_STARTER(op, in);
+  st.alltoallv(in, sb, sd, out, rb, rd);
+  std::vector<at::Tensor> outs = outputs;
+  op->finish.push_back([outs, out, outAt]() mutable {
+    for (size_t r = 0; r < outs.size(); r++)
+      outs[r].copy_(out.narrow(0, outAt[r], outs[r].numel()).view(outs[r].sizes()));
+  });
   op->outputs = outputs;
   return launch(op, c10d::OpType::ALLTOALL, "weft:all_to_all", inputs);
 }

@@ -152,6 +152,108 @@ int weft_check_alltoall(struct weft_comm *c, const void *sendbuf, const void *re
     return WEFT_SUCCESS;
 }
 
+int weft_check_rooted(struct weft_comm *c, int kind, const void *sendbuf, const void *recvbuf,
+                      size_t bytes_per_rank, int root, const char *fn)
+{
+    if (c == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: comm is NULL", fn);
+    int n = c->core.size, me = c->core.rank, gather = kind == WEFT_COLL_GATHER;
+    if (root < 0 || root >= n)
+        return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG, "%s: root %d out of range (comm has %d ranks)", fn,
+                              root, n);
+    if (bytes_per_rank > SIZE_MAX / (size_t)n)
+        return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG, "%s: bytes_per_rank %zu x %d ranks overflows size_t",
+                              fn, bytes_per_rank, n);
+    if (bytes_per_rank == 0)
+        return WEFT_SUCCESS;
+    /* own: this rank's block; all: the root's size * bytes_per_rank. */
+    const void *own = gather ? sendbuf : recvbuf, *all = gather ? recvbuf : sendbuf;
+    const char *own_name = gather ? "sendbuf" : "recvbuf", *all_name = gather ? "recvbuf" : "sendbuf";
+    if (own == NULL)
+        return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG, "%s: %s is NULL with bytes_per_rank %zu (root %d)",
+                              fn, own_name, bytes_per_rank, root);
+    if (me != root)
+        return WEFT_SUCCESS;   /* the other buffer is the root's only */
+    if (all == NULL)
+        return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG,
+                              "%s: %s is NULL with bytes_per_rank %zu at the root (rank %d)", fn, all_name,
+                              bytes_per_rank, root);
+    size_t total = bytes_per_rank * (size_t)n;
+    if ((uintptr_t)all > UINTPTR_MAX - total || (uintptr_t)own > UINTPTR_MAX - bytes_per_rank)
+        return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG, "%s: a buffer runs past the end of the address space",
+                              fn);
+    if ((uintptr_t)own != (uintptr_t)all + (size_t)root * bytes_per_rank && overlaps(own, bytes_per_rank, all, total))
+        return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG,
+                              "%s: %s overlaps %s but is not the in-place form (%s == %s + root * bytes_per_rank)",
+                              fn, own_name, all_name, own_name, all_name);
+    return WEFT_SUCCESS;
+}
+
+/* One side of alltoallv: every block's end fits, buf is there when a
+ * block is not empty; [*lo, *hi): the span of the non-empty blocks
+ * (offsets into buf; *lo > *hi when there are none). */
+static int check_blocks(struct weft_comm *c, const char *fn, const char *side, const void *buf,
+                        const size_t *bytes, const size_t *displs, size_t *lo, size_t *hi, size_t *total)
+{
+    int n = c->core.size;
+    *lo = SIZE_MAX;
+    *hi = 0;
+    *total = 0;
+    for (int j = 0; j < n; j++) {
+        size_t len = bytes[j], off = displs[j];
+        if (off > SIZE_MAX - len)
+            return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG,
+                                  "%s: %s_displs[%d] + %s_bytes[%d] (%zu + %zu) overflows size_t", fn, side, j, side,
+                                  j, off, len);
+        if (len == 0)
+            continue;
+        if (buf == NULL)
+            return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG, "%s: %sbuf is NULL but %s_bytes[%d] is %zu", fn,
+                                  side, side, j, len);
+        if ((uintptr_t)buf > UINTPTR_MAX - (off + len))
+            return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG,
+                                  "%s: %sbuf + %s_displs[%d] + %s_bytes[%d] (%zu + %zu) runs past the end of the "
+                                  "address space", fn, side, side, j, side, j, off, len);
+        if (off < *lo)
+            *lo = off;
+        if (off + len > *hi)
+            *hi = off + len;
+        *total = len > SIZE_MAX - *total ? SIZE_MAX : *total + len;
+    }
+    return WEFT_SUCCESS;
+}
+
+int weft_check_alltoallv(struct weft_comm *c, const void *sendbuf, const size_t *send_bytes,
+                         const size_t *send_displs, const void *recvbuf, const size_t *recv_bytes,
+                         const size_t *recv_displs, size_t *send_total, const char *fn)
+{
+    if (c == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: comm is NULL", fn);
+    int n = c->core.size, me = c->core.rank, rc;
+    const char *missing = send_bytes == NULL    ? "send_bytes"
+                          : send_displs == NULL ? "send_displs"
+                          : recv_bytes == NULL  ? "recv_bytes"
+                          : recv_displs == NULL ? "recv_displs"
+                                                : NULL;
+    if (missing)
+        return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG, "%s: %s is NULL (an array of %d entries, one per rank)",
+                              fn, missing, n);
+    size_t slo, shi, rlo, rhi, rtotal;
+    if ((rc = check_blocks(c, fn, "send", sendbuf, send_bytes, send_displs, &slo, &shi, send_total)) != WEFT_SUCCESS ||
+        (rc = check_blocks(c, fn, "recv", recvbuf, recv_bytes, recv_displs, &rlo, &rhi, &rtotal)) != WEFT_SUCCESS)
+        return rc;
+    if (send_bytes[me] != recv_bytes[me])
+        return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG,
+                              "%s: send_bytes[%d] is %zu but recv_bytes[%d] is %zu (the block a rank sends itself "
+                              "is copied: both sizes must match)", fn, me, send_bytes[me], me, recv_bytes[me]);
+    if (slo < shi && rlo < rhi &&
+        overlaps((const char *)sendbuf + slo, shi - slo, (const char *)recvbuf + rlo, rhi - rlo))
+        return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG,
+                              "%s: the send blocks (sendbuf + [%zu, %zu)) overlap the receive blocks (recvbuf + "
+                              "[%zu, %zu)); alltoallv has no in-place form", fn, slo, shi, rlo, rhi);
+    return WEFT_SUCCESS;
+}
+
 int weft_check_req_out(struct weft_comm *c, const void *req_out, const char *fn)
 {
     if (req_out != NULL)

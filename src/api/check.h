@@ -63,6 +63,25 @@ int weft_check_reduce(struct weft_comm *c, int kind, const void *sendbuf, const 
 int weft_check_alltoall(struct weft_comm *c, const void *sendbuf, const void *recvbuf, size_t bytes_per_rank,
                         const char *fn);
 
+/* Gather and scatter (kind WEFT_COLL_GATHER / _SCATTER): comm, root in
+ * range, size * bytes_per_rank fits size_t; with bytes_per_rank > 0 the
+ * rank's own block non-NULL (gather: sendbuf, scatter: recvbuf), and at
+ * the root the n blocks (gather: recvbuf, scatter: sendbuf) non-NULL and
+ * either the in-place form (the own block == blocks + root*bytes_per_rank)
+ * or not overlapping the own block. */
+int weft_check_rooted(struct weft_comm *c, int kind, const void *sendbuf, const void *recvbuf,
+                      size_t bytes_per_rank, int root, const char *fn);
+
+/* Alltoallv: comm, the four arrays non-NULL, every displacement + size
+ * fits size_t and the buffer's address range, a buffer non-NULL when one
+ * of its sizes is > 0, send_bytes[rank] == recv_bytes[rank], and the span
+ * of the send blocks (lowest to highest byte) not overlapping the span of
+ * the receive blocks (no in-place form). *send_total: the bytes this rank
+ * sends (saturating; for logs). */
+int weft_check_alltoallv(struct weft_comm *c, const void *sendbuf, const size_t *send_bytes,
+                         const size_t *send_displs, const void *recvbuf, const size_t *recv_bytes,
+                         const size_t *recv_displs, size_t *send_total, const char *fn);
+
 /* A request output of a non-blocking call. */
 int weft_check_req_out(struct weft_comm *c, const void *req_out, const char *fn);
 

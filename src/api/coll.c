@@ -29,7 +29,7 @@ static int allgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t 
     int rc = weft_check_allgather(c, sendbuf, recvbuf, bytes_per_rank, fn);
     if (rc != WEFT_SUCCESS)
         return rc;
-    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL };
+    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL, NULL };
     return coll_call(c, &a, req, want_req, fn);
 }
 
@@ -37,7 +37,7 @@ static int barrier(weft_comm_t *c, weft_request_t **req, int want_req, const cha
 {
     if (c == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: comm is NULL", fn);
-    struct weft_coll_args a = { WEFT_COLL_BARRIER, NULL, NULL, 0, -1, -1, -1, NULL };
+    struct weft_coll_args a = { WEFT_COLL_BARRIER, NULL, NULL, 0, -1, -1, -1, NULL, NULL };
     return coll_call(c, &a, req, want_req, fn);
 }
 
@@ -47,7 +47,7 @@ static int bcast(weft_comm_t *c, void *buf, size_t bytes, int root, weft_request
     int rc = weft_check_bcast(c, buf, bytes, root, fn);
     if (rc != WEFT_SUCCESS)
         return rc;
-    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root, NULL };
+    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root, NULL, NULL };
     return coll_call(c, &a, req, want_req, fn);
 }
 
@@ -57,7 +57,8 @@ static int reduction(weft_comm_t *c, int kind, const void *sendbuf, void *recvbu
     int rc = weft_check_reduce(c, kind, sendbuf, recvbuf, count, dtype, op, root, fn);
     if (rc != WEFT_SUCCESS)
         return rc;
-    struct weft_coll_args a = { kind, sendbuf, recvbuf, count, dtype, op, kind == WEFT_COLL_REDUCE ? root : -1, NULL };
+    struct weft_coll_args a = { kind, sendbuf, recvbuf, count, dtype, op, kind == WEFT_COLL_REDUCE ? root : -1, NULL,
+                                NULL };
     return coll_call(c, &a, req, want_req, fn);
 }
 
@@ -67,7 +68,32 @@ static int alltoall(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t b
     int rc = weft_check_alltoall(c, sendbuf, recvbuf, bytes_per_rank, fn);
     if (rc != WEFT_SUCCESS)
         return rc;
-    struct weft_coll_args a = { WEFT_COLL_ALLTOALL, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL };
+    struct weft_coll_args a = { WEFT_COLL_ALLTOALL, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL, NULL };
+    return coll_call(c, &a, req, want_req, fn);
+}
+
+static int rooted(weft_comm_t *c, int kind, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, int root,
+                  weft_request_t **req, int want_req, const char *fn)
+{
+    int rc = weft_check_rooted(c, kind, sendbuf, recvbuf, bytes_per_rank, root, fn);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    struct weft_coll_args a = { kind, sendbuf, recvbuf, bytes_per_rank, -1, -1, root, NULL, NULL };
+    return coll_call(c, &a, req, want_req, fn);
+}
+
+static int alltoallv(weft_comm_t *c, const void *sendbuf, const size_t *send_bytes, const size_t *send_displs,
+                     void *recvbuf, const size_t *recv_bytes, const size_t *recv_displs, weft_request_t **req,
+                     int want_req, const char *fn)
+{
+    size_t total = 0;
+    int rc = weft_check_alltoallv(c, sendbuf, send_bytes, send_displs, recvbuf, recv_bytes, recv_displs, &total, fn);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    /* The arrays are read only while the call starts (its schedule is
+     * built from them), so the caller may reuse them once it returned. */
+    struct weft_coll_vec v = { send_bytes, send_displs, recv_bytes, recv_displs };
+    struct weft_coll_args a = { WEFT_COLL_ALLTOALLV, sendbuf, recvbuf, total, -1, -1, -1, NULL, &v };
     return coll_call(c, &a, req, want_req, fn);
 }
 
@@ -113,6 +139,23 @@ int weft_alltoall(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t byt
     return alltoall(c, sendbuf, recvbuf, bytes_per_rank, NULL, 0, "weft_alltoall");
 }
 
+int weft_gather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, int root)
+{
+    return rooted(c, WEFT_COLL_GATHER, sendbuf, recvbuf, bytes_per_rank, root, NULL, 0, "weft_gather");
+}
+
+int weft_scatter(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, int root)
+{
+    return rooted(c, WEFT_COLL_SCATTER, sendbuf, recvbuf, bytes_per_rank, root, NULL, 0, "weft_scatter");
+}
+
+int weft_alltoallv(weft_comm_t *c, const void *sendbuf, const size_t *send_bytes, const size_t *send_displs,
+                   void *recvbuf, const size_t *recv_bytes, const size_t *recv_displs)
+{
+    return alltoallv(c, sendbuf, send_bytes, send_displs, recvbuf, recv_bytes, recv_displs, NULL, 0,
+                     "weft_alltoallv");
+}
+
 /* ---- non-blocking ---- */
 
 int weft_iallgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, weft_request_t **req)
@@ -154,4 +197,23 @@ int weft_ireduce(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t coun
 int weft_ialltoall(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, weft_request_t **req)
 {
     return alltoall(c, sendbuf, recvbuf, bytes_per_rank, req, 1, "weft_ialltoall");
+}
+
+int weft_igather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, int root,
+                 weft_request_t **req)
+{
+    return rooted(c, WEFT_COLL_GATHER, sendbuf, recvbuf, bytes_per_rank, root, req, 1, "weft_igather");
+}
+
+int weft_iscatter(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, int root,
+                  weft_request_t **req)
+{
+    return rooted(c, WEFT_COLL_SCATTER, sendbuf, recvbuf, bytes_per_rank, root, req, 1, "weft_iscatter");
+}
+
+int weft_ialltoallv(weft_comm_t *c, const void *sendbuf, const size_t *send_bytes, const size_t *send_displs,
+                    void *recvbuf, const size_t *recv_bytes, const size_t *recv_displs, weft_request_t **req)
+{
+    return alltoallv(c, sendbuf, send_bytes, send_displs, recvbuf, recv_bytes, recv_displs, req, 1,
+                     "weft_ialltoallv");
 }

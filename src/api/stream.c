@@ -46,7 +46,7 @@ int weft_allreduce_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf,
 {
     const char *fn = "weft_allreduce_on_stream";
     int rc = weft_check_reduce(c, WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, -1, fn);
-    struct weft_coll_args a = { WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, -1, NULL };
+    struct weft_coll_args a = { WEFT_COLL_ALLREDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, -1, NULL, NULL };
     return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
 }
 
@@ -55,7 +55,8 @@ int weft_reduce_scatter_on_stream(weft_comm_t *c, const void *sendbuf, void *rec
 {
     const char *fn = "weft_reduce_scatter_on_stream";
     int rc = weft_check_reduce(c, WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, (int)dtype, (int)op, -1, fn);
-    struct weft_coll_args a = { WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, (int)dtype, (int)op, -1, NULL };
+    struct weft_coll_args a = { WEFT_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, (int)dtype, (int)op, -1, NULL,
+                                NULL };
     return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
 }
 
@@ -63,7 +64,7 @@ int weft_bcast_on_stream(weft_comm_t *c, void *buf, size_t bytes, int root, stru
 {
     const char *fn = "weft_bcast_on_stream";
     int rc = weft_check_bcast(c, buf, bytes, root, fn);
-    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root, NULL };
+    struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root, NULL, NULL };
     return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
 }
 
@@ -72,7 +73,7 @@ int weft_alltoall_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, 
 {
     const char *fn = "weft_alltoall_on_stream";
     int rc = weft_check_alltoall(c, sendbuf, recvbuf, bytes_per_rank, fn);
-    struct weft_coll_args a = { WEFT_COLL_ALLTOALL, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL };
+    struct weft_coll_args a = { WEFT_COLL_ALLTOALL, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL, NULL };
     return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
 }
 
@@ -81,7 +82,39 @@ int weft_reduce_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, si
 {
     const char *fn = "weft_reduce_on_stream";
     int rc = weft_check_reduce(c, WEFT_COLL_REDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, root, fn);
-    struct weft_coll_args a = { WEFT_COLL_REDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, root, NULL };
+    struct weft_coll_args a = { WEFT_COLL_REDUCE, sendbuf, recvbuf, count, (int)dtype, (int)op, root, NULL, NULL };
+    return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
+}
+
+int weft_gather_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, int root,
+                          struct CUstream_st *stream)
+{
+    const char *fn = "weft_gather_on_stream";
+    int rc = weft_check_rooted(c, WEFT_COLL_GATHER, sendbuf, recvbuf, bytes_per_rank, root, fn);
+    struct weft_coll_args a = { WEFT_COLL_GATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, root, NULL, NULL };
+    return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
+}
+
+int weft_scatter_on_stream(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t bytes_per_rank, int root,
+                           struct CUstream_st *stream)
+{
+    const char *fn = "weft_scatter_on_stream";
+    int rc = weft_check_rooted(c, WEFT_COLL_SCATTER, sendbuf, recvbuf, bytes_per_rank, root, fn);
+    struct weft_coll_args a = { WEFT_COLL_SCATTER, sendbuf, recvbuf, bytes_per_rank, -1, -1, root, NULL, NULL };
+    return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
+}
+
+/* The engine copies the arrays at the call (weft_coll_prepare): the op
+ * starts later, on its thread, when the caller may have reused them. */
+int weft_alltoallv_on_stream(weft_comm_t *c, const void *sendbuf, const size_t *send_bytes,
+                             const size_t *send_displs, void *recvbuf, const size_t *recv_bytes,
+                             const size_t *recv_displs, struct CUstream_st *stream)
+{
+    const char *fn = "weft_alltoallv_on_stream";
+    size_t total = 0;
+    int rc = weft_check_alltoallv(c, sendbuf, send_bytes, send_displs, recvbuf, recv_bytes, recv_displs, &total, fn);
+    struct weft_coll_vec v = { send_bytes, send_displs, recv_bytes, recv_displs };
+    struct weft_coll_args a = { WEFT_COLL_ALLTOALLV, sendbuf, recvbuf, total, -1, -1, -1, NULL, &v };
     return rc != WEFT_SUCCESS ? rc : stream_coll(c, &a, stream, fn);
 }
 

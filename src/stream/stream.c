@@ -115,6 +115,9 @@ static const char *coll_fn(int ckind)
     case WEFT_COLL_REDUCE_SCATTER: return "weft_reduce_scatter_on_stream";
     case WEFT_COLL_BCAST: return "weft_bcast_on_stream";
     case WEFT_COLL_ALLTOALL: return "weft_alltoall_on_stream";
+    case WEFT_COLL_GATHER: return "weft_gather_on_stream";
+    case WEFT_COLL_SCATTER: return "weft_scatter_on_stream";
+    case WEFT_COLL_ALLTOALLV: return "weft_alltoallv_on_stream";
     default: return "a stream-ordered collective";
     }
 }
@@ -1109,6 +1112,8 @@ static int enqueue(struct gop *g)
     weft_p2p_prepare_device(S->p2p);
     if (g->kind == SOP_COLL && (err = weft_coll_prepare(S->cc, &g->coll, &g->prep)) != WEFT_SUCCESS)
         return err;
+    if (g->prep.vec)
+        g->coll.vec = g->prep.vec;   /* alltoallv: the copy of the caller's arrays, freed with the prep */
     if (g_depth > 0) {
         if (g_n == g_cap) {
             size_t cap = g_cap ? 2 * g_cap : 16;
@@ -1129,23 +1134,24 @@ static int enqueue(struct gop *g)
 int weft_stream_send(struct weft_stream *s, const void *buf, size_t bytes, int peer, int tag,
                      struct CUstream_st *stream)
 {
-    struct gop g = { s, SOP_SEND, buf, NULL, bytes, peer, tag, stream, 0, { 0, NULL, NULL, 0, -1, -1, -1, NULL },
-                     { 0, NULL, NULL } };
+    struct gop g = { s, SOP_SEND, buf, NULL, bytes, peer, tag, stream, 0,
+                     { 0, NULL, NULL, 0, -1, -1, -1, NULL, NULL }, { 0, NULL, NULL, NULL } };
     return enqueue(&g);
 }
 
 int weft_stream_recv(struct weft_stream *s, void *buf, size_t bytes, int peer, int tag, struct CUstream_st *stream)
 {
-    struct gop g = { s, SOP_RECV, NULL, buf, bytes, peer, tag, stream, 0, { 0, NULL, NULL, 0, -1, -1, -1, NULL },
-                     { 0, NULL, NULL } };
+    struct gop g = { s, SOP_RECV, NULL, buf, bytes, peer, tag, stream, 0,
+                     { 0, NULL, NULL, 0, -1, -1, -1, NULL, NULL }, { 0, NULL, NULL, NULL } };
     return enqueue(&g);
 }
 
 int weft_stream_coll(struct weft_stream *s, const struct weft_coll_args *a, struct CUstream_st *stream)
 {
-    struct gop g = { s, SOP_COLL, NULL, NULL, 0, -1, -1, stream, 0, *a, { 0, NULL, NULL } };
-    if (a->count == 0 && a->kind != WEFT_COLL_BARRIER) {
-        /* Nothing moves on any rank (all pass 0): only the CUDA check. */
+    struct gop g = { s, SOP_COLL, NULL, NULL, 0, -1, -1, stream, 0, *a, { 0, NULL, NULL, NULL } };
+    if (a->count == 0 && a->kind != WEFT_COLL_BARRIER && a->kind != WEFT_COLL_ALLTOALLV) {
+        /* Nothing moves on any rank (all pass 0): only the CUDA check.
+         * Not alltoallv: a rank sending nothing may still receive. */
         if (!s->core->cuda)
             return weft_set_error(s->core, WEFT_ERR_UNSUPPORTED, "%s: CUDA is not available in this comm",
                                   coll_fn(a->kind));
@@ -1157,7 +1163,7 @@ int weft_stream_coll(struct weft_stream *s, const struct weft_coll_args *a, stru
 int weft_stream_allgather(struct weft_stream *s, const void *sendbuf, void *recvbuf, size_t bytes_per_rank,
                           struct CUstream_st *stream)
 {
-    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL };
+    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL, NULL };
     return weft_stream_coll(s, &a, stream);
 }
 

@@ -175,6 +175,24 @@ def _collectives_vs_gloo(rank, size):
     w, g = both(a2av)
     assert_same(w, g, "all_to_all_single uneven")
 
+    # split sizes with empty blocks (weft_alltoallv moves them as empty
+    # messages): rank r sends rank j nothing when r + j is odd; the value
+    # is computed (every rank's input is known)
+    def splits0(r):
+        return [0 if (r + j) % 2 else r + j + 1 for j in range(size)]
+    def inp0(r):
+        return torch.arange(sum(splits0(r)) * 2, dtype=torch.float32).view(-1, 2) + 1000 * r
+    out = torch.zeros(sum(splits0(rank)), 2)
+    dist.all_to_all_single(out, inp0(rank), splits0(rank), splits0(rank))
+    exp = torch.cat([inp0(j).narrow(0, sum(splits0(j)[:rank]), splits0(j)[rank]) for j in range(size)])
+    assert_same(out, exp, "all_to_all_single with empty splits")
+    # split sizes, one tensor for input and output (weft_alltoallv has no
+    # in-place form: the backend sends from a copy)
+    t = torch.arange(size * 3, dtype=torch.float32) + 100 * rank
+    dist.all_to_all_single(t, t, [3] * size, [3] * size)
+    assert_same(t, torch.cat([torch.arange(3 * rank, 3 * rank + 3, dtype=torch.float32) + 100 * j
+                              for j in range(size)]), "all_to_all_single splits, input is output")
+
     # all_to_all (lists, uneven sizes); gloo 1.13 lacks it
     ins = [torch.full((rank + j + 1,), float(10 * rank + j)) for j in range(size)]
     outs = [torch.zeros(j + rank + 1) for j in range(size)]
@@ -512,6 +530,13 @@ def _unsupported(rank, size):
         dist.recv(torch.zeros(2))
     with pytest.raises(RuntimeError, match=r"tag -1 is out of range"):
         dist.send(torch.zeros(2), 1 - rank, tag=-1)
+    # the largest tag is the user's (the backend reserves no lane of its own)
+    if rank == 0:
+        dist.send(torch.full((2,), 7.0), 1, tag=2 ** 31 - 1)
+    elif rank == 1:
+        b = torch.zeros(2)
+        dist.recv(b, 0, tag=2 ** 31 - 1)
+        assert_same(b, torch.full((2,), 7.0), "recv on tag INT_MAX")
     # the group still works after the refusals (nothing was started)
     t = torch.ones(4)
     dist.all_reduce(t)
