@@ -62,6 +62,8 @@ struct perf_opts {
     int         rank, size;    /* in MPI_COMM_WORLD */
     int         nodes;         /* distinct hosts (MPI_Comm_split_type SHARED) */
     MPI_Comm    mpi;           /* a dup of MPI_COMM_WORLD for the MPI side of every test */
+    const weft_config_t *config; /* every weft comm's configuration (-a: the mode's WEFT_*_ALGO);
+                                  * weft_comm_create_config, never the environment written */
     int         argc;
     char      **argv;
 };

@@ -684,9 +684,9 @@ static int init_memory(const struct perf_opts *o)
     unsigned long long v[3], mx[3];
     MPI_Barrier(o->mpi);
     size_t h0 = heap_bytes();
-    int err = weft_comm_create(MPI_COMM_WORLD, &c);
+    int err = weft_comm_create_config(MPI_COMM_WORLD, o->config, &c);
     if (err) {
-        perf_weft_fail(o, NULL, "weft_comm_create", err);
+        perf_weft_fail(o, NULL, "weft_comm_create_config", err);
         return 1;
     }
     v[0] = heap_bytes() > h0 ? heap_bytes() - h0 : 0;
@@ -755,10 +755,10 @@ int perf_init(const struct perf_opts *o, weft_comm_t *unused)
             if (lib == LIB_WEFT) {
                 weft_comm_t *c = NULL;
                 double t0 = perf_now();
-                int err = weft_comm_create(MPI_COMM_WORLD, &c);
+                int err = weft_comm_create_config(MPI_COMM_WORLD, o->config, &c);
                 double t1 = perf_now();
                 if (err) {
-                    perf_weft_fail(o, NULL, "weft_comm_create", err);
+                    perf_weft_fail(o, NULL, "weft_comm_create_config", err);
                     goto out;
                 }
                 wc[rep] = slowest_rank(o, t1 - t0);

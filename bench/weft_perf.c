@@ -490,7 +490,7 @@ static int count_nodes(void)
 
 typedef int (*perf_fn)(const struct perf_opts *, weft_comm_t *);
 
-/* algo_env: what -a sets (read by weft_comm_create). */
+/* algo_env: what -a sets (in the configuration of every weft comm made). */
 static const struct { const char *name; perf_fn fn; int needs_comm; const char *algo_env; } subcommands[] = {
     { "sendrecv",       perf_sendrecv,       1, "WEFT_ALLGATHER_ALGO" },
     { "init",           perf_init,           0, "WEFT_ALLGATHER_ALGO" },   /* creates and destroys its own comms */
@@ -551,10 +551,15 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return prc == 2 ? 0 : 1;
     }
-    if (o.algo && setenv(algo_env, o.algo, 1) != 0) {
-        fprintf(stderr, "weft-perf rank %d: setenv %s: %s\n", o.rank, algo_env, strerror(errno));
-        MPI_Abort(MPI_COMM_WORLD, 1);
+    /* -a: the algorithm's setting in every comm's configuration (a bad
+     * name is refused by weft_comm_create_config, naming it). */
+    weft_setting_t algo_setting = { algo_env, o.algo };
+    weft_config_t config = WEFT_CONFIG_INITIALIZER;
+    if (o.algo) {
+        config.settings = &algo_setting;
+        config.nsettings = 1;
     }
+    o.config = &config;
     o.nodes = count_nodes();
     MPI_Comm_dup(MPI_COMM_WORLD, &o.mpi);
     /* Before weft_comm_create: each rank's device is current when weft looks. */
@@ -565,9 +570,9 @@ int main(int argc, char **argv)
 
     weft_comm_t *comm = NULL;
     if (needs_comm) {
-        int err = weft_comm_create(MPI_COMM_WORLD, &comm);
+        int err = weft_comm_create_config(MPI_COMM_WORLD, o.config, &comm);
         if (err != WEFT_SUCCESS) {
-            perf_weft_fail(&o, NULL, "weft_comm_create", err);
+            perf_weft_fail(&o, NULL, "weft_comm_create_config", err);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
     }

@@ -32,21 +32,16 @@ namespace {
 
 constexpr size_t KiB = 1024, MiB = 1024 * 1024;
 
-/* A comm of its own for the scope, created with WEFT_ALLGATHER_ALGO set
- * (the library reads it at weft_comm_create); "auto" leaves it unset so the
- * selector decides. Collective: the same value on every rank. The comm is
- * destroyed at the end of the scope, unless the test failed (then it is
- * leaked, as WeftMpiTest does, since the ranks may no longer agree). */
+/* A comm of its own for the scope, created with WEFT_ALLGATHER_ALGO=algo in
+ * its configuration ("auto": the selector decides, whatever the environment
+ * says). Collective: the same value on every rank. The comm is destroyed at
+ * the end of the scope, unless the test failed (then it is leaked, as
+ * WeftMpiTest does, since the ranks may no longer agree). */
 class ForceAlgo {
 public:
     explicit ForceAlgo(const std::string &algo)
     {
-        if (algo == "auto")
-            unsetenv("WEFT_ALLGATHER_ALGO");
-        else
-            setenv("WEFT_ALLGATHER_ALGO", algo.c_str(), 1);
-        rc_ = weft_comm_create(MPI_COMM_WORLD, &comm_);
-        unsetenv("WEFT_ALLGATHER_ALGO");
+        rc_ = create_with(MPI_COMM_WORLD, {{"WEFT_ALLGATHER_ALGO", algo}}, &comm_);
         if (rc_ != WEFT_SUCCESS)
             comm_ = nullptr;
     }
@@ -60,7 +55,7 @@ public:
     ForceAlgo &operator=(const ForceAlgo &) = delete;
 
     weft_comm_t *comm() const { return comm_; }
-    /* weft_comm_create's code (fails the same way on every rank). */
+    /* weft_comm_create_config's code (fails the same way on every rank). */
     int rc() const { return rc_; }
     std::string last_error() const { return weft_comm_last_error(comm_); }
 
@@ -219,37 +214,32 @@ TEST_F(Allgather, RecursiveDoublingRefusedOnNonPowerOfTwo)
 }
 
 /* An unknown name is a configuration error, found at weft_comm_create
- * like any other WEFT_* variable: the create fails with INVALID_ARG on every
+ * like any other WEFT_* setting: the create fails with INVALID_ARG on every
  * rank, and the message (a warning: there is no comm to hold it) names the
  * variable and the value. Warnings print from WEFT_DEBUG=warn up; the level
  * is the one of the last comm created, so a quiet run creates one at warn
- * first and one at its own level after. */
+ * first (and the refused one has WEFT_DEBUG=warn too) and one at its own
+ * level (the environment's) after. */
 TEST_F(Allgather, UnknownAlgorithmRefused)
 {
     const char *dbg_env = std::getenv("WEFT_DEBUG");
     const std::string dbg = dbg_env ? dbg_env : "";
     const bool quiet = dbg.empty() || dbg == "none" || dbg == "0";
-    auto set_level_from_env = [] {
+    auto set_level = [](const Settings &settings) {
         weft_comm_t *tmp = nullptr;
-        ASSERT_EQ(weft_comm_create(MPI_COMM_WORLD, &tmp), WEFT_SUCCESS);
+        ASSERT_EQ(create_with(MPI_COMM_WORLD, settings, &tmp), WEFT_SUCCESS);
         ASSERT_EQ(weft_comm_destroy(tmp), WEFT_SUCCESS);
     };
+    Settings refused = {{"WEFT_ALLGATHER_ALGO", "ringg"}};
     if (quiet) {
-        setenv("WEFT_DEBUG", "warn", 1);
-        set_level_from_env();
+        set_level({{"WEFT_DEBUG", "warn"}});
+        refused.push_back({"WEFT_DEBUG", "warn"});
     }
-    setenv("WEFT_ALLGATHER_ALGO", "ringg", 1);
     weft_comm_t *bad = nullptr;
     int rc = WEFT_SUCCESS;
-    std::string log = capture_stderr([&] { rc = weft_comm_create(MPI_COMM_WORLD, &bad); });
-    unsetenv("WEFT_ALLGATHER_ALGO");
-    if (quiet) {
-        if (dbg_env)
-            setenv("WEFT_DEBUG", dbg.c_str(), 1);
-        else
-            unsetenv("WEFT_DEBUG");
-        set_level_from_env();
-    }
+    std::string log = capture_stderr([&] { rc = create_with(MPI_COMM_WORLD, refused, &bad); });
+    if (quiet)
+        set_level({});   /* the environment's level */
     EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG);
     if (rc == WEFT_SUCCESS)
         weft_comm_destroy(bad);
@@ -309,19 +299,14 @@ TEST_F(Allgather, HugeTotalAbove4GiB)
 
 /* A p2p step that fails (here: rank 1 never joins, so rank 0's receive times
  * out after WEFT_TIMEOUT=2 s) returns the p2p code, and the last error names
- * the algorithm and the step. Runs on its own comm, created after setting the
- * short timeout and the ring (the comm reads both at create). Label:
- * StepFailure. */
+ * the algorithm and the step. Runs on its own comm, created with the short
+ * timeout and the ring in its configuration. Label: StepFailure. */
 TEST_F(Allgather, StepFailureNamesAlgorithmAndStep)
 {
     if (size != 2)
         GTEST_SKIP() << "np 2 only";
-    setenv("WEFT_TIMEOUT", "2", 1);
-    setenv("WEFT_ALLGATHER_ALGO", "ring", 1);
     weft_comm_t *c2 = nullptr;
-    int rc = weft_comm_create(MPI_COMM_WORLD, &c2);
-    unsetenv("WEFT_TIMEOUT");
-    unsetenv("WEFT_ALLGATHER_ALGO");
+    int rc = create_with(MPI_COMM_WORLD, {{"WEFT_TIMEOUT", "2"}, {"WEFT_ALLGATHER_ALGO", "ring"}}, &c2);
     ASSERT_EQ(rc, WEFT_SUCCESS);
     if (rank == 0) {
         TestBuf recv(2 * 64), send(64);

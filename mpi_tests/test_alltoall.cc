@@ -30,20 +30,15 @@ namespace {
 
 constexpr size_t KiB = 1024, MiB = 1024 * 1024;
 
-/* A comm of its own, created with WEFT_ALLTOALL_ALGO set (read at
- * weft_comm_create); "auto" leaves it unset. Collective. Destroyed at the
- * end of the scope unless the test failed (then leaked: the ranks may no
- * longer agree on what comes next). */
+/* A comm of its own, created with WEFT_ALLTOALL_ALGO=algo in its
+ * configuration ("auto": the selector, whatever the environment says).
+ * Collective. Destroyed at the end of the scope unless the test failed
+ * (then leaked: the ranks may no longer agree on what comes next). */
 class A2aComm {
 public:
     explicit A2aComm(const std::string &algo)
     {
-        if (algo == "auto")
-            unsetenv("WEFT_ALLTOALL_ALGO");
-        else
-            setenv("WEFT_ALLTOALL_ALGO", algo.c_str(), 1);
-        rc_ = weft_comm_create(MPI_COMM_WORLD, &comm_);
-        unsetenv("WEFT_ALLTOALL_ALGO");
+        rc_ = create_with(MPI_COMM_WORLD, {{"WEFT_ALLTOALL_ALGO", algo}}, &comm_);
         if (rc_ != WEFT_SUCCESS)
             comm_ = nullptr;
     }
@@ -297,19 +292,16 @@ TEST_F(Alltoall, InfoLogsEachShapeOnce)
 
 /* A p2p step that fails (rank 1 never joins: rank 0's steps time out after
  * WEFT_TIMEOUT=2 s) returns the p2p code, and the last error names the
- * algorithm and the step. On a comm of its own (it reads both settings at
- * create); its pipe to the peer is broken afterwards and not used again. */
+ * algorithm and the step. On a comm of its own (both settings in its
+ * configuration); its pipe to the peer is broken afterwards and not used
+ * again. */
 TEST_F(Alltoall, StepFailureNamesAlgorithmAndStep)
 {
     if (size != 2)
         GTEST_SKIP() << "np 2 only";
     for (const std::string algo : {"pairwise", "bruck"}) {
-        setenv("WEFT_TIMEOUT", "2", 1);
-        setenv("WEFT_ALLTOALL_ALGO", algo.c_str(), 1);
         weft_comm_t *c2 = nullptr;
-        int rc = weft_comm_create(MPI_COMM_WORLD, &c2);
-        unsetenv("WEFT_TIMEOUT");
-        unsetenv("WEFT_ALLTOALL_ALGO");
+        int rc = create_with(MPI_COMM_WORLD, {{"WEFT_TIMEOUT", "2"}, {"WEFT_ALLTOALL_ALGO", algo}}, &c2);
         ASSERT_EQ(rc, WEFT_SUCCESS);
         if (rank == 0) {
             TestBuf recv(2 * 64), send(2 * 64);

@@ -18,8 +18,10 @@
  */
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstdint>
 #include <cstring>
@@ -30,9 +32,49 @@
 #include "weft.h"
 #include "weft_mpi_test.h"
 
+/* ---- one variable of the environment, seen changed for a while ----
+ * A split takes its parent's configuration and reads the environment, at
+ * the split, for every setting that has none: an application that changes
+ * its environment between the parent's create and the split can make one
+ * member's setting differ from the others' (SettingThatDiffersFailsSplit-
+ * OnEveryMember). Nothing in weft or its tests writes the environment
+ * (issue 27), and neither a ctest entry's environment nor a child process
+ * can change it between two calls of one process; so this binary defines
+ * getenv, which the libraries of the process (weft's included) then call
+ * instead of libc's (the executable comes first in the dynamic symbol
+ * lookup): it answers one variable from g_seen while a test sets it, and
+ * reads environ otherwise, as libc's does. */
+static std::atomic<const char *> g_seen_name{nullptr};
+static std::atomic<const char *> g_seen_value{nullptr};
+
+extern "C" char *getenv(const char *name) noexcept
+{
+    const char *seen = g_seen_name.load(std::memory_order_acquire);
+    if (seen != nullptr && std::strcmp(name, seen) == 0)
+        return const_cast<char *>(g_seen_value.load(std::memory_order_acquire));
+    const size_t n = std::strlen(name);
+    for (char **e = environ; e != nullptr && *e != nullptr; e++)
+        if (std::strncmp(*e, name, n) == 0 && (*e)[n] == '=')
+            return *e + n + 1;
+    return nullptr;
+}
+
 using namespace weft_mpitest;
 
 namespace {
+
+/* For its scope, getenv(name) returns value (static strings) in this process. */
+class SeenEnv {
+public:
+    SeenEnv(const char *name, const char *value)
+    {
+        g_seen_value.store(value, std::memory_order_release);
+        g_seen_name.store(name, std::memory_order_release);
+    }
+    ~SeenEnv() { g_seen_name.store(nullptr, std::memory_order_release); }
+    SeenEnv(const SeenEnv &) = delete;
+    SeenEnv &operator=(const SeenEnv &) = delete;
+};
 
 class Split : public WeftMpiTest {};
 
@@ -378,19 +420,16 @@ TEST_F(Split, SettingThatDiffersFailsSplitOnEveryMember)
 {
     if (size < 2)
         GTEST_SKIP() << "needs 2 ranks";
-    const char *old = std::getenv("WEFT_TCP_STREAMS");
-    std::string saved = old ? old : "";
-    if (rank == size - 1)
-        setenv("WEFT_TCP_STREAMS", "7", 1);
     weft_comm_t *nc = reinterpret_cast<weft_comm_t *>(this);
     int rc = WEFT_SUCCESS;
     double t0 = MPI_Wtime();
-    std::string log = capture_stderr([&] { rc = weft_comm_split(comm, 0, rank, &nc); });
+    std::string log;
+    {
+        /* The last rank's environment says 7 from now on (see SeenEnv). */
+        SeenEnv env("WEFT_TCP_STREAMS", rank == size - 1 ? "7" : std::getenv("WEFT_TCP_STREAMS"));
+        log = capture_stderr([&] { rc = weft_comm_split(comm, 0, rank, &nc); });
+    }
     double took = MPI_Wtime() - t0;
-    if (old)
-        setenv("WEFT_TCP_STREAMS", saved.c_str(), 1);
-    else
-        unsetenv("WEFT_TCP_STREAMS");
     EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG);
     EXPECT_EQ(nc, reinterpret_cast<weft_comm_t *>(this)) << "output written on failure";
     const std::string want = "weft_comm_split: WEFT_TCP_STREAMS differs between ranks: ";

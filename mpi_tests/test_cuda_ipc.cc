@@ -133,16 +133,12 @@ protected:
         EXPECT_EQ(bad, SIZE_MAX) << "message of " << n << " bytes from rank " << from << " differs at byte " << bad;
     }
 
-    /* A comm of its own with extra environment (read at create). */
-    weft_comm_t *create_with_env(const std::vector<std::pair<std::string, std::string>> &env)
+    /* A comm of its own with settings of its own (its configuration). */
+    weft_comm_t *create_with_settings(const Settings &settings)
     {
-        for (auto &kv : env)
-            setenv(kv.first.c_str(), kv.second.c_str(), 1);
         weft_comm_t *c = nullptr;
-        int rc = weft_comm_create(MPI_COMM_WORLD, &c);
-        for (auto &kv : env)
-            unsetenv(kv.first.c_str());
-        EXPECT_EQ(rc, WEFT_SUCCESS);
+        int rc = create_with(MPI_COMM_WORLD, settings, &c);
+        EXPECT_EQ(rc, WEFT_SUCCESS) << settings_text(settings) << ": " << weft_last_error();
         return rc == WEFT_SUCCESS ? c : nullptr;
     }
 };
@@ -299,7 +295,7 @@ TEST_F(CudaIpc, ManyBuffersBeyondCacheCap)
 {
     ASSERT_GT(ndev, 0);
     unsigned long long imports0 = counter("ipc_imports");
-    weft_comm_t *c = create_with_env({{"WEFT_CUDA_IPC_CACHE", "4"}});
+    weft_comm_t *c = create_with_settings({{"WEFT_CUDA_IPC_CACHE", "4"}});
     ASSERT_NE(c, nullptr);
     /* The peers' signal slots are mapped at create, outside the cache. */
     unsigned long long imports1 = counter("ipc_imports");
@@ -465,7 +461,7 @@ TEST_F(CudaIpc, DestroyFreesNothingStillImported)
     const size_t n = 2u << 20;   /* blocks of their own: no earlier test's mapping reaches them */
     unsigned long long freed0 = counter("free_imported");
     for (int round = 0; round < 3; round++) {
-        weft_comm_t *c = create_with_env({});
+        weft_comm_t *c = create_with_settings({});
         ASSERT_NE(c, nullptr);
         DevBuf s(n), r(n);
         ring(c, s, r, n, 37, (uint64_t)round);
@@ -482,13 +478,13 @@ TEST_F(CudaIpc, TraceShowsIpcPath)
     DevBuf s(n), r(n);
     weft_comm_t *c = nullptr;
     std::string log = capture_stderr([&] {
-        c = create_with_env({{"WEFT_DEBUG", "trace"}});
+        c = create_with_settings({{"WEFT_DEBUG", "trace"}});
         if (c)
             ring(c, s, r, n, 21, 0);
     });
     ASSERT_NE(c, nullptr);
     EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
-    weft_comm_t *quiet = create_with_env({{"WEFT_DEBUG", "none"}});   /* level back to quiet */
+    weft_comm_t *quiet = create_with_settings({{"WEFT_DEBUG", "none"}});   /* level back to quiet */
     ASSERT_NE(quiet, nullptr);
     EXPECT_EQ(weft_comm_destroy(quiet), WEFT_SUCCESS);
     char want_send[128], want_recv[128];

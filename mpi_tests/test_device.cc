@@ -384,15 +384,13 @@ TEST_F(DeviceTest, StagingFailure)
     }
 }
 
-/* A comm created with WEFT_ALLGATHER_ALGO=algo (read at weft_comm_create).
+/* A comm created with WEFT_ALLGATHER_ALGO=algo (its configuration).
  * Collective; the same algo on every rank. */
 static weft_comm_t *comm_with_algo(const char *algo)
 {
     weft_comm_t *c = nullptr;
-    setenv("WEFT_ALLGATHER_ALGO", algo, 1);
-    int rc = weft_comm_create(MPI_COMM_WORLD, &c);
-    unsetenv("WEFT_ALLGATHER_ALGO");
-    EXPECT_EQ(rc, WEFT_SUCCESS) << "weft_comm_create with WEFT_ALLGATHER_ALGO=" << algo;
+    int rc = create_with(MPI_COMM_WORLD, {{"WEFT_ALLGATHER_ALGO", algo}}, &c);
+    EXPECT_EQ(rc, WEFT_SUCCESS) << "weft_comm_create_config with WEFT_ALLGATHER_ALGO=" << algo;
     return rc == WEFT_SUCCESS ? c : nullptr;
 }
 

@@ -319,17 +319,17 @@ int main(int argc, char **argv)
     const int my_index = victim ? -1 : (g_run.rank < kVictim ? g_run.rank : g_run.rank - 1);
 
     std::vector<std::string> problems;
+    Settings settings;
     if (is_allgather_case(g_run.kase))
-        setenv("WEFT_ALLGATHER_ALGO", g_run.kase.c_str(), 1);
+        settings.push_back({"WEFT_ALLGATHER_ALGO", g_run.kase});
     weft_comm_t *c = nullptr;
-    int rc = weft_comm_create(MPI_COMM_WORLD, &c);
-    unsetenv("WEFT_ALLGATHER_ALGO");
+    int rc = create_with(MPI_COMM_WORLD, settings, &c);
     int create_failed = rc != WEFT_SUCCESS, any_create_failed = 0;
     MPI_Allreduce(&create_failed, &any_create_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (any_create_failed) {
         if (victim)
             _exit(1);
-        finish(false, std::string("weft_comm_create failed (on this rank: ") + weft_strerror(rc) + ")");
+        finish(false, std::string("weft_comm_create_config failed (on this rank: ") + weft_strerror(rc) + ")");
     }
 
     /* Warm-up: the same collective with every rank alive, verified (not

@@ -43,11 +43,11 @@ protected:
         return (tp == nullptr || std::strstr(tp, "shm") != nullptr) && getenv("WEFT_VIRTUAL_NODES") == nullptr;
     }
 
-    weft_comm_t *fresh()
+    weft_comm_t *fresh(const Settings &settings = {})
     {
         weft_comm_t *c = nullptr;
         std::string what;
-        int rc = make_test_comm(MPI_COMM_WORLD, &c, &what);
+        int rc = make_test_comm(MPI_COMM_WORLD, &c, &what, settings);
         EXPECT_EQ(rc, WEFT_SUCCESS) << what;
         return rc == WEFT_SUCCESS ? c : nullptr;
     }
@@ -266,9 +266,7 @@ TEST_F(Lazy, BusyLaneGrowsWithinTheBudget)
     if (!shm_everywhere() || size < 2)
         GTEST_SKIP() << "shm lanes only";
     for (const char *budget : {"64", "0"}) {
-        setenv("WEFT_SHM_BUDGET_MB", budget, 1);
-        weft_comm_t *c = fresh();
-        unsetenv("WEFT_SHM_BUDGET_MB");
+        weft_comm_t *c = fresh({{"WEFT_SHM_BUDGET_MB", budget}});
         ASSERT_NE(c, nullptr);
         /* rank 0 floods rank 1 with eager messages it receives late */
         const int n = 400;

@@ -127,8 +127,8 @@ int main(int argc, char **argv)
     static const char *stage = "start";
     start_watchdog(rank, 2 * timeout + 20, &stage);
     const bool cutter = rank == 1;
-    /* Rank 1 must not touch weft after the cut: no thread of weft's either. */
-    setenv("WEFT_PROGRESS_THREAD", "0", 1);
+    /* Rank 1 must not touch weft after the cut: no thread of weft's either
+     * (WEFT_PROGRESS_THREAD=0 in the comm's configuration, below). */
 
     /* MPI's own connections first, so that only weft's are new below. */
     int pids[2] = {0, 0}, me = (int)getpid();
@@ -138,8 +138,12 @@ int main(int argc, char **argv)
         before.insert(s.second);
 
     weft_comm_t *c = nullptr;
-    if (weft_comm_create(MPI_COMM_WORLD, &c) != WEFT_SUCCESS)
-        finish(rank, false, std::string("weft_comm_create: ") + weft_last_error());
+    const weft_setting_t no_thread[] = {{"WEFT_PROGRESS_THREAD", "0"}};
+    weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+    cfg.settings = no_thread;
+    cfg.nsettings = 1;
+    if (weft_comm_create_config(MPI_COMM_WORLD, &cfg, &c) != WEFT_SUCCESS)
+        finish(rank, false, std::string("weft_comm_create_config: ") + weft_last_error());
     std::vector<char> buf(4096, (char)rank), in(4096);
     stage = "the first exchange";
     int rc = rank == 0 ? weft_send(c, buf.data(), buf.size(), 1, 5) : weft_recv(c, in.data(), in.size(), 0, 5, nullptr);

@@ -547,19 +547,14 @@ protected:
     int peer = -1;
     std::thread::id main_tid;
 
+    /* The comm's progress mode, in its own configuration. */
+    Settings comm_settings() override { return {{"WEFT_PROGRESS_THREAD", GetParam() ? "1" : "0"}}; }
+
     void SetUp() override
     {
         thread_mode = GetParam();
         main_tid = std::this_thread::get_id();
-        const char *old = std::getenv("WEFT_PROGRESS_THREAD");
-        const bool had = old != nullptr;
-        const std::string saved = had ? old : "";
-        setenv("WEFT_PROGRESS_THREAD", thread_mode ? "1" : "0", 1);
         WeftMpiTest::SetUp();
-        if (had)
-            setenv("WEFT_PROGRESS_THREAD", saved.c_str(), 1);
-        else
-            unsetenv("WEFT_PROGRESS_THREAD");
 #ifdef WEFT_TEST_WITH_CUDA
         cudaSetDevice(device_of(rank));
 #endif

@@ -171,16 +171,14 @@ int main(int argc, char **argv)
         finish(rank, false, "usage: np 2, WEFT_MSGPIPE_FAULT_MODE=poll|thread");
     const bool victim = rank == kVictim;
     const bool thread_mode = !victim && mode == "thread";
-    setenv("WEFT_PROGRESS_THREAD", thread_mode ? "1" : "0", 1);
-
     weft_comm_t *c = nullptr;
-    int rc = weft_comm_create(MPI_COMM_WORLD, &c);
+    int rc = create_with(MPI_COMM_WORLD, {{"WEFT_PROGRESS_THREAD", thread_mode ? "1" : "0"}}, &c);
     int bad = rc != WEFT_SUCCESS, any_bad = 0;
     MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (any_bad) {
         if (victim)
             _exit(1);
-        finish(rank, false, std::string("weft_comm_create failed: ") + weft_last_error());
+        finish(rank, false, std::string("weft_comm_create_config failed: ") + weft_last_error());
     }
     weft_pipe_t *p = nullptr;
     if (weft_pipe_open(c, 1 - rank, kId, &p) != WEFT_SUCCESS) {

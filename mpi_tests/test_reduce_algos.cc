@@ -230,18 +230,12 @@ struct Guarded {
 };
 
 /* A comm with WEFT_<kind>_ALGO forced ("auto": the selector) and 4 KiB
- * reduction chunks. */
+ * reduction chunks, both in its configuration. */
 class AlgoComm {
 public:
     AlgoComm(const char *var, const std::string &algo)
     {
-        setenv("WEFT_REDUCE_CHUNK_KB", "4", 1);
-        if (algo == "auto")
-            unsetenv(var);
-        else
-            setenv(var, algo.c_str(), 1);
-        rc_ = weft_comm_create(MPI_COMM_WORLD, &c_);
-        unsetenv(var);
+        rc_ = create_with(MPI_COMM_WORLD, {{"WEFT_REDUCE_CHUNK_KB", "4"}, {var, algo}}, &c_);
         if (rc_ != WEFT_SUCCESS)
             c_ = nullptr;
     }

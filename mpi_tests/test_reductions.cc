@@ -541,43 +541,35 @@ std::vector<std::string> algos_of(Kind k)
     return { "binomial", "ring" };
 }
 
-/* A comm of its own, created with some WEFT_* variables set (value "auto":
- * unset), the process environment restored afterwards. Destroyed at the
- * end of the scope when no rank failed (then the ranks may disagree about
- * what is in flight, so it is leaked, as WeftMpiTest does). */
-class EnvComm {
+/* A comm of its own, created with some WEFT_* settings in its
+ * configuration (value "auto": an algorithm's "auto", the selector; for
+ * any other setting, not given: its default, as the suites' environment
+ * leaves it). Destroyed at the end of the scope when no rank failed (then
+ * the ranks may disagree about what is in flight, so it is leaked, as
+ * WeftMpiTest does). */
+class ConfigComm {
 public:
-    explicit EnvComm(const std::vector<std::pair<std::string, std::string>> &env)
+    explicit ConfigComm(const Settings &wanted)
     {
-        std::vector<std::pair<std::string, std::unique_ptr<std::string>>> saved;
-        for (const auto &kv : env) {
-            const char *old = std::getenv(kv.first.c_str());
-            saved.emplace_back(kv.first, old ? std::unique_ptr<std::string>(new std::string(old)) : nullptr);
-            if (kv.second == "auto")
-                unsetenv(kv.first.c_str());
-            else
-                setenv(kv.first.c_str(), kv.second.c_str(), 1);
+        Settings settings;
+        for (const auto &kv : wanted) {
+            if (kv.second != "auto" || kv.first.find("_ALGO") != std::string::npos)
+                settings.push_back(kv);
             desc_ += (desc_.empty() ? "" : " ") + kv.first + "=" + kv.second;
         }
-        rc_ = weft_comm_create(MPI_COMM_WORLD, &comm_);
-        for (const auto &s : saved) {
-            if (s.second)
-                setenv(s.first.c_str(), s.second->c_str(), 1);
-            else
-                unsetenv(s.first.c_str());
-        }
+        rc_ = create_with(MPI_COMM_WORLD, settings, &comm_);
         if (rc_ != WEFT_SUCCESS)
             comm_ = nullptr;
     }
-    ~EnvComm()
+    ~ConfigComm()
     {
         const bool failed = any_rank(::testing::Test::HasFailure());
         if (comm_ && !failed) {
             EXPECT_EQ(weft_comm_destroy(comm_), WEFT_SUCCESS) << desc_;
         }
     }
-    EnvComm(const EnvComm &) = delete;
-    EnvComm &operator=(const EnvComm &) = delete;
+    ConfigComm(const ConfigComm &) = delete;
+    ConfigComm &operator=(const ConfigComm &) = delete;
 
     weft_comm_t *get() const { return comm_; }
     int rc() const { return rc_; }
@@ -867,7 +859,7 @@ protected:
     {
         if (algo == "auto" && reduced_sizes())
             GTEST_SKIP() << "the selector's matrix runs at full sizes only (WEFT_TEST_SIZES=reduced)";
-        EnvComm cm({ { algo_var(kind), algo }, { "WEFT_REDUCE_CHUNK_KB", "4" } });
+        ConfigComm cm({ { algo_var(kind), algo }, { "WEFT_REDUCE_CHUNK_KB", "4" } });
         ASSERT_EQ(cm.rc(), WEFT_SUCCESS) << "weft_comm_create with " << cm.desc();
         const size_t chunk = 4 * KiB;
         uint64_t seed = 0;
@@ -1007,7 +999,7 @@ TEST_F(Reductions, DefaultChunkBoundaries)
             algos.push_back("auto");
         for (size_t a = 0; a < algos.size(); a++) {
             const std::string &algo = algos[a];
-            EnvComm cm({ { algo_var(kind), algo }, { "WEFT_REDUCE_CHUNK_KB", "auto" } });
+            ConfigComm cm({ { algo_var(kind), algo }, { "WEFT_REDUCE_CHUNK_KB", "auto" } });
             ASSERT_EQ(cm.rc(), WEFT_SUCCESS) << "weft_comm_create with " << cm.desc();
             /* reduce_scatter: per-rank counts, so n chunks and more in all. */
             std::vector<Call> calls = { f32_sum_call(kind, algo, ce32 - 1, a % 2 == 0, root++ % size),
@@ -1034,7 +1026,7 @@ protected:
         const size_t elems = 64 * MiB / 4;
         int i = 0;
         for (const std::string &algo : algos_of(kind)) {
-            EnvComm cm({ { algo_var(kind), algo } });
+            ConfigComm cm({ { algo_var(kind), algo } });
             ASSERT_EQ(cm.rc(), WEFT_SUCCESS) << "weft_comm_create with " << cm.desc();
             /* reduce_scatter: 64 MiB of sendbuf in all. */
             const size_t count = kind == Kind::ReduceScatter ? elems / (size_t)size : elems;
@@ -1053,11 +1045,11 @@ TEST_F(ReductionsBig, Big64MiBReduce) { big(Kind::Reduce); }
  * rank's current one (every comm exists before the first call). */
 TEST_F(Reductions, BackToBackMixed)
 {
-    std::vector<std::unique_ptr<EnvComm>> comms;
+    std::vector<std::unique_ptr<ConfigComm>> comms;
     std::vector<std::pair<Kind, std::string>> which;
     for (Kind kind : { Kind::Allreduce, Kind::ReduceScatter, Kind::Reduce })
         for (const std::string &algo : algos_of(kind)) {
-            comms.emplace_back(new EnvComm({ { algo_var(kind), algo }, { "WEFT_REDUCE_CHUNK_KB", "4" } }));
+            comms.emplace_back(new ConfigComm({ { algo_var(kind), algo }, { "WEFT_REDUCE_CHUNK_KB", "4" } }));
             ASSERT_EQ(comms.back()->rc(), WEFT_SUCCESS) << comms.back()->desc();
             which.emplace_back(kind, algo);
         }
@@ -1203,11 +1195,7 @@ TEST_F(Reductions, UnknownAlgorithmRefused)
         int rc = WEFT_SUCCESS;
         weft_comm_t *c = nullptr;
         /* The warning it prints goes to a file, not into the test log. */
-        (void)capture_stderr([&] {
-            setenv(kv.first, kv.second, 1);
-            rc = weft_comm_create(MPI_COMM_WORLD, &c);
-            unsetenv(kv.first);
-        });
+        (void)capture_stderr([&] { rc = create_with(MPI_COMM_WORLD, {{kv.first, kv.second}}, &c); });
         EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG) << kv.first << "=" << kv.second;
         if (rc == WEFT_SUCCESS)
             weft_comm_destroy(c);

@@ -265,10 +265,8 @@ TEST_F(ReductionsDevice, Bfloat16InPlace)
 TEST_F(ReductionsDevice, AlltoallDeviceBuffers)
 {
     for (const char *algo : { "pairwise", "bruck" }) {
-        setenv("WEFT_ALLTOALL_ALGO", algo, 1);
         weft_comm_t *c = nullptr;
-        int rc = weft_comm_create(MPI_COMM_WORLD, &c);
-        unsetenv("WEFT_ALLTOALL_ALGO");
+        int rc = create_with(MPI_COMM_WORLD, {{"WEFT_ALLTOALL_ALGO", algo}}, &c);
         ASSERT_EQ(rc, WEFT_SUCCESS) << "WEFT_ALLTOALL_ALGO=" << algo;
         uint64_t call = 0;
         for (size_t bytes : { (size_t)0, (size_t)1, (size_t)1000, (size_t)65537 }) {

@@ -719,16 +719,10 @@ void CUDART_CB hold_fn(void *arg)
 
 TEST_F(StreamTest, DestroyTimesOutOnHeldStream)
 {
-    /* A comm of its own with WEFT_TIMEOUT=2 (read at create, same on every rank). */
-    std::string old = env_or("WEFT_TIMEOUT", "");
-    setenv("WEFT_TIMEOUT", "2", 1);
+    /* A comm of its own with WEFT_TIMEOUT=2 (its configuration, same on every rank). */
     weft_comm_t *c2 = nullptr;
-    int crc = weft_comm_create(MPI_COMM_WORLD, &c2);
-    if (old.empty())
-        unsetenv("WEFT_TIMEOUT");
-    else
-        setenv("WEFT_TIMEOUT", old.c_str(), 1);
-    ASSERT_EQ(crc, WEFT_SUCCESS);
+    int crc = create_with(MPI_COMM_WORLD, {{"WEFT_TIMEOUT", "2"}}, &c2);
+    ASSERT_EQ(crc, WEFT_SUCCESS) << weft_last_error();
 
     std::atomic<int> flag{ 0 };
     Stream s;

@@ -34,6 +34,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "weft.h"
@@ -247,6 +248,51 @@ private:
     unsigned char *data_ = nullptr;
 };
 
+/* ---- a comm's own settings ---- */
+
+/* WEFT_* settings for one comm (weft_config_t's, by name, over the
+ * environment's), in the order given. */
+using Settings = std::vector<std::pair<std::string, std::string>>;
+
+/* A weft_config_t over settings, with the array it points at: valid while
+ * both this and settings live. No settings: the config of none (the
+ * environment alone, as the calls without _config). */
+class TestConfig {
+public:
+    explicit TestConfig(const Settings &settings)
+    {
+        for (const auto &kv : settings)
+            entries_.push_back({kv.first.c_str(), kv.second.c_str()});
+        cfg_.settings = entries_.empty() ? nullptr : entries_.data();
+        cfg_.nsettings = entries_.size();
+    }
+    TestConfig(const TestConfig &) = delete;
+    TestConfig &operator=(const TestConfig &) = delete;
+    const weft_config_t *get() const { return &cfg_; }
+
+private:
+    std::vector<weft_setting_t> entries_;
+    weft_config_t cfg_ = WEFT_CONFIG_INITIALIZER;
+};
+
+/* weft_comm_create_config over mpi_comm with these settings: how a test
+ * makes a comm of its own with some WEFT_* setting (the process
+ * environment is never written). Collective. */
+inline int create_with(MPI_Comm mpi_comm, const Settings &settings, weft_comm_t **out)
+{
+    TestConfig cfg(settings);
+    return weft_comm_create_config(mpi_comm, cfg.get(), out);
+}
+
+/* "NAME=value NAME2=value2", for messages. */
+inline std::string settings_text(const Settings &settings)
+{
+    std::string s;
+    for (const auto &kv : settings)
+        s += (s.empty() ? "" : " ") + kv.first + "=" + kv.second;
+    return s;
+}
+
 /* ---- the fixture ---- */
 
 /* How the fixture makes its comm over the base communicator (the same
@@ -259,11 +305,17 @@ private:
  *                 0, rank) (one color: the same ranks, in the same order),
  *                 and the parent destroyed at once (the split comm must not
  *                 need it).
- * Collective over base. Returns the WEFT_* code; *what says which call
+ * With settings, each call is its *_config one with them (a test's comm
+ * with settings of its own: comm_settings). Collective over base. Returns the WEFT_* code; *what says which call
  * failed, with its text. */
-inline int make_test_comm(MPI_Comm base, weft_comm_t **out, std::string *what)
+inline int make_test_comm(MPI_Comm base, weft_comm_t **out, std::string *what, const Settings &settings = {})
 {
     const std::string mode = env_or("WEFT_TEST_COMM", "mpi");
+    /* With settings, the *_config calls (the split's parent gets them, and
+     * the split takes its parent's); without, the plain calls. */
+    const bool with = !settings.empty();
+    const std::string sfx = with ? "_config" : "";
+    TestConfig cfg(settings);
     int brank = 0, bsize = 0;
     MPI_Comm_rank(base, &brank);
     MPI_Comm_size(base, &bsize);
@@ -274,23 +326,24 @@ inline int make_test_comm(MPI_Comm base, weft_comm_t **out, std::string *what)
         } msg;
         std::memset(&msg, 0, sizeof(msg));
         if (brank == 0)
-            msg.rc = weft_get_unique_id(&msg.id);
+            msg.rc = with ? weft_get_unique_id_config(&msg.id, cfg.get()) : weft_get_unique_id(&msg.id);
         MPI_Bcast(&msg, sizeof(msg), MPI_BYTE, 0, base);
         if (msg.rc != WEFT_SUCCESS) {
-            *what = std::string("weft_get_unique_id on rank 0: ") + weft_strerror(msg.rc) +
+            *what = "weft_get_unique_id" + sfx + " on rank 0: " + weft_strerror(msg.rc) +
                     (brank == 0 ? std::string(": ") + weft_last_error() : std::string());
             return msg.rc;
         }
-        int rc = weft_comm_init(&msg.id, bsize, brank, out);
+        int rc = with ? weft_comm_init_config(&msg.id, bsize, brank, cfg.get(), out)
+                      : weft_comm_init(&msg.id, bsize, brank, out);
         if (rc != WEFT_SUCCESS)
-            *what = std::string("weft_comm_init: ") + weft_last_error();
+            *what = "weft_comm_init" + sfx + ": " + weft_last_error();
         return rc;
     }
     if (mode == "split") {
         weft_comm_t *parent = nullptr;
-        int rc = weft_comm_create(base, &parent);
+        int rc = with ? weft_comm_create_config(base, cfg.get(), &parent) : weft_comm_create(base, &parent);
         if (rc != WEFT_SUCCESS) {
-            *what = std::string("weft_comm_create (the split's parent): ") + weft_last_error();
+            *what = "weft_comm_create" + sfx + " (the split's parent): " + weft_last_error();
             return rc;
         }
         rc = weft_comm_split(parent, 0, brank, out);
@@ -309,9 +362,9 @@ inline int make_test_comm(MPI_Comm base, weft_comm_t **out, std::string *what)
         *what = "WEFT_TEST_COMM=" + mode + " is none of mpi, uid, split";
         return WEFT_ERR_INVALID_ARG;
     }
-    int rc = weft_comm_create(base, out);
+    int rc = with ? weft_comm_create_config(base, cfg.get(), out) : weft_comm_create(base, out);
     if (rc != WEFT_SUCCESS)
-        *what = std::string("weft_comm_create: ") + weft_last_error();
+        *what = "weft_comm_create" + sfx + ": " + weft_last_error();
     return rc;
 }
 
@@ -329,6 +382,8 @@ protected:
 
     /* Override to run on another MPI communicator (nullptr: no comm). */
     virtual MPI_Comm base_comm() { return MPI_COMM_WORLD; }
+    /* Override to make the comm with settings of its own (make_test_comm). */
+    virtual Settings comm_settings() { return {}; }
 
     void SetUp() override
     {
@@ -338,7 +393,7 @@ protected:
         if (base == MPI_COMM_NULL)
             return;
         std::string what;
-        int rc = make_test_comm(base, &comm, &what);
+        int rc = make_test_comm(base, &comm, &what, comm_settings());
         bool failed = rc != WEFT_SUCCESS;
         if (failed)
             ADD_FAILURE() << what << " (" << weft_strerror(rc) << ")";

@@ -254,28 +254,34 @@ TEST(CommInitNoMpi, LastErrorIsPerThread)
 }
 
 /* The root listens where WEFT_TCP_IF says (src/core/netif.c, as the tcp
- * transport), and the id carries that address; a name that matches nothing
- * is refused with the variable named. One-rank meetings consume each id. */
+ * transport; here in the configuration of the id and of the comm), and the
+ * id carries that address; a name that matches nothing is refused with the
+ * variable named. One-rank meetings consume each id. */
 TEST(CommInitNoMpi, RootHonoursTcpIf)
 {
     for (const char *want : { "127.0.0.1", "lo" }) {
-        ASSERT_EQ(setenv("WEFT_TCP_IF", want, 1), 0);
+        const weft_setting_t s[] = { { "WEFT_TCP_IF", want } };
+        weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+        cfg.settings = s;
+        cfg.nsettings = 1;
         weft_unique_id_t id;
-        ASSERT_EQ(weft_get_unique_id(&id), WEFT_SUCCESS) << weft_last_error();
+        ASSERT_EQ(weft_get_unique_id_config(&id, &cfg), WEFT_SUCCESS) << weft_last_error();
         sockaddr_in sa = id_address(id);
         EXPECT_EQ(ntohl(sa.sin_addr.s_addr), INADDR_LOOPBACK) << "WEFT_TCP_IF=" << want;
         weft_comm_t *c = nullptr;
-        ASSERT_EQ(weft_comm_init(&id, 1, 0, &c), WEFT_SUCCESS) << weft_last_error();
+        ASSERT_EQ(weft_comm_init_config(&id, 1, 0, &cfg, &c), WEFT_SUCCESS) << weft_last_error();
         EXPECT_EQ(weft_comm_size(c), 1);
         EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
     }
-    ASSERT_EQ(setenv("WEFT_TCP_IF", "nosuchif0", 1), 0);
+    const weft_setting_t s[] = { { "WEFT_TCP_IF", "nosuchif0" } };
+    weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+    cfg.settings = s;
+    cfg.nsettings = 1;
     weft_unique_id_t id;
     std::memset(&id, 0x77, sizeof(id));
-    EXPECT_EQ(weft_get_unique_id(&id), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_get_unique_id_config(&id, &cfg), WEFT_ERR_INVALID_ARG);
     EXPECT_EQ(static_cast<unsigned char>(id.internal[0]), 0x77) << "id written on failure";
     EXPECT_NE(std::string(weft_last_error()).find("weft_get_unique_id: WEFT_TCP_IF=nosuchif0 is neither an IPv4 "
                                                   "address nor an interface with one"), std::string::npos)
         << weft_last_error();
-    unsetenv("WEFT_TCP_IF");
 }

@@ -1,5 +1,7 @@
 /*
- * weft_config_load through a lookup function (no real environment): the
+ * weft_config_load through a lookup function (no real environment; the
+ * tests of the environment itself run in a child process started with the
+ * environment they need, tests/child_env.h): the
  * defaults, every variable parsed, malformed values refused with a message
  * "WEFT_X=value: why (expected ...)" (strictness: spaces, '+', hex, empty,
  * 0 where it means nothing), size suffixes, WEFT_TRANSPORTS, WEFT_DEBUG and
@@ -8,6 +10,9 @@
  */
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -19,10 +24,49 @@ extern "C" {
 #include "config.h"
 }
 #include "weft.h"
+#include "child_env.h"
 
 namespace {
 
 using Env = std::map<std::string, std::string>;
+
+/* The child side of the tests of the environment itself (DefaultLookupIs-
+ * Getenv, LogLevelFromEnvironment): this binary started again with
+ * WEFT_TEST_CONFIG_PROBE set (and the environment the test gives it)
+ * prints the answer on stdout and exits before any test runs. */
+[[maybe_unused]] const int config_probe = [] {
+    const char *probe = std::getenv("WEFT_TEST_CONFIG_PROBE");
+    if (probe == nullptr)
+        return 0;
+    if (std::strcmp(probe, "tcp_streams") == 0) {
+        struct weft_config cfg;
+        char err[256] = "";
+        if (weft_config_load(&cfg, nullptr, nullptr, err, sizeof(err)) != WEFT_SUCCESS)
+            std::printf("refused: %s\n", err);
+        else
+            std::printf("%d\n", cfg.tcp_streams);
+    } else if (std::strcmp(probe, "log_level") == 0) {
+        std::printf("%d\n", weft_config_log_level_env());
+    } else {
+        std::printf("unknown probe %s\n", probe);
+    }
+    std::fflush(stdout);
+    _exit(0);
+}();
+
+/* What the probe printed when run with the environment's set (drop: also
+ * left out); "" with a failure when it did not run. */
+std::string probe(const char *what, const weft_childenv::Vars &set, const std::vector<std::string> &drop = {})
+{
+    weft_childenv::Vars vars = set;
+    vars.push_back({"WEFT_TEST_CONFIG_PROBE", what});
+    std::string out, why;
+    int rc = weft_childenv::run_self({}, weft_childenv::environment_with(vars, drop), &out, &why);
+    EXPECT_EQ(rc, 0) << "the probe " << what << " (" << why << "), stdout: " << out;
+    while (!out.empty() && out.back() == '\n')
+        out.pop_back();
+    return rc == 0 ? out : "";
+}
 
 const char *lookup_map(const char *name, void *ctx)
 {
@@ -111,14 +155,12 @@ TEST(Config, Defaults)
     EXPECT_EQ(cfg.pipe_inline, 4u << 10);
 }
 
+/* In a process whose environment has WEFT_TCP_STREAMS=3 (the probe). */
 TEST(Config, DefaultLookupIsGetenv)
 {
-    setenv("WEFT_TCP_STREAMS", "3", 1);
-    struct weft_config cfg;
-    char err[256] = "";
-    ASSERT_EQ(weft_config_load(&cfg, nullptr, nullptr, err, sizeof(err)), WEFT_SUCCESS) << err;
-    unsetenv("WEFT_TCP_STREAMS");
-    EXPECT_EQ(cfg.tcp_streams, 3);
+    const std::string got = probe("tcp_streams", {{"WEFT_TCP_STREAMS", "3"}});
+    ASSERT_EQ(got.rfind("refused", 0), std::string::npos) << got;
+    EXPECT_EQ(got, "3");
 }
 
 TEST(Config, EveryVariableParsed)
@@ -468,26 +510,31 @@ TEST(Config, DebugLevels)
 
 /* The level used before any comm, or when create refuses the configuration:
  * warn unless WEFT_DEBUG names a valid level, so a refused WEFT_DEBUG=loud is
- * still printed. */
+ * still printed. Each case in a process of its own with that environment
+ * (the probe); the same rules for WEFT_DEBUG in a comm's settings, which a
+ * refused create looks up first. */
 TEST(Config, LogLevelFromEnvironment)
 {
-    const char *old = getenv("WEFT_DEBUG");
-    const std::string saved = old ? old : "";
     const std::pair<const char *, int> cases[] = {
         {nullptr, WEFT_LOG_WARN}, {"loud", WEFT_LOG_WARN}, {" info", WEFT_LOG_WARN}, {"none", WEFT_LOG_NONE},
         {"", WEFT_LOG_NONE},      {"info", WEFT_LOG_INFO}, {"TRACE", WEFT_LOG_TRACE}, {"warn", WEFT_LOG_WARN},
     };
     for (const auto &c : cases) {
+        weft_childenv::Vars set;
         if (c.first)
-            setenv("WEFT_DEBUG", c.first, 1);
-        else
-            unsetenv("WEFT_DEBUG");
-        EXPECT_EQ(weft_config_log_level_env(), c.second) << "WEFT_DEBUG=" << (c.first ? c.first : "(unset)");
+            set.push_back({"WEFT_DEBUG", c.first});
+        const std::string got = probe("log_level", set, {"WEFT_DEBUG"});
+        EXPECT_EQ(got, std::to_string(c.second)) << "WEFT_DEBUG=" << (c.first ? c.first : "(unset)");
+        if (!c.first)
+            continue;
+        const char *names[] = {"WEFT_DEBUG"};
+        const char *values[] = {c.first};
+        struct weft_settings *s = nullptr;
+        char err[256] = "";
+        ASSERT_EQ(WEFT_SUCCESS, weft_settings_make(names, values, 1, &s, err, sizeof(err))) << err;
+        EXPECT_EQ(weft_config_log_level(s), c.second) << "settings' WEFT_DEBUG=" << c.first;
+        weft_settings_free(s);
     }
-    if (old)
-        setenv("WEFT_DEBUG", saved.c_str(), 1);
-    else
-        unsetenv("WEFT_DEBUG");
 }
 
 /* The settings compared between ranks at create: each is read from its own

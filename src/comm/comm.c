@@ -360,10 +360,11 @@ int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make
         snprintf(cfg_err, sizeof(cfg_err), "%s", why);
         rc = WEFT_ERR_INVALID_ARG;
     }
-    /* Refused: the level is WEFT_DEBUG's if that one is valid, else warn
-     * (weft_config_log_level_env), so the refusal is printed even when
-     * WEFT_DEBUG itself is what was refused. */
-    weft_log_set_level(rc != WEFT_SUCCESS ? weft_config_log_level_env() : c->core.cfg.log_level);
+    /* Refused: the level is WEFT_DEBUG's (the comm's settings', else the
+     * environment's) if that one is valid, else warn (weft_config_log_level),
+     * so the refusal is printed even when WEFT_DEBUG itself is what was
+     * refused. */
+    weft_log_set_level(rc != WEFT_SUCCESS ? weft_config_log_level(c->core.settings) : c->core.cfg.log_level);
     if (rc != WEFT_SUCCESS)
         weft_set_error_at(&c->core, rc, what, -1, "bad configuration: %s", cfg_err);
     if (c->core.cfg.transports[0] == '\0')

@@ -317,12 +317,17 @@ static int parse_log_level(const char *v)
     return strict_name(v, log_level_names, &level) == NULL ? level : -1;
 }
 
-int weft_config_log_level_env(void)
+int weft_config_log_level(const struct weft_settings *settings)
 {
-    const char *v = getenv("WEFT_DEBUG");
+    const char *v = weft_settings_lookup("WEFT_DEBUG", (void *)settings);
     int level = v ? parse_log_level(v) : WEFT_LOG_WARN;
     /* A value create will refuse still logs that refusal: at warn. */
     return level >= 0 ? level : WEFT_LOG_WARN;
+}
+
+int weft_config_log_level_env(void)
+{
+    return weft_config_log_level(NULL);
 }
 
 static const char *lookup_getenv(const char *name, void *ctx)

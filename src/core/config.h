@@ -127,6 +127,9 @@ int weft_parse_transports(const char *s);
  * comm exists: warn when unset, and warn for a value weft_config_load
  * rejects, so that rejection is printed. */
 int weft_config_log_level_env(void);
+/* The same for a comm whose configuration was refused: WEFT_DEBUG from its
+ * settings, else the environment's (weft_settings_lookup). */
+int weft_config_log_level(const struct weft_settings *settings);
 
 /* Settings that must be equal on every rank of a comm because they shape
  * the wire or the protocol (docs/configuration.md, "Settings that must

@@ -32,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include "../../child_env.h"
+
 namespace {
 
 struct Api {
@@ -109,21 +111,42 @@ const char *const kKnobs[] = {
     "WEFT_EMU_VERBS_PEERMEM",   "WEFT_EMU_CUDA_GDR",
 };
 
-// Sets knobs for one test; all knobs are cleared before and after.
-struct Env {
-    explicit Env(std::initializer_list<std::pair<const char *, const char *>> kv)
-    {
-        clear();
+// The knobs a test runs with: exactly these set, every other one of kKnobs
+// absent. The emulator reads them from the environment (load_config, while
+// no context is open) and no test writes its environment (issue 27), so a
+// test whose knobs this process's environment does not have already runs
+// again, alone, in a child process started with them (tests/child_env.h);
+// true then, and the test returns (WITH_KNOBS), its result the child's.
+bool knobs_elsewhere(std::initializer_list<std::pair<const char *, const char *>> kv)
+{
+    bool same = true;
+    for (auto k : kKnobs) {
+        const char *want = nullptr;
         for (auto &p : kv)
-            setenv(p.first, p.second, 1);
+            if (!strcmp(p.first, k))
+                want = p.second;
+        const char *have = getenv(k);
+        if ((want == nullptr) != (have == nullptr) || (want && strcmp(want, have) != 0))
+            same = false;
     }
-    ~Env() { clear(); }
-    static void clear()
-    {
-        for (auto k : kKnobs)
-            unsetenv(k);
-    }
-};
+    if (same)
+        return false;
+    weft_childenv::Vars set;
+    for (auto &p : kv)
+        set.push_back({p.first, p.second});
+    std::vector<std::string> drop = weft_childenv::gtest_run_variables();
+    for (auto k : kKnobs)
+        drop.push_back(k);
+    std::string why;
+    int rc = weft_childenv::rerun_this_test(weft_childenv::environment_with(set, drop), &why);
+    EXPECT_EQ(rc, 0) << "the test, run with its knobs in a child process, failed there (its output is above) " << why;
+    return true;
+}
+#define WITH_KNOBS(...)                   \
+    do {                                  \
+        if (knobs_elsewhere(__VA_ARGS__)) \
+            return;                       \
+    } while (0)
 
 std::string seg_path(pid_t pid) { return "/dev/shm/wemu-verbs-" + std::to_string(pid); }
 bool seg_exists(pid_t pid)
@@ -443,7 +466,7 @@ TEST(EmuVerbs, ExportsOnlyVerbsNames)
 
 TEST(EmuVerbs, DeviceAndPortIB)
 {
-    Env env({{"WEFT_EMU_VERBS_MAX_MSG", "65536"}, {"WEFT_EMU_VERBS_MTU", "2048"}});
+    WITH_KNOBS({{"WEFT_EMU_VERBS_MAX_MSG", "65536"}, {"WEFT_EMU_VERBS_MTU", "2048"}});
     int n = 0;
     ibv_device **l = api().get_device_list(&n);
     ASSERT_NE(l, nullptr);
@@ -481,7 +504,7 @@ TEST(EmuVerbs, DeviceAndPortIB)
 
 TEST(EmuVerbs, RoceGidTable)
 {
-    Env env({{"WEFT_EMU_VERBS_LINK", "roce"}});
+    WITH_KNOBS({{"WEFT_EMU_VERBS_LINK", "roce"}});
     ibv_context *ctx = open_dev();
     ASSERT_NE(ctx, nullptr);
     ibv_port_attr pa{};
@@ -519,7 +542,7 @@ TEST(EmuVerbs, RoceGidTable)
 
 TEST(EmuVerbs, RoceV1V2MismatchNeverConnects)
 {
-    Env env({{"WEFT_EMU_VERBS_LINK", "roce"}});
+    WITH_KNOBS({{"WEFT_EMU_VERBS_LINK", "roce"}});
     Pair p;
     ASSERT_TRUE(p.ok());
     ConnOpts oa, ob;
@@ -536,7 +559,7 @@ TEST(EmuVerbs, RoceV1V2MismatchNeverConnects)
 
 TEST(EmuVerbs, RoceRequiresGrh)
 {
-    Env env({{"WEFT_EMU_VERBS_LINK", "roce"}});
+    WITH_KNOBS({{"WEFT_EMU_VERBS_LINK", "roce"}});
     Pair p;
     ASSERT_TRUE(p.ok());
     ASSERT_EQ(to_init(p.a, 0), 0);
@@ -551,7 +574,7 @@ TEST(EmuVerbs, RoceRequiresGrh)
 
 TEST(EmuVerbs, DevicesAndPortDown)
 {
-    Env env({{"WEFT_EMU_VERBS_DEVICES", "mlx5_0,mlx5_1"}, {"WEFT_EMU_VERBS_PORT_DOWN", "mlx5_1"}});
+    WITH_KNOBS({{"WEFT_EMU_VERBS_DEVICES", "mlx5_0,mlx5_1"}, {"WEFT_EMU_VERBS_PORT_DOWN", "mlx5_1"}});
     int n = 0;
     ibv_device **l = api().get_device_list(&n);
     ASSERT_EQ(n, 2);
@@ -589,7 +612,7 @@ TEST(EmuVerbs, DevicesAndPortDown)
 
 TEST(EmuVerbs, QpStateMachineAndMasks)
 {
-    Env env({});
+    WITH_KNOBS({});
     Pair p;
     ASSERT_TRUE(p.ok());
     EXPECT_EQ(p.a->state, IBV_QPS_RESET);
@@ -657,7 +680,7 @@ TEST(EmuVerbs, QpStateMachineAndMasks)
 
 TEST(EmuVerbs, MtuKnobLimitsPathMtu)
 {
-    Env env({{"WEFT_EMU_VERBS_MTU", "1024"}});
+    WITH_KNOBS({{"WEFT_EMU_VERBS_MTU", "1024"}});
     Pair p;
     ASSERT_TRUE(p.ok());
     ASSERT_EQ(to_init(p.a, 0), 0);
@@ -676,7 +699,7 @@ class TwoProc : public ::testing::TestWithParam<const char *> {};
 TEST_P(TwoProc, DataPath)
 {
     bool roce = !strcmp(GetParam(), "roce");
-    Env env({{"WEFT_EMU_VERBS_LINK", GetParam()}});
+    WITH_KNOBS({{"WEFT_EMU_VERBS_LINK", GetParam()}});
     const int sgid = roce ? 3 : -1;
     const size_t kBuf = 64 << 10;
     Child child([&](int rfd, int wfd) -> int {
@@ -796,7 +819,7 @@ INSTANTIATE_TEST_SUITE_P(Link, TwoProc, ::testing::Values("ib", "roce"));
 
 TEST(EmuVerbs, SendRecvLoopbackMultiSge)
 {
-    Env env({});
+    WITH_KNOBS({});
     Pair p;
     ASSERT_TRUE(p.ok());
     ASSERT_TRUE(p.connect());
@@ -851,7 +874,7 @@ TEST(EmuVerbs, SendRecvLoopbackMultiSge)
 
 TEST(EmuVerbs, BadRkeyAndRemoteBounds)
 {
-    Env env({});
+    WITH_KNOBS({});
     for (int variant = 0; variant < 3; variant++) {
         Pair p;
         ASSERT_TRUE(p.ok());
@@ -882,7 +905,7 @@ TEST(EmuVerbs, BadRkeyAndRemoteBounds)
 
 TEST(EmuVerbs, AccessFlagsOfMrAndQp)
 {
-    Env env({});
+    WITH_KNOBS({});
     {
         Pair p(64, 0, 256, IBV_ACCESS_LOCAL_WRITE); // b's MR: no remote access
         ASSERT_TRUE(p.ok());
@@ -926,7 +949,7 @@ TEST(EmuVerbs, AccessFlagsOfMrAndQp)
 
 TEST(EmuVerbs, LocalProtection)
 {
-    Env env({});
+    WITH_KNOBS({});
     for (int variant = 0; variant < 3; variant++) {
         Pair p;
         ASSERT_TRUE(p.ok());
@@ -951,7 +974,7 @@ TEST(EmuVerbs, LocalProtection)
 
 TEST(EmuVerbs, RecvTooSmall)
 {
-    Env env({});
+    WITH_KNOBS({});
     Pair p;
     ASSERT_TRUE(p.ok());
     ASSERT_TRUE(p.connect());
@@ -967,7 +990,7 @@ TEST(EmuVerbs, RecvTooSmall)
 
 TEST(EmuVerbs, RnrRetryExceededAndInfinite)
 {
-    Env env({});
+    WITH_KNOBS({});
     {
         Pair p;
         ASSERT_TRUE(p.ok());
@@ -1011,7 +1034,7 @@ TEST(EmuVerbs, RnrRetryExceededAndInfinite)
 
 TEST(EmuVerbs, RetryExceededWhenPeerNotConnected)
 {
-    Env env({});
+    WITH_KNOBS({});
     ConnOpts oa;
     oa.timeout = 10; // 4.2 ms
     oa.retry_cnt = 2; // x3
@@ -1055,7 +1078,7 @@ TEST(EmuVerbs, RetryExceededWhenPeerNotConnected)
 
 TEST(EmuVerbs, MaxMsgSize)
 {
-    Env env({{"WEFT_EMU_VERBS_MAX_MSG", "64K"}});
+    WITH_KNOBS({{"WEFT_EMU_VERBS_MAX_MSG", "64K"}});
     Pair p;
     ASSERT_TRUE(p.ok());
     ASSERT_TRUE(p.connect());
@@ -1072,7 +1095,7 @@ TEST(EmuVerbs, MaxMsgSize)
 
 TEST(EmuVerbs, SendQueueOverflow)
 {
-    Env env({{"WEFT_EMU_VERBS_MAX_QP_WR", "4"}});
+    WITH_KNOBS({{"WEFT_EMU_VERBS_MAX_QP_WR", "4"}});
     {
         Pair p(4);
         ASSERT_TRUE(p.ok());
@@ -1138,7 +1161,7 @@ TEST(EmuVerbs, SendQueueOverflow)
 
 TEST(EmuVerbs, InlineLimitAndCopyAtPost)
 {
-    Env env({{"WEFT_EMU_VERBS_MAX_INLINE", "128"}});
+    WITH_KNOBS({{"WEFT_EMU_VERBS_MAX_INLINE", "128"}});
     Pair p(64, 64);
     ASSERT_TRUE(p.ok());
     EXPECT_EQ(make_qp(p.pd, p.cqa, p.cqa, 4, 4, 129), nullptr) << "above the device's inline size";
@@ -1159,7 +1182,7 @@ TEST(EmuVerbs, InlineLimitAndCopyAtPost)
 
 TEST(EmuVerbs, FlushAfterErrorAndGarbageFields)
 {
-    Env env({});
+    WITH_KNOBS({});
     Pair p;
     ASSERT_TRUE(p.ok());
     ASSERT_TRUE(p.connect());
@@ -1204,7 +1227,7 @@ TEST(EmuVerbs, FlushAfterErrorAndGarbageFields)
 TEST(EmuVerbs, FailWrKnob)
 {
     {
-        Env env({{"WEFT_EMU_VERBS_FAIL_WR", "3"}, {"WEFT_EMU_VERBS_FAIL_STATUS", "10"}});
+        WITH_KNOBS({{"WEFT_EMU_VERBS_FAIL_WR", "3"}, {"WEFT_EMU_VERBS_FAIL_STATUS", "10"}});
         Pair p;
         ASSERT_TRUE(p.ok());
         ASSERT_TRUE(p.connect());
@@ -1218,9 +1241,15 @@ TEST(EmuVerbs, FailWrKnob)
         EXPECT_EQ(wc[2].wr_id, 3u);
         EXPECT_EQ(wc[3].status, IBV_WC_WR_FLUSH_ERR);
     }
+}
+
+// FailWrKnob's knob with FAULT_RANK (each its own test: the knobs of a
+// process are those it started with)
+TEST(EmuVerbs, FailWrKnobFaultRankElsewhere)
+{
     {
         // FAULT_RANK names another rank: no fault here
-        Env env({{"WEFT_EMU_VERBS_FAIL_WR", "1"}, {"WEFT_EMU_VERBS_FAULT_RANK", "1"}, {"OMPI_COMM_WORLD_RANK", "0"}});
+        WITH_KNOBS({{"WEFT_EMU_VERBS_FAIL_WR", "1"}, {"WEFT_EMU_VERBS_FAULT_RANK", "1"}, {"OMPI_COMM_WORLD_RANK", "0"}});
         Pair p;
         ASSERT_TRUE(p.ok());
         ASSERT_TRUE(p.connect());
@@ -1229,8 +1258,12 @@ TEST(EmuVerbs, FailWrKnob)
         ASSERT_EQ(poll_n(p.cqa, &wc, 1), 1);
         EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
     }
+}
+
+TEST(EmuVerbs, FailWrKnobFaultRankHere)
+{
     {
-        Env env({{"WEFT_EMU_VERBS_FAIL_WR", "1"}, {"WEFT_EMU_VERBS_FAULT_RANK", "2"}, {"PMIX_RANK", "2"}});
+        WITH_KNOBS({{"WEFT_EMU_VERBS_FAIL_WR", "1"}, {"WEFT_EMU_VERBS_FAULT_RANK", "2"}, {"PMIX_RANK", "2"}});
         Pair p;
         ASSERT_TRUE(p.ok());
         ASSERT_TRUE(p.connect());
@@ -1241,11 +1274,13 @@ TEST(EmuVerbs, FailWrKnob)
     }
 }
 
+// The child (forked) drops after its 2nd SEND. Both processes have the knob
+// (the knobs of a process are those it started with), but this side posts
+// one send WR only (the RDMA write below), so it never reaches a 2nd.
 TEST(EmuVerbs, DropAfterKnob)
 {
-    Env env({});
+    WITH_KNOBS({{"WEFT_EMU_VERBS_DROP_AFTER", "2"}});
     Child child([&](int rfd, int wfd) -> int {
-        setenv("WEFT_EMU_VERBS_DROP_AFTER", "2", 1);
         std::vector<uint8_t> buf(4096, 1);
         ibv_context *ctx = open_dev();
         CCHECK(ctx);
@@ -1333,7 +1368,7 @@ TEST(EmuVerbs, DropAfterKnob)
 
 TEST(EmuVerbs, PeerExitGivesRetryExceeded)
 {
-    Env env({});
+    WITH_KNOBS({});
     Child child([&](int rfd, int wfd) -> int {
         std::vector<uint8_t> buf(4096, 1);
         ibv_context *ctx = open_dev();
@@ -1388,7 +1423,7 @@ TEST(EmuVerbs, PeerExitGivesRetryExceeded)
 
 TEST(EmuVerbs, CqOverrun)
 {
-    Env env({});
+    WITH_KNOBS({});
     ibv_wc wc[8];
     {
         Pair p(64, 0, 2); // cqa holds 3 (next power of two minus one)
@@ -1417,7 +1452,7 @@ TEST(EmuVerbs, CqOverrun)
 // another posts receives and polls the receive CQ of the same context
 TEST(EmuVerbs, TwoThreadsOneContext)
 {
-    Env env({});
+    WITH_KNOBS({});
     Pair p;
     ASSERT_TRUE(p.ok());
     ASSERT_TRUE(p.connect());
@@ -1467,12 +1502,23 @@ TEST(EmuVerbs, TwoThreadsOneContext)
 
 TEST(EmuVerbs, StatsFile)
 {
-    char path[] = "/tmp/wemu-stats-XXXXXX";
-    int fd = mkstemp(path);
-    ASSERT_GE(fd, 0);
-    close(fd);
+    // The file is made by the first run, which names it to the run with the
+    // knob (a child process: WITH_KNOBS) and removes it after.
+    const char *given = getenv("WEFT_EMU_VERBS_STATS");
+    const std::string prefix = "/tmp/wemu-stats-";
+    std::string path = given && std::string(given).rfind(prefix, 0) == 0 ? given : "";
+    if (path.empty()) {
+        char tmpl[] = "/tmp/wemu-stats-XXXXXX";
+        int fd = mkstemp(tmpl);
+        ASSERT_GE(fd, 0);
+        close(fd);
+        path = tmpl;
+    }
+    if (knobs_elsewhere({{"WEFT_EMU_VERBS_STATS", path.c_str()}})) {
+        unlink(path.c_str());
+        return;
+    }
     {
-        Env env({{"WEFT_EMU_VERBS_STATS", path}});
         Pair p;
         ASSERT_TRUE(p.ok());
         ASSERT_TRUE(p.connect());
@@ -1480,19 +1526,19 @@ TEST(EmuVerbs, StatsFile)
         ibv_wc wc{};
         ASSERT_EQ(poll_n(p.cqa, &wc, 1), 1);
     }
-    FILE *f = fopen(path, "r");
+    FILE *f = fopen(path.c_str(), "r");
     ASSERT_NE(f, nullptr);
     char line[1024] = {};
     ASSERT_NE(fgets(line, sizeof line, f), nullptr);
     fclose(f);
-    unlink(path);
+    unlink(path.c_str());
     EXPECT_NE(strstr(line, " write=1 "), nullptr) << line;
     EXPECT_NE(strstr(line, " bytes_out=100 "), nullptr) << line;
 }
 
 TEST(EmuVerbs, LargeTransferChunkedByCma)
 {
-    Env env({});
+    WITH_KNOBS({});
     Pair p;
     ASSERT_TRUE(p.ok());
     ASSERT_TRUE(p.connect());
@@ -1522,7 +1568,7 @@ int fake_dmabuf(int memfd, uint64_t first_page, uint64_t pages)
 TEST(EmuVerbs, RegMrOfInaccessibleMemoryFails)
 {
     // What a NIC without a peer-memory module does with a GPU pointer.
-    Env env({});
+    WITH_KNOBS({});
     Pair p;
     ASSERT_TRUE(p.ok());
     void *none = mmap(nullptr, 8192, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -1535,7 +1581,7 @@ TEST(EmuVerbs, RegMrOfInaccessibleMemoryFails)
 
 TEST(EmuVerbs, DmaBufMrLoopback)
 {
-    Env env({});
+    WITH_KNOBS({});
     const size_t kFile = 16 * 4096;
     int memfd = memfd_create("wemu-test-dmabuf", MFD_CLOEXEC);
     ASSERT_GE(memfd, 0);
@@ -1622,7 +1668,7 @@ unsigned char dev_pattern(size_t i) { return (unsigned char)(i * 29 + 7); }
 // it and reads from it with RDMA from host memory.
 TEST(EmuVerbs, DmaBufMrOverDeviceMemoryAcrossProcesses)
 {
-    Env env({{"WEFT_EMU_CUDA_GDR", "1"}});
+    WITH_KNOBS({{"WEFT_EMU_CUDA_GDR", "1"}});
     const size_t kDev = 1 << 20, kOff = 65536, kLen = 256 * 1024;
     Child child([&](int rfd, int wfd) -> int {
         void *d = nullptr;
@@ -1723,7 +1769,7 @@ TEST(EmuVerbs, DmaBufMrOverDeviceMemoryAcrossProcesses)
 // and an interior dma-buf range with a non-zero offset.
 TEST(EmuVerbs, PeermemKnobAndDmaBufOffset)
 {
-    Env env({{"WEFT_EMU_VERBS_PEERMEM", "1"}, {"WEFT_EMU_CUDA_GDR", "1"}});
+    WITH_KNOBS({{"WEFT_EMU_VERBS_PEERMEM", "1"}, {"WEFT_EMU_CUDA_GDR", "1"}});
     Child child([&](int, int) -> int {
         const size_t kDev = 64 * 1024;
         void *d = nullptr;
