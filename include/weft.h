@@ -110,7 +110,8 @@ WEFT_API int  weft_comm_split(weft_comm_t *comm, int color, int key, weft_comm_t
  * A name that is not a comm's setting, a name given twice, or a NULL name
  * or value is refused (WEFT_ERR_INVALID_ARG, naming the entry). The arrays
  * are copied: they may be freed once the call returns. A comm made by
- * weft_comm_split takes its parent's configuration. config NULL = the
+ * weft_comm_split takes its parent's configuration (weft_comm_split_config:
+ * with settings of its own on top). config NULL = the
  * environment alone (the calls without _config). WEFT_DEBUG sets the
  * process's log level, as the environment's does. */
 typedef struct { const char *name; const char *value; } weft_setting_t;
@@ -127,6 +128,10 @@ typedef struct weft_comm_config {
 WEFT_API int  weft_comm_create_config(MPI_Comm mpi_comm, const weft_config_t *config, weft_comm_t **comm);
 WEFT_API int  weft_comm_init_config(const weft_unique_id_t *id, int nranks, int rank, const weft_config_t *config,
                                     weft_comm_t **comm);
+/* The new comm takes comm's configuration with config's settings on top
+ * (config's win for a name in both); otherwise as weft_comm_split. */
+WEFT_API int  weft_comm_split_config(weft_comm_t *comm, int color, int key, const weft_config_t *config,
+                                     weft_comm_t **newcomm);
 /* The root of the meeting takes its WEFT_TIMEOUT and WEFT_TCP_IF from config. */
 WEFT_API int  weft_get_unique_id_config(weft_unique_id_t *id, const weft_config_t *config);
 /* A function of the application that weft runs while a thread of the

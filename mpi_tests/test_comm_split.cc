@@ -32,49 +32,9 @@
 #include "weft.h"
 #include "weft_mpi_test.h"
 
-/* ---- one variable of the environment, seen changed for a while ----
- * A split takes its parent's configuration and reads the environment, at
- * the split, for every setting that has none: an application that changes
- * its environment between the parent's create and the split can make one
- * member's setting differ from the others' (SettingThatDiffersFailsSplit-
- * OnEveryMember). Nothing in weft or its tests writes the environment
- * (issue 27), and neither a ctest entry's environment nor a child process
- * can change it between two calls of one process; so this binary defines
- * getenv, which the libraries of the process (weft's included) then call
- * instead of libc's (the executable comes first in the dynamic symbol
- * lookup): it answers one variable from g_seen while a test sets it, and
- * reads environ otherwise, as libc's does. */
-static std::atomic<const char *> g_seen_name{nullptr};
-static std::atomic<const char *> g_seen_value{nullptr};
-
-extern "C" char *getenv(const char *name) noexcept
-{
-    const char *seen = g_seen_name.load(std::memory_order_acquire);
-    if (seen != nullptr && std::strcmp(name, seen) == 0)
-        return const_cast<char *>(g_seen_value.load(std::memory_order_acquire));
-    const size_t n = std::strlen(name);
-    for (char **e = environ; e != nullptr && *e != nullptr; e++)
-        if (std::strncmp(*e, name, n) == 0 && (*e)[n] == '=')
-            return *e + n + 1;
-    return nullptr;
-}
-
 using namespace weft_mpitest;
 
 namespace {
-
-/* For its scope, getenv(name) returns value (static strings) in this process. */
-class SeenEnv {
-public:
-    SeenEnv(const char *name, const char *value)
-    {
-        g_seen_value.store(value, std::memory_order_release);
-        g_seen_name.store(name, std::memory_order_release);
-    }
-    ~SeenEnv() { g_seen_name.store(nullptr, std::memory_order_release); }
-    SeenEnv(const SeenEnv &) = delete;
-    SeenEnv &operator=(const SeenEnv &) = delete;
-};
 
 class Split : public WeftMpiTest {};
 
@@ -416,6 +376,25 @@ TEST_F(Split, AnotherCollectiveOfTheSameSizeIsAMismatch)
  * bootstrap): a protocol setting that differs on one member fails the
  * split on every member at once, with the message of a create, and leaves
  * the parent as it was. */
+/* A config that is not one is refused on every rank before the split
+ * starts (every rank passes the same), naming the call and why; the parent
+ * goes on. */
+TEST_F(Split, BadConfigRefusedBeforeTheSplit)
+{
+    weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+    const weft_setting_t s[] = {{"WEFT_NOPE", "1"}};
+    cfg.settings = s;
+    cfg.nsettings = 1;
+    weft_comm_t *nc = reinterpret_cast<weft_comm_t *>(this);
+    EXPECT_EQ(weft_comm_split_config(comm, 0, rank, &cfg, &nc), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(nc, reinterpret_cast<weft_comm_t *>(this)) << "output written on failure";
+    const std::string want = "weft_comm_split_config: rank " + std::to_string(rank) +
+                             ": config.settings[0]: WEFT_NOPE is not a setting a comm takes";
+    EXPECT_NE(last_error().find(want), std::string::npos) << last_error();
+    EXPECT_NE(std::string(weft_last_error()).find(want), std::string::npos) << weft_last_error();
+    ASSERT_EQ(weft_barrier(comm), WEFT_SUCCESS) << last_error();
+}
+
 TEST_F(Split, SettingThatDiffersFailsSplitOnEveryMember)
 {
     if (size < 2)
@@ -425,9 +404,12 @@ TEST_F(Split, SettingThatDiffersFailsSplitOnEveryMember)
     double t0 = MPI_Wtime();
     std::string log;
     {
-        /* The last rank's environment says 7 from now on (see SeenEnv). */
-        SeenEnv env("WEFT_TCP_STREAMS", rank == size - 1 ? "7" : std::getenv("WEFT_TCP_STREAMS"));
-        log = capture_stderr([&] { rc = weft_comm_split(comm, 0, rank, &nc); });
+        /* The last rank's new comm says 7, the others' what their parent says. */
+        const weft_setting_t seven[] = {{"WEFT_TCP_STREAMS", "7"}};
+        weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+        cfg.settings = rank == size - 1 ? seven : nullptr;
+        cfg.nsettings = rank == size - 1 ? 1 : 0;
+        log = capture_stderr([&] { rc = weft_comm_split_config(comm, 0, rank, &cfg, &nc); });
     }
     double took = MPI_Wtime() - t0;
     EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG);

@@ -12,6 +12,11 @@
 
 #include "comm.h"
 
+/* A weft_config_t's settings, checked and copied (*out NULL for none or a
+ * NULL config); refused (logged, this thread's last error) naming fn, rank
+ * and the entry. */
+int weft_check_config(const char *fn, int rank, const weft_config_t *config, struct weft_settings **out);
+
 static inline int weft_check_size(const struct weft_comm *c) { return c->core.size; }
 
 /* Point-to-point: comm, request output, buffer, peer in range, tag >= 0

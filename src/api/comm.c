@@ -6,13 +6,14 @@
 #include <string.h>
 
 #include "bootstrap_uid.h"
+#include "check.h"
 #include "comm.h"
 #include "log.h"
 #include "p2p.h"
 
 /* config's settings, checked and copied (*out NULL for none); the error
  * names the call and the entry. */
-static int config_settings(const char *fn, int rank, const weft_config_t *config, struct weft_settings **out)
+int weft_check_config(const char *fn, int rank, const weft_config_t *config, struct weft_settings **out)
 {
     enum { MAX_SETTINGS = 1024 };
     const char *names[MAX_SETTINGS], *values[MAX_SETTINGS];
@@ -51,7 +52,7 @@ static int comm_create(const char *fn, weft_mpi_comm_t mpi_comm, const weft_conf
 
     if (out == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: comm output pointer is NULL", fn);
-    if ((rc = config_settings(fn, -1, config, &settings)) != WEFT_SUCCESS)
+    if ((rc = weft_check_config(fn, -1, config, &settings)) != WEFT_SUCCESS)
         return rc;
     rc = weft_comm_create_mpi(mpi_comm, settings, out);
     weft_settings_free(settings);
@@ -75,7 +76,7 @@ static int get_unique_id(const char *fn, weft_unique_id_t *id, const weft_config
 
     if (id == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: id is NULL", fn);
-    if ((rc = config_settings(fn, -1, config, &settings)) != WEFT_SUCCESS)
+    if ((rc = weft_check_config(fn, -1, config, &settings)) != WEFT_SUCCESS)
         return rc;
     rc = weft_uid_make(id, settings);
     weft_settings_free(settings);
@@ -110,7 +111,7 @@ static int comm_init(const char *fn, const weft_unique_id_t *id, int nranks, int
                               nranks);
     if (weft_uid_check(id, why, sizeof(why)) != WEFT_SUCCESS)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: rank %d: %s", fn, rank, why);
-    if ((rc = config_settings(fn, rank, config, &settings)) != WEFT_SUCCESS)
+    if ((rc = weft_check_config(fn, rank, config, &settings)) != WEFT_SUCCESS)
         return rc;
     rc = weft_comm_init_uid(id, nranks, rank, settings, out);
     weft_settings_free(settings);

@@ -640,7 +640,8 @@ static int split_order(const void *a, const void *b)
     return (x[1] > y[1]) - (x[1] < y[1]);
 }
 
-int weft_comm_split_all(struct weft_comm *parent, int color, int key, struct weft_comm **out)
+int weft_comm_split_all(struct weft_comm *parent, int color, int key, const struct weft_settings *settings,
+                        struct weft_comm **out)
 {
     const int psize = parent->core.size, prank = parent->core.rank;
     struct split_rec mine, *all;
@@ -704,8 +705,15 @@ int weft_comm_split_all(struct weft_comm *parent, int color, int key, struct wef
             m.rank = i;
     }
     WEFT_INFO(prank, "weft_comm_split: color %d key %d: rank %d of %d in the new comm", color, key, m.rank, m.size);
-    /* The new comm takes its parent's configuration. */
-    rc = weft_comm_assemble("weft_comm_split", make_split_boot, &m, parent->core.settings, out);
+    /* The new comm takes its parent's configuration, settings given to
+     * the split on top. */
+    struct weft_settings *merged = NULL;
+    rc = weft_settings_merge(parent->core.settings, settings, &merged);
+    if (rc != WEFT_SUCCESS)
+        rc = weft_set_error(&parent->core, rc, "weft_comm_split: no memory for the new comm's settings");
+    else
+        rc = weft_comm_assemble("weft_comm_split", make_split_boot, &m, merged, out);
+    weft_settings_free(merged);
     if (rc != WEFT_SUCCESS) {
         /* The new comm is gone and its text is this thread's
          * (weft_last_error); the parent's last error says it too, since

@@ -47,7 +47,8 @@ int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, const struct weft_settings *s
  * (color, key) on the parent's collectives, then, for color >= 0, a comm
  * assembled over the split bootstrap (bootstrap_split.h); color < 0:
  * *out = NULL. The new comm keeps nothing of the parent. */
-int weft_comm_split_all(struct weft_comm *parent, int color, int key, struct weft_comm **out);
+int weft_comm_split_all(struct weft_comm *parent, int color, int key, const struct weft_settings *settings,
+                        struct weft_comm **out);
 /* Collective (see weft_comm_destroy); local once a rank failed or after abort. */
 int weft_comm_destroy_all(struct weft_comm *c);
 /* weft_comm_abort: local, any thread. */

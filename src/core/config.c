@@ -778,11 +778,51 @@ int weft_settings_dup(const struct weft_settings *s, struct weft_settings **out)
                               sizeof(err));
 }
 
-const char *weft_settings_lookup(const char *name, void *ctx)
+const char *weft_settings_lookup_own(const struct weft_settings *s, const char *name)
 {
-    const struct weft_settings *s = ctx;
     for (size_t i = 0; s != NULL && i < s->n; i++)
         if (strcmp(s->names[i], name) == 0)
             return s->values[i];
-    return getenv(name);
+    return NULL;
+}
+
+const char *weft_settings_lookup(const char *name, void *ctx)
+{
+    const char *v = weft_settings_lookup_own(ctx, name);
+    return v != NULL ? v : getenv(name);
+}
+
+int weft_settings_merge(const struct weft_settings *base, const struct weft_settings *over,
+                        struct weft_settings **out)
+{
+    size_t nb = base ? base->n : 0, no = over ? over->n : 0, n = 0;
+    const char **names, **values;
+    char err[64];
+    int rc;
+
+    if (nb + no == 0) {
+        *out = NULL;
+        return WEFT_SUCCESS;
+    }
+    names = calloc(nb + no, sizeof(*names));
+    values = calloc(nb + no, sizeof(*values));
+    if (names == NULL || values == NULL) {
+        free(names);
+        free(values);
+        return WEFT_ERR_NO_MEMORY;
+    }
+    for (size_t i = 0; i < nb; i++) {
+        if (weft_settings_lookup_own(over, base->names[i]) != NULL)
+            continue;   /* over's wins */
+        names[n] = base->names[i];
+        values[n++] = base->values[i];
+    }
+    for (size_t i = 0; i < no; i++) {
+        names[n] = over->names[i];
+        values[n++] = over->values[i];
+    }
+    rc = weft_settings_make(names, values, n, out, err, sizeof(err));
+    free(names);
+    free(values);
+    return rc;
 }

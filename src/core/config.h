@@ -109,9 +109,15 @@ int weft_settings_make(const char *const *names, const char *const *values, size
 /* A copy (NULL for NULL); WEFT_ERR_NO_MEMORY when it cannot be made. */
 int weft_settings_dup(const struct weft_settings *s, struct weft_settings **out);
 void weft_settings_free(struct weft_settings *s);
+/* base's settings with over's on top (over wins for a name in both); NULL
+ * when both are. WEFT_ERR_NO_MEMORY when it cannot be made. */
+int weft_settings_merge(const struct weft_settings *base, const struct weft_settings *over,
+                        struct weft_settings **out);
 /* A weft_env_lookup_fn: ctx is a struct weft_settings (or NULL); its value
  * for name, else the environment's. */
 const char *weft_settings_lookup(const char *name, void *ctx);
+/* s's own value for name; NULL when s (or NULL s) has none. */
+const char *weft_settings_lookup_own(const struct weft_settings *s, const char *name);
 /* 1 when weft_config_load reads name (a setting a comm takes). */
 int weft_config_reads(const char *name);
 
