@@ -121,7 +121,7 @@ struct weft_coll {
     pthread_mutex_t         nb_lock;
     struct weft_coll_nb    *nb_head;
     int                     nb_count;  /* atomic: ops on nb_head */
-    int                     nb_hooked; /* atomic: the idle hook is installed */
+    int                     nb_hooked; /* atomic: registered with the comm's engine */
     struct weft_coll_nb    *nb_dead;   /* given up at destroy, freed by fini */
 };
 

@@ -9,7 +9,8 @@
  *
  * Progress. An op moves only when someone issues its next steps (a ring
  * forwards chunk k once it arrived). The owner's test/wait does that; in
- * addition every idle wait of the comm runs nb_idle (the p2p idle hook),
+ * addition every idle wait of the comm runs nb_idle (a client of the comm's
+ * engine, p2p/engine.h; the progress thread runs it too when there is one),
  * which advances every op in flight, so a rank blocked in weft_recv, or in
  * a later blocking collective, still serves the collectives it started
  * earlier -- its peers may be waiting for exactly that.
@@ -23,11 +24,12 @@
  * call whose slot is still held by an op in flight first finishes that op
  * (coll_nb_slot_free), so more calls than slots may be outstanding.
  */
-#include <sched.h>
 #include <stdlib.h>
 
+#include "backoff.h"
 #include "coll_impl.h"
 #include "core.h"
+#include "engine.h"
 #include "log.h"
 #include "p2p.h"
 #include "tags.h"
@@ -51,7 +53,7 @@ static int busy_try(struct weft_coll_nb *nb)
 static void busy_take(struct weft_coll_nb *nb)
 {
     while (!busy_try(nb))
-        sched_yield();   /* held by an idle hook for one test: short */
+        weft_yield();   /* held by an idle hook for one test: short */
 }
 
 static void busy_drop(struct weft_coll_nb *nb)
@@ -131,15 +133,17 @@ static int nb_wait(void *arg)
 
 static const struct weft_p2p_upper_ops nb_ops = { nb_test, nb_wait };
 
-/* The p2p idle hook: one pass over the ops in flight, skipping those
- * another thread is advancing. Never blocks. */
-static void nb_idle(void *arg)
+/* A client of the comm's engine (p2p/engine.h): one pass over the ops in
+ * flight, skipping those another thread is advancing. Never blocks. Run by
+ * the application's idle waits, and by the comm's progress thread with
+ * WEFT_PROGRESS_THREAD=1. */
+static int nb_idle(void *arg)
 {
     struct weft_coll *cc = arg;
     if (__atomic_load_n(&cc->nb_count, __ATOMIC_RELAXED) == 0)
-        return;
+        return 0;
     if (pthread_mutex_trylock(&cc->nb_lock) != 0)
-        return;   /* another thread is at it */
+        return 0;   /* another thread is at it */
     /* Collected first: completing an op unlinks it (takes nb_lock). */
     struct weft_coll_nb *todo[16];
     int k = 0;
@@ -147,11 +151,26 @@ static void nb_idle(void *arg)
         if (busy_try(nb))
             todo[k++] = nb;
     pthread_mutex_unlock(&cc->nb_lock);
+    int n = 0;
     for (int i = 0; i < k; i++) {
-        (void)nb_step(todo[i]);
+        n += nb_step(todo[i]);
         busy_drop(todo[i]);
     }
+    return n;
 }
+
+static int nb_busy(void *arg)
+{
+    struct weft_coll *cc = arg;
+    return __atomic_load_n(&cc->nb_count, __ATOMIC_RELAXED) > 0;
+}
+
+static const struct weft_engine_client nb_client = {
+    .name = "non-blocking collectives",
+    .poll = nb_idle,
+    .busy = nb_busy,
+    .flags = WEFT_CLIENT_WAITS | WEFT_CLIENT_THREAD,
+};
 
 int coll_nb_slot_free(struct weft_coll *cc, uint32_t seq)
 {
@@ -173,7 +192,7 @@ int coll_nb_slot_free(struct weft_coll *cc, uint32_t seq)
          * completed op leaves the list before its owner may free it). */
         if (!busy_try(hold)) {
             pthread_mutex_unlock(&cc->nb_lock);
-            sched_yield();
+            weft_yield();
             continue;
         }
         pthread_mutex_unlock(&cc->nb_lock);
@@ -193,8 +212,14 @@ int weft_coll_istart(struct weft_coll *cc, const struct weft_coll_args *a, weft_
     if (nb == NULL)
         return weft_set_error(cc->core, WEFT_ERR_NO_MEMORY, "non-blocking collective: no memory");
     nb->cc = cc;
-    if (__atomic_exchange_n(&cc->nb_hooked, 1, __ATOMIC_ACQ_REL) == 0)
-        weft_p2p_set_idle_hook(cc->p2p, nb_idle, cc);
+    if (__atomic_load_n(&cc->nb_hooked, __ATOMIC_ACQUIRE) == 0) {
+        rc = weft_engine_register(weft_p2p_engine(cc->p2p), &nb_client, cc);   /* the same pair twice: once */
+        if (rc != WEFT_SUCCESS) {
+            free(nb);
+            return rc;
+        }
+        __atomic_store_n(&cc->nb_hooked, 1, __ATOMIC_RELEASE);
+    }
     rc = weft_coll_start(cc, a, NULL, 0, &op);
     if (rc != WEFT_SUCCESS) {
         free(nb);
@@ -252,6 +277,9 @@ void weft_coll_nb_abandon_all(struct weft_coll *cc)
 
 void coll_nb_fini(struct weft_coll *cc)
 {
+    if (__atomic_load_n(&cc->nb_hooked, __ATOMIC_ACQUIRE))
+        weft_engine_unregister(weft_p2p_engine(cc->p2p), &nb_client, cc);
+    cc->nb_hooked = 0;
     while (cc->nb_dead) {
         struct weft_coll_nb *nb = cc->nb_dead;
         cc->nb_dead = nb->next;

@@ -59,37 +59,17 @@ struct weft_p2p {
     unsigned                 ncnotes;
     size_t                   user_reqs;         /* requests handed out as handles, not yet freed */
 
-    /* The layer above's idle work (non-blocking collectives): run by
-     * waits of this comm while they have nothing to do, lock released. */
-    void                   (*idle_hook)(void *arg);
-    void                    *idle_arg;
-    /* The application's wait hook (weft_comm_set_wait_hook): run by idle
-     * waits of this comm, lock released, in application threads only. */
-    void                   (*wait_hook)(void *arg);
-    void                    *wait_arg;
+    struct weft_engine      *engine;     /* who drives progress (p2p/engine.c) */
+    /* The application's wait hook (weft_comm_set_wait_hook), a client of
+     * the engine. */
+    void                   (*wait_fn)(void *arg);
+    void                    *wait_fn_arg;
 };
-
-/* Runs the application's wait hook, if any, unless this is one of weft's
- * own threads; lock held on entry and on return (p2p.c). */
-void weft_p2p_run_wait_hook(struct weft_p2p *p);
-/* 1 in weft's own threads (weft_p2p_mark_internal_thread): they never run
- * the application's wait hook. */
-int  weft_p2p_in_internal_thread(void);
-
-/* Runs the idle hook, if any; lock held on entry and on return. */
-static inline void weft_p2p_run_idle_hook(struct weft_p2p *p)
-{
-    if (p->idle_hook == NULL)
-        return;
-    pthread_mutex_unlock(&p->lock);
-    p->idle_hook(p->idle_arg);
-    pthread_mutex_lock(&p->lock);
-}
 
 /* One progress pass: every transport in use, the rendezvous paths, queued
  * outbound frames. Lock held. Returns the number of events. */
 int  weft_p2p_progress(struct weft_p2p *p);
-/* Waits, bounded by WEFT_TIMEOUT, until every request in reqs[0..n) is
+/* The application's waits (p2p/engine.c). Waits, bounded by WEFT_TIMEOUT, until every request in reqs[0..n) is
  * DONE (NULL entries count as done). Lock held; released while sleeping.
  * A request whose pipe shows no activity for WEFT_TIMEOUT fails (see
  * p2p/health.h: whom it blames, what breaks); the first such code is

@@ -2,6 +2,7 @@
  * Peer health (see health.h).
  */
 #include "health.h"
+#include "backoff.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -273,8 +274,7 @@ void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char 
          * 2-core machine took more than 250 ms once). */
         char st = proc_state(pp->pid);
         for (int ms = 0; ms < LINK_DEATH_WAIT_MS && st != 0 && st != 'Z' && st != 'X' && !process_gone(pp); ms += 5) {
-            struct timespec ts = { 0, 5 * 1000 * 1000 };
-            nanosleep(&ts, NULL);
+            weft_nap_us(5000);
             st = process_gone(pp) ? 'X' : proc_state(pp->pid);
         }
         if (st != 0 && st != 'Z' && st != 'X') {

@@ -8,7 +8,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "backoff.h"
 #include "context.h"
+#include "engine.h"
 #include "cudawrap.h"
 #include "devcopy.h"
 #include "log.h"
@@ -211,48 +213,41 @@ int weft_p2p_user_upper(struct weft_p2p *p, const struct weft_p2p_upper_ops *ops
     return WEFT_SUCCESS;
 }
 
-void weft_p2p_set_idle_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg)
+/* The application's wait hook as a client of the engine: MPI progress for
+ * the PMPI drop-in, which only the application's threads may enter; it
+ * costs more than a poll (an MPI progress pass), so it runs at most every
+ * 20 us, and it must run often (its messages may be what the peer we wait
+ * for waits on), so waiters sleep at most 1 ms while it is set. */
+static int wait_hook_poll(void *arg)
 {
-    pthread_mutex_lock(&p->lock);
-    p->idle_hook = fn;
-    p->idle_arg = arg;
-    pthread_mutex_unlock(&p->lock);
+    struct weft_p2p *p = arg;
+    void (*fn)(void *) = __atomic_load_n(&p->wait_fn, __ATOMIC_ACQUIRE);
+    if (fn)
+        fn(__atomic_load_n(&p->wait_fn_arg, __ATOMIC_ACQUIRE));
+    return 0;
 }
 
-/* Set in weft's own threads (the stream engine's progress thread): they
- * never run the application's wait hook, which may call into a library
- * (MPI) that only the application's threads may enter. */
-static _Thread_local int internal_thread;
+static const struct weft_engine_client wait_hook_client = {
+    .name = "the application's wait hook",
+    .poll = wait_hook_poll,
+    .min_gap_s = 20e-6,
+    .sleep_cap_ms = 1,
+    .flags = WEFT_CLIENT_WAITS | WEFT_CLIENT_APP_ONLY,
+};
 
-int weft_p2p_in_internal_thread(void)
+int weft_p2p_set_wait_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg)
 {
-    return internal_thread;
+    weft_engine_unregister(p->engine, &wait_hook_client, p);
+    __atomic_store_n(&p->wait_fn_arg, arg, __ATOMIC_RELEASE);
+    __atomic_store_n(&p->wait_fn, fn, __ATOMIC_RELEASE);
+    if (fn == NULL)
+        return WEFT_SUCCESS;
+    return weft_engine_register(p->engine, &wait_hook_client, p);
 }
 
-void weft_p2p_run_wait_hook(struct weft_p2p *p)
+struct weft_engine *weft_p2p_engine(struct weft_p2p *p)
 {
-    void (*fn)(void *) = p->wait_hook;
-    void *arg = p->wait_arg;
-
-    if (fn == NULL || internal_thread)
-        return;
-    pthread_mutex_unlock(&p->lock);
-    fn(arg);
-    pthread_mutex_lock(&p->lock);
-}
-
-void weft_p2p_set_wait_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg)
-{
-    pthread_mutex_lock(&p->lock);
-    p->wait_hook = fn;
-    p->wait_arg = arg;
-    pthread_mutex_unlock(&p->lock);
-}
-
-void weft_p2p_mark_internal_thread(void)
-{
-    internal_thread = 1;
-    weft_cuda_mark_weft_thread();
+    return p->engine;
 }
 
 void weft_p2p_watch(struct weft_request *r, const char *what)
@@ -353,9 +348,9 @@ int weft_p2p_user_test(weft_request_t *h, int *done, weft_status_t *status)
     *done = r->state == WEFT_REQ_DONE;
     if (*done)
         rc = finish(r, status);
-    else
-        weft_p2p_run_idle_hook(p);   /* a test loop progresses non-blocking collectives too */
     pthread_mutex_unlock(&p->lock);
+    if (!*done)   /* a test loop progresses non-blocking collectives too */
+        weft_engine_run_waits(p->engine, weft_now(), 0);
     return rc;
 }
 
@@ -494,6 +489,15 @@ static int waitall_one_comm(size_t n, weft_request_t **hs, struct weft_request *
     return 1;
 }
 
+/* The core of the first comm among ps[0..n) (the backoff's spin time). */
+static const struct weft_core *ps_core(struct weft_p2p *const *ps, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ps[i])
+            return ps[i]->core;
+    return NULL;
+}
+
 int weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses)
 {
     /* A window of 64 (a common streaming depth) needs no allocation. */
@@ -540,6 +544,8 @@ int weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses
         weft_p2p_progress_wait(only, rs, n, "weft_waitall");
         pthread_mutex_unlock(&only->lock);
     } else if (several) {
+        struct weft_backoff bo;
+        weft_backoff_init(&bo, ps_core(ps, n));
         for (;;) {
             size_t pending = 0;
             int events = 0;
@@ -574,30 +580,22 @@ int weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses
             }
             if (pending == 0)
                 break;
-            if (events == 0) {
-                /* Other non-blocking collectives of these comms move too. */
-                for (size_t i = 0; i < n; i++)
-                    if (ps[i] && ps[i]->idle_hook) {
-                        int first = 1;
-                        for (size_t j = 0; j < i && first; j++)
-                            first = ps[j] != ps[i];
-                        if (first)
-                            ps[i]->idle_hook(ps[i]->idle_arg);
-                    }
-                /* The application's wait hooks (MPI progress for the PMPI
-                 * layer), once per comm. */
-                if (!internal_thread)
-                    for (size_t i = 0; i < n; i++) {
-                        void (*fn)(void *) = ps[i] ? ps[i]->wait_hook : NULL;
-                        int first = 1;
-                        for (size_t j = 0; j < i && first; j++)
-                            first = ps[j] != ps[i];
-                        if (fn && first)
-                            fn(ps[i]->wait_arg);
-                    }
-                struct timespec ts = { 0, 20 * 1000 };
-                nanosleep(&ts, NULL);
+            if (events > 0) {
+                weft_backoff_busy(&bo);
+                continue;
             }
+            /* Idle: the engine's clients of these comms run, once per
+             * comm (other non-blocking collectives, the application's
+             * wait hooks), then the policy's step. */
+            double now = weft_now();
+            for (size_t i = 0; i < n; i++) {
+                int first = ps[i] != NULL;
+                for (size_t j = 0; j < i && first; j++)
+                    first = ps[j] != ps[i];
+                if (first)
+                    weft_engine_run_waits(ps[i]->engine, now, 1);
+            }
+            weft_backoff_idle(&bo, now, 20);
         }
     }
     for (size_t i = 0; i < n; i++) {

@@ -94,15 +94,13 @@ struct weft_p2p_upper_ops {
     int (*wait)(void *arg);
 };
 int  weft_p2p_user_upper(struct weft_p2p *p, const struct weft_p2p_upper_ops *ops, void *arg, weft_request_t **h);
-/* The upper layer's work for idle waits of this comm (lock released when
- * it runs): fn(arg) must not block. Set once, before any wait. */
-void weft_p2p_set_idle_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg);
-/* The application's wait hook (weft_comm_set_wait_hook): fn(arg) runs in
- * application threads waiting on this comm while their wait is idle, lock
- * released, at least every WEFT_WAIT_HOOK_MS. fn NULL: none. Any time. */
-void weft_p2p_set_wait_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg);
-/* Called first thing by weft's own threads: they never run the wait hook. */
-void weft_p2p_mark_internal_thread(void);
+/* The application's wait hook (weft_comm_set_wait_hook): a client of the
+ * comm's engine (p2p/engine.h) that runs fn(arg) in application threads
+ * waiting on this comm while their wait is idle, lock released, at least
+ * every millisecond. fn NULL: none. Any time. */
+int  weft_p2p_set_wait_hook(struct weft_p2p *p, void (*fn)(void *arg), void *arg);
+/* The comm's progress engine: the layers above register their clients. */
+struct weft_engine *weft_p2p_engine(struct weft_p2p *p);
 /* weft_comm_destroy, after the upper layer gave up its outstanding work:
  * UPPER requests never completed are failed (and counted by drain). */
 /* Looks at r's per-request clock once (a test loop over r). */
@@ -142,12 +140,11 @@ void weft_p2p_abort(struct weft_p2p *p);
  * its own between tests (the stream engine). Returns the number of events. */
 int  weft_p2p_poll(struct weft_p2p *p);
 
-/* For a thread with no request of its own to wait on (the message pipes'
- * progress thread, weft_progress): one progress pass and a look at the
- * peers' health (heartbeats; a dead peer's requests fail); when nothing
- * happened and nap_ms > 0, sleeps in the transport a peer can knock on,
- * at most nap_ms. Takes the lock. Returns the number of events. */
-int  weft_p2p_poll_nap(struct weft_p2p *p, int nap_ms);
+/* For a caller with no request of its own to wait on (weft_progress, the
+ * message pipes' destroy): one progress pass and a look at the peers'
+ * health (heartbeats; a dead peer's requests fail). Takes the lock.
+ * Returns the number of events. */
+int  weft_p2p_poll_health(struct weft_p2p *p);
 
 /* The largest message on peer's pipe that goes eagerly on a library lane
  * (negative tag); fixed once the comm is connected. */

@@ -19,7 +19,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "backoff.h"
 #include "context.h"
+#include "engine.h"
 #include "cudawrap.h"
 #include "health.h"
 #include "log.h"
@@ -124,6 +126,8 @@ int weft_p2p_create(struct weft_core *core, struct weft_p2p **out)
         t->env.cards.stride = card_bytes;
         t->env.cards.blob_off = blob_off[i];
     }
+    if (rc == WEFT_SUCCESS)
+        rc = weft_engine_create(p, &p->engine);
     if (rc == WEFT_SUCCESS && weft_req_table_add(p) < 0)
         rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "weft_comm_create: more than %u comms alive in this process",
                             1u << WEFT_REQ_TABLE_BITS);
@@ -338,20 +342,23 @@ int weft_p2p_drain(struct weft_p2p *p)
 {
     const struct weft_core *core = p->core;
     double start = weft_now();
+    struct weft_backoff bo;
     int rc = WEFT_SUCCESS;
 
+    weft_backoff_init(&bo, core);
     pthread_mutex_lock(&p->lock);
     while (anything_busy(p)) {
-        if (weft_p2p_progress(p) == 0) {
+        if (weft_p2p_progress(p) > 0) {
+            weft_backoff_busy(&bo);
+        } else {
             if (weft_wait_expired(&core->cfg, WEFT_WAIT_DESTROY, start, weft_now())) {
                 rc = weft_set_error(p->core, WEFT_ERR_TIMEOUT,
                                     "weft_comm_destroy: outbound messages still queued after %.0f s",
                                     weft_wait_bound(&core->cfg, WEFT_WAIT_DESTROY));
                 break;
             }
-            struct timespec ts = { 0, 50 * 1000 };
             pthread_mutex_unlock(&p->lock);
-            nanosleep(&ts, NULL);
+            weft_backoff_idle(&bo, weft_now(), 50);
             pthread_mutex_lock(&p->lock);
         }
     }
@@ -464,6 +471,8 @@ void weft_p2p_destroy(struct weft_p2p *p)
 {
     if (p == NULL)
         return;
+    weft_engine_destroy(p->engine);   /* its thread first: it polls what goes below */
+    p->engine = NULL;
     weft_req_table_remove(p);
     weft_health_fini(p);
     /* Transports last to first (movers before the carriers they ride on). */

@@ -47,7 +47,6 @@
  */
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -55,8 +54,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "backoff.h"
 #include "core.h"
 #include "devcopy.h"
+#include "engine.h"
 #include "list.h"
 #include "log.h"
 #include "msgpipe.h"
@@ -168,11 +169,10 @@ struct weft_msgpipes {
     int               dispatching;
     int               destroying;     /* weft_comm_destroy: closing does not wait for the peer's marker */
     unsigned          passes;         /* progress passes: per-request clocks are looked at every 64th */
-    /* the progress thread (WEFT_PROGRESS_THREAD=1) */
+    /* WEFT_PROGRESS_THREAD=1: a client of the comm's engine, whose
+     * progress thread moves the pipes and runs the callbacks */
     int               use_thread;
-    int               thread_started, stop;
-    pthread_t         thread;
-    pthread_cond_t    wake;
+    int               registered;
 };
 
 /* ---- handles: a process-wide table of (pipe, generation) ---- */
@@ -896,43 +896,35 @@ static int dispatch(struct weft_msgpipes *m)
     return n;
 }
 
-/* ---- the progress thread ---- */
+/* ---- as a client of the comm's engine (WEFT_PROGRESS_THREAD=1) ---- */
 
-static void *thread_main(void *arg)
+static int mp_poll(void *arg)
 {
     struct weft_msgpipes *m = arg;
-    double spin_s = m->core->oversubscribed ? 0.0 : 1e-6 * m->core->cfg.spin_us;
-    double idle_since = weft_now();
-
-    weft_p2p_mark_internal_thread();
     pthread_mutex_lock(&m->lock);
-    while (!m->stop) {
-        if (m->npipes == 0) {
-            /* Nothing to move: sleep until a pipe opens or destroy. */
-            pthread_cond_wait(&m->wake, &m->lock);
-            idle_since = weft_now();
-            continue;
-        }
-        int n = progress_locked(m);
-        pthread_mutex_unlock(&m->lock);
-        n += dispatch(m);
-        double now = weft_now();
-        int nap = 0;
-        if (n > 0)
-            idle_since = now;
-        else if (now - idle_since >= spin_s + 0.002)
-            nap = 1;   /* sleep in the transport a peer knocks on; 1 ms bounds how late
-                          a local completion (a write from another thread) is seen */
-        else if (now - idle_since >= spin_s)
-            sched_yield();
-        /* (else spin: a reply usually comes within microseconds) */
-        if (weft_p2p_poll_nap(m->p2p, nap) > 0)
-            idle_since = weft_now();
-        pthread_mutex_lock(&m->lock);
-    }
+    int n = progress_locked(m);
     pthread_mutex_unlock(&m->lock);
-    return NULL;
+    return n + dispatch(m);
 }
+
+static int mp_busy(void *arg)
+{
+    struct weft_msgpipes *m = arg;
+    pthread_mutex_lock(&m->lock);
+    int busy = m->npipes > 0;
+    pthread_mutex_unlock(&m->lock);
+    return busy;
+}
+
+static const struct weft_engine_client mp_client = {
+    .name = "message pipes",
+    .poll = mp_poll,
+    .busy = mp_busy,
+    /* A write or read posted by another thread of this process starts
+     * without a knock: seen within a millisecond. */
+    .wakeless_us = 1000,
+    .flags = WEFT_CLIENT_THREAD,
+};
 
 /* ---- public calls ---- */
 
@@ -945,7 +937,6 @@ int weft_msgpipes_create(struct weft_p2p *p, struct weft_msgpipes **out)
     m->core = weft_p2p_core(p);
     m->use_thread = m->core->cfg.progress_thread;
     pthread_mutex_init(&m->lock, NULL);
-    pthread_cond_init(&m->wake, NULL);
     weft_list_init(&m->pipes);
     weft_list_init(&m->ready);
     *out = m;
@@ -967,14 +958,11 @@ int weft_msgpipe_open(struct weft_msgpipes *m, int peer, int id, weft_pipe_t **o
             goto out;
         }
     }
-    if (m->use_thread && !m->thread_started) {
-        int e = pthread_create(&m->thread, NULL, thread_main, m);
-        if (e != 0) {
-            rc = weft_set_error(m->core, WEFT_ERR_INTERNAL, "weft_pipe_open: cannot start the progress thread: %s",
-                                strerror(e));
+    if (m->use_thread && !m->registered) {
+        rc = weft_engine_register(weft_p2p_engine(m->p2p), &mp_client, m);
+        if (rc != WEFT_SUCCESS)
             goto out;
-        }
-        m->thread_started = 1;
+        m->registered = 1;
     }
     pp = calloc(1, sizeof(*pp));
     if (pp == NULL) {
@@ -1008,7 +996,8 @@ int weft_msgpipe_open(struct weft_msgpipes *m, int peer, int id, weft_pipe_t **o
     }
     weft_list_add_tail(&m->pipes, &pp->link);
     m->npipes++;
-    pthread_cond_signal(&m->wake);
+    if (m->registered)
+        weft_engine_kick(weft_p2p_engine(m->p2p));
     *out = pp->handle;
 out:
     pthread_mutex_unlock(&m->lock);
@@ -1403,13 +1392,13 @@ struct weft_core *weft_msgpipe_core(const weft_pipe_t *h)
 
 /* The calling thread's run of idle weft_progress calls (per thread: each
  * spinning thread backs off on its own). */
-static _Thread_local unsigned idle_calls;
-static _Thread_local double   idle_since;
-static _Thread_local int      idle_yield;
+static _Thread_local unsigned            idle_calls;
+static _Thread_local struct weft_backoff idle_bo;
+static _Thread_local int                 idle_yield;
 
 int weft_msgpipes_progress(struct weft_msgpipes *m)
 {
-    int n = weft_p2p_poll_nap(m->p2p, 0);
+    int n = weft_p2p_poll_health(m->p2p);
     pthread_mutex_lock(&m->lock);
     n += progress_locked(m);
     pthread_mutex_unlock(&m->lock);
@@ -1417,20 +1406,21 @@ int weft_msgpipes_progress(struct weft_msgpipes *m)
         n += dispatch(m);
     /* An application that spins on weft_progress would take the CPU from
      * the peer it waits for (the other rank on a shared core, the kernel's
-     * TCP work): once idle for WEFT_SPIN_US (at once when the node has
-     * more ranks than cores), each idle call yields, as weft's own waits
-     * do. The clock is read every 32nd idle call. */
+     * TCP work): past the policy's spin phase (src/core/backoff.h; none
+     * when the node has more ranks than cores), each idle call yields, as
+     * weft's own waits do. It never sleeps: the loop is the application's.
+     * The clock is read every 32nd idle call. */
     if (n > 0) {
         idle_calls = 0;
         idle_yield = 0;
         return WEFT_SUCCESS;
     }
-    if (++idle_calls == 1)
-        idle_since = weft_now();
-    else if (!idle_yield && idle_calls % 32 == 0 && weft_now() - idle_since > 1e-6 * m->core->cfg.spin_us)
-        idle_yield = 1;
-    if (idle_yield || m->core->oversubscribed)
-        sched_yield();
+    if (idle_calls++ == 0)
+        weft_backoff_init(&idle_bo, m->core);
+    if (!idle_yield && (idle_calls % 32 == 1 || m->core->oversubscribed))
+        idle_yield = weft_backoff_phase(&idle_bo, weft_now()) != WEFT_BACKOFF_SPIN;
+    if (idle_yield)
+        weft_yield();
     return WEFT_SUCCESS;
 }
 
@@ -1443,12 +1433,9 @@ int weft_msgpipes_destroy(struct weft_msgpipes *m)
     int rc = WEFT_SUCCESS;
     if (m == NULL)
         return rc;
-    pthread_mutex_lock(&m->lock);
-    m->stop = 1;
-    pthread_cond_signal(&m->wake);
-    pthread_mutex_unlock(&m->lock);
-    if (m->thread_started)
-        pthread_join(m->thread, NULL);
+    if (m->registered)   /* no engine pass runs after this returns */
+        weft_engine_unregister(weft_p2p_engine(m->p2p), &mp_client, m);
+    m->registered = 0;
     m->use_thread = 0;   /* callbacks due from now on run here */
 
     /* Close what is open. The peer's marker is not waited for (the peer
@@ -1480,8 +1467,10 @@ int weft_msgpipes_destroy(struct weft_msgpipes *m)
      * (WEFT_TIMEOUT if shorter). */
     double idle_max = weft_housekeeping_bound(&m->core->cfg, WEFT_KEEP_MSGPIPE_LINGER);
     double last = weft_now();
+    struct weft_backoff bo;
+    weft_backoff_init(&bo, m->core);
     for (;;) {
-        int n = weft_p2p_poll_nap(m->p2p, 0);
+        int n = weft_p2p_poll_health(m->p2p);
         pthread_mutex_lock(&m->lock);
         n += progress_locked(m);
         size_t left = m->npipes;
@@ -1497,8 +1486,10 @@ int weft_msgpipes_destroy(struct weft_msgpipes *m)
                       "progress; their operations fail with WEFT_ERR_CLOSED", left, idle_max);
             break;
         }
-        if (n == 0)
-            (void)weft_p2p_poll_nap(m->p2p, 1);
+        if (n > 0)
+            weft_backoff_busy(&bo);
+        else
+            weft_engine_idle_step(m->p2p, &bo, 1);
     }
     /* What is left: its callbacks run with WEFT_ERR_CLOSED; its requests
      * are the pipe layer's to fail at its drain (never touched again). */
@@ -1527,7 +1518,6 @@ int weft_msgpipes_destroy(struct weft_msgpipes *m)
     }
     pthread_mutex_unlock(&m->lock);
     (void)dispatch(m);
-    pthread_cond_destroy(&m->wake);
     pthread_mutex_destroy(&m->lock);
     free(m);
     return rc;

@@ -147,8 +147,7 @@ int weft_comm_set_wait_hook(weft_comm_t *c, weft_wait_hook_t hook, void *arg)
 {
     if (c == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_set_wait_hook: comm is NULL");
-    weft_p2p_set_wait_hook(c->p2p, hook, arg);
-    return WEFT_SUCCESS;
+    return weft_p2p_set_wait_hook(c->p2p, hook, arg);
 }
 
 int weft_comm_rank(const weft_comm_t *c) { return c ? c->core.rank : -1; }

@@ -38,6 +38,7 @@
  *                 waiting ranks' WEFT_TIMEOUT clock when the root's restarts,
  *                 so the root, which knows who is missing, speaks first.
  */
+#include "backoff.h"
 #include "bootstrap_uid.h"
 
 #include <arpa/inet.h>
@@ -1161,8 +1162,7 @@ static int rank_connect(struct boot_uid *u, const struct uid_decoded *d)
         }
         close(fd);
         if (e == ECONNREFUSED && tries < UID_CONNECT_TRIES) {
-            struct timespec ts = { 0, (long)(UID_CONNECT_RETRY_S * 1e9) };
-            nanosleep(&ts, NULL);
+            weft_nap_us((long)(UID_CONNECT_RETRY_S * 1e6));
             continue;
         }
         return weft_set_error(core, e == ETIMEDOUT ? WEFT_ERR_TIMEOUT : WEFT_ERR_TRANSPORT,

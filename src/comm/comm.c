@@ -17,6 +17,8 @@
  * used only here; everything between create and destroy travels on weft's
  * own pipes.
  */
+#include "backoff.h"
+#include "engine.h"
 #include "comm.h"
 
 #include <stdio.h>
@@ -463,6 +465,10 @@ int weft_comm_assemble(const char *what, weft_bootstrap_make_fn make, void *make
         rc = weft_stream_create(&c->core, c->p2p, &c->coll, &c->stream);
     if (rc == WEFT_SUCCESS)
         rc = weft_msgpipes_create(c->p2p, &c->pipes);
+    /* WEFT_PROGRESS_THREAD=1: the comm's progress thread, now that the
+     * pipes are connected (p2p/engine.h). */
+    if (rc == WEFT_SUCCESS)
+        rc = weft_engine_start(weft_p2p_engine(c->p2p));
     free(node);
     rc = agree(c, rc, "connecting transports and setting up collectives");
     if (rc != WEFT_SUCCESS)
@@ -512,9 +518,9 @@ int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, const struct weft_settings *s
  * must not read as a link failure. */
 #define FINAL_BARRIER_PEER_FAILED (-1)   /* not a weft error code (those are >= 0) */
 struct final_watch {
-    struct weft_comm *c;
-    double            start;
-    unsigned          polls;
+    struct weft_comm   *c;
+    double              start;
+    struct weft_backoff bo;
 };
 
 static int final_barrier_give_up(void *arg)
@@ -523,13 +529,9 @@ static int final_barrier_give_up(void *arg)
     struct weft_p2p *p = w->c->p2p;
     char who[200];
 
-    /* Spin a little first: with every rank in destroy the barrier ends in
-     * microseconds. Then naps growing from 40 us to 1.28 ms. */
-    if (++w->polls > 64) {
-        unsigned shift = w->polls - 64 > 6 ? 6 : w->polls - 64;
-        struct timespec ts = { 0, (long)(20000u << shift) };   /* 40 us .. 1.28 ms */
-        nanosleep(&ts, NULL);
-    }
+    /* The policy's phases (src/core/backoff.h): with every rank in
+     * destroy the barrier ends in microseconds; then naps up to 1.28 ms. */
+    weft_backoff_idle(&w->bo, weft_now(), 1280);
     if (weft_p2p_watch_processes(p))
         return FINAL_BARRIER_PEER_FAILED;
     if (weft_wait_expired(&w->c->core.cfg, WEFT_WAIT_DESTROY, w->start, weft_now()) &&
@@ -553,6 +555,10 @@ int weft_comm_destroy_all(struct weft_comm *c)
     /* Stream-ordered operations still queued finish (or time out) first:
      * the progress thread must be gone before pipes are torn down. */
     qrc = c->stream ? weft_stream_quiesce(c->stream) : WEFT_SUCCESS;
+    /* Their clients gone, the comm's progress thread goes too: what
+     * follows is driven by this thread alone (the final barrier must not
+     * see the pipes progressed: a peer's EOF there is no failure). */
+    weft_engine_stop(weft_p2p_engine(c->p2p));
     /* Non-blocking collectives never completed: given up, their handles
      * failed by the drain (which says how many). */
     weft_coll_nb_abandon_all(&c->coll);
@@ -572,7 +578,8 @@ int weft_comm_destroy_all(struct weft_comm *c)
     else if (weft_p2p_any_failed(c->p2p))
         (void)weft_p2p_survivor_barrier(c->p2p);   /* over the pipes: MPI's would wait for the failed rank */
     else if (c->boot->ops->barrier) {
-        struct final_watch w = { c, weft_now(), 0 };
+        struct final_watch w = { .c = c, .start = weft_now() };
+        weft_backoff_init(&w.bo, &c->core);
         brc = c->boot->ops->barrier(c->boot, final_barrier_give_up, &w);
         if (brc == FINAL_BARRIER_PEER_FAILED) {
             /* Some rank failed while this one waited: the others that know

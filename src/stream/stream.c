@@ -55,7 +55,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +71,7 @@
 #include "tags.h"
 #include "weft.h"
 #include "deadline.h"
+#include "engine.h"
 
 /* ---- groups: nesting depth per host thread ---- */
 
@@ -128,9 +128,6 @@ static const char *kind_name(int kind, int ckind)
 }
 
 #define COUNTERS_PER_CHUNK  1024        /* 4 KiB of counters per pinned chunk */
-#define IDLE_YIELDS         8           /* idle passes that only yield */
-#define IDLE_SLEEP_MIN_US   20
-#define IDLE_SLEEP_MAX_US   500
 
 struct sstream;
 
@@ -208,12 +205,15 @@ struct weft_stream {
     struct weft_p2p    *p2p;
     struct weft_coll   *cc;
     pthread_mutex_t     mu;
-    pthread_cond_t      cv;          /* progress thread: new work, stop */
     pthread_cond_t      idle_cv;     /* quiesce: an op completed */
-    pthread_t           thread;
-    int                 thread_started;
-    int                 stop;        /* quiesce: exit once nothing is left */
+    int                 registered;  /* a client of the comm's engine (the first submission) */
     int                 abandon;     /* quiesce timed out: drop everything */
+    double              last_event;  /* the pass's last event (the WEFT_WAIT_STREAM clock) */
+    /* The pass's own (stream_poll, one thread: the comm's progress thread) */
+    struct weft_list    active;      /* ops started, not complete (sop.act) */
+    struct weft_queue   ready;       /* batches whose events completed, not all started */
+    struct sop         *ag_slot[WEFT_TAG_COLL_SLOTS];   /* stream allgather in flight per lane slot */
+    int                 cur_dev;
     struct weft_queue   queue;       /* batches not yet started, call order */
     size_t              outstanding; /* submitted, counter not yet past them */
     uint64_t            completed;   /* published so far */
@@ -257,9 +257,11 @@ int weft_stream_create(struct weft_core *core, struct weft_p2p *p2p, struct weft
     pthread_mutex_init(&S->mu, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&S->cv, &ca);
     pthread_cond_init(&S->idle_cv, &ca);
     pthread_condattr_destroy(&ca);
+    weft_list_init(&S->active);
+    weft_queue_init(&S->ready);
+    S->cur_dev = -1;
     weft_queue_init(&S->queue);
     weft_queue_init(&S->streams);
     weft_list_init(&S->chunks);
@@ -272,7 +274,6 @@ int weft_stream_create(struct weft_core *core, struct weft_p2p *p2p, struct weft
         if (rc == WEFT_SUCCESS)
             weft_list_add_head(&S->chunks, &ch->node);
         if (rc != WEFT_SUCCESS) {
-            pthread_cond_destroy(&S->cv);
             pthread_cond_destroy(&S->idle_cv);
             pthread_mutex_destroy(&S->mu);
             free(S);
@@ -699,148 +700,130 @@ static void abandon_all(struct weft_stream *S, int abandon)
     S->outstanding = 0;
 }
 
-static void *progress_main(void *arg)
+/* One pass of the engine, as a client of the comm's progress engine
+ * (p2p/engine.h; WEFT_CLIENT_NEEDS_THREAD: no application thread waits for
+ * these operations, so the comm's progress thread runs it, started at the
+ * first stream-ordered call). The pipes' own progress and the peers'
+ * health are the engine's pass after this one. */
+static int stream_poll(void *arg)
 {
     struct weft_stream *S = arg;
     const struct weft_cuda *cu = weft_cuda_get();
-    struct weft_list active;        /* ops started, not complete (sop.act) */
-    struct weft_queue ready;        /* batches whose events completed, not all started */
-    struct sop *ag_slot[WEFT_TAG_COLL_SLOTS] = { 0 };   /* stream allgather in flight per lane slot */
-    int cur_dev = -1;
-    unsigned idle = 0;
-    double last_event = weft_now();
+    int events = 0;
 
-    weft_p2p_mark_internal_thread();
-    weft_list_init(&active);
-    weft_queue_init(&ready);
     pthread_mutex_lock(&S->mu);
-    for (;;) {
-        if (S->abandon)
-            break;
-        if (weft_queue_empty(&S->queue) && weft_list_empty(&active) && weft_queue_empty(&ready)) {
-            if (S->stop)
-                break;
-            pthread_cond_wait(&S->cv, &S->mu);
-            idle = 0;
-            last_event = weft_now();
-            continue;
-        }
-
-        /* Batches whose events completed, in call order. */
-        int events = 0;
-        for (;;) {
-            cudaError_t qerr = cudaSuccess;
-            struct weft_qnode *h = weft_queue_head(&S->queue);
-            struct sbatch *b = h ? weft_container_of(h, struct sbatch, qn) : NULL;
-            int r = b ? batch_ready(b, &qerr) : 0;
-            if (r == 0)
-                break;
-            weft_queue_pop(&S->queue);
-            if (r < 0) {
-                /* The stream failed before the op: release it anyway. */
-                char why[256];
-                snprintf(why, sizeof(why), "cudaEventQuery on the stream's event failed: %s",
-                         cu->GetErrorString(qerr));
-                for (size_t i = 0; i < b->nops; i++) {
-                    b->ops[i]->err = WEFT_ERR_TRANSPORT;
-                    b->ops[i]->reported = 1;
-                    record_async_error(S, b->ops[i], WEFT_ERR_TRANSPORT, why);
-                }
-            }
-            for (size_t i = 0; i < b->nevs; i++)
-                event_put(S, &b->evs[i]);
-            b->nevs = 0;
-            weft_queue_push(&ready, &b->qn);
-        }
-        pthread_mutex_unlock(&S->mu);
-
-        /* Start them, in call order; a stream allgather whose lane slot is
-         * still busy holds up everything after it. */
-        for (struct weft_qnode *h; (h = weft_queue_head(&ready)) != NULL;) {
-            struct sbatch *b = weft_container_of(h, struct sbatch, qn);
-            for (; b->nstarted < b->nops; b->nstarted++) {
-                struct sop *op = b->ops[b->nstarted];
-                unsigned slot = op->ag_seq % WEFT_TAG_COLL_SLOTS;
-                if (op->err == WEFT_SUCCESS) {
-                    if (op->kind == SOP_COLL && ag_slot[slot] != NULL)
-                        break;
-                    if (op->device != cur_dev && op->device >= 0 && cu->SetDevice(op->device) == cudaSuccess)
-                        cur_dev = op->device;
-                    op_issue(S, op);
-                    if (op->cop)
-                        ag_slot[slot] = op;
-                }
-                weft_list_add_tail(&active, &op->act);   /* failed ops too: reported below */
-            }
-            if (b->nstarted < b->nops)
-                break;
-            weft_queue_pop(&ready);
-            free(b->evs);
-            free(b->ops);
-            free(b);
-            events++;
-        }
-
-        /* Progress on every pipe, then look at the ops started. The
-         * peers' health too (heartbeats, a dead process on this host):
-         * no waiter of the application's looks at it while only stream
-         * operations are pending, and without it a dead peer is only
-         * found by WEFT_TIMEOUT. */
-        events += weft_p2p_poll_nap(S->p2p, 0) > 0;
-
-        double now = weft_now();
-        int stuck = weft_wait_expired(&S->core->cfg, WEFT_WAIT_STREAM, last_event, now);
-        struct weft_list finished;
-        weft_list_init(&finished);
-        weft_list_for_each(n, &active) {
-            struct sop *op = weft_container_of(n, struct sop, act);
-            int block = stuck && weft_wait_expired(&S->core->cfg, WEFT_WAIT_STREAM, op->t_issue, now);
-            if (op_progress(S, op, block)) {
-                weft_list_del(&op->act);
-                weft_list_add_tail(&finished, &op->act);
-                if (op->kind == SOP_COLL && ag_slot[op->ag_seq % WEFT_TAG_COLL_SLOTS] == op)
-                    ag_slot[op->ag_seq % WEFT_TAG_COLL_SLOTS] = NULL;
-                events++;
-                stuck = 0;   /* one blocking wait per pass */
-            }
-        }
-
-        pthread_mutex_lock(&S->mu);
-        int any = !weft_list_empty(&finished);
-        struct weft_list *f;
-        while ((f = weft_list_pop(&finished)) != NULL)
-            weft_container_of(f, struct sop, act)->done = 1;
-        /* publish() frees ops (finished ones included): walk the streams. */
-        if (any)
-            weft_queue_for_each(sn, &S->streams)
-                publish(S, weft_container_of(sn, struct sstream, qn));
-        if (events) {
-            idle = 0;
-            last_event = weft_now();
-            pthread_cond_broadcast(&S->idle_cv);
-            continue;
-        }
-        /* Nothing happened: yield, then sleep in growing steps; a new
-         * submission wakes the thread at once. */
-        if (++idle <= IDLE_YIELDS) {
-            pthread_mutex_unlock(&S->mu);
-            sched_yield();
-            pthread_mutex_lock(&S->mu);
-        } else {
-            long us = IDLE_SLEEP_MIN_US << (idle - IDLE_YIELDS < 5 ? idle - IDLE_YIELDS : 5);
-            timed_wait(&S->cv, &S->mu, us < IDLE_SLEEP_MAX_US ? us : IDLE_SLEEP_MAX_US);
-        }
-    }
     if (S->abandon) {
-        struct weft_qnode *n;
-        abandon_all(S, 1);   /* frees the ops of the ready batches too (they are on the FIFOs) */
-        while ((n = weft_queue_pop(&ready)) != NULL)
-            batch_free(S, weft_container_of(n, struct sbatch, qn), 0);
+        pthread_mutex_unlock(&S->mu);
+        return 0;
     }
-    pthread_cond_broadcast(&S->idle_cv);
+    /* Batches whose events completed, in call order. */
+    for (;;) {
+        cudaError_t qerr = cudaSuccess;
+        struct weft_qnode *h = weft_queue_head(&S->queue);
+        struct sbatch *b = h ? weft_container_of(h, struct sbatch, qn) : NULL;
+        int r = b ? batch_ready(b, &qerr) : 0;
+        if (r == 0)
+            break;
+        weft_queue_pop(&S->queue);
+        if (r < 0) {
+            /* The stream failed before the op: release it anyway. */
+            char why[256];
+            snprintf(why, sizeof(why), "cudaEventQuery on the stream's event failed: %s", cu->GetErrorString(qerr));
+            for (size_t i = 0; i < b->nops; i++) {
+                b->ops[i]->err = WEFT_ERR_TRANSPORT;
+                b->ops[i]->reported = 1;
+                record_async_error(S, b->ops[i], WEFT_ERR_TRANSPORT, why);
+            }
+        }
+        for (size_t i = 0; i < b->nevs; i++)
+            event_put(S, &b->evs[i]);
+        b->nevs = 0;
+        weft_queue_push(&S->ready, &b->qn);
+    }
+    double last_event = S->last_event;
     pthread_mutex_unlock(&S->mu);
-    return NULL;
+
+    /* Start them, in call order; a stream allgather whose lane slot is
+     * still busy holds up everything after it. */
+    for (struct weft_qnode *h; (h = weft_queue_head(&S->ready)) != NULL;) {
+        struct sbatch *b = weft_container_of(h, struct sbatch, qn);
+        for (; b->nstarted < b->nops; b->nstarted++) {
+            struct sop *op = b->ops[b->nstarted];
+            unsigned slot = op->ag_seq % WEFT_TAG_COLL_SLOTS;
+            if (op->err == WEFT_SUCCESS) {
+                if (op->kind == SOP_COLL && S->ag_slot[slot] != NULL)
+                    break;
+                if (op->device != S->cur_dev && op->device >= 0 && cu->SetDevice(op->device) == cudaSuccess)
+                    S->cur_dev = op->device;
+                op_issue(S, op);
+                if (op->cop)
+                    S->ag_slot[slot] = op;
+            }
+            weft_list_add_tail(&S->active, &op->act);   /* failed ops too: reported below */
+        }
+        if (b->nstarted < b->nops)
+            break;
+        weft_queue_pop(&S->ready);
+        free(b->evs);
+        free(b->ops);
+        free(b);
+        events++;
+    }
+
+    /* Look at the ops started. */
+    double now = weft_now();
+    int stuck = weft_wait_expired(&S->core->cfg, WEFT_WAIT_STREAM, last_event, now);
+    struct weft_list finished;
+    weft_list_init(&finished);
+    weft_list_for_each(n, &S->active) {
+        struct sop *op = weft_container_of(n, struct sop, act);
+        int block = stuck && weft_wait_expired(&S->core->cfg, WEFT_WAIT_STREAM, op->t_issue, now);
+        if (op_progress(S, op, block)) {
+            weft_list_del(&op->act);
+            weft_list_add_tail(&finished, &op->act);
+            if (op->kind == SOP_COLL && S->ag_slot[op->ag_seq % WEFT_TAG_COLL_SLOTS] == op)
+                S->ag_slot[op->ag_seq % WEFT_TAG_COLL_SLOTS] = NULL;
+            events++;
+            stuck = 0;   /* one blocking wait per pass */
+        }
+    }
+
+    pthread_mutex_lock(&S->mu);
+    int any = !weft_list_empty(&finished);
+    struct weft_list *f;
+    while ((f = weft_list_pop(&finished)) != NULL)
+        weft_container_of(f, struct sop, act)->done = 1;
+    /* publish() frees ops (finished ones included): walk the streams. */
+    if (any)
+        weft_queue_for_each(sn, &S->streams)
+            publish(S, weft_container_of(sn, struct sstream, qn));
+    if (events) {
+        S->last_event = weft_now();
+        pthread_cond_broadcast(&S->idle_cv);
+    }
+    pthread_mutex_unlock(&S->mu);
+    return events;
 }
+
+/* Whether operations are queued or in flight. */
+static int stream_busy(void *arg)
+{
+    struct weft_stream *S = arg;
+    pthread_mutex_lock(&S->mu);
+    int busy = !S->abandon && S->outstanding > 0;
+    pthread_mutex_unlock(&S->mu);
+    return busy;
+}
+
+static const struct weft_engine_client stream_client = {
+    .name = "stream-ordered operations",
+    .poll = stream_poll,
+    .busy = stream_busy,
+    /* A CUDA event completes without a knock: polled at least this often
+     * (naps grow to it from 20 us). */
+    .wakeless_us = 500,
+    .flags = WEFT_CLIENT_NEEDS_THREAD,
+};
 
 /* ---- submission ---- */
 
@@ -972,11 +955,11 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             weft_list_init(&op->act);
             s->b->ops[s->b->nops++] = op;
         }
-        if (rc == WEFT_SUCCESS && !S->thread_started) {
-            if (pthread_create(&S->thread, NULL, progress_main, S) != 0)
-                rc = weft_set_error(S->core, WEFT_ERR_NO_MEMORY, "%s: cannot start the progress thread", fn);
-            else
-                S->thread_started = 1;
+        if (rc == WEFT_SUCCESS && !S->registered) {
+            /* The comm's progress thread drives what follows. */
+            rc = weft_engine_register(weft_p2p_engine(S->p2p), &stream_client, S);
+            if (rc == WEFT_SUCCESS)
+                S->registered = 1;
         }
     }
 
@@ -1065,10 +1048,12 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             b->evs[j] = s->st[j].ev;
         }
         b->nevs = s->nst;
+        if (S->outstanding == 0)
+            S->last_event = weft_now();   /* the stream's clock starts with its first op in flight */
         weft_queue_push(&S->queue, &b->qn);
         S->outstanding += b->nops;
         weft_cuda_stream_waits_add((long)b->nops);
-        pthread_cond_signal(&S->cv);
+        weft_engine_kick(weft_p2p_engine(S->p2p));
         free(s->st);
     }
     for (size_t k = nsc; k-- > 0;)
@@ -1186,12 +1171,11 @@ int weft_stream_group_end(void)
 int weft_stream_quiesce(struct weft_stream *S)
 {
     int rc = WEFT_SUCCESS;
-    pthread_t thread;
 
     if (S == NULL)
         return WEFT_SUCCESS;
     pthread_mutex_lock(&S->mu);
-    if (!S->thread_started) {
+    if (!S->registered) {
         pthread_mutex_unlock(&S->mu);
         return WEFT_SUCCESS;
     }
@@ -1215,12 +1199,20 @@ int weft_stream_quiesce(struct weft_stream *S)
     }
     if (rc == WEFT_SUCCESS)
         rc = take_error_locked(S, "weft_comm_destroy");
-    S->stop = 1;
-    pthread_cond_signal(&S->cv);
-    thread = S->thread;
-    S->thread_started = 0;
+    S->registered = 0;
     pthread_mutex_unlock(&S->mu);
-    pthread_join(thread, NULL);
+    /* No pass runs after this returns. */
+    weft_engine_unregister(weft_p2p_engine(S->p2p), &stream_client, S);
+    pthread_mutex_lock(&S->mu);
+    if (S->abandon) {
+        struct weft_qnode *n;
+        abandon_all(S, 1);   /* frees the ops of the ready batches too (they are on the FIFOs) */
+        while ((n = weft_queue_pop(&S->ready)) != NULL)
+            batch_free(S, weft_container_of(n, struct sbatch, qn), 0);
+        weft_list_init(&S->active);   /* its ops went with their FIFOs */
+        memset(S->ag_slot, 0, sizeof(S->ag_slot));
+    }
+    pthread_mutex_unlock(&S->mu);
     return rc;
 }
 
@@ -1234,7 +1226,7 @@ void weft_stream_destroy(struct weft_stream *S)
     if (S == NULL)
         return;
     pthread_mutex_lock(&S->mu);
-    running = S->thread_started;
+    running = S->registered;
     pthread_mutex_unlock(&S->mu);
     if (running)
         weft_stream_quiesce(S);
@@ -1251,7 +1243,6 @@ void weft_stream_destroy(struct weft_stream *S)
         weft_list_add_head(&chunk_pool, l);
         pthread_mutex_unlock(&chunk_pool_lock);
     }
-    pthread_cond_destroy(&S->cv);
     pthread_cond_destroy(&S->idle_cv);
     pthread_mutex_destroy(&S->mu);
     free(S);

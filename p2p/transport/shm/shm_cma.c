@@ -20,6 +20,7 @@
 #include <sys/prctl.h>
 #include <sys/uio.h>
 
+#include "backoff.h"
 #include "weft.h"
 #include "core.h"
 #include "log.h"
@@ -198,12 +199,14 @@ static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *bu
     size_t want = claimed - failed;
     double started = 0;
     unsigned spins = 0;
+    struct weft_backoff bo;
+    weft_backoff_init(&bo, NULL);   /* the spin is the 256 polls below */
     while (atomic_load_explicit(&h->copied, memory_order_acquire) < want) {
         if (++spins % 256 != 0)
             continue;
         /* the sender is mid-piece; it may be descheduled on a busy node */
-        sched_yield();
         double now = weft_now();
+        weft_backoff_idle(&bo, now, 50);
         if (started == 0)
             started = now;
         else if (kill(peer->pid, 0) != 0 && errno == ESRCH)
