@@ -35,6 +35,17 @@ weft_add_mpi_suite(NAME contracts_flow_control BINARY weft_mpi_contracts NPS 2 C
 weft_add_mpi_suite(NAME contracts_abort BINARY weft_mpi_contracts NPS 2 CONFIGS shm tcp vnodes2
                    GTEST_FILTER "Abort.*" LABELS contracts)
 
+# The same contracts with the comm's progress thread on (WEFT_PROGRESS_THREAD=1,
+# p2p/engine.c): it polls the pipes and runs the health ticks beside the
+# application's waits. CI runs this subset; the whole contracts, faults,
+# stream and msgpipe suites in that mode: docs/testing.md, "Progress modes".
+weft_add_mpi_suite(NAME contracts_thread BINARY weft_mpi_contracts NPS 2 CONFIGS shm tcp
+                   GTEST_FILTER "Requests.*:DestroyOutstanding.*:Abort.*" LABELS "contracts;progress_thread"
+                   ENV WEFT_PROGRESS_THREAD=1)
+weft_add_mpi_suite(NAME contracts_two_comms_thread BINARY weft_mpi_contracts NPS 4 CONFIGS tcp
+                   GTEST_FILTER "TwoComms.*" LABELS "contracts;progress_thread" ENV WEFT_TIMEOUT=10
+                   WEFT_PROGRESS_THREAD=1)
+
 # ---- I. fault injection (docs/testing-faults.md) ----
 # One mpirun per (case, mode, config): rank 2 of 4 raises SIGKILL or SIGSTOP
 # on itself just before the collective; the survivors (0, 1, 3) each print
@@ -91,6 +102,27 @@ foreach(config IN LISTS WEFT_FAULT_CONFIGS)
         LABELS "mpi;faults;np4;${config}${extra_labels}")
     endforeach()
   endforeach()
+endforeach()
+# A few of them with the comm's progress thread on (label progress_thread):
+# a dead or stopped rank is still named by every survivor.
+foreach(entry ring:kill:shm bcast:kill:tcp direct:stop:vnodes2)
+  string(REPLACE ":" ";" parts ${entry})
+  list(GET parts 0 fcase)
+  list(GET parts 1 mode)
+  list(GET parts 2 config)
+  weft_mpi_config_env(${config} config_env)
+  set(test_name faults_thread_${fcase}_${mode}_${config})
+  add_test(NAME ${test_name}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe --bind-to none
+            --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_faults> ${fcase} ${mode} ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(${test_name} PROPERTIES
+    ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=3;WEFT_PROGRESS_THREAD=1"
+    PASS_REGULAR_EXPRESSION "${WEFT_FAULT_PASS}"
+    FAIL_REGULAR_EXPRESSION "FAULT-FAIL"
+    TIMEOUT 60
+    PROCESSORS 4
+    LABELS "mpi;faults;np4;${config};progress_thread")
 endforeach()
 
 # ---- a link down while its peer runs, then the peer dies/stops/goes on ----

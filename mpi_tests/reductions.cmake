@@ -56,6 +56,10 @@ weft_add_mpi_suite(NAME nonblocking BINARY weft_mpi_nonblocking NPS 2 3 CONFIGS 
                    LABELS "coll;nonblocking" TIMEOUT 180)
 weft_add_mpi_suite(NAME nonblocking BINARY weft_mpi_nonblocking NPS 4 5 CONFIGS vnodes2
                    LABELS "coll;nonblocking" TIMEOUT 180)
+# The comm's progress thread advances them too (WEFT_PROGRESS_THREAD=1: a
+# client of the engine run beside the application's tests and waits).
+weft_add_mpi_suite(NAME nonblocking_thread BINARY weft_mpi_nonblocking NPS 4 CONFIGS shm
+                   LABELS "coll;nonblocking;progress_thread" TIMEOUT 180 ENV WEFT_PROGRESS_THREAD=1)
 
 # ---- device buffers (label device) ----
 # test_reductions.cc again with every buffer from cudaMalloc
