@@ -73,8 +73,27 @@ foreach(a 0 1 3)
     endforeach()
   endforeach()
 endforeach()
-foreach(config IN LISTS WEFT_FAULT_CONFIGS)
+# weft_add_fault_test(<case> <mode> <config> <name prefix> <extra env> <extra labels>)
+function(weft_add_fault_test fcase mode config prefix extra_env extra_labels)
   weft_mpi_config_env(${config} config_env)
+  set(test_name ${prefix}_${fcase}_${mode}_${config})
+  # A stopped victim: the survivors wait out WEFT_TIMEOUT (label sleepy).
+  if(mode STREQUAL "stop")
+    string(APPEND extra_labels ";sleepy")
+  endif()
+  add_test(NAME ${test_name}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe --bind-to none
+            --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_faults> ${fcase} ${mode} ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(${test_name} PROPERTIES
+    ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=3${extra_env}"
+    PASS_REGULAR_EXPRESSION "${WEFT_FAULT_PASS}"
+    FAIL_REGULAR_EXPRESSION "FAULT-FAIL"
+    TIMEOUT 60
+    PROCESSORS 4
+    LABELS "mpi;faults;np4;${config}${extra_labels}")
+endfunction()
+foreach(config IN LISTS WEFT_FAULT_CONFIGS)
   # "first": the first message to the victim, after it died or stopped
   # (lazy connection); shm_nocma adds nothing there.
   set(cases ${WEFT_FAULT_CASES})
@@ -83,47 +102,15 @@ foreach(config IN LISTS WEFT_FAULT_CONFIGS)
   endif()
   foreach(fcase IN LISTS cases)
     foreach(mode IN LISTS WEFT_FAULT_MODES)
-      set(test_name faults_${fcase}_${mode}_${config})
-      # A stopped victim: the survivors wait out WEFT_TIMEOUT (label sleepy).
-      set(extra_labels "")
-      if(mode STREQUAL "stop")
-        set(extra_labels ";sleepy")
-      endif()
-      add_test(NAME ${test_name}
-        COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe --bind-to none
-                --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
-                ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_faults> ${fcase} ${mode} ${MPIEXEC_POSTFLAGS})
-      set_tests_properties(${test_name} PROPERTIES
-        ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=3"
-        PASS_REGULAR_EXPRESSION "${WEFT_FAULT_PASS}"
-        FAIL_REGULAR_EXPRESSION "FAULT-FAIL"
-        TIMEOUT 60
-        PROCESSORS 4
-        LABELS "mpi;faults;np4;${config}${extra_labels}")
+      weft_add_fault_test(${fcase} ${mode} ${config} faults "" "")
     endforeach()
   endforeach()
 endforeach()
 # A few of them with the comm's progress thread on (label progress_thread):
 # a dead or stopped rank is still named by every survivor.
-foreach(entry ring:kill:shm bcast:kill:tcp direct:stop:vnodes2)
-  string(REPLACE ":" ";" parts ${entry})
-  list(GET parts 0 fcase)
-  list(GET parts 1 mode)
-  list(GET parts 2 config)
-  weft_mpi_config_env(${config} config_env)
-  set(test_name faults_thread_${fcase}_${mode}_${config})
-  add_test(NAME ${test_name}
-    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe --bind-to none
-            --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
-            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_faults> ${fcase} ${mode} ${MPIEXEC_POSTFLAGS})
-  set_tests_properties(${test_name} PROPERTIES
-    ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=3;WEFT_PROGRESS_THREAD=1"
-    PASS_REGULAR_EXPRESSION "${WEFT_FAULT_PASS}"
-    FAIL_REGULAR_EXPRESSION "FAULT-FAIL"
-    TIMEOUT 60
-    PROCESSORS 4
-    LABELS "mpi;faults;np4;${config};progress_thread")
-endforeach()
+weft_add_fault_test(ring kill shm faults_thread ";WEFT_PROGRESS_THREAD=1" ";progress_thread")
+weft_add_fault_test(bcast kill tcp faults_thread ";WEFT_PROGRESS_THREAD=1" ";progress_thread")
+weft_add_fault_test(direct stop vnodes2 faults_thread ";WEFT_PROGRESS_THREAD=1" ";progress_thread")
 
 # ---- a link down while its peer runs, then the peer dies/stops/goes on ----
 # (test_link_down.cc) np 2, every pair over TCP: destroy's final barrier
