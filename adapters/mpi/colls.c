@@ -307,12 +307,28 @@ WMPI_EXPORT int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int
         wrc = weft_reduce_scatter(wc, sendbuf, recvbuf, (size_t)recvcount, dt, wop);
     } else {
         /* MPI's in place: the input fills recvbuf, the result goes to its
-         * start. weft's: the result lands on this rank's own block of the
-         * input. Reduce there, then move the block to the front. */
-        char *mine = (char *)recvbuf + (size_t)comm_rank(comm) * block;
-        wrc = weft_reduce_scatter(wc, recvbuf, mine, (size_t)recvcount, dt, wop);
-        if (wrc == WEFT_SUCCESS && mine != recvbuf)
-            memmove(recvbuf, mine, block);
+         * start, and the rest of the buffer keeps the input: MPI's text
+         * leaves it unspecified, but Open MPI and MPICH keep it and programs
+         * rely on it (mpi4py's own tests). weft's in-place form leaves the
+         * result on this rank's own block of the input instead, so the
+         * result goes out of place, into a block of its own, then to the
+         * front: recvbuf is only read until then. Without memory for that
+         * block, weft's in-place form and a move: the result still right
+         * and every rank still in the same call (a local refusal here
+         * would leave the others waiting), only this rank's own block then
+         * holds the result too. */
+        void *tmp = malloc(block > 0 ? block : 1);
+        if (tmp != NULL) {
+            wrc = weft_reduce_scatter(wc, recvbuf, tmp, (size_t)recvcount, dt, wop);
+            if (wrc == WEFT_SUCCESS)
+                memcpy(recvbuf, tmp, block);
+            free(tmp);
+        } else {
+            char *mine = (char *)recvbuf + (size_t)comm_rank(comm) * block;
+            wrc = weft_reduce_scatter(wc, recvbuf, mine, (size_t)recvcount, dt, wop);
+            if (wrc == WEFT_SUCCESS && mine != recvbuf)
+                memmove(recvbuf, mine, block);
+        }
     }
     if (wrc != WEFT_SUCCESS)
         return wmpi_raise(comm, "MPI_Reduce_scatter_block", wrc, wc, NULL);
