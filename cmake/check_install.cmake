@@ -68,6 +68,28 @@ if(MPIEXEC)
   run("run README example (mpirun -np 2)" ${MPIEXEC} -np 2 ${cm_build}/weft_ring)
 endif()
 
+# The installed PMPI drop-in, preloaded as docs/mpi.md says, with no
+# LD_LIBRARY_PATH: it finds libweft.so.0 through its RUNPATH ($ORIGIN), and
+# serves the program's MPI_Allreduce (WEFT_MPI_MIN_BYTES=0; WEFT_DEBUG=info
+# shows weft's lines). A drop-in the loader cannot load is only "ignored"
+# by ld.so, so the run's output is what tells. (Not under the sanitizers:
+# a plain program cannot preload an ASan-built library.)
+if(MPIEXEC AND EXISTS ${libdir}/libweft_mpi.so AND NOT SANITIZE)
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH
+                  ${MPIEXEC} -np 2 -x LD_PRELOAD=${libdir}/libweft_mpi.so -x WEFT_MPI_MIN_BYTES=0 -x WEFT_DEBUG=info
+                  ${cm_build}/weft_preload_probe RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "MPI_Allreduce over 2 ranks right")
+    message(FATAL_ERROR "the plain MPI program with the installed drop-in preloaded failed (${rc}):\n${out}\n${err}")
+  endif()
+  if("${out}${err}" MATCHES "cannot be preloaded|cannot open shared object")
+    message(FATAL_ERROR "the installed drop-in did not load:\n${out}\n${err}")
+  endif()
+  if(NOT "${out}${err}" MATCHES "weft\\[rank 0\\]")
+    message(FATAL_ERROR "the installed drop-in loaded but weft never spoke (WEFT_DEBUG=info):\n${out}\n${err}")
+  endif()
+  message(STATUS "installed drop-in preloaded without LD_LIBRARY_PATH: ok")
+endif()
+
 # 2. pkg-config: compile by hand with the flags weft.pc gives.
 if(NOT PKG_CONFIG)
   message(FATAL_ERROR "pkg-config was not found at configure time; cannot check weft.pc")
