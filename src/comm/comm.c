@@ -80,14 +80,38 @@ static void last_reason(struct weft_core *core, const char *what, int code, char
         WEFT_TRACE(core->rank, "%s: the reason was cut to %zu bytes", what, len);
 }
 
+/* One max-agreement value: the code in the high bits, so the worst code
+ * wins, and among ranks with that code the lowest rank (inverted low bits). */
+#define AGREE_SPAN (1ll << 32)
+
+long long weft_agree_encode(int code, int rank)
+{
+    return code == WEFT_SUCCESS ? 0 : (long long)code * AGREE_SPAN + (AGREE_SPAN - 1 - rank);
+}
+
+int weft_agree_decode(long long v, int size, int *code, int *rank)
+{
+    if (v == 0) {
+        *code = WEFT_SUCCESS;
+        *rank = -1;
+        return 0;
+    }
+    long long c = v / AGREE_SPAN, r = AGREE_SPAN - 1 - v % AGREE_SPAN;
+    /* What came back is the max of every rank's contribution, carried by the
+     * bootstrap: a corrupted one must not become an error code or a rank. */
+    if (v < 0 || c <= WEFT_SUCCESS || c > WEFT_ERR_CLOSED || r < 0 || r >= size)
+        return -1;
+    *code = (int)c;
+    *rank = (int)r;
+    return 0;
+}
+
 /* Every rank gets the worst code of all; a rank that failed keeps its own
  * message, the others say who failed. */
 static int agree(struct weft_comm *c, int rc, const char *stage)
 {
-    /* One max-agreement: the code in the high bits, so the worst code wins,
-     * and among ranks with that code the lowest rank (inverted low bits). */
-    const long long span = 1ll << 32;
-    long long v = rc == WEFT_SUCCESS ? 0 : (long long)rc * span + (span - 1 - c->core.rank);
+    long long v = weft_agree_encode(rc, c->core.rank);
+    int code, who;
 
     int brc = c->boot->ops->max(c->boot, &v);
     if (brc != WEFT_SUCCESS) {
@@ -98,10 +122,15 @@ static int agree(struct weft_comm *c, int rc, const char *stage)
         return weft_set_error_at(&c->core, brc, c->what, -1, "the %s bootstrap failed during %s: %s",
                               c->boot->ops->name, stage, why);
     }
-    if (v != 0 && rc == WEFT_SUCCESS)
-        weft_set_error_at(&c->core, (int)(v / span), c->what, -1, "%s failed on rank %lld", stage,
-                       span - 1 - v % span);
-    return (int)(v / span);
+    if (weft_agree_decode(v, c->core.size, &code, &who) != 0)
+        /* Every rank got the same value: every rank stops here, alike. */
+        return weft_set_error_at(&c->core, WEFT_ERR_INTERNAL, c->what, -1, "the agreement on %s came back damaged "
+                                 "(0x%llx names no weft code and rank of this %d-rank comm): a rank's contribution "
+                                 "or the %s bootstrap's answer was corrupted", stage, (unsigned long long)v,
+                                 c->core.size, c->boot->ops->name);
+    if (code != WEFT_SUCCESS && rc == WEFT_SUCCESS)
+        weft_set_error_at(&c->core, code, c->what, -1, "%s failed on rank %d", stage, who);
+    return code;
 }
 
 /* The collective services transports use in connect (transport.h). */

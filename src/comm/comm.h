@@ -51,6 +51,12 @@ int weft_comm_split_all(struct weft_comm *parent, int color, int key, const stru
                         struct weft_comm **out);
 /* Collective (see weft_comm_destroy); local once a rank failed or after abort. */
 int weft_comm_destroy_all(struct weft_comm *c);
+
+/* The value of creation's max-agreements (a code and the rank that had
+ * it; 0: success everywhere), and its check on the way back: -1 when v
+ * names no code and rank of a comm of `size` ranks (damaged in transit). */
+long long weft_agree_encode(int code, int rank);
+int       weft_agree_decode(long long v, int size, int *code, int *rank);
 /* weft_comm_abort: local, any thread. */
 int weft_comm_abort_all(struct weft_comm *c);
 
