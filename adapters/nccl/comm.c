@@ -609,6 +609,13 @@ static ncclResult_t destroy(ncclComm_t comm, int abort, const char *fn)
     if (comm->magic != NCCLW_COMM_MAGIC)
         return nccl_fail(NULL, ncclInvalidArgument, fn, "comm %p is not a live communicator (destroyed twice?)",
                          (const void *)comm);
+    /* One destroy or abort per comm: two at once (a watchdog's abort while
+     * the main thread destroys) would free it twice. NCCL leaves that
+     * undefined; the second is refused, and the first goes on. */
+    const char *first = NULL;
+    if (!__atomic_compare_exchange_n(&comm->closing, &first, fn, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return nccl_fail(NULL, ncclInvalidUsage, fn, "comm %p is already being torn down by %s in another thread; "
+                         "one destroy or abort per communicator", (const void *)comm, first);
     join_init(comm);
     if (!abort && comm->w != NULL && clique_defer_destroy(comm))
         return ncclSuccess;   /* the last rank of this comm in the process reports its error */

@@ -58,6 +58,7 @@ struct nccl_premul_tmp; /* premul.c: buffers of a pre-multiply in flight */
 
 struct ncclComm {
     uint64_t        magic;           /* NCCLW_COMM_MAGIC while alive */
+    const char     *closing;         /* atomic: the destroy or abort that claimed the comm, NULL: none */
     pthread_mutex_t mu;              /* ops, regs, tmps */
     weft_comm_t    *w;
     int             rank, nranks, device;

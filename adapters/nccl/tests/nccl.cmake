@@ -12,10 +12,12 @@
 #   nccl_env_<case>_np2   NCCL_DEBUG=INFO's "Init COMPLETE" line per rank,
 #                  NCCL_SHM_DISABLE=1 -> tcp between the ranks, an NCCL_*
 #                  variable with no weft equivalent -> one "ignored" line.
-#   nccl_fault_{abort,peerdeath}_np2_{shm,tcp}   nccl_test_fault.c:
+#   nccl_fault_{abort,peerdeath,destroy_race}_np2_{shm,tcp}   nccl_test_fault.c:
 #                  ncclCommAbort from a second thread releases a stream held
 #                  by a recv; a peer that _exits makes rank 0's allreduce fail
-#                  with ncclRemoteError naming rank 1. WEFT_TIMEOUT=10; label
+#                  with ncclRemoteError naming rank 1; ncclCommAbort while
+#                  ncclCommDestroy runs is refused (ncclInvalidUsage), the
+#                  destroy ends normally. WEFT_TIMEOUT=10; label
 #                  sleepy too. Judged by rank 0's NCCL-FAULT-OK line.
 #
 # Seconds, plain -Werror build, ctest -j1 on the 2-core machine (whole
@@ -167,7 +169,7 @@ weft_nccl_env_test(ignored "NCCL INFO NCCL_P2P_DISABLE=1 ignored .no weft equiva
 
 # Fault entries: recovery on so rank 0 outlives rank 1; mpirun's exit code
 # says nothing then, so they are judged by rank 0's line.
-foreach(mode abort peerdeath)
+foreach(mode abort peerdeath destroy_race)
   foreach(config shm tcp)
     weft_nccl_config_env(${config} config_env)
     set(test_name nccl_fault_${mode}_np2_${config})

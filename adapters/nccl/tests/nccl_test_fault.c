@@ -13,6 +13,12 @@
  *              ncclCommGetAsyncError gives ncclRemoteError (polled with a
  *              bound) and ncclGetLastError names rank 1. mpirun needs
  *              --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0.
+ *   destroy_race  rank 0's ncclCommDestroy waits in weft's final barrier
+ *              (rank 1 destroys 1.5 s later) while a second thread calls
+ *              ncclCommAbort on the same comm: NCCL leaves two at once
+ *              undefined (it crashed here once, a double free); weft refuses
+ *              the second with ncclInvalidUsage naming the first, at once,
+ *              and the destroy ends normally.
  *
  * Rank 0 prints "NCCL-FAULT-OK rank 0 <mode>" or "NCCL-FAULT-FAIL ..." and
  * the summary line; the ctest entries judge by those lines.
@@ -24,7 +30,7 @@
 
 static ncclComm_t g_comm;
 
-struct abort_arg { double delay, called, returned; ncclResult_t r; };
+struct abort_arg { double delay, called, returned; ncclResult_t r; char why[512]; };
 static void *abort_main(void *p)
 {
     struct abort_arg *a = p;
@@ -32,6 +38,7 @@ static void *abort_main(void *p)
     a->called = tu_now();
     a->r = ncclCommAbort(g_comm);
     a->returned = tu_now();
+    snprintf(a->why, sizeof(a->why), "%s", ncclGetLastError(NULL));
     return NULL;
 }
 
@@ -45,7 +52,7 @@ static double timeout_s(void)
  * without (MPI_Finalize would wait for the dead rank). */
 static void finish(const char *mode)
 {
-    if (strcmp(mode, "abort") == 0) {
+    if (strcmp(mode, "peerdeath") != 0) {
         long all[2] = {0, 0}, mine[2] = {tu_checks, tu_failed};
         MPI_Reduce(mine, all, 2, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
         if (tu_rank == 0) {
@@ -102,6 +109,34 @@ static void run_abort(cudaStream_t s)
               tu_now() - t0);
     }
     finish("abort");
+}
+
+static void run_destroy_race(void)
+{
+    tu_set_section("ncclCommAbort while ncclCommDestroy runs");
+    if (tu_rank == 0) {
+        struct abort_arg a = {.delay = 0.5, .r = ncclInternalError};
+        pthread_t th;
+        pthread_create(&th, NULL, abort_main, &a);
+        double t0 = tu_now();
+        ncclResult_t r = ncclCommDestroy(g_comm);   /* waits for rank 1 in the final barrier */
+        double t_destroy = tu_now() - t0;
+        pthread_join(th, NULL);
+        CHECK(r == ncclSuccess, "ncclCommDestroy, the first call", "ncclSuccess, got %s (%s)", tu_res_name(r),
+              r == ncclSuccess ? "" : ncclGetLastError(NULL));
+        CHECK(t_destroy >= 1.0, "the destroy really waited for rank 1", ">= 1 s, got %.2f s", t_destroy);
+        CHECK(a.called < t0 + t_destroy, "the abort came while the destroy ran", "abort at %.2f s, destroy done at "
+              "%.2f s", a.called - t0, t_destroy);
+        CHECK(a.r == ncclInvalidUsage, "ncclCommAbort during ncclCommDestroy", "ncclInvalidUsage, got %s",
+              tu_res_name(a.r));
+        CHECK(strstr(a.why, "already") != NULL, "the refusal says why", "a text naming the call already running, "
+              "got \"%s\"", a.why);
+        CHECK(a.returned - a.called < 1.0, "the refusal is prompt", "< 1 s, got %.2f s", a.returned - a.called);
+    } else {
+        usleep(1500000);
+        NCHECK(ncclCommDestroy(g_comm));
+    }
+    finish("destroy_race");
 }
 
 static void run_peerdeath(cudaStream_t s)
@@ -166,7 +201,8 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &tu_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &tu_size);
     const char *mode = argc > 1 ? argv[1] : "";
-    if (tu_size != 2 || (strcmp(mode, "abort") != 0 && strcmp(mode, "peerdeath") != 0)) {
+    if (tu_size != 2 || (strcmp(mode, "abort") != 0 && strcmp(mode, "peerdeath") != 0 &&
+                         strcmp(mode, "destroy_race") != 0)) {
         if (tu_rank == 0)
             printf("usage: mpirun -np 2 %s abort|peerdeath\n", argv[0]);
         MPI_Finalize();
@@ -188,6 +224,8 @@ int main(int argc, char **argv)
         FATAL("cudaStreamCreate failed");
     if (strcmp(mode, "abort") == 0)
         run_abort(s);
+    else if (strcmp(mode, "destroy_race") == 0)
+        run_destroy_race();
     else
         run_peerdeath(s);
     return 0;
