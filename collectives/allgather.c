@@ -373,8 +373,8 @@ static int hier_layout(const struct weft_coll *cc, size_t bytes, const char *wha
     return WEFT_SUCCESS;
 }
 
-int coll_allgather_op(struct weft_coll *cc, int algo, weft_coll_tag_fn tag, uint32_t seq, const void *sendbuf,
-                      void *recvbuf, size_t bytes, struct weft_coll_op **op)
+int coll_allgather_op(struct weft_coll *cc, int kind, int algo, weft_coll_tag_fn tag, uint32_t seq,
+                      const void *sendbuf, void *recvbuf, size_t bytes, struct weft_coll_op **op)
 {
     struct ag_args a;
     weft_sched_build_fn build;
@@ -420,7 +420,7 @@ int coll_allgather_op(struct weft_coll *cc, int algo, weft_coll_tag_fn tag, uint
         return weft_set_error(cc->core, WEFT_ERR_INTERNAL, "weft_allgather: selector returned algorithm %d", algo);
     }
     struct weft_sched_call call = {
-        .what = what, .sig = { WEFT_COLL_ALLGATHER, -1, bytes, -1, -1 }, .tag = tag, .seq = seq,
+        .what = what, .sig = { kind, -1, bytes, -1, -1 }, .tag = tag, .seq = seq,
         .scratch_bytes = scratch, .nranks = a.n,
     };
     rc = weft_sched_start(cc->p2p, cc->core, &call, build, &a, op);

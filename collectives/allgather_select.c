@@ -104,5 +104,5 @@ int coll_allgather_start(struct weft_coll *cc, const struct weft_coll_args *a, w
         coll_log_shape_once(cc, WEFT_COLL_ALLGATHER, bytes_per_rank, algo, what, weft_allgather_algo_name(algo),
                             forced);
     }
-    return coll_allgather_op(cc, algo, tag, seq, sendbuf, recvbuf, bytes_per_rank, op);
+    return coll_allgather_op(cc, a->kind, algo, tag, seq, sendbuf, recvbuf, bytes_per_rank, op);
 }

@@ -170,6 +170,7 @@ static const coll_start_fn starts[WEFT_COLL_KIND_END] = {
     [WEFT_COLL_GATHER] = coll_gather_start,
     [WEFT_COLL_SCATTER] = coll_scatter_start,
     [WEFT_COLL_ALLTOALLV] = coll_alltoallv_start,
+    [WEFT_COLL_SPLIT_EXCHANGE] = coll_allgather_start,   /* its kind in the fingerprint */
 };
 
 int weft_coll_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,

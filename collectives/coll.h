@@ -39,6 +39,11 @@ enum weft_coll_kind {
     WEFT_COLL_ALLGATHER = 1, WEFT_COLL_BCAST, WEFT_COLL_BARRIER,
     WEFT_COLL_ALLREDUCE, WEFT_COLL_REDUCE_SCATTER, WEFT_COLL_REDUCE, WEFT_COLL_ALLTOALL,
     WEFT_COLL_GATHER, WEFT_COLL_SCATTER, WEFT_COLL_ALLTOALLV,
+    /* The library's own operations on the comm, never a user's: an
+     * allgather with a kind of its own in the fingerprint, so a user's
+     * collective that meets it fails with WEFT_ERR_MISMATCH instead of
+     * taking its data (weft_comm_split's exchange of colors and keys). */
+    WEFT_COLL_SPLIT_EXCHANGE,
     WEFT_COLL_KIND_END
 };
 

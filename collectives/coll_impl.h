@@ -117,9 +117,10 @@ size_t coll_reduce_chunk(const struct weft_coll *cc, size_t esize);
 /* ---- allgather algorithms (allgather.c). Arguments are already validated:
  * bytes > 0, size > 1, sendbuf either in place (== recvbuf + rank*bytes) or
  * not overlapping recvbuf, algo applies at this size. Builds the op of algo
- * and starts it (weft_sched_start). */
-int coll_allgather_op(struct weft_coll *cc, int algo, weft_coll_tag_fn tag, uint32_t seq, const void *sendbuf,
-                      void *recvbuf, size_t bytes, struct weft_coll_op **op);
+ * and starts it (weft_sched_start); kind goes into its fingerprint
+ * (WEFT_COLL_ALLGATHER, or WEFT_COLL_SPLIT_EXCHANGE: the library's own). */
+int coll_allgather_op(struct weft_coll *cc, int kind, int algo, weft_coll_tag_fn tag, uint32_t seq,
+                      const void *sendbuf, void *recvbuf, size_t bytes, struct weft_coll_op **op);
 
 /* Generic pipelined ring over m members, added to a schedule (allgather.c).
  * Member p is rank members[p], or (rot + p) % m when members is NULL, and

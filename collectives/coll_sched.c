@@ -119,6 +119,9 @@ static void sig_describe(const struct weft_coll_sig *sig, char *out, size_t n)
     case WEFT_COLL_ALLTOALLV:
         snprintf(out, n, "alltoallv");
         break;
+    case WEFT_COLL_SPLIT_EXCHANGE:
+        snprintf(out, n, "weft_comm_split (its exchange of colors)");
+        break;
     default:
         snprintf(out, n, "a collective of unknown kind %d", sig->kind);
         break;

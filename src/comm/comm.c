@@ -696,8 +696,10 @@ int weft_comm_split_all(struct weft_comm *parent, int color, int key, const stru
     if (all == NULL)
         return weft_set_error(&parent->core, WEFT_ERR_NO_MEMORY, "weft_comm_split: no memory for %d ranks", psize);
     /* One collective on the parent: ordered, fingerprint-checked and
-     * failure-agreed like any other. */
-    struct weft_coll_args a = { WEFT_COLL_ALLGATHER, &mine, all, sizeof(mine), -1, -1, -1, NULL, NULL };
+     * failure-agreed like any other, of a kind no user call has: a rank
+     * that called weft_allgather of the same size here fails with
+     * WEFT_ERR_MISMATCH, instead of taking these records for its data. */
+    struct weft_coll_args a = { WEFT_COLL_SPLIT_EXCHANGE, &mine, all, sizeof(mine), -1, -1, -1, NULL, NULL };
     rc = weft_coll_run(&parent->coll, &a);
     if (rc != WEFT_SUCCESS) {
         /* The collective's text names the rank that failed, not the call
