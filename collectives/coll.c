@@ -261,6 +261,20 @@ void weft_coll_prep_release(struct weft_coll *cc, struct weft_coll_prep *prep)
     prep->vec = NULL;
 }
 
+void weft_coll_refused(struct weft_coll *cc, const char *fn)
+{
+    struct weft_error e;
+    char text[1024];   /* a notice carries its first WEFT_WIRE_NOTICE_TEXT_MAX bytes */
+
+    if (cc->core == NULL || cc->core->size == 1)
+        return;   /* nothing travels, nothing to keep in step */
+    uint32_t seq = coll_seq_next(cc);
+    weft_error_get(cc->core, &e);
+    snprintf(text, sizeof text, "rank %d refused its %s (collective #%u) on its own arguments: %s", cc->core->rank,
+             fn, seq, e.text);
+    weft_p2p_coll_failed(cc->p2p, seq, WEFT_ERR_MISMATCH, text);
+}
+
 int weft_coll_run(struct weft_coll *cc, const struct weft_coll_args *a)
 {
     struct weft_coll_op *op;

@@ -138,6 +138,13 @@ struct weft_coll {
 int  weft_coll_init(struct weft_coll *cc, struct weft_p2p *p2p, struct weft_core *core, const int *node);
 void weft_coll_fini(struct weft_coll *cc);
 
+/* A collective call this rank refused on its own arguments (src/api,
+ * the comm alive): it still takes its number among the comm's collectives,
+ * and every peer is told (a COLL_FAILED notice with WEFT_ERR_MISMATCH and
+ * this rank's reason, the comm's last error), so their call of that number
+ * fails naming this rank instead of the ranks drifting one call apart. */
+void weft_coll_refused(struct weft_coll *cc, const char *fn);
+
 /* Starts a call. tag NULL: the caller's own lanes (weft_tag_coll) and the
  * next value of cc->seq, which every call takes (also one that moves
  * nothing, so a rank passing 0 where others do not stays in step). With

@@ -334,8 +334,12 @@ TEST_F(CommInitTimeout, WrongToken)
     weft_comm_t *c = kUntouched;
     int rc = -1;
     double took = 0;
-    /* Rank 0's process hosts the root: its refusal is logged there. */
+    /* Rank 0's process hosts the root: its refusal is logged there, by
+     * the root's thread, whenever the bad rank connects -- so no rank
+     * starts before rank 0 captures its stderr (on a loaded machine the
+     * refusal once came before, and was not in the log). */
     std::string log = capture_stderr([&] {
+        MPI_Barrier(MPI_COMM_WORLD);
         auto t0 = std::chrono::steady_clock::now();
         rc = weft_comm_init(&id, size, rank, &c);
         took = seconds_since(t0);

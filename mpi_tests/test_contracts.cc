@@ -551,6 +551,31 @@ TEST_F(Mismatch, BcastRootsThatNeverMeet)
     }
 }
 
+/* Rank 1 passes arguments its own check refuses (sendbuf overlapping
+ * recvbuf, not in place) where the others call the same allgather validly.
+ * Rank 1 gets WEFT_ERR_INVALID_ARG; the call still takes its number among
+ * the comm's collectives and the others are told, so each of them fails
+ * naming rank 1 and why, and the next collectives match again with the
+ * right data (issue 28, item 1: the ranks were one call apart before, and
+ * every later collective returned the previous call's data). */
+TEST_F(Mismatch, ACallOneRankRefusesLocally)
+{
+    const size_t bytes = 64;
+    GuardedBuffer in(bytes * (size_t)size);
+    ASSERT_TRUE(in.ok());
+    std::vector<unsigned char> out = patterned_vec(bytes, rank, 5, 0);
+    /* rank 1: the first bytes of its own receive buffer as sendbuf (not
+     * its in-place block): refused before anything moves */
+    const void *send = rank == 1 ? static_cast<const void *>(in.data()) : out.data();
+    int rc = WEFT_SUCCESS;
+    expect_mismatch(
+        "allgather refused by rank 1's own check", [&] { return rc = weft_allgather(comm, send, in.data(), bytes); },
+        {"rank 1 refused its weft_allgather", "overlap"}, {&in}, {}, true);
+    if (rank == 1) {
+        EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG) << last_error();
+    }
+}
+
 /* ---- C. one waitall over two comms ---- */
 
 /* Comm A receives from the left and sends right, comm B the other way,

@@ -186,19 +186,40 @@ TEST_F(Rooted, ArgumentChecks)
     EXPECT_NE(last_error().find("weft_gather: sendbuf is NULL"), std::string::npos) << last_error();
     EXPECT_EQ(weft_scatter(comm, all.data(), nullptr, 16, 0), WEFT_ERR_INVALID_ARG);
     EXPECT_NE(last_error().find("weft_scatter: recvbuf is NULL"), std::string::npos) << last_error();
-    /* The root's n blocks: refused at the root only (elsewhere unused). The
-     * calls below are not made on the other ranks (they would run). */
+    /* The root's n blocks: refused at the root only (elsewhere unused).
+     * The other ranks make the same call validly: a refused call is still
+     * a call (it takes its number among the comm's collectives and the
+     * others are told), so theirs fails naming rank 0 -- or, for a gather,
+     * where a non-root only sends, may end before the word comes. */
+    const auto others_see_refusal = [&](int rc, bool may_succeed, const char *what) {
+        if (rc == WEFT_SUCCESS && may_succeed)
+            return;
+        EXPECT_EQ(rc, WEFT_ERR_MISMATCH) << what << ": " << last_error();
+        EXPECT_NE(last_error().find("rank 0 refused its"), std::string::npos) << what << ": " << last_error();
+    };
     if (rank == 0) {
         EXPECT_EQ(weft_gather(comm, one.data(), nullptr, 16, 0), WEFT_ERR_INVALID_ARG);
         EXPECT_NE(last_error().find("recvbuf is NULL with bytes_per_rank 16 at the root"), std::string::npos)
             << last_error();
+    } else {
+        others_see_refusal(weft_gather(comm, one.data(), nullptr, 16, 0), true, "gather, root refused");
+    }
+    if (rank == 0) {
         EXPECT_EQ(weft_scatter_on_stream(comm, nullptr, one.data(), 16, 0, nullptr), WEFT_ERR_INVALID_ARG);
         EXPECT_NE(last_error().find("weft_scatter_on_stream: sendbuf is NULL"), std::string::npos) << last_error();
         /* Overlapping other than in place. */
         EXPECT_EQ(weft_gather(comm, all.data() + 1, all.data(), 8, 0), WEFT_ERR_INVALID_ARG);
         EXPECT_NE(last_error().find("overlaps"), std::string::npos) << last_error();
+    } else {
+        others_see_refusal(weft_gather(comm, one.data(), nullptr, 8, 0), true, "gather, root's buffers overlap");
+    }
+    if (rank == 0) {
         EXPECT_EQ(weft_iscatter(comm, all.data(), all.data() + 3, 8, 0, &r), WEFT_ERR_INVALID_ARG);
         EXPECT_NE(last_error().find("weft_iscatter: recvbuf overlaps sendbuf"), std::string::npos) << last_error();
+    } else {
+        weft_request_t *q = nullptr;
+        ASSERT_EQ(weft_iscatter(comm, nullptr, one.data(), 8, 0, &q), WEFT_SUCCESS) << last_error();
+        others_see_refusal(weft_wait(q, nullptr), false, "scatter, root's buffers overlap");
     }
     /* Overflow. */
     if (size > 1) {

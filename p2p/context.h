@@ -11,6 +11,7 @@
 #include "core.h"
 #include "pipe.h"
 #include "request.h"
+#include "tags.h"
 #include "transport.h"
 #include "wire.h"
 
@@ -54,9 +55,13 @@ struct weft_p2p {
     int                      fault_code;
     char                     fault_why[384];    /* "rank 2 failed: ..." */
     double                   health_at;         /* last health pass */
-    /* Collectives that failed elsewhere (NOTICE COLL_FAILED), newest last. */
-    struct weft_coll_note { uint32_t seq; int code; int from; char text[WEFT_WIRE_NOTICE_TEXT_MAX]; } cnotes[8];
-    unsigned                 ncnotes;
+    /* Collectives that failed elsewhere (NOTICE COLL_FAILED), one slot per
+     * collective number modulo the lanes' slots (a call seq + SLOTS starts
+     * only once call seq is over here), the first word of each kept: many
+     * ranks reporting the same call (each refused it) cannot push out the
+     * note of a call still waiting. from < 0: empty. */
+    struct weft_coll_note { uint32_t seq; int code; int from; char text[WEFT_WIRE_NOTICE_TEXT_MAX]; }
+                             cnotes[WEFT_TAG_COLL_SLOTS];
     size_t                   user_reqs;         /* requests handed out as handles, not yet freed */
 
     struct weft_engine      *engine;     /* who drives progress (p2p/engine.c) */

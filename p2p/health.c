@@ -356,19 +356,24 @@ void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr
             break;
         }
         snprintf(msg, sizeof(msg), "%s, as reported by rank %d", t, pp->peer);
-        weft_health_declare(p, about, h->status, msg, 1);
+        /* A peer's number: a code no weft call returns is not passed on. */
+        weft_health_declare(p, about, h->status > WEFT_SUCCESS && h->status <= WEFT_ERR_CLOSED ? h->status
+                                                                                                 : WEFT_ERR_TRANSPORT,
+                            msg, 1);
         break;
     }
     case WEFT_NOTICE_ABORTED:
         weft_health_declare(p, pp->peer, WEFT_ERR_ABORTED, "it called weft_comm_abort", 1);
         break;
     case WEFT_NOTICE_COLL_FAILED: {
-        unsigned k = p->ncnotes % (sizeof(p->cnotes) / sizeof(p->cnotes[0]));
-        p->cnotes[k].seq = (uint32_t)h->seq;
-        p->cnotes[k].code = h->status;
-        p->cnotes[k].from = pp->peer;
-        snprintf(p->cnotes[k].text, sizeof(p->cnotes[k].text), "%s", t);
-        p->ncnotes++;
+        struct weft_coll_note *c = &p->cnotes[(uint32_t)h->seq % WEFT_TAG_COLL_SLOTS];
+        if (c->from >= 0 && c->seq == (uint32_t)h->seq)
+            break;   /* this call was reported already: the first word stands */
+        c->seq = (uint32_t)h->seq;
+        /* A peer's number: a code no weft call returns is not passed on. */
+        c->code = h->status > WEFT_SUCCESS && h->status <= WEFT_ERR_CLOSED ? h->status : WEFT_ERR_INTERNAL;
+        c->from = pp->peer;
+        snprintf(c->text, sizeof(c->text), "%s", t);
         p->fault_epoch++;   /* wakes collectives waiting on it */
         break;
     }
@@ -396,12 +401,6 @@ void weft_health_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const c
 
 const struct weft_coll_note *weft_health_coll_note(const struct weft_p2p *p, uint32_t seq)
 {
-    unsigned cap = sizeof(p->cnotes) / sizeof(p->cnotes[0]);
-    unsigned n = p->ncnotes < cap ? p->ncnotes : cap;
-    for (unsigned i = 0; i < n; i++) {
-        const struct weft_coll_note *c = &p->cnotes[(p->ncnotes - 1 - i) % cap];
-        if (c->seq == seq)
-            return c;
-    }
-    return NULL;
+    const struct weft_coll_note *c = &p->cnotes[seq % WEFT_TAG_COLL_SLOTS];
+    return c->from >= 0 && c->seq == seq ? c : NULL;
 }

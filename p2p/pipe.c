@@ -609,6 +609,13 @@ static int check_ok(struct weft_peer_pipe *p, struct weft_request *r, const stru
     return 0;
 }
 
+/* A code a peer's frame carries: one no weft call returns (a damaged or
+ * hostile frame) becomes WEFT_ERR_INTERNAL, never a request's status. */
+static int peer_code(int32_t status)
+{
+    return status >= WEFT_SUCCESS && status <= WEFT_ERR_CLOSED ? (int)status : WEFT_ERR_INTERNAL;
+}
+
 /* EAGER message meets its receive: copy, or fail with TRUNCATE. */
 static void deliver_eager(struct weft_peer_pipe *p, struct weft_request *r, const struct weft_wire_hdr *m,
                           const void *payload)
@@ -619,7 +626,7 @@ static void deliver_eager(struct weft_peer_pipe *p, struct weft_request *r, cons
         /* The sender could not read its device buffer (send_eager_device). */
         weft_set_error(core, WEFT_ERR_TRANSPORT,
                        "recv from peer %d tag %d: the sender failed to copy its device buffer (%s there)", p->peer,
-                       r->tag, weft_err_str(m->status));
+                       r->tag, weft_err_str(peer_code(m->status)));
         weft_pipe_complete(r, WEFT_ERR_TRANSPORT);
         return;
     }
@@ -869,7 +876,7 @@ static void on_cts(struct weft_peer_pipe *p, const struct weft_wire_hdr *m, cons
         return;
     }
     if (m->status != WEFT_SUCCESS) {
-        weft_pipe_finish_inflight(p, s, m->status);
+        weft_pipe_finish_inflight(p, s, peer_code(m->status));
         return;
     }
     path = weft_rndv_path_of(m->aux);
@@ -925,7 +932,7 @@ static void on_fin(struct weft_peer_pipe *p, const struct weft_wire_hdr *m)
         weft_set_error(p->p2p->core, WEFT_ERR_TRUNCATE,
                        "send to peer %d tag %d: the %zu-byte message was larger than the receive buffer",
                        p->peer, r->tag, r->bytes);
-    weft_pipe_finish_inflight(p, r, m->status);
+    weft_pipe_finish_inflight(p, r, peer_code(m->status));
 }
 
 /* The common case of a small eager message: in sequence, a host receive

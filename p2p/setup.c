@@ -104,6 +104,8 @@ int weft_p2p_create(struct weft_core *core, struct weft_p2p **out)
     p->up.peer_failed = up_peer_failed;
     p->up.on_data = up_on_data;
     p->fault_rank = -1;
+    for (int i = 0; i < WEFT_TAG_COLL_SLOTS; i++)
+        p->cnotes[i].from = -1;   /* no note */
     p->table_slot = -1;
     p->ntps = weft_registry_count();
     weft_p2p_card_bytes();

@@ -9,13 +9,24 @@
 #include "log.h"
 #include "weft.h"
 
+/* This rank refused the call on its own arguments: on a comm that works,
+ * the call still takes its number and the other ranks are told why, so
+ * theirs fails naming this rank and every rank stays in step (issue 28,
+ * item 1; collectives/coll.h, weft_coll_refused). rc is the refusal. */
+static int refused(weft_comm_t *c, int rc, const char *fn)
+{
+    if (c != NULL && !__atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE))
+        weft_coll_refused(&c->coll, fn);
+    return rc;
+}
+
 /* Runs a (blocking), or starts it with a request handle (req_out != NULL). */
 static int coll_call(weft_comm_t *c, const struct weft_coll_args *a, weft_request_t **req_out, int want_req,
                      const char *fn)
 {
     int rc;
     if (want_req && (rc = weft_check_req_out(c, req_out, fn)) != WEFT_SUCCESS)
-        return rc;
+        return refused(c, rc, fn);
     if ((rc = weft_check_live(c, fn)) != WEFT_SUCCESS)
         return rc;
     if (want_req)
@@ -28,7 +39,7 @@ static int allgather(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t 
 {
     int rc = weft_check_allgather(c, sendbuf, recvbuf, bytes_per_rank, fn);
     if (rc != WEFT_SUCCESS)
-        return rc;
+        return refused(c, rc, fn);
     struct weft_coll_args a = { WEFT_COLL_ALLGATHER, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL, NULL };
     return coll_call(c, &a, req, want_req, fn);
 }
@@ -46,7 +57,7 @@ static int bcast(weft_comm_t *c, void *buf, size_t bytes, int root, weft_request
 {
     int rc = weft_check_bcast(c, buf, bytes, root, fn);
     if (rc != WEFT_SUCCESS)
-        return rc;
+        return refused(c, rc, fn);
     struct weft_coll_args a = { WEFT_COLL_BCAST, NULL, buf, bytes, -1, -1, root, NULL, NULL };
     return coll_call(c, &a, req, want_req, fn);
 }
@@ -56,7 +67,7 @@ static int reduction(weft_comm_t *c, int kind, const void *sendbuf, void *recvbu
 {
     int rc = weft_check_reduce(c, kind, sendbuf, recvbuf, count, dtype, op, root, fn);
     if (rc != WEFT_SUCCESS)
-        return rc;
+        return refused(c, rc, fn);
     struct weft_coll_args a = { kind, sendbuf, recvbuf, count, dtype, op, kind == WEFT_COLL_REDUCE ? root : -1, NULL,
                                 NULL };
     return coll_call(c, &a, req, want_req, fn);
@@ -67,7 +78,7 @@ static int alltoall(weft_comm_t *c, const void *sendbuf, void *recvbuf, size_t b
 {
     int rc = weft_check_alltoall(c, sendbuf, recvbuf, bytes_per_rank, fn);
     if (rc != WEFT_SUCCESS)
-        return rc;
+        return refused(c, rc, fn);
     struct weft_coll_args a = { WEFT_COLL_ALLTOALL, sendbuf, recvbuf, bytes_per_rank, -1, -1, -1, NULL, NULL };
     return coll_call(c, &a, req, want_req, fn);
 }
@@ -77,7 +88,7 @@ static int rooted(weft_comm_t *c, int kind, const void *sendbuf, void *recvbuf, 
 {
     int rc = weft_check_rooted(c, kind, sendbuf, recvbuf, bytes_per_rank, root, fn);
     if (rc != WEFT_SUCCESS)
-        return rc;
+        return refused(c, rc, fn);
     struct weft_coll_args a = { kind, sendbuf, recvbuf, bytes_per_rank, -1, -1, root, NULL, NULL };
     return coll_call(c, &a, req, want_req, fn);
 }
@@ -89,7 +100,7 @@ static int alltoallv(weft_comm_t *c, const void *sendbuf, const size_t *send_byt
     size_t total = 0;
     int rc = weft_check_alltoallv(c, sendbuf, send_bytes, send_displs, recvbuf, recv_bytes, recv_displs, &total, fn);
     if (rc != WEFT_SUCCESS)
-        return rc;
+        return refused(c, rc, fn);
     /* The arrays are read only while the call starts (its schedule is
      * built from them), so the caller may reuse them once it returned. */
     struct weft_coll_vec v = { send_bytes, send_displs, recv_bytes, recv_displs };
