@@ -691,14 +691,6 @@ void weft_p2p_abort(struct weft_p2p *p)
     pthread_mutex_unlock(&p->lock);
 }
 
-int weft_p2p_poll(struct weft_p2p *p)
-{
-    pthread_mutex_lock(&p->lock);
-    int n = weft_p2p_progress(p);
-    pthread_mutex_unlock(&p->lock);
-    return n;
-}
-
 int weft_p2p_done(const struct weft_request *r)
 {
     /* Under the lock: the pipe layer moves a request through its states

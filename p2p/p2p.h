@@ -136,10 +136,6 @@ void weft_p2p_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char
 /* weft_comm_abort: any thread. */
 void weft_p2p_abort(struct weft_p2p *p);
 
-/* One progress pass (takes the lock): for a thread that drives requests of
- * its own between tests (the stream engine). Returns the number of events. */
-int  weft_p2p_poll(struct weft_p2p *p);
-
 /* For a caller with no request of its own to wait on (weft_progress, the
  * message pipes' destroy): one progress pass and a look at the peers'
  * health (heartbeats; a dead peer's requests fail). Takes the lock.
