@@ -187,6 +187,19 @@ int    weft_p2p_offer(struct weft_p2p *p, unsigned char *cards);
  * fail on one rank only. cards stays valid until weft_p2p_destroy. */
 int    weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struct weft_tp_collective *coll,
                         void *scratch);
+/* Which transport carries the pipe to peer and why (weft_info --pairs):
+ * the choice connect made, with the same reasons WEFT_DEBUG=info gives
+ * and every earlier carrier's refusal, including those not allowed to try
+ * ("; not shm: other node"). After weft_p2p_connect; cards as given to it. */
+struct weft_p2p_pair_info {
+    char carrier[16];   /* "shm"; "none" before connect */
+    char mover[16];     /* "cuda_ipc", "" when device data has no mover */
+    int  same_node;     /* same effective node (WEFT_VIRTUAL_NODES included) */
+    char host[64];      /* the peer's host name */
+    char why[512];      /* "other node; tcp is the first carrier that reaches it; not shm: other node; not ib: ..." */
+};
+int    weft_p2p_describe_pair(const struct weft_p2p *p, const unsigned char *cards, int peer,
+                              struct weft_p2p_pair_info *out);
 /* weft_comm_destroy: progress until no transport or path holds anything a
  * peer may wait for (bounded by WEFT_TIMEOUT); warns about requests still
  * in flight. */

@@ -162,9 +162,27 @@ static int allowed(const unsigned char *cards, int i, int a, int b)
     }
 }
 
+/* Why entry i may not connect a and b (allowed() said no). */
+static const char *not_allowed_why(const unsigned char *cards, int i, int a, int b)
+{
+    const struct weft_transport *t = weft_registry_get(i);
+    const struct weft_card_hdr *ha = hdr_of(cards, a), *hb = hdr_of(cards, b);
+    if (!(ha->transports_mask & (1u << i)))
+        return "not in WEFT_TRANSPORTS here";
+    if (!(hb->transports_mask & (1u << i)))
+        return "not in WEFT_TRANSPORTS on the peer";
+    switch (t->scope) {
+    case WEFT_TP_SCOPE_SELF: return "only a rank to itself";
+    case WEFT_TP_SCOPE_NODE: return a == b ? "not to this rank itself" : "other node";
+    default:                 return "not to this rank itself";
+    }
+}
+
 /* The carrier (ctrl) and mover entries for the pair (me, peer), -1 = none;
- * why collects the refusals of earlier carriers ("; not ib: ..."). */
-static void choose(const unsigned char *cards, int me, int peer, int *carrier, int *mover, char *why, size_t whylen)
+ * why collects the refusals of earlier carriers ("; not ib: ..."); all:
+ * also those that were not allowed to try ("; not shm: other node"). */
+static void choose_all(const unsigned char *cards, int me, int peer, int *carrier, int *mover, char *why,
+                       size_t whylen, int all)
 {
     int n = weft_registry_count();
     *carrier = *mover = -1;
@@ -172,8 +190,15 @@ static void choose(const unsigned char *cards, int me, int peer, int *carrier, i
         why[0] = '\0';
     for (int i = 0; i < n; i++) {
         const struct weft_transport *t = weft_registry_get(i);
-        if ((t->ctrl ? *carrier : *mover) >= 0 || !allowed(cards, i, me, peer))
+        if ((t->ctrl ? *carrier : *mover) >= 0)
             continue;
+        if (!allowed(cards, i, me, peer)) {
+            if (all && t->ctrl && why && whylen) {
+                size_t l = strlen(why);
+                snprintf(why + l, whylen - l, "; not %s: %s", t->name, not_allowed_why(cards, i, me, peer));
+            }
+            continue;
+        }
         struct weft_tp_cards k = { cards, card_bytes, blob_off[i] };
         char w[160] = "";
         if (t->reach(&k, me, peer, w, sizeof(w))) {
@@ -186,6 +211,38 @@ static void choose(const unsigned char *cards, int me, int peer, int *carrier, i
             snprintf(why + l, whylen - l, "; not %s: %s", t->name, w[0] ? w : "refused");
         }
     }
+}
+
+static void choose(const unsigned char *cards, int me, int peer, int *carrier, int *mover, char *why, size_t whylen)
+{
+    choose_all(cards, me, peer, carrier, mover, why, whylen, 0);
+}
+
+int weft_p2p_describe_pair(const struct weft_p2p *p, const unsigned char *cards, int peer,
+                           struct weft_p2p_pair_info *out)
+{
+    int carrier, mover;
+    char refusals[384];
+    const struct weft_card_hdr *mh, *h;
+
+    memset(out, 0, sizeof(*out));
+    if (p == NULL || cards == NULL || peer < 0 || peer >= p->size)
+        return WEFT_ERR_INVALID_ARG;
+    mh = hdr_of(cards, p->rank);
+    h = hdr_of(cards, peer);
+    /* What the pipe really uses (connect set it), and the reasons the
+     * same choice gives, with every earlier carrier's refusal. */
+    choose_all(cards, p->rank, peer, &carrier, &mover, refusals, sizeof(refusals), 1);
+    const struct weft_peer_pipe *pp = &p->pipes[peer];
+    snprintf(out->carrier, sizeof(out->carrier), "%s", pp->carrier.tp ? pp->carrier.tp->name : "none");
+    snprintf(out->mover, sizeof(out->mover), "%s", pp->mover.tp ? pp->mover.tp->name : "");
+    out->same_node = h->node == mh->node;
+    snprintf(out->host, sizeof(out->host), "%s", h->hostname);
+    snprintf(out->why, sizeof(out->why), "%s%s; %s is the first carrier that reaches it%s",
+             peer == p->rank ? "this rank" : out->same_node ? "same node" : "other node",
+             mh->node_key != h->node_key ? " (other host)" : p->core->cfg.virtual_nodes && !out->same_node
+             ? " (WEFT_VIRTUAL_NODES)" : "", out->carrier, refusals);
+    return WEFT_SUCCESS;
 }
 
 int weft_p2p_offer(struct weft_p2p *p, unsigned char *cards)

@@ -213,6 +213,15 @@ struct weft_transport {
      * peer"). Called only for pairs its scope and both masks allow. */
     int  (*reach)(const struct weft_tp_cards *k, int me, int peer, char *why, size_t whylen);
 
+    /* Optional (NULL: always usable), for weft_info: could this process
+     * offer the transport, found as create finds it (the same library,
+     * device, interface and configuration)? Outside any comm: core has
+     * rank 0, size 1, the configuration, and cuda set as a comm sets it;
+     * errors it records there are the reason. Leaves nothing open.
+     * 1: what says what it would use ("mlx5_0 port 1 (InfiniBand, ...)");
+     * 0: what says exactly why not. */
+    int  (*probe)(struct weft_core *core, char *what, size_t len);
+
     /* After the exchange, with env->uses set: connect to the peers that use
      * it, or only prepare to (a lazy transport, tcp: each pair connects at
      * its first ctrl_send, which answers WEFT_EAGAIN until the pair is up,

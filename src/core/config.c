@@ -349,6 +349,75 @@ static int refuse(char *err, size_t errlen, const char *name, const char *value,
     return WEFT_ERR_INVALID_ARG;
 }
 
+/* ------------------------------------------------------------ the variables */
+
+/* The tables weft_config_load reads with and weft_config_format writes
+ * with (one list: a value is shown as it was read). */
+#define F(field) offsetof(struct weft_config, field)
+
+/* Integers: name, field, bounds, what is expected when the bounds alone
+ * do not say it (NULL: "an integer in [lo, hi]"). */
+static const struct { const char *name; size_t off; long lo, hi; const char *expected; } ints[] = {
+    { "WEFT_VIRTUAL_NODES",   F(virtual_nodes),    0, 1 << 20,  "an integer in [0, 1048576], 0 = off" },
+    { "WEFT_SHM_CMA",         F(shm_cma),          0, 1,        "0 or 1" },
+    { "WEFT_TCP_STREAMS",     F(tcp_streams),      1, 64,       NULL },
+    { "WEFT_SPIN_US",         F(spin_us),          0, 10000000, "microseconds in [0, 10000000]" },
+    { "WEFT_PROGRESS_THREAD", F(progress_thread),  0, 1,        "0 or 1" },
+    { "WEFT_IB_GID_INDEX",    F(ib_gid_index),    -1, 255,      "-1 (auto) or a GID index in [0, 255]" },
+    { "WEFT_IB_QPS_PER_PEER", F(ib_qps_per_peer),  1, 16,       NULL },
+    { "WEFT_IB_TIMEOUT",      F(ib_timeout),       1, 31,       "an exponent in [1, 31]" },
+    { "WEFT_IB_RETRY_CNT",    F(ib_retry_cnt),     0, 7,        NULL },
+    { "WEFT_IB_RECV_DEPTH",   F(ib_recv_depth),    2, 4096,     NULL },
+    { "WEFT_IB_SQ_DEPTH",     F(ib_sq_depth),      2, 16384,    NULL },
+    { "WEFT_CUDA_STAGE_SLOTS",F(cuda_stage_slots), 1, 64,       NULL },
+    { "WEFT_CUDA_IPC_CACHE",  F(cuda_ipc_cache),   1, 1 << 20,  "a number of mappings in [1, 1048576]" },
+    { "WEFT_CUDA_IPC_OPEN_SYNCS", F(cuda_ipc_open_syncs), 0, 1, "0 or 1" },
+};
+
+/* Sizes: name, field, bounds in bytes, unit of a plain number. */
+static const struct { const char *name; size_t off; size_t lo, hi, unit; } sizes[] = {
+    { "WEFT_SHM_EAGER",          F(shm_eager_limit),  0,         1u << 20,        1 },
+    { "WEFT_SHM_COLL_EAGER",     F(shm_coll_eager),   0,         1u << 20,        1 },
+    { "WEFT_SHM_RING_KB",        F(shm_ring_bytes),   64 << 10,  (size_t)1 << 30, 1024 },
+    { "WEFT_SHM_BUDGET_MB",      F(shm_budget),       0,         (size_t)1 << 44, (size_t)1 << 20 },
+    { "WEFT_SHM_CHUNK_KB",       F(shm_chunk),        4 << 10,   64u << 20,       1024 },
+    { "WEFT_SHM_CMA_MIN_KB",     F(shm_cma_min),      0,         SIZE_MAX,        1024 },
+    { "WEFT_TCP_EAGER",          F(tcp_eager_limit),  0,         4u << 20,        1 },
+    { "WEFT_TCP_CHUNK_KB",       F(tcp_chunk),        4 << 10,   (size_t)1 << 30, 1024 },
+    { "WEFT_SELF_EAGER",         F(self_eager_limit), 0,         64u << 20,       1 },
+    { "WEFT_PIPE_INLINE",        F(pipe_inline),      0,         1u << 20,        1 },
+    { "WEFT_EAGER_WINDOW",       F(eager_window),     64 << 10,  (size_t)1 << 30, 1 },
+    { "WEFT_IB_CHUNK",           F(ib_chunk),         4 << 10,   (size_t)1 << 30, 1 },
+    { "WEFT_IB_EAGER",           F(ib_eager_limit),   64,        1u << 20,        1 },
+    { "WEFT_IB_REG_CACHE_MB",    F(ib_reg_cache),     0,         SIZE_MAX,        1u << 20 },
+    { "WEFT_CUDA_STAGE_CHUNK",   F(cuda_stage_chunk), 4 << 10,   (size_t)1 << 30, 1 },
+    { "WEFT_ALLGATHER_CHUNK_KB", F(allgather_chunk),  1 << 10,   (size_t)1 << 30, 1024 },
+    { "WEFT_REDUCE_CHUNK_KB",    F(reduce_chunk),     4 << 10,   (size_t)1 << 30, 1024 },
+};
+
+/* Names and paths: name, field, "" allowed (= the default), spaces inside allowed, what is expected. */
+static const struct { const char *name; size_t off; size_t size; int empty_ok, spaces_ok; const char *expected; } strs[] = {
+    { "WEFT_TCP_IF",      F(tcp_if), sizeof(((struct weft_config *)0)->tcp_if),      1, 0,
+      "an interface name or IPv4 address, at most 63 characters" },
+    { "WEFT_IB_HCA",      F(ib_hca), sizeof(((struct weft_config *)0)->ib_hca),      1, 0,
+      "a comma-separated list of device[:port], e.g. mlx5_0:1,mlx5_1" },
+    { "WEFT_IBVERBS_LIB", F(ibverbs_lib), sizeof(((struct weft_config *)0)->ibverbs_lib), 0, 1,
+      "a library name or path, at most 255 characters" },
+    { "WEFT_TOPO_XML",    F(topo_xml), sizeof(((struct weft_config *)0)->topo_xml),    1, 1,
+      "the path of an hwloc XML file, at most 255 characters" },
+    { "WEFT_CUDA_LIB",    F(cuda_lib), sizeof(((struct weft_config *)0)->cuda_lib),    0, 1,
+      "a library name or path, at most 255 characters" },
+};
+
+/* Algorithm names: variable, its list, field. */
+static const struct { const char *name; const char *const *names; size_t off; } algos[] = {
+    { "WEFT_ALLGATHER_ALGO",      weft_allgather_algo_names,      F(allgather_algo) },
+    { "WEFT_ALLREDUCE_ALGO",      weft_allreduce_algo_names,      F(allreduce_algo) },
+    { "WEFT_REDUCE_SCATTER_ALGO", weft_reduce_scatter_algo_names, F(reduce_scatter_algo) },
+    { "WEFT_REDUCE_ALGO",         weft_reduce_algo_names,         F(reduce_algo) },
+    { "WEFT_ALLTOALL_ALGO",       weft_alltoall_algo_names,       F(alltoall_algo) },
+};
+
 /* ------------------------------------------------------------ load */
 
 int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *ctx,
@@ -449,13 +518,6 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     }
     /* Algorithm names: "" is the default (auto), as when unset. */
     {
-        struct { const char *name; const char *const *names; char *field; } algos[] = {
-            { "WEFT_ALLGATHER_ALGO",      weft_allgather_algo_names,      cfg->allgather_algo },
-            { "WEFT_ALLREDUCE_ALGO",      weft_allreduce_algo_names,      cfg->allreduce_algo },
-            { "WEFT_REDUCE_SCATTER_ALGO", weft_reduce_scatter_algo_names, cfg->reduce_scatter_algo },
-            { "WEFT_REDUCE_ALGO",         weft_reduce_algo_names,         cfg->reduce_algo },
-            { "WEFT_ALLTOALL_ALGO",       weft_alltoall_algo_names,       cfg->alltoall_algo },
-        };
         for (size_t i = 0; i < sizeof(algos) / sizeof(algos[0]); i++) {
             if ((v = lookup(algos[i].name, ctx)) == NULL || *v == '\0')
                 continue;
@@ -464,7 +526,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
                 return refuse(err, errlen, algos[i].name, v, why, expected);
             }
             /* The canonical spelling: the collectives compare it exactly. */
-            strcpy(algos[i].field, algos[i].names[idx]);
+            strcpy((char *)cfg + algos[i].off, algos[i].names[idx]);
         }
     }
     if ((v = lookup("WEFT_IB_GDR", ctx)) != NULL) {
@@ -486,24 +548,6 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
         strcpy(cfg->transports, v);
     }
 
-    /* Integers: name, field, bounds, what is expected when the bounds alone
-     * do not say it (NULL: "an integer in [lo, hi]"). */
-    struct { const char *name; int *field; long lo, hi; const char *expected; } ints[] = {
-        { "WEFT_VIRTUAL_NODES",   &cfg->virtual_nodes,    0, 1 << 20,  "an integer in [0, 1048576], 0 = off" },
-        { "WEFT_SHM_CMA",         &cfg->shm_cma,          0, 1,        "0 or 1" },
-        { "WEFT_TCP_STREAMS",     &cfg->tcp_streams,      1, 64,       NULL },
-        { "WEFT_SPIN_US",         &cfg->spin_us,          0, 10000000, "microseconds in [0, 10000000]" },
-        { "WEFT_PROGRESS_THREAD", &cfg->progress_thread,  0, 1,        "0 or 1" },
-        { "WEFT_IB_GID_INDEX",    &cfg->ib_gid_index,    -1, 255,      "-1 (auto) or a GID index in [0, 255]" },
-        { "WEFT_IB_QPS_PER_PEER", &cfg->ib_qps_per_peer,  1, 16,       NULL },
-        { "WEFT_IB_TIMEOUT",      &cfg->ib_timeout,       1, 31,       "an exponent in [1, 31]" },
-        { "WEFT_IB_RETRY_CNT",    &cfg->ib_retry_cnt,     0, 7,        NULL },
-        { "WEFT_IB_RECV_DEPTH",   &cfg->ib_recv_depth,    2, 4096,     NULL },
-        { "WEFT_IB_SQ_DEPTH",     &cfg->ib_sq_depth,      2, 16384,    NULL },
-        { "WEFT_CUDA_STAGE_SLOTS",&cfg->cuda_stage_slots, 1, 64,       NULL },
-        { "WEFT_CUDA_IPC_CACHE",  &cfg->cuda_ipc_cache,   1, 1 << 20,  "a number of mappings in [1, 1048576]" },
-        { "WEFT_CUDA_IPC_OPEN_SYNCS", &cfg->cuda_ipc_open_syncs, 0, 1, "0 or 1" },
-    };
     for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
         if ((v = lookup(ints[i].name, ctx)) == NULL)
             continue;
@@ -514,33 +558,14 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
                 snprintf(expected, sizeof(expected), "an integer in [%ld, %ld]", ints[i].lo, ints[i].hi);
             return refuse(err, errlen, ints[i].name, v, why, expected);
         }
-        *ints[i].field = (int)n;
+        *(int *)(void *)((char *)cfg + ints[i].off) = (int)n;
     }
 
-    /* Sizes: name, field, bounds in bytes, unit of a plain number. */
-    struct { const char *name; size_t *field; size_t lo, hi, unit; } sizes[] = {
-        { "WEFT_SHM_EAGER",          &cfg->shm_eager_limit,  0,         1u << 20,        1 },
-        { "WEFT_SHM_COLL_EAGER",     &cfg->shm_coll_eager,   0,         1u << 20,        1 },
-        { "WEFT_SHM_RING_KB",        &cfg->shm_ring_bytes,   64 << 10,  (size_t)1 << 30, 1024 },
-        { "WEFT_SHM_BUDGET_MB",      &cfg->shm_budget,       0,         (size_t)1 << 44, (size_t)1 << 20 },
-        { "WEFT_SHM_CHUNK_KB",       &cfg->shm_chunk,        4 << 10,   64u << 20,       1024 },
-        { "WEFT_SHM_CMA_MIN_KB",     &cfg->shm_cma_min,      0,         SIZE_MAX,        1024 },
-        { "WEFT_TCP_EAGER",          &cfg->tcp_eager_limit,  0,         4u << 20,        1 },
-        { "WEFT_TCP_CHUNK_KB",       &cfg->tcp_chunk,        4 << 10,   (size_t)1 << 30, 1024 },
-        { "WEFT_SELF_EAGER",         &cfg->self_eager_limit, 0,         64u << 20,       1 },
-        { "WEFT_PIPE_INLINE",        &cfg->pipe_inline,      0,         1u << 20,        1 },
-        { "WEFT_EAGER_WINDOW",       &cfg->eager_window,     64 << 10,  (size_t)1 << 30, 1 },
-        { "WEFT_IB_CHUNK",           &cfg->ib_chunk,         4 << 10,   (size_t)1 << 30, 1 },
-        { "WEFT_IB_EAGER",           &cfg->ib_eager_limit,   64,        1u << 20,        1 },
-        { "WEFT_IB_REG_CACHE_MB",    &cfg->ib_reg_cache,     0,         SIZE_MAX,        1u << 20 },
-        { "WEFT_CUDA_STAGE_CHUNK",   &cfg->cuda_stage_chunk, 4 << 10,   (size_t)1 << 30, 1 },
-        { "WEFT_ALLGATHER_CHUNK_KB", &cfg->allgather_chunk,  1 << 10,   (size_t)1 << 30, 1024 },
-        { "WEFT_REDUCE_CHUNK_KB",    &cfg->reduce_chunk,     4 << 10,   (size_t)1 << 30, 1024 },
-    };
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
         if ((v = lookup(sizes[i].name, ctx)) == NULL)
             continue;
-        if ((why = strict_size(v, sizes[i].unit, sizes[i].lo, sizes[i].hi, sizes[i].field)) != NULL) {
+        if ((why = strict_size(v, sizes[i].unit, sizes[i].lo, sizes[i].hi,
+                               (size_t *)(void *)((char *)cfg + sizes[i].off))) != NULL) {
             size_expected(sizes[i].unit, sizes[i].lo, sizes[i].hi, expected, sizeof(expected));
             return refuse(err, errlen, sizes[i].name, v, why, expected);
         }
@@ -565,28 +590,15 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     if (cfg->shm_chunk + 256 > cfg->shm_ring_bytes / 2)
         cfg->shm_chunk = cfg->shm_ring_bytes / 4;
 
-    /* Names and paths: name, field, "" allowed (= the default), spaces inside allowed, what is expected. */
-    struct { const char *name; char *field; size_t size; int empty_ok, spaces_ok; const char *expected; } strs[] = {
-        { "WEFT_TCP_IF",      cfg->tcp_if,      sizeof(cfg->tcp_if),      1, 0,
-          "an interface name or IPv4 address, at most 63 characters" },
-        { "WEFT_IB_HCA",      cfg->ib_hca,      sizeof(cfg->ib_hca),      1, 0,
-          "a comma-separated list of device[:port], e.g. mlx5_0:1,mlx5_1" },
-        { "WEFT_IBVERBS_LIB", cfg->ibverbs_lib, sizeof(cfg->ibverbs_lib), 0, 1,
-          "a library name or path, at most 255 characters" },
-        { "WEFT_TOPO_XML",    cfg->topo_xml,    sizeof(cfg->topo_xml),    1, 1,
-          "the path of an hwloc XML file, at most 255 characters" },
-        { "WEFT_CUDA_LIB",    cfg->cuda_lib,    sizeof(cfg->cuda_lib),    0, 1,
-          "a library name or path, at most 255 characters" },
-    };
     for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++) {
         if ((v = lookup(strs[i].name, ctx)) == NULL)
             continue;
         why = strict_string(v, strs[i].size, strs[i].empty_ok, strs[i].spaces_ok);
-        if (why == NULL && strs[i].field == cfg->ib_hca && *v != '\0' && parse_hca_list(v) != 0)
+        if (why == NULL && strs[i].off == F(ib_hca) && *v != '\0' && parse_hca_list(v) != 0)
             why = "not a list of device[:port]";
         if (why)
             return refuse(err, errlen, strs[i].name, v, why, strs[i].expected);
-        strcpy(strs[i].field, v);
+        strcpy((char *)cfg + strs[i].off, v);
     }
     return WEFT_SUCCESS;
 }
@@ -825,4 +837,92 @@ int weft_settings_merge(const struct weft_settings *base, const struct weft_sett
     free(names);
     free(values);
     return rc;
+}
+
+/* ------------------------------------------------------------ what is set, and where from */
+
+struct names_probe {
+    const char **names;
+    int          max, n;
+};
+
+static const char *lookup_record(const char *name, void *ctx)
+{
+    struct names_probe *pr = ctx;
+    for (int i = 0; i < pr->n && i < pr->max; i++)
+        if (strcmp(pr->names[i], name) == 0)
+            return NULL;
+    if (pr->n < pr->max)
+        pr->names[pr->n] = name;
+    pr->n++;
+    return NULL;
+}
+
+int weft_config_names(const char **names, int max)
+{
+    struct weft_config cfg;
+    struct names_probe pr = { names, max, 0 };
+    /* The loader's own list, in its order (as weft_config_reads). */
+    (void)weft_config_load(&cfg, lookup_record, &pr, NULL, 0);
+    return pr.n;
+}
+
+int weft_config_format(const struct weft_config *cfg, const char *name, char *buf, size_t len)
+{
+    const char *base = (const char *)cfg;
+    if (strcmp(name, "WEFT_TIMEOUT") == 0) {
+        snprintf(buf, len, "%g", cfg->timeout_s);
+        return 0;
+    }
+    if (strcmp(name, "WEFT_DEBUG") == 0) {
+        int l = cfg->log_level;
+        snprintf(buf, len, "%s", l >= WEFT_LOG_NONE && l <= WEFT_LOG_TRACE ? log_level_names[l] : "?");
+        return 0;
+    }
+    if (strcmp(name, "WEFT_IB_GDR") == 0) {
+        snprintf(buf, len, "%s", cfg->ib_gdr < 0 ? "auto" : cfg->ib_gdr ? "1" : "0");
+        return 0;
+    }
+    if (strcmp(name, "WEFT_TRANSPORTS") == 0) {
+        snprintf(buf, len, "%s", cfg->transports[0] ? cfg->transports : "");
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++)
+        if (strcmp(name, ints[i].name) == 0) {
+            snprintf(buf, len, "%d", *(const int *)(const void *)(base + ints[i].off));
+            return 0;
+        }
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+        if (strcmp(name, sizes[i].name) == 0) {
+            format_size(*(const size_t *)(const void *)(base + sizes[i].off), buf, len);
+            return 0;
+        }
+    for (size_t i = 0; i < sizeof(strs) / sizeof(strs[0]); i++)
+        if (strcmp(name, strs[i].name) == 0) {
+            snprintf(buf, len, "%s", base + strs[i].off);
+            return 0;
+        }
+    for (size_t i = 0; i < sizeof(algos) / sizeof(algos[0]); i++)
+        if (strcmp(name, algos[i].name) == 0) {
+            snprintf(buf, len, "%s", base + algos[i].off);
+            return 0;
+        }
+    if (len)
+        buf[0] = '\0';
+    return -1;
+}
+
+const char *weft_config_origin(const char *name, const struct weft_settings *settings)
+{
+    if (weft_settings_lookup_own(settings, name) != NULL)
+        return "comm setting";
+    return getenv(name) != NULL ? "environment" : "default";
+}
+
+int weft_config_agreed_index(const char *name)
+{
+    for (int i = 0; i < WEFT_CONFIG_AGREED_COUNT; i++)
+        if (strcmp(agreed[i].name, name) == 0)
+            return i;
+    return strcmp(name, "WEFT_TRANSPORTS") == 0 ? WEFT_CONFIG_AGREED_COUNT : -1;
 }

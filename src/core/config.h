@@ -150,4 +150,19 @@ const char *weft_config_agreed_name(int i);
 /* Value i as a user would write it ("4", "64k", "ring"). */
 void weft_config_agreed_format(int i, int64_t value, char *buf, size_t len);
 
+/* What weft_info shows of a configuration (tools/weft_info):
+ * every variable weft_config_load reads, in its order (up to max names
+ * written; returns how many there are); */
+int weft_config_names(const char **names, int max);
+/* name's value in cfg as a user would write it ("4", "64k", "auto"); -1
+ * (buf "") for a name the loader does not read; */
+int weft_config_format(const struct weft_config *cfg, const char *name, char *buf, size_t len);
+/* where the value comes from: "comm setting" (settings, weft_config_t),
+ * "environment", or "default"; */
+const char *weft_config_origin(const char *name, const struct weft_settings *settings);
+/* for the settings every rank must agree on, an index >= 0 (the
+ * WEFT_CONFIG_AGREED_COUNT values, then WEFT_TRANSPORTS, which the comm
+ * checks); -1 for the others. */
+int weft_config_agreed_index(const char *name);
+
 #endif

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -42,4 +43,22 @@ enum weft_netif_result weft_netif_resolve_ipv4(const char *want, struct in_addr 
         return WEFT_NETIF_NO_MATCH;
     out->s_addr = htonl(INADDR_LOOPBACK);
     return WEFT_NETIF_LOOPBACK;
+}
+
+int weft_netif_name_of(const struct in_addr *addr, char *name, size_t len)
+{
+    struct ifaddrs *ifs = NULL;
+    int found = -1;
+    if (getifaddrs(&ifs) != 0)
+        return -1;
+    for (struct ifaddrs *i = ifs; i != NULL && found != 0; i = i->ifa_next) {
+        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET)
+            continue;
+        if (((const struct sockaddr_in *)(const void *)i->ifa_addr)->sin_addr.s_addr != addr->s_addr)
+            continue;
+        snprintf(name, len, "%s", i->ifa_name);
+        found = 0;
+    }
+    freeifaddrs(ifs);
+    return found;
 }

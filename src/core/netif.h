@@ -6,6 +6,7 @@
 #ifndef WEFT_NETIF_H
 #define WEFT_NETIF_H
 
+#include <stddef.h>
 #include <netinet/in.h>
 
 enum weft_netif_result {
@@ -18,5 +19,9 @@ enum weft_netif_result {
 /* want: WEFT_TCP_IF's value (interface name or IPv4 literal; "" = choose).
  * *out is written for WEFT_NETIF_OK and WEFT_NETIF_LOOPBACK only. */
 enum weft_netif_result weft_netif_resolve_ipv4(const char *want, struct in_addr *out);
+
+/* The name of the interface that holds addr ("lo", "eth0"): 0, or -1 when
+ * none does or getifaddrs failed. */
+int weft_netif_name_of(const struct in_addr *addr, char *name, size_t len);
 
 #endif

@@ -402,14 +402,14 @@ int weft_topo_find_gpu(const struct weft_topo *t, const char *busid)
     return -1;
 }
 
-static const char *distance_name(int d)
+const char *weft_topo_distance_name(int d)
 {
     switch (d) {
     case WEFT_TOPO_SAME_SWITCH:     return "same PCIe switch";
     case WEFT_TOPO_SAME_HOSTBRIDGE: return "same host bridge";
     case WEFT_TOPO_SAME_NUMA:       return "same NUMA node";
     case WEFT_TOPO_SYSTEM:          return "across sockets";
-    default:                        return "?";
+    default:                        return "no path";
     }
 }
 
@@ -451,6 +451,6 @@ void weft_topo_describe(const struct weft_topo *t, char *buf, size_t len)
             continue;
         }
         const char *nname = t->nics[n].name[0] != '\0' ? t->nics[n].name : t->nics[n].busid;
-        append(buf, len, &pos, "%s -> %s (%s)\n", gname, nname, distance_name(t->gpu_nic_distance[g]));
+        append(buf, len, &pos, "%s -> %s (%s)\n", gname, nname, weft_topo_distance_name(t->gpu_nic_distance[g]));
     }
 }

@@ -65,6 +65,10 @@ int  weft_topo_load(const char *xml_path, struct weft_topo *out, char *why, size
  * none or malformed. */
 int  weft_topo_find_gpu(const struct weft_topo *t, const char *busid);
 
+/* "same PCIe switch", "same host bridge", "same NUMA node", "across
+ * sockets" for a WEFT_TOPO_* distance; "no path" otherwise. */
+const char *weft_topo_distance_name(int d);
+
 /* Human-readable lines, each ending in '\n', for WEFT_DEBUG=info:
  * "cuda0 -> mlx5_0 (same PCIe switch)" (host bridge / NUMA node / across
  * sockets); "cuda0 -> no RDMA NIC"; a GPU without OS device name is shown

@@ -972,6 +972,26 @@ static int ipc_reach(const struct weft_tp_cards *k, int me, int peer, char *why,
 #endif
 }
 
+/* transport.h, probe: what create puts in the card (the devices of a
+ * loaded runtime, as the comm loaded it into core->cuda). */
+static int ipc_probe(struct weft_core *core, char *what, size_t len)
+{
+#ifdef WEFT_HAVE_CUDA_HEADERS
+    const struct weft_cuda *cu = core->cuda ? weft_cuda_get() : NULL;
+    if (cu == NULL || cu->device_count <= 0) {
+        snprintf(what, len, "no CUDA device: %s", weft_cuda_why()[0] ? weft_cuda_why() : "CUDA not loaded");
+        return 0;
+    }
+    snprintf(what, len, "%d CUDA device(s) from %s; device data between ranks of one node", cu->device_count,
+             cu->path);
+    return 1;
+#else
+    (void)core;
+    snprintf(what, len, "weft was built without CUDA");
+    return 0;
+#endif
+}
+
 /* The signal-slot exchange. Collective: every rank takes part as soon as
  * any card shows a GPU (a rank without CUDA, or that does not offer
  * cuda_ipc, sends empty records), and none does in a job without GPUs; the
@@ -1046,6 +1066,7 @@ const struct weft_transport weft_transport_cuda_ipc = {
     .card_bytes  = CUDA_IPC_CARD_BYTES,
     .create      = ipc_create,
     .reach       = ipc_reach,
+    .probe       = ipc_probe,
     .connect     = ipc_connect,
     .destroy     = ipc_destroy,
     .eager_limit = NULL,

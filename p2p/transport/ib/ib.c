@@ -870,6 +870,7 @@ const struct weft_transport weft_transport_ib = {
     .card_bytes = IB_CARD_BYTES,
     .create = weft_ib_create,
     .reach = ib_reach,
+    .probe = weft_ib_probe,
     .connect = weft_ib_connect,
     .destroy = weft_ib_destroy,
     .eager_limit = ib_eager_limit,
@@ -922,6 +923,13 @@ static void ib_destroy_none(void *ctx)
     (void)ctx;
 }
 
+static int ib_probe_none(struct weft_core *core, char *what, size_t len)
+{
+    (void)core;
+    snprintf(what, len, "weft was built without the verbs headers");
+    return 0;
+}
+
 const struct weft_transport weft_transport_ib = {
     .name = "ib",
     .ctrl = 1,
@@ -930,6 +938,7 @@ const struct weft_transport weft_transport_ib = {
     .card_bytes = IB_CARD_BYTES,
     .create = ib_create_none,
     .reach = ib_reach_none,
+    .probe = ib_probe_none,
     .connect = ib_connect_none,
     .destroy = ib_destroy_none,
 };

@@ -264,6 +264,8 @@ static inline const struct ib_card *peer_card(const struct ib_peer *pe)
 /* ---- ib_conn.c ---- */
 
 int  weft_ib_create(const struct weft_tp_env *env, void *blob, void **ctx);
+/* transport.h, probe: create's own steps outside a comm, then released. */
+int  weft_ib_probe(struct weft_core *core, char *what, size_t len);
 int  weft_ib_connect(const struct weft_tp_env *env, void *ctx);
 void weft_ib_destroy(void *ctx);
 /* Posts one receive buffer (again). 0, or the errno of ibv_post_recv. */

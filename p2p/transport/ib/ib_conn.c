@@ -106,15 +106,17 @@ void weft_ib_destroy(void *ctx)
 /* --------------------------------------------------------------- card */
 
 /* Loads verbs, opens the port and writes it into the blob; a rank where ib
- * cannot work leaves the blob zeroed ("not offered") after one info line. */
-static int card_fill_port(struct ib_state *st, struct ib_card *mine)
+ * cannot work leaves the blob zeroed ("not offered") after one info line,
+ * whose reason also goes to no (weft_ib_probe). */
+static int card_fill_port(struct ib_state *st, struct ib_card *mine, char *no, size_t nolen)
 {
     struct weft_core *core = st->core;
     char why[256] = "";
     int rc;
 
     if (weft_ibv_load(core->cfg.ibverbs_lib, &st->ibv, why, sizeof(why)) != 0) {
-        WEFT_INFO(core->rank, "ib: not offered: cannot load the verbs library: %s", why);
+        snprintf(no, nolen, "cannot load the verbs library: %s", why);
+        WEFT_INFO(core->rank, "ib: not offered: %s", no);
         return WEFT_SUCCESS;
     }
     st->loaded = 1;
@@ -124,15 +126,16 @@ static int card_fill_port(struct ib_state *st, struct ib_card *mine)
         weft_ibv_unload(&st->ibv);
         st->loaded = 0;
         if (rc == WEFT_ERR_UNSUPPORTED) {
-            WEFT_INFO(core->rank, "ib: not offered: %s", why);
+            snprintf(no, nolen, "%s", why);
+            WEFT_INFO(core->rank, "ib: not offered: %s", no);
             return WEFT_SUCCESS;
         }
         return weft_set_error(core, rc, "ib: opening the RDMA device failed: %s", why);
     }
     st->pd = st->ibv.alloc_pd(st->ctx);
     if (st->pd == NULL) {
-        WEFT_INFO(core->rank, "ib: not offered: %s port %u: ibv_alloc_pd failed: %s", st->port.dev, st->port.port,
-                  strerror(errno));
+        snprintf(no, nolen, "%s port %u: ibv_alloc_pd failed: %s", st->port.dev, st->port.port, strerror(errno));
+        WEFT_INFO(core->rank, "ib: not offered: %s", no);
         st->ibv.close_device(st->ctx);
         st->ctx = NULL;
         weft_ibv_unload(&st->ibv);
@@ -175,7 +178,8 @@ int weft_ib_create(const struct weft_tp_env *env, void *blob, void **ctx)
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "ib: no memory for transport state");
     st->env = env;
     st->core = core;
-    rc = card_fill_port(st, mine);
+    char no[256];
+    rc = card_fill_port(st, mine, no, sizeof(no));
 
     /* WEFT_IB_GDR=1: GPUDirect is required wherever ib is offered. */
     if (rc == WEFT_SUCCESS && core->cfg.ib_gdr == 1 && !mine->ib_gdr)
@@ -188,6 +192,43 @@ int weft_ib_create(const struct weft_tp_env *env, void *blob, void **ctx)
     }
     *ctx = st;
     return WEFT_SUCCESS;
+}
+
+int weft_ib_probe(struct weft_core *core, char *what, size_t len)
+{
+    struct ib_state *st = calloc(1, sizeof(*st));
+    struct ib_card card;
+    char no[256] = "";
+    int usable;
+
+    if (st == NULL) {
+        snprintf(what, len, "no memory for transport state");
+        return 0;
+    }
+    memset(&card, 0, sizeof(card));
+    st->core = core;
+    /* create's own steps: the library, the port, the protection domain,
+     * the GPUDirect test; then everything is given back. */
+    if (card_fill_port(st, &card, no, sizeof(no)) != WEFT_SUCCESS) {
+        struct weft_error e;
+        weft_error_get(core, &e);
+        weft_error_reason(&e, what, len);
+        weft_ib_destroy(st);
+        return 0;
+    }
+    usable = card.ib_dev[0] != '\0';
+    if (!usable)
+        snprintf(what, len, "%s", no);
+    else if (st->port.link_layer == IBV_LINK_LAYER_ETHERNET)
+        snprintf(what, len, "%s port %u (RoCE, GID index %d, MTU %d) from %s; GPUDirect RDMA: %s%s%s", st->port.dev,
+                 st->port.port, st->port.gid_index, 128 << st->port.active_mtu, st->ibv.path,
+                 st->gdr ? "yes" : "no", st->gdr ? "" : ": ", st->gdr ? "" : st->gdr_why);
+    else
+        snprintf(what, len, "%s port %u (InfiniBand, LID %u, MTU %d) from %s; GPUDirect RDMA: %s%s%s", st->port.dev,
+                 st->port.port, st->port.lid, 128 << st->port.active_mtu, st->ibv.path,
+                 st->gdr ? "yes" : "no", st->gdr ? "" : ": ", st->gdr ? "" : st->gdr_why);
+    weft_ib_destroy(st);
+    return usable;
 }
 
 /* ------------------------------------------------------------ connect */

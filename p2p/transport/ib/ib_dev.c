@@ -18,17 +18,6 @@
 
 #define IB_DEV_MAX_CANDIDATES 64
 
-static const char *distance_words(int d)
-{
-    switch (d) {
-    case WEFT_TOPO_SAME_SWITCH:     return "same PCIe switch";
-    case WEFT_TOPO_SAME_HOSTBRIDGE: return "same host bridge";
-    case WEFT_TOPO_SAME_NUMA:       return "same NUMA node";
-    case WEFT_TOPO_SYSTEM:          return "across sockets";
-    default:                        return "no path";
-    }
-}
-
 /* The NIC the topology (WEFT_TOPO_XML, else this machine) matches to this
  * thread's current CUDA device. 0 with nic and desc ("cuda0 (0000:07:00.0)
  * -> mlx5_0: same PCIe switch") filled; -1 with desc saying why not. */
@@ -70,7 +59,7 @@ static int gpu_nic(const struct weft_config *cfg, char *nic, size_t niclen, char
     else {
         snprintf(nic, niclen, "%s", t->nics[n].name);
         snprintf(desc, desclen, "cuda%d (%s) -> %s: %s", dev, t->gpus[g].busid, t->nics[n].name,
-                 distance_words(t->gpu_nic_distance[g]));
+                 weft_topo_distance_name(t->gpu_nic_distance[g]));
     }
     free(t);
     return n >= 0 ? 0 : -1;

@@ -432,6 +432,34 @@ static void shm_destroy(void *ctx)
     free(st);
 }
 
+/* transport.h, probe: create's own steps (the home segment in /dev/shm),
+ * then the CMA probe a peer makes at first contact, from a child process
+ * (weft_shm_cma_check). */
+static int shm_probe(struct weft_core *core, char *what, size_t len)
+{
+    struct weft_tp_env env;
+    struct shm_card card;
+    void *ctx = NULL;
+    char cma[256];
+
+    memset(&env, 0, sizeof(env));
+    env.core = core;
+    memset(&card, 0, sizeof(card));
+    if (shm_create(&env, &card, &ctx) != WEFT_SUCCESS) {
+        struct weft_error e;
+        weft_error_get(core, &e);
+        weft_error_reason(&e, what, len);
+        return 0;
+    }
+    struct shm_state *st = ctx;
+    env.cards.base = (const unsigned char *)&card;
+    env.cards.stride = sizeof(card);
+    env.cards.blob_off = 0;
+    int ok = weft_shm_cma_check(st, cma, sizeof(cma));
+    snprintf(what, len, "segments in /dev/shm; single-copy CMA: %s%s%s", ok ? "yes" : "no", ok ? "" : ", ", cma);
+    shm_destroy(st);
+    return 1;
+}
 
 /* First contact with a peer, either way: maps its home segment (doorbell,
  * knock map, pid) and probes CMA. A home that is gone means the peer left
@@ -1251,6 +1279,7 @@ const struct weft_transport weft_transport_shm = {
     .card_bytes = SHM_CARD_BYTES,
     .create = shm_create,
     .reach = shm_reach,
+    .probe = shm_probe,
     .connect = shm_connect,
     .destroy = shm_destroy,
     .eager_limit = shm_eager_limit,

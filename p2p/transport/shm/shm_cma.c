@@ -18,7 +18,10 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <stdio.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "backoff.h"
 #include "weft.h"
@@ -65,6 +68,67 @@ int weft_shm_probe_cma(struct shm_state *st, struct shm_peer *peer)
         return 0;
     }
     return value == card.token;
+}
+
+/* The words for a CMA refusal: errno of process_vm_readv, with Yama's
+ * ptrace scope when it is the likely cause. */
+static void cma_refusal(int err, char *why, size_t whylen)
+{
+    int scope = -1;
+    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
+    if (f != NULL) {
+        if (fscanf(f, "%d", &scope) != 1)
+            scope = -1;
+        fclose(f);
+    }
+    if (err == EPERM && scope >= 2)
+        snprintf(why, whylen, "refused by ptrace scope (kernel.yama.ptrace_scope=%d: %s; weft falls back to the "
+                 "bounce buffers)", scope, scope == 2 ? "only processes with CAP_SYS_PTRACE may read another"
+                 : "no process may read another");
+    else if (err == EPERM && scope >= 0)
+        snprintf(why, whylen, "process_vm_readv refused (EPERM) although kernel.yama.ptrace_scope=%d and weft "
+                 "allows its peers (PR_SET_PTRACER): a security module or container policy (seccomp, "
+                 "AppArmor, different user)", scope);
+    else if (err == EPERM)
+        snprintf(why, whylen, "process_vm_readv refused (EPERM; no Yama here): a security module or container "
+                 "policy (seccomp, AppArmor, different user)");
+    else if (err == ENOSYS)
+        snprintf(why, whylen, "process_vm_readv is not available (ENOSYS: kernel without CMA, or a seccomp filter)");
+    else
+        snprintf(why, whylen, "process_vm_readv failed: %s", err ? strerror(err) : "wrong data read back");
+}
+
+int weft_shm_cma_check(struct shm_state *st, char *why, size_t whylen)
+{
+    struct weft_core *core = shm_core(st);
+    if (!core->cfg.shm_cma) {
+        snprintf(why, whylen, "off (WEFT_SHM_CMA=0)");
+        return 0;
+    }
+    pid_t child = fork();
+    if (child < 0) {
+        snprintf(why, whylen, "not tried: fork failed: %s", strerror(errno));
+        return 0;
+    }
+    if (child == 0) {
+        /* A process that is not this one's parent, as ranks are to each
+         * other: the parent allowed it as create allows peers. */
+        struct shm_peer peer;
+        memset(&peer, 0, sizeof(peer));
+        peer.rank = 0;
+        peer.pid = getppid();
+        errno = 0;
+        int ok = weft_shm_probe_cma(st, &peer);
+        int e = errno;
+        _exit(ok ? 0 : e > 0 && e < 255 ? e : 255);
+    }
+    int status = 0;
+    while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+        ;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return 1;
+    cma_refusal(WIFEXITED(status) && WEXITSTATUS(status) != 255 ? WEXITSTATUS(status) : 0, why, whylen);
+    return 0;
 }
 
 /* Copies len bytes between local memory and the peer's (write: local ->

@@ -177,6 +177,11 @@ void weft_shm_cma_allow_peers(const struct weft_core *core);
 
 /* Whether this rank may read peer's memory (peer->pid must be known). */
 int weft_shm_probe_cma(struct shm_state *st, struct shm_peer *peer);
+/* weft_info: whether a peer process could read this one by CMA, tried by
+ * weft_shm_probe_cma from a child against rank 0's card in st->env->cards
+ * (this process's own card); 0 with why ("refused by ptrace scope
+ * (kernel.yama.ptrace_scope=2: ...)", "WEFT_SHM_CMA=0"), 1 when it works. */
+int weft_shm_cma_check(struct shm_state *st, char *why, size_t whylen);
 
 /* Sender side, from progress: copies the pieces of a transfer the peer
  * opened in our lane's help slot. Returns the pieces copied. */

@@ -941,6 +941,7 @@ const struct weft_transport weft_transport_tcp = {
     .card_bytes = TCP_CARD_BYTES,
     .create = weft_tcp_create,
     .reach = weft_tcp_reach,
+    .probe = weft_tcp_probe,
     .connect = weft_tcp_connect,
     .destroy = weft_tcp_destroy,
     .eager_limit = tcp_eager_limit,

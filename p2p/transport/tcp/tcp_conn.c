@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <net/if.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdarg.h>
@@ -246,6 +247,34 @@ fail_socket:
 fail_state:
     free(st);
     return rc;
+}
+
+int weft_tcp_probe(struct weft_core *core, char *what, size_t len)
+{
+    struct weft_tp_env env;
+    struct tcp_card card;
+    void *ctx = NULL;
+
+    memset(&env, 0, sizeof(env));
+    env.core = core;
+    memset(&card, 0, sizeof(card));
+    /* create's own steps: WEFT_TCP_IF, the listener's socket, bind, listen. */
+    if (weft_tcp_create(&env, &card, &ctx) != WEFT_SUCCESS) {
+        struct weft_error e;
+        weft_error_get(core, &e);
+        weft_error_reason(&e, what, len);
+        return 0;
+    }
+    const struct tcp_state *st = ctx;
+    char a[64], ifname[IF_NAMESIZE + 1];
+    format_addr(&st->listen_addr, a, sizeof(a));
+    if (weft_netif_name_of(&st->listen_addr.sin_addr, ifname, sizeof(ifname)) != 0)
+        snprintf(ifname, sizeof(ifname), "?");
+    snprintf(what, len, "listening on %s (%s%s), %u data streams per peer", ifname, a,
+             core->cfg.tcp_if[0] ? ", WEFT_TCP_IF" : st->listen_addr.sin_addr.s_addr == htonl(INADDR_LOOPBACK)
+             ? ", no UP non-loopback IPv4 interface" : ", the first UP non-loopback IPv4 interface", st->streams);
+    weft_tcp_destroy(ctx);
+    return 1;
 }
 
 /* ----------------------------------------------------------------- reach -- */

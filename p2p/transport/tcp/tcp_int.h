@@ -169,6 +169,8 @@ int weft_tcp_create(const struct weft_tp_env *env, void *blob, void **ctx);
 int weft_tcp_reach(const struct weft_tp_cards *k, int me, int peer, char *why, size_t whylen);
 int weft_tcp_connect(const struct weft_tp_env *env, void *ctx);
 void weft_tcp_destroy(void *ctx);
+/* transport.h, probe: create's own steps outside a comm (the listener opened and closed). */
+int weft_tcp_probe(struct weft_core *core, char *what, size_t len);
 
 /* Whether pe can take work now (starts its connection if it was idle):
  * WEFT_SUCCESS when up, WEFT_EAGAIN while connecting, an error once failed. */
