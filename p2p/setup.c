@@ -193,7 +193,7 @@ static void choose_all(const unsigned char *cards, int me, int peer, int *carrie
         if ((t->ctrl ? *carrier : *mover) >= 0)
             continue;
         if (!allowed(cards, i, me, peer)) {
-            if (all && t->ctrl && why && whylen) {
+            if (all && t->ctrl && t->scope != WEFT_TP_SCOPE_SELF && why && whylen) {
                 size_t l = strlen(why);
                 snprintf(why + l, whylen - l, "; not %s: %s", t->name, not_allowed_why(cards, i, me, peer));
             }

@@ -440,7 +440,7 @@ static int shm_probe(struct weft_core *core, char *what, size_t len)
     struct weft_tp_env env;
     struct shm_card card;
     void *ctx = NULL;
-    char cma[256];
+    char cma[256] = "";
 
     memset(&env, 0, sizeof(env));
     env.core = core;
@@ -456,7 +456,8 @@ static int shm_probe(struct weft_core *core, char *what, size_t len)
     env.cards.stride = sizeof(card);
     env.cards.blob_off = 0;
     int ok = weft_shm_cma_check(st, cma, sizeof(cma));
-    snprintf(what, len, "segments in /dev/shm; single-copy CMA: %s%s%s", ok ? "yes" : "no", ok ? "" : ", ", cma);
+    snprintf(what, len, "segments in /dev/shm; single-copy CMA: %s%s%s", ok ? "yes" : "no", ok ? "" : ", ",
+             ok ? "" : cma);
     shm_destroy(st);
     return 1;
 }
