@@ -50,6 +50,15 @@ foreach(f include/weft.h ${LIBDIR}/libweft.a ${LIBDIR}/libweft.so ${LIBDIR}/libw
   endif()
 endforeach()
 
+# weft_info, installed with the library, runs from the prefix as it is
+# (libweft inside it; no LD_LIBRARY_PATH).
+execute_process(COMMAND ${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${prefix}/bin/weft_info --version
+  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "^weft [0-9]+\\.[0-9]+\\.[0-9]+")
+  message(FATAL_ERROR "the installed bin/weft_info did not run (${rc}):\n${out}\n${err}")
+endif()
+message(STATUS "installed weft_info runs: ${out}")
+
 set(extra_flags "")
 if(SANITIZE)
   # An ASan-instrumented libweft.so needs the ASan runtime loaded first.
