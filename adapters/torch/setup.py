@@ -95,6 +95,8 @@ def check_tools():
     debian = "Debian: apt-get install "
     cmake = shutil.which(os.environ.get("CMAKE", "cmake"))
     if not cmake:
+        if os.environ.get("CMAKE"):
+            fail("CMAKE=%s: that cmake was not found" % os.environ["CMAKE"])
         fail("cmake was not found on PATH (%scmake; 3.18 or newer)" % debian)
     out = subprocess.run([cmake, "--version"], stdout=subprocess.PIPE, universal_newlines=True).stdout
     m = re.search(r"version\s+([0-9]+)\.([0-9]+)", out)
@@ -144,7 +146,9 @@ class CMakeBuild(build_ext):
         prefix = os.environ.get("WEFT_PREFIX")
         version = self.distribution.get_version()
         bundled = root is not None and not prefix
-        cdir = os.path.join(build_dir(), "cmake")
+        # One CMake tree per way in (their sources differ; a kept build dir may
+        # have been used the other way before).
+        cdir = os.path.join(build_dir(), "cmake" if bundled else "cmake-installed-weft")
         args = [cmake, "-S", root if bundled else HERE, "-B", cdir,
                 "-DWEFT_WITH_TORCH=ON",
                 "-DWEFT_TORCH_PYTHON=" + sys.executable,
@@ -158,7 +162,8 @@ class CMakeBuild(build_ext):
             args += ["-DWEFT_BUILD_TESTS=OFF", "-DWEFT_TORCH_RPATH=$ORIGIN",
                      "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON", "-DCMAKE_INSTALL_RPATH_USE_LINK_PATH=ON"]
         else:
-            args += ["-DWEFT_TORCH_WEFT_VERSION=" + version]
+            # -U: search again, in case WEFT_PREFIX changed since the last build.
+            args += ["-DWEFT_TORCH_WEFT_VERSION=" + version, "-Uweft_DIR"]
             if prefix:
                 args.append("-DCMAKE_PREFIX_PATH=" + os.path.abspath(prefix))
         args += shlex.split(os.environ.get("WEFT_CMAKE_ARGS", ""))
@@ -166,9 +171,14 @@ class CMakeBuild(build_ext):
         how = ("libweft built from %s and bundled" % root) if bundled else \
               ("the installed weft%s" % (" under " + prefix if prefix else ""))
         print("weft_torch setup.py: weft %s, %s; CMake build in %s, %s jobs" % (version, how, cdir, jobs), flush=True)
-        self._run(args, "configuring",
-                  "weft also needs MPI (libopenmpi-dev) and hwloc (libhwloc-dev)" if bundled else
-                  "set WEFT_PREFIX to the prefix weft was installed to (cmake --install --prefix ...)")
+        if bundled:
+            hint = "weft also needs MPI (libopenmpi-dev) and hwloc (libhwloc-dev)"
+        elif prefix:
+            hint = ("WEFT_PREFIX=%s must be where weft %s was installed (cmake --install --prefix ...: "
+                    "<prefix>/lib*/cmake/weft/weftConfig.cmake)" % (prefix, version))
+        else:
+            hint = "set WEFT_PREFIX to the prefix weft was installed to (cmake --install --prefix ...)"
+        self._run(args, "configuring", hint)
         self._run([cmake, "--build", cdir, "--target", "weft_torch", "--parallel", jobs], "building", "")
 
         stage = os.path.join(cdir, "adapters", "torch", "weft_torch") if bundled else os.path.join(cdir, "weft_torch")
@@ -195,6 +205,16 @@ class CMakeBuild(build_ext):
         if rc != 0:
             fail("CMake failed %s (exit status %d; its messages are above)%s" % (what, rc, "; " + hint if hint else ""))
 
+
+# pip's metadata step (dist_info) and the wheel (bdist_wheel) need the wheel
+# package; without it setuptools only says "invalid command 'bdist_wheel'".
+if {"bdist_wheel", "dist_info"} & set(sys.argv):
+    try:
+        import wheel  # noqa: F401
+    except ImportError:
+        fail("the 'wheel' package is missing from this Python (%s): pip builds the wheel with it "
+             "(Debian: apt-get install python3-wheel; --no-build-isolation uses the environment's own)"
+             % sys.executable)
 
 _root = checkout_root()
 _bdir = build_dir()
