@@ -238,6 +238,20 @@ WMPI_EXPORT int MPI_Alltoall(const void *sendbuf, int sendcount, MPI_Datatype se
                     sendtype, recvbuf, recvcount, recvtype, comm);
 }
 
+/* MPI_MIN / MPI_MAX of floating-point values go to MPI at every size. With
+ * a NaN among the operands the answers differ: weft's MIN/MAX propagate
+ * the NaN (as IEEE 754-2019's minimum/maximum, numpy and PyTorch do); Open
+ * MPI's keep whichever operand its comparison picks, the non-NaN one in
+ * the order its algorithm happens to apply them. A program must get one
+ * answer whatever its vector's size -- the threshold must not change it --
+ * and without the drop-in it gets MPI's, so MPI serves them all. (Their
+ * users reduce a few norms or bounds, where MPI is as fast.) */
+static int mpi_decides_nan(weft_dtype_t dt, weft_op_t wop)
+{
+    return (wop == WEFT_MIN || wop == WEFT_MAX) &&
+           (dt == WEFT_FLOAT16 || dt == WEFT_BFLOAT16 || dt == WEFT_FLOAT32 || dt == WEFT_FLOAT64);
+}
+
 /* The reductions: predefined types and ops weft has, else PMPI (agreed:
  * every rank passes the same type and op). */
 static weft_comm_t *route_reduce(enum wmpi_coll coll, MPI_Comm comm, int count, MPI_Datatype type, MPI_Op op,
@@ -248,8 +262,8 @@ static weft_comm_t *route_reduce(enum wmpi_coll coll, MPI_Comm comm, int count, 
     if (off(coll))
         return NULL;
     if (comm == MPI_COMM_NULL || !wmpi_reduce_type(type, dt) || !wmpi_reduce_op(op, wop) ||
-        wmpi_type_bytes(type, count, &bytes) != 0)
-        bytes = 0;   /* MPI's: not a type/op weft reduces, or a bad argument */
+        mpi_decides_nan(*dt, *wop) || wmpi_type_bytes(type, count, &bytes) != 0)
+        bytes = 0;   /* MPI's: not a type/op weft reduces, a float MIN/MAX, or a bad argument */
     return route(coll, comm, bytes);
 }
 

@@ -8,6 +8,13 @@
 #                          sub-communicators, checked by the tester itself)
 #   weft_mpi_real_mpi4py   python3-mpi4py: real/mpi4py_colls.py, every
 #                          intercepted collective with numpy buffers
+#   weft_mpi_real_scalapack  scalapack-mpi-test: 12 of ScaLAPACK's own
+#                          testers (LU, Cholesky, QR, least squares,
+#                          inverse, Hessenberg, tridiagonal; four
+#                          precisions) at np 4, plain, with the default
+#                          thresholds and with WEFT_MPI_MIN_BYTES=0;
+#                          also labelled scalapack (CI's ASan pass leaves it
+#                          out: the BLACS tester drives the same paths there)
 # Each script runs its program as installed and then preloaded
 # (WEFT_MPI_MIN_BYTES=0, WEFT_MPI_STATS=1), at np 2 and 4 (NetPIPE: 2),
 # checks the program's verdict in both runs and that weft served the calls,
@@ -32,7 +39,7 @@ endif()
 # WEFT_TIMEOUT=30, so a hang fails with its own message first.
 set(_weft_real_timeout 240)
 
-foreach(_prog netpipe blacs mpi4py)
+foreach(_prog netpipe blacs mpi4py scalapack)
   add_test(NAME weft_mpi_real_${_prog}
     COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/real/run_${_prog}.sh ${WEFT_MPI_LIB_PATH} ${_weft_real_mpirun})
   set_tests_properties(weft_mpi_real_${_prog} PROPERTIES
@@ -43,5 +50,6 @@ foreach(_prog netpipe blacs mpi4py)
     PROCESSORS 4)
 endforeach()
 unset(_prog)
+set_tests_properties(weft_mpi_real_scalapack PROPERTIES LABELS "pmpi;pmpi_real;scalapack")
 unset(_weft_real_mpirun)
 unset(_weft_real_timeout)

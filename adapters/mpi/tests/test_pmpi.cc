@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -364,6 +365,14 @@ bool mpi_offset_quirk(const RType &t, MPI_Op op)
     return t.type == MPI_OFFSET && (op == MPI_MIN || op == MPI_MAX);
 }
 
+/* Whether the drop-in gives (t, op) to weft: the types weft reduces, but
+ * MIN and MAX of floating-point values stay with MPI at every size (its
+ * answer with a NaN differs from weft's; colls.c, mpi_decides_nan). */
+bool weft_reduces(const RType &t, MPI_Op op)
+{
+    return t.weft && !(t.kind == 2 && (op == MPI_MIN || op == MPI_MAX));
+}
+
 void check_allreduce(MPI_Comm comm, const RType &t, const ROp &op, int count, bool in_place)
 {
     const int n = comm_size(comm), r = comm_rank(comm);
@@ -372,7 +381,7 @@ void check_allreduce(MPI_Comm comm, const RType &t, const ROp &op, int count, bo
     fill_values(send, count, t, op.op, r);
     if (in_place)
         a = b = send;
-    const bool weft = served(comm) && t.weft && count > 0;
+    const bool weft = served(comm) && weft_reduces(t, op.op) && count > 0;
     Counts before = counts_now();
     EXPECT_EQ(MPI_Allreduce(in_place ? MPI_IN_PLACE : send.data(), a.data(), count, t.type, op.op, comm), MPI_SUCCESS);
     EXPECT_TRUE(CountsAre(before, {{W_ALLREDUCE, w(weft)}}));
@@ -396,7 +405,7 @@ void check_reduce(MPI_Comm comm, const RType &t, const ROp &op, int count, int r
         a = b = send;
     /* recvbuf is not significant off the root: NULL there, once in a while. */
     unsigned char *ra = r == root || !in_place ? a.data() : nullptr, *rb = r == root || !in_place ? b.data() : nullptr;
-    const bool weft = served(comm) && t.weft && count > 0;
+    const bool weft = served(comm) && weft_reduces(t, op.op) && count > 0;
     Counts before = counts_now();
     EXPECT_EQ(MPI_Reduce(root_in_place ? MPI_IN_PLACE : send.data(), ra, count, t.type, op.op, root, comm),
               MPI_SUCCESS);
@@ -423,7 +432,7 @@ void check_reduce_scatter_block(MPI_Comm comm, const RType &t, const ROp &op, in
     fill_values(send, (size_t)count * n, t, op.op, r);
     if (in_place)
         a = b = send;
-    const bool weft = served(comm) && t.weft && count > 0;
+    const bool weft = served(comm) && weft_reduces(t, op.op) && count > 0;
     Counts before = counts_now();
     EXPECT_EQ(MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : send.data(), a.data(), count, t.type, op.op, comm),
               MPI_SUCCESS);
@@ -495,11 +504,12 @@ void battery(MPI_Comm comm, long creates, uint64_t tag)
         EXPECT_EQ(a, b) << "MPI_Allreduce";
     }
     {
-        std::vector<double> send(7), a(7, -1), b(7, -1);
+        /* (MAX of an integer type: of floats it is MPI's, ReduceFloatMinMaxWithNaNIsMpis.) */
+        std::vector<long> send(7), a(7, -1), b(7, -1);
         for (int i = 0; i < 7; i++)
-            send[i] = (double)((r * 5 + i * 3) % 11);
-        EXPECT_EQ(MPI_Reduce(send.data(), a.data(), 7, MPI_DOUBLE, MPI_MAX, n / 2, comm), MPI_SUCCESS);
-        PMPI_Reduce(send.data(), b.data(), 7, MPI_DOUBLE, MPI_MAX, n / 2, comm);
+            send[i] = (r * 5 + i * 3) % 11;
+        EXPECT_EQ(MPI_Reduce(send.data(), a.data(), 7, MPI_LONG, MPI_MAX, n / 2, comm), MPI_SUCCESS);
+        PMPI_Reduce(send.data(), b.data(), 7, MPI_LONG, MPI_MAX, n / 2, comm);
         if (r == n / 2) {
             EXPECT_EQ(a, b) << "MPI_Reduce";
         }
@@ -796,6 +806,40 @@ TEST_F(PmpiAll, ReduceNotWeftsGoToMpi)
         EXPECT_EQ(ra, rb);
     }
     PMPI_Op_free(&mine);
+}
+
+/* MPI_MIN / MPI_MAX of floats with NaNs among the operands: MPI's answer
+ * at every size (weft's would propagate the NaN where Open MPI keeps a
+ * number), so the drop-in leaves them to MPI (+0) and the result is
+ * PMPI's byte for byte, whatever the threshold -- in this suite every size
+ * would otherwise be weft's. */
+TEST_F(PmpiAll, ReduceFloatMinMaxWithNaNIsMpis)
+{
+    warm(MPI_COMM_WORLD);
+    for (int count : {1, 5, 4099}) {
+        std::vector<float> fs(count), fa(count, -7.0f), fb(count, -7.0f);
+        std::vector<double> ds(count), da(count, -7.0), db(count, -7.0);
+        for (int i = 0; i < count; i++) {
+            /* Element i is a NaN on rank i % size, a number elsewhere. */
+            const bool nan_here = i % size == rank;
+            fs[i] = nan_here ? std::nanf("") : (float)((i * 7 + rank * 3) % 11);
+            ds[i] = nan_here ? std::nan("") : (double)((i * 5 + rank) % 13);
+        }
+        for (MPI_Op op : {MPI_MIN, MPI_MAX}) {
+            SCOPED_TRACE(std::string(op == MPI_MIN ? "MPI_MIN" : "MPI_MAX") + " x " + std::to_string(count));
+            Counts before = counts_now();
+            EXPECT_EQ(MPI_Allreduce(fs.data(), fa.data(), count, MPI_FLOAT, op, MPI_COMM_WORLD), MPI_SUCCESS);
+            EXPECT_EQ(MPI_Allreduce(ds.data(), da.data(), count, MPI_DOUBLE, op, MPI_COMM_WORLD), MPI_SUCCESS);
+            EXPECT_EQ(MPI_Reduce(ds.data(), da.data(), count, MPI_DOUBLE, op, 0, MPI_COMM_WORLD), MPI_SUCCESS);
+            EXPECT_TRUE(CountsAre(before, {}));
+            PMPI_Allreduce(fs.data(), fb.data(), count, MPI_FLOAT, op, MPI_COMM_WORLD);
+            PMPI_Allreduce(ds.data(), db.data(), count, MPI_DOUBLE, op, MPI_COMM_WORLD);
+            /* On the root da and db now hold the reduce's result; elsewhere the allreduce's. */
+            PMPI_Reduce(ds.data(), db.data(), count, MPI_DOUBLE, op, 0, MPI_COMM_WORLD);
+            EXPECT_TRUE(SameBytes(fa.data(), fb.data(), fa.size() * sizeof(float))) << "MPI_FLOAT against PMPI";
+            EXPECT_TRUE(SameBytes(da.data(), db.data(), da.size() * sizeof(double))) << "MPI_DOUBLE against PMPI";
+        }
+    }
 }
 
 /* ---- communicators ---- */

@@ -81,16 +81,29 @@ real_fail() {
 # rank's half-written stdout line and break both). MODE plain: as installed; MODE weft: with
 # libweft_mpi.so preloaded, every call of size > 0 served by weft
 # (WEFT_MPI_MIN_BYTES=0; the default thresholds would leave the programs'
-# small calls to MPI) and the per-rank counts printed at MPI_Finalize.
+# small calls to MPI) and the per-rank counts printed at MPI_Finalize;
+# MODE weftdef: preloaded with the default thresholds (the drop-in as a
+# user runs it), counts printed too.
+# REAL_PROGRAM_PRELOAD, when set, is preloaded in every mode (after a
+# sanitizer's runtime, before libweft_mpi.so): a fix of the program's own.
 # Returns mpirun's status (124: it ran past REAL_MPIRUN_TIMEOUT seconds).
 run_mpi() {
     local log=$1 np=$2 mode=$3 rc=0 t0 t1
     shift 3
     local args=(-np "$np" --oversubscribe --bind-to none)
-    if [ "$mode" = weft ]; then
+    local program_preload=${REAL_PROGRAM_PRELOAD:-}
+    if [ "$mode" = plain ] && [ -n "$program_preload" ]; then
+        args+=(-x "LD_PRELOAD=$program_preload")
+    fi
+    if [ "$mode" = weft ] || [ "$mode" = weftdef ]; then
+        local preload=$REAL_PRELOAD
+        if [ -n "$program_preload" ]; then
+            preload=${REAL_SANITIZER:+$REAL_SANITIZER:}$program_preload:$WEFT_MPI_LIB
+        fi
         # WEFT_TIMEOUT: a weft wait that cannot finish fails in 30 s with
         # weft's reason instead of hanging until the timeout below.
-        args+=(-x "LD_PRELOAD=$REAL_PRELOAD" -x WEFT_MPI_MIN_BYTES=0 -x WEFT_MPI_STATS=1 -x WEFT_TIMEOUT=30)
+        args+=(-x "LD_PRELOAD=$preload" -x WEFT_MPI_STATS=1 -x WEFT_TIMEOUT=30)
+        [ "$mode" = weft ] && args+=(-x WEFT_MPI_MIN_BYTES=0)
         if [ -n "$REAL_SANITIZER" ]; then
             # The programs are not ours: their own and Python's/Open MPI's
             # leaks are not the drop-in's. Memory errors still abort.
@@ -101,7 +114,7 @@ run_mpi() {
     timeout -k 5 "${REAL_MPIRUN_TIMEOUT:-90}" "$MPIRUN" "${args[@]}" "$@" >"$log" 2>"$log.err" || rc=$?
     t1=$(date +%s%N)
     REAL_MS=$(((t1 - t0) / 1000000))
-    printf '%s: np %d %-5s exit %d, %d.%d s: %s %s\n' "$REAL_NAME" "$np" "$mode" "$rc" \
+    printf '%s: np %d %-7s exit %d, %d.%d s: %s %s\n' "$REAL_NAME" "$np" "$mode" "$rc" \
         $((REAL_MS / 1000)) $((REAL_MS % 1000 / 100)) "$MPIRUN ${args[*]}" "$*"
     return $rc
 }
