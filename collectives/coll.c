@@ -113,6 +113,7 @@ int weft_coll_init(struct weft_coll *cc, struct weft_p2p *p2p, struct weft_core 
     memset(cc, 0, sizeof *cc);
     cc->p2p = p2p;
     cc->core = core;
+    weft_p2p_set_check_describe(p2p, weft_sched_describe_check);
     pthread_mutex_init(&cc->shapes_lock, NULL);
     pthread_mutex_init(&cc->stage_lock, NULL);
     pthread_mutex_init(&cc->nb_lock, NULL);

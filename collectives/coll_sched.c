@@ -149,6 +149,14 @@ static void check_sig(const struct weft_p2p_check *c, struct weft_coll_sig *sig,
     sig->param = c->w[2];
 }
 
+void weft_sched_describe_check(const struct weft_p2p_check *c, char *out, size_t n)
+{
+    struct weft_coll_sig sig;
+    uint32_t seq;
+    check_sig(c, &sig, &seq);
+    sig_describe(&sig, out, n);
+}
+
 static int sig_equal(const struct weft_coll_sig *a, const struct weft_coll_sig *b)
 {
     return a->kind == b->kind && a->root == b->root && a->param == b->param && a->dtype == b->dtype &&

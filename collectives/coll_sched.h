@@ -189,6 +189,10 @@ int  weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct
 /* The op's steps issued so far that are in flight: the oldest (for a
  * per-request clock), or NULL. */
 struct weft_request *weft_sched_oldest(const struct weft_coll_op *op);
+/* A fingerprint in words ("reduce(4 x int32, sum, root 1)"): what p2p
+ * says of a peer's call when it asked about a stalled receive
+ * (weft_p2p_set_check_describe). */
+void weft_sched_describe_check(const struct weft_p2p_check *c, char *out, size_t n);
 
 /* weft_coll_op_test / weft_coll_op_wait / weft_coll_op_abandon (coll.h)
  * are the engine's other entry points. */

@@ -345,6 +345,14 @@ TEST_F(Requests, SameHandleTwiceInWaitallIsInvalid)
 
 class Mismatch : public WeftMpiTest {
 protected:
+    std::vector<int> everyone() const
+    {
+        std::vector<int> all(size);
+        for (int p = 0; p < size; p++)
+            all[p] = p;
+        return all;
+    }
+
     void SetUp() override
     {
         WeftMpiTest::SetUp();
@@ -549,6 +557,45 @@ TEST_F(Mismatch, BcastRootsThatNeverMeet)
         fill_pattern(want.data(), 64, pattern_seed(root, 4, 1));
         EXPECT_EQ(memcmp(bc.data(), want.data(), 64), 0) << "rank " << rank << " holds bytes of no root";
     }
+}
+
+/* The first half of the ranks reduce to root 0, the others to the last
+ * rank (same count, type and op). Each root waits for its children's
+ * parts and the children of one belief are not those of the other: ranks
+ * wait on receives no message of the other belief meets, where they used
+ * to time out (WEFT_TIMEOUT, then at np 4 the next collective failed on
+ * every rank: issue 28, item 4). A collective receive idle for a second
+ * asks its peer which call it is in; the same call with another root is a
+ * mismatch, said at once naming both calls, and every rank returns within
+ * seconds; the comm goes on (expect_mismatch's p2p and allgathers). */
+TEST_F(Mismatch, ReduceDifferentRoots)
+{
+    const size_t count = 256;
+    const int root = rank < (size + 1) / 2 ? 0 : size - 1;
+    std::vector<int32_t> out(count, rank + 1);
+    GuardedBuffer in(count * sizeof(int32_t));
+    ASSERT_TRUE(in.ok());
+    int rc = WEFT_SUCCESS;
+    double took = 0;
+    expect_mismatch(
+        "reduce with different roots",
+        [&] {
+            const double t0 = now_s();
+            rc = weft_reduce(comm, out.data(), in.data(), count, WEFT_INT32, WEFT_SUM, root);
+            took = now_s() - t0;
+            return rc;
+        },
+        {"reduce(256 x int32, sum, root 0)", std::string("reduce(256 x int32, sum, root ") + std::to_string(size - 1)},
+        {&in}, everyone());
+    /* A rank whose part is only to send (a leaf of its belief's tree) may
+     * be done before anything of the other belief reaches it; a root never:
+     * it would hold a result summed from the wrong ranks. */
+    if (rank == root || size == 2) {
+        EXPECT_EQ(rc, WEFT_ERR_MISMATCH) << "rank " << rank << ": " << weft_strerror(rc) << ": " << last_error();
+    }
+    /* A second of idleness, an answer, the notice to the others: well
+     * under WEFT_TIMEOUT on a loaded machine too. */
+    EXPECT_LT(took, 6.0) << "rank " << rank << " took " << took << " s to report the mismatch";
 }
 
 /* Rank 1 passes arguments its own check refuses (sendbuf overlapping

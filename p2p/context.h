@@ -63,6 +63,12 @@ struct weft_p2p {
     struct weft_coll_note { uint32_t seq; int code; int from; char text[WEFT_WIRE_NOTICE_TEXT_MAX]; }
                              cnotes[WEFT_TAG_COLL_SLOTS];
     size_t                   user_reqs;         /* requests handed out as handles, not yet freed */
+    /* The newest collective this rank started: the fingerprint of its
+     * newest checked send or receive (p2p.c), what a peer asking about a
+     * stalled collective receive is told (NOTICE COLL_ASK/HEAD). */
+    struct weft_p2p_check    coll_head;
+    int                      coll_head_set;
+    weft_p2p_check_describe_fn describe_check;
 
     struct weft_engine      *engine;     /* who drives progress (p2p/engine.c) */
     /* The application's wait hook (weft_comm_set_wait_hook), a client of

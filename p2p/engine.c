@@ -277,17 +277,21 @@ void weft_engine_idle_step(struct weft_p2p *p, struct weft_backoff *b, int max_m
 
 /* ---- the application's waits ---- */
 
+#define COLL_SUSPECT_S 1.0
+
 /* The per-request clocks (and the peers' health) of reqs[first..n): 0, or
  * the code of a request that just failed for making no progress. */
 static int watch(struct weft_p2p *p, struct weft_request **reqs, size_t first, size_t n, double now,
                  const char *what)
 {
     double timeout = weft_wait_bound(&p->core->cfg, WEFT_WAIT_REQUEST);
+    /* A collective receive idle this long asks its peer what it is doing
+     * (health.c, weft_health_coll_suspect): long enough that ranks merely
+     * arriving at different times rarely ask, short against WEFT_TIMEOUT. */
+    double suspect = timeout <= 0 || timeout >= 2 * COLL_SUSPECT_S ? COLL_SUSPECT_S : timeout / 2;
     int rc = WEFT_SUCCESS;
 
     weft_health_tick(p, now);
-    if (timeout <= 0)
-        return rc;   /* WEFT_TIMEOUT=0: never */
     for (size_t i = first; i < n; i++) {
         struct weft_request *r = reqs[i];
         if (r == NULL || r->state == WEFT_REQ_DONE || r->type == WEFT_REQ_UPPER)
@@ -297,6 +301,13 @@ static int watch(struct weft_p2p *p, struct weft_request **reqs, size_t first, s
             r->idle_since = now;
             continue;
         }
+        if (r->checked && now - r->idle_since >= suspect && weft_health_coll_suspect(p, r, now)) {
+            if (rc == WEFT_SUCCESS)
+                rc = WEFT_ERR_MISMATCH;
+            continue;
+        }
+        if (timeout <= 0)
+            continue;   /* WEFT_TIMEOUT=0: never */
         if (now - r->idle_since >= timeout && weft_health_stuck(p, r, now, now - r->idle_since, what)) {
             if (r->state != WEFT_REQ_DONE)
                 r->idle_since = now;   /* held by a path that lets go later: look again after a timeout */

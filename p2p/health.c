@@ -287,6 +287,77 @@ void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char 
     weft_health_declare(p, rank, code, why, 0);
 }
 
+/* How often a stalled collective receive asks its peer again. */
+#define ASK_PERIOD_S 1.0
+
+/* "call 7 (reduce(4 x int32, sum, root 1))" */
+static void describe_head(const struct weft_p2p *p, const struct weft_p2p_check *c, char *out, size_t n)
+{
+    char what[160] = "";
+    if (p->describe_check)
+        p->describe_check(c, what, sizeof what);
+    snprintf(out, n, what[0] ? "call %u (%s)" : "call %u", weft_p2p_check_call(c), what);
+}
+
+/* What the peer of r answered about its newest collective, in words for a
+ * timeout's message ("" when it has not answered since r asked). */
+static void head_words(const struct weft_p2p *p, const struct weft_request *r, char *out, size_t n)
+{
+    const struct weft_peer_pipe *pp = r->pipe;
+    char theirs[200];
+
+    out[0] = '\0';
+    if (!r->checked || r->asked_at == 0 || pp->head_at < r->asked_at || pp->head_state == 0)
+        return;
+    if (pp->head_state == 2) {
+        snprintf(out, n, "; asked, peer %d says it has started no collective on this comm", pp->peer);
+        return;
+    }
+    uint32_t mine = weft_p2p_check_call(&r->check), at = weft_p2p_check_call(&pp->head);
+    describe_head(p, &pp->head, theirs, sizeof theirs);
+    if ((int32_t)(at - mine) < 0)
+        snprintf(out, n, "; asked, peer %d says its newest collective is %s: it has not called call %u yet",
+                 pp->peer, theirs, mine);
+    else if (at == mine)
+        snprintf(out, n, "; asked, peer %d says it is in this call too, %s", pp->peer, theirs);
+    else
+        snprintf(out, n, "; asked, peer %d says it is past this call, at %s", pp->peer, theirs);
+}
+
+int weft_health_coll_suspect(struct weft_p2p *p, struct weft_request *r, double now)
+{
+    struct weft_peer_pipe *pp = r->pipe;
+    int peer = pp->peer;
+
+    if (!r->checked || r->type != WEFT_REQ_RECV || r->state == WEFT_REQ_DONE || peer == p->rank || pp->broken ||
+        pp->failed)
+        return 0;
+    if (r->asked_at != 0 && pp->head_at >= r->asked_at && pp->head_state == 1 &&
+        weft_p2p_check_call(&pp->head) == weft_p2p_check_call(&r->check) &&
+        memcmp(&pp->head, &r->check, sizeof(pp->head)) != 0) {
+        char mine[200], theirs[200];
+        describe_head(p, &r->check, mine, sizeof mine);
+        describe_head(p, &pp->head, theirs, sizeof theirs);
+        const struct weft_p2p_check expected = r->check;
+        r->check = pp->head;   /* what the collective reads back: the peer's call */
+        if (weft_pipe_cancel(r, WEFT_ERR_MISMATCH)) {
+            weft_set_error(p->core, WEFT_ERR_MISMATCH,
+                           "recv from peer %d tag %d: no message for %.1f s, and peer %d, asked, is in the same "
+                           "collective call with another operation: this rank %s, peer %d %s", peer, r->tag,
+                           now - r->idle_since, peer, mine, peer, theirs);
+            return 1;
+        }
+        r->check = expected;   /* bound to a message of the peer's after all: its own check decides */
+        return 0;
+    }
+    if (r->asked_at != 0 && now - r->asked_at < ASK_PERIOD_S)
+        return 0;
+    r->asked_at = now;
+    pp->asked_at = now;
+    notice_send(p, peer, WEFT_NOTICE_COLL_ASK, p->rank, WEFT_SUCCESS, weft_p2p_check_call(&r->check), "");
+    return 0;
+}
+
 static const char *req_verb(const struct weft_request *r)
 {
     switch (r->state) {
@@ -324,10 +395,12 @@ int weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, do
         weft_set_error(p->core, code, "%s: %s peer %d tag %d (%zu B over %s) made no progress for %.1f s (peer "
                        "%d is alive: %s); %s", what, req_verb(r), peer, r->tag, r->bytes, weft_pipe_tp_name(pp), idle, peer, why, p->fault_why);
     } else {
+        char head[300];
+        head_words(p, r, head, sizeof head);
         code = WEFT_ERR_TIMEOUT;
         weft_set_error(p->core, code, "%s: %s peer %d tag %d (%zu B over %s) made no progress for %.1f s; peer "
-                       "%d is alive (%s) but did not serve it (WEFT_TIMEOUT=%g)", what, req_verb(r), peer, r->tag,
-                       r->bytes, weft_pipe_tp_name(pp), idle, peer, why, weft_timeout_setting(&p->core->cfg));
+                       "%d is alive (%s) but did not serve it (WEFT_TIMEOUT=%g)%s", what, req_verb(r), peer, r->tag,
+                       r->bytes, weft_pipe_tp_name(pp), idle, peer, why, weft_timeout_setting(&p->core->cfg), head);
     }
     /* Withdraw the request alone; one that was moving data and stalled
      * leaves its pipe in an unknown state, which then breaks. */
@@ -365,6 +438,40 @@ void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr
     case WEFT_NOTICE_ABORTED:
         weft_health_declare(p, pp->peer, WEFT_ERR_ABORTED, "it called weft_comm_abort", 1);
         break;
+    case WEFT_NOTICE_COLL_ASK: {
+        /* The peer's collective receive from us stalls: our newest call. */
+        char words[64] = "none";
+        if (p->coll_head_set)
+            snprintf(words, sizeof words, "%llx %llx %llx", (unsigned long long)p->coll_head.w[0],
+                     (unsigned long long)p->coll_head.w[1], (unsigned long long)p->coll_head.w[2]);
+        notice_send(p, pp->peer, WEFT_NOTICE_COLL_HEAD, p->rank, WEFT_SUCCESS, h->seq, words);
+        break;
+    }
+    case WEFT_NOTICE_COLL_HEAD: {
+        /* A peer's text: exactly "none" or three hexadecimal words, else
+         * ignored (no verdict is built on what cannot be read). */
+        struct weft_p2p_check c;
+        char *end = t;
+        int ok = 1;
+        if (strcmp(t, "none") == 0) {
+            pp->head_state = 2;
+            pp->head_at = weft_now();
+            break;
+        }
+        for (int i = 0; i < 3 && ok; i++) {
+            const char *start = end;
+            errno = 0;
+            unsigned long long v = strtoull(start, &end, 16);
+            ok = end != start && errno == 0;
+            c.w[i] = v;
+        }
+        if (!ok || *end != '\0')
+            break;
+        pp->head = c;
+        pp->head_state = 1;
+        pp->head_at = weft_now();
+        break;
+    }
     case WEFT_NOTICE_COLL_FAILED: {
         struct weft_coll_note *c = &p->cnotes[(uint32_t)h->seq % WEFT_TAG_COLL_SLOTS];
         if (c->from >= 0 && c->seq == (uint32_t)h->seq)

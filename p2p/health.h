@@ -53,6 +53,17 @@ void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why
 /* r made no progress for idle seconds (>= WEFT_TIMEOUT). 1: r completed
  * (failed) now; 0: its live peer gets a grace period first. */
 int  weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, double idle, const char *what);
+/* A collective receive r (a checked one) whose pipe moved nothing for a
+ * while, its peer alive: ask the peer which collective it is in (NOTICE
+ * COLL_ASK, at most once a second per request), and judge its answer once
+ * it came. The same call number with another fingerprint is a mismatch
+ * the ranks would otherwise only time out on (different roots of a
+ * reduce: each waits for a message the other never sends): r completes
+ * with WEFT_ERR_MISMATCH carrying the peer's fingerprint, as if a message
+ * of the peer's had met it, and the collective names both calls. 1: r
+ * completed now. Anything else (the peer behind, or in the same call)
+ * only words the timeout's message later (weft_health_stuck). */
+int  weft_health_coll_suspect(struct weft_p2p *p, struct weft_request *r, double now);
 /* A NOTICE frame from the pipe's peer. */
 void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr *h, const char *text, size_t len);
 /* weft_comm_abort: tell every peer, break every pipe with WEFT_ERR_ABORTED. */

@@ -71,10 +71,25 @@ start_locked(struct weft_p2p *p, int send, void *buf, size_t bytes, int peer, in
                   : weft_pipe_irecv(&p->pipes[peer], buf, bytes, tag, kind, dev, check, &r);
     if (rc == WEFT_SUCCESS && user)
         r->user = 1;
+    /* The newest collective call this rank is in (what COLL_ASK answers):
+     * call numbers only grow, modulo 2^32. */
+    if (rc == WEFT_SUCCESS && check != NULL &&
+        (!p->coll_head_set ||
+         (int32_t)(weft_p2p_check_call(check) - weft_p2p_check_call(&p->coll_head)) >= 0)) {
+        p->coll_head = *check;
+        p->coll_head_set = 1;
+    }
     pthread_mutex_unlock(&p->lock);
     if (rc == WEFT_SUCCESS)
         *req = r;
     return rc;
+}
+
+void weft_p2p_set_check_describe(struct weft_p2p *p, weft_p2p_check_describe_fn fn)
+{
+    pthread_mutex_lock(&p->lock);
+    p->describe_check = fn;
+    pthread_mutex_unlock(&p->lock);
 }
 
 int weft_p2p_isend(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag,

@@ -24,6 +24,13 @@ struct weft_request;
  * fingerprint differs completes with WEFT_ERR_MISMATCH (the message is
  * consumed) and weft_p2p_peer_check gives the sender's. */
 struct weft_p2p_check { uint64_t w[3]; };
+/* The call number a fingerprint belongs to: the upper 32 bits of w[0] (the
+ * collectives number their calls alike on every rank; p2p compares these
+ * to tell "the same call, another operation" from "another call"). */
+static inline uint32_t weft_p2p_check_call(const struct weft_p2p_check *c)
+{
+    return (uint32_t)(c->w[0] >> 32);
+}
 
 /* Starts a send/receive on the pipe to peer. The buffer's memory kind (host
  * or CUDA device) is looked up here; device memory on a comm without CUDA
@@ -111,6 +118,11 @@ int  weft_p2p_isend_checked(struct weft_p2p *p, const void *buf, size_t bytes, i
                             const struct weft_p2p_check *check, struct weft_request **req, const char *fn);
 int  weft_p2p_irecv_checked(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag,
                             const struct weft_p2p_check *check, struct weft_request **req, const char *fn);
+/* How the collectives put a fingerprint in words ("reduce(4 x int32, sum,
+ * root 1)"), for the verdicts p2p writes about a stalled collective
+ * receive (p2p/health.c). NULL: p2p writes the call number only. */
+typedef void (*weft_p2p_check_describe_fn)(const struct weft_p2p_check *c, char *out, size_t n);
+void weft_p2p_set_check_describe(struct weft_p2p *p, weft_p2p_check_describe_fn fn);
 /* A receive that completed with WEFT_ERR_MISMATCH: the sender's fingerprint
  * (all zero: an unchecked message). */
 void weft_p2p_peer_check(const struct weft_request *r, struct weft_p2p_check *out);

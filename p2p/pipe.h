@@ -85,6 +85,13 @@ struct weft_peer_pipe {
     int                      failed;       /* the peer is known failed (died, stopped, silent, aborted) */
     char                     fail_why[WEFT_WIRE_NOTICE_TEXT_MAX + 32]; /* "rank N failed: why" once failed */
     uint32_t                 stage_lane_next; /* next staged-transfer lane index (receiver side) */
+    /* The peer's newest collective, as it answered our last COLL_ASK
+     * (p2p/health.c): head_state 0 no answer yet, 1 head holds it, 2 it
+     * had started none; head_at when the answer came, asked_at when we
+     * last asked. */
+    struct weft_p2p_check    head;
+    int                      head_state;
+    double                   head_at, asked_at;
 };
 
 int  weft_pipe_init(struct weft_p2p *p2p, struct weft_peer_pipe *p, int peer);

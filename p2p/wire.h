@@ -52,7 +52,13 @@ enum weft_wire_type {
 enum weft_wire_notice {
     WEFT_NOTICE_RANK_FAILED = 1,   /* a rank died, stopped or went silent */
     WEFT_NOTICE_ABORTED     = 2,   /* the sender called weft_comm_abort */
-    WEFT_NOTICE_COLL_FAILED = 3    /* a collective failed on the sender (mismatch) */
+    WEFT_NOTICE_COLL_FAILED = 3,   /* a collective failed on the sender (mismatch) */
+    /* A receive of a collective made no progress for a while: what is the
+     * peer's newest collective? (seq = the asker's call number) */
+    WEFT_NOTICE_COLL_ASK    = 4,
+    /* The answer: text = the fingerprint of the newest collective the
+     * sender has started, as three hexadecimal words, or "none". */
+    WEFT_NOTICE_COLL_HEAD   = 5
 };
 #define WEFT_WIRE_NOTICE_TEXT_MAX 240
 
