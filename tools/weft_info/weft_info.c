@@ -305,6 +305,26 @@ static void print_machine_text(FILE *f, const struct machine *m)
     fprintf(f, "topology: %s\n", m->topo_what);
 }
 
+/* The next WEFT_* variable of the environment that libweft does not read,
+ * from *pos on (a typo, or another program's): its "NAME=value" entry,
+ * with NAME in name; NULL after the last. */
+static const char *next_unread_variable(char ***pos, char *name, size_t n)
+{
+    for (; **pos != NULL; (*pos)++) {
+        const char *e = **pos;
+        size_t l = strcspn(e, "=");
+        if (strncmp(e, "WEFT_", 5) != 0 || l >= n || e[l] != '=')
+            continue;
+        memcpy(name, e, l);
+        name[l] = '\0';
+        if (weft_config_reads(name))
+            continue;
+        (*pos)++;
+        return e;
+    }
+    return NULL;
+}
+
 static void print_settings_text(FILE *f, const struct setting *s, int n)
 {
     fprintf(f, "\nsettings (value, origin; * = must be equal on every rank):\n");
@@ -312,18 +332,12 @@ static void print_settings_text(FILE *f, const struct setting *s, int n)
         fprintf(f, "  %-26s %-20s %s%s\n", s[i].name, s[i].value[0] ? s[i].value : "\"\"", s[i].origin,
                 s[i].agreed ? " *" : "");
     int header = 0;
-    for (char **e = environ; *e; e++) {
-        char name[128];
-        size_t l = strcspn(*e, "=");
-        if (strncmp(*e, "WEFT_", 5) != 0 || l >= sizeof(name))
-            continue;
-        memcpy(name, *e, l);
-        name[l] = '\0';
-        if (weft_config_reads(name))
-            continue;
+    char **pos = environ, name[128];
+    const char *e;
+    while ((e = next_unread_variable(&pos, name, sizeof name)) != NULL) {
         if (!header++)
             fprintf(f, "other WEFT_* variables in the environment:\n");
-        fprintf(f, "  %s: %s\n", *e, other_reader(name));
+        fprintf(f, "  %s: %s\n", e, other_reader(name));
     }
 }
 
@@ -381,19 +395,13 @@ static void json_settings(FILE *f, const struct setting *s, int n)
     }
     fprintf(f, "],\n  \"other_environment\": [");
     int k = 0;
-    for (char **e = environ; *e; e++) {
-        char name[128];
-        size_t l = strcspn(*e, "=");
-        if (strncmp(*e, "WEFT_", 5) != 0 || l >= sizeof(name))
-            continue;
-        memcpy(name, *e, l);
-        name[l] = '\0';
-        if (weft_config_reads(name))
-            continue;
+    char **pos = environ, name[128];
+    const char *e;
+    while ((e = next_unread_variable(&pos, name, sizeof name)) != NULL) {
         fprintf(f, "%s{\"name\": ", k++ ? ", " : "");
         json_str(f, name);
         fprintf(f, ", \"value\": ");
-        json_str(f, *e + l + 1);
+        json_str(f, e + strlen(name) + 1);
         fprintf(f, ", \"note\": ");
         json_str(f, other_reader(name));
         fputc('}', f);

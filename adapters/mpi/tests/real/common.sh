@@ -69,6 +69,19 @@ need_package() {
     echo "$REAL_NAME: $1 $(dpkg-query -W -f='${Version}' "$1")"
 }
 
+# package_file PKG PATTERN: the installed file of Debian package PKG whose
+# path ends as PATTERN (an extended regex, e.g. '/openmpi-tests/xslu'), an
+# executable; skip (77) when PKG has none.
+package_file() {
+    local f
+    f=$(dpkg -L "$1" 2>/dev/null | grep -m1 -E "$2\$" || true)
+    if [ -z "$f" ] || [ ! -x "$f" ]; then
+        echo "SKIP: $REAL_NAME: $1 is installed but has no file matching $2" >&2
+        exit $SKIP
+    fi
+    echo "$f"
+}
+
 # real_fail TEXT: records a failure (the script goes on, to report them all).
 real_fail() {
     echo "FAIL: $REAL_NAME: $*" >&2

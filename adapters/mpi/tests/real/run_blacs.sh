@@ -31,11 +31,7 @@ set -uo pipefail
 . "$(dirname "$0")/common.sh"
 real_init blacs "$@"
 need_package scalapack-mpi-test
-BT=$(dpkg -L scalapack-mpi-test | grep -m1 '/openmpi-tests/xCbtest$')
-if [ -z "$BT" ] || [ ! -x "$BT" ]; then
-    echo "SKIP: blacs: scalapack-mpi-test is installed but has no Open MPI xCbtest"
-    exit $SKIP
-fi
+BT=$(package_file scalapack-mpi-test '/openmpi-tests/xCbtest') || exit $?
 PKG_DAT=$(dirname "$BT")/BLACS
 
 # summary LOG: the tester's per-type lines, e.g.

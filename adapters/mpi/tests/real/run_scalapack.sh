@@ -38,11 +38,7 @@ set -uo pipefail
 . "$(dirname "$0")/common.sh"
 real_init scalapack "$@"
 need_package scalapack-mpi-test
-XSLU=$(dpkg -L scalapack-mpi-test | grep -m1 '/openmpi-tests/xslu$')
-if [ -z "$XSLU" ] || [ ! -x "$XSLU" ]; then
-    echo "SKIP: scalapack: scalapack-mpi-test is installed but has no Open MPI testers"
-    exit $SKIP
-fi
+XSLU=$(package_file scalapack-mpi-test '/openmpi-tests/xslu') || exit $?
 BIN=$(dirname "$XSLU")
 # The input files: the package's (beside the testers, or in
 # /usr/share/scalapack, where scalapack-test-common puts them).
