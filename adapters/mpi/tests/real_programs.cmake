@@ -13,8 +13,8 @@
 #                          inverse, Hessenberg, tridiagonal; four
 #                          precisions) at np 4, plain, with the default
 #                          thresholds and with WEFT_MPI_MIN_BYTES=0;
-#                          also labelled scalapack (CI's ASan pass leaves it
-#                          out: the BLACS tester drives the same paths there)
+#                          also labelled scalapack
+# (CI's ASan pass leaves the label pmpi_real out: .ci/run says why.)
 # Each script runs its program as installed and then preloaded
 # (WEFT_MPI_MIN_BYTES=0, WEFT_MPI_STATS=1), at np 2 and 4 (NetPIPE: 2),
 # checks the program's verdict in both runs and that weft served the calls,
