@@ -21,7 +21,7 @@ set_target_properties(weft_mpi_create_faults PROPERTIES ENABLE_EXPORTS ON)
 
 # The unique-id bootstrap is TCP to the root whatever the pipes are: shm only.
 # Split goes over the parent's pipes: shm and tcp.
-set(WEFT_CREATE_FAULT_UID_CASES uid_absent uid_join_exit uid_mid_exit uid_mid_stop uid_mid_sleep uid_root_exit
+set(WEFT_CREATE_FAULT_UID_CASES uid_absent uid_join_exit uid_mid_exit uid_prep_exit uid_mid_stop uid_mid_sleep uid_root_exit
     uid_root_mid_exit)
 set(WEFT_CREATE_FAULT_SPLIT_CASES split_exit split_stop split_mid_exit split_mid_exit_late split_mid_stop
     split_mid_sleep)

@@ -16,6 +16,13 @@
  *                      gethostname, below)
  *   uid_mid_stop       the same point, but it stops itself (SIGSTOP)
  *   uid_mid_sleep      the same point, but it sleeps past WEFT_TIMEOUT
+ *   uid_prep_exit      the victim exits while its shm transport makes its
+ *                      segment (its first shm_open), after the cards were
+ *                      exchanged: the others are in the next exchange (an
+ *                      allgather that carries their codes), which the root
+ *                      fails, and then in the agreement on that failure,
+ *                      which reaches a root that has closed: they must
+ *                      still name the victim, not "lost the root"
  *   uid_root_exit      rank 0, whose process holds the root, exits once the
  *                      others are connected, without joining
  *   uid_root_mid_exit  rank 0 joins and exits in the middle of the set-up
@@ -73,6 +80,7 @@
 #include <dlfcn.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -119,6 +127,7 @@ enum Hook {
     HOOK_STOP_AT_HOSTNAME,
     HOOK_SLEEP_AT_HOSTNAME,
     HOOK_DELAY_AT_HOSTNAME,   /* a survivor: 0.5 s there, then on */
+    HOOK_EXIT_AT_SHM_OPEN,
 };
 std::atomic<int> g_hook{HOOK_NONE};
 
@@ -188,12 +197,24 @@ void victim_hook(int armed_for, const char *where)
  * do not collide with the headers' declarations). */
 extern "C" int create_faults_gethostname(char *name, size_t len) __asm__("gethostname");
 extern "C" ssize_t create_faults_recv(int fd, void *buf, size_t n, int flags) __asm__("recv");
+extern "C" int create_faults_shm_open(const char *name, int oflag, mode_t mode) __asm__("shm_open");
+
+extern "C" int create_faults_shm_open(const char *name, int oflag, mode_t mode)
+{
+    static int (*real)(const char *, int, mode_t) = nullptr;
+    if (g_hook.load() == HOOK_EXIT_AT_SHM_OPEN && from_libweft(__builtin_return_address(0)))
+        victim_hook(HOOK_EXIT_AT_SHM_OPEN, "in weft's shm_open (its shm transport's segment)");
+    if (real == nullptr)
+        real = reinterpret_cast<int (*)(const char *, int, mode_t)>(dlsym(RTLD_NEXT, "shm_open"));
+    return real(name, oflag, mode);
+}
 
 extern "C" int create_faults_gethostname(char *name, size_t len)
 {
     static int (*real)(char *, size_t) = nullptr;
-    if (g_hook.load() >= HOOK_EXIT_AT_HOSTNAME && from_libweft(__builtin_return_address(0)))
-        victim_hook(g_hook.load(), "in weft's gethostname (mid-creation)");
+    const int h = g_hook.load();
+    if (h >= HOOK_EXIT_AT_HOSTNAME && h <= HOOK_DELAY_AT_HOSTNAME && from_libweft(__builtin_return_address(0)))
+        victim_hook(h, "in weft's gethostname (mid-creation)");
     if (real == nullptr)
         real = reinterpret_cast<int (*)(char *, size_t)>(dlsym(RTLD_NEXT, "gethostname"));
     return real(name, len);
@@ -444,6 +465,7 @@ Outcome run_uid(std::vector<std::string> &problems, Expect &x)
             victim_ends(why);
         }
         g_hook.store(k == "uid_join_exit"  ? HOOK_EXIT_AT_RECV
+                     : k == "uid_prep_exit" ? HOOK_EXIT_AT_SHM_OPEN
                      : k == "uid_mid_stop"  ? HOOK_STOP_AT_HOSTNAME
                      : k == "uid_mid_sleep" ? HOOK_SLEEP_AT_HOSTNAME
                                             : HOOK_EXIT_AT_HOSTNAME);
@@ -465,7 +487,7 @@ Outcome run_uid(std::vector<std::string> &problems, Expect &x)
         x = {{WEFT_ERR_TRANSPORT}, "rank 2 of 4 left", "", false, T};
         if (g_run.rank == 3)
             usleep(1000000);
-    } else if (k == "uid_mid_exit") {
+    } else if (k == "uid_mid_exit" || k == "uid_prep_exit") {
         x = {{WEFT_ERR_TRANSPORT}, "rank 2 of 4 left during", "", false, T};
     } else if (k == "uid_mid_stop" || k == "uid_mid_sleep") {
         x = {{WEFT_ERR_TIMEOUT}, "rank 2 of 4 sent nothing for", "", false, T + 2};
@@ -630,7 +652,7 @@ Outcome run_split(MPI_Comm survivors_comm, std::vector<std::string> &problems, E
 }
 
 const char *const kCases[] = {
-    "uid_absent", "uid_join_exit", "uid_mid_exit", "uid_mid_stop", "uid_mid_sleep", "uid_root_exit",
+    "uid_absent", "uid_join_exit", "uid_mid_exit", "uid_prep_exit", "uid_mid_stop", "uid_mid_sleep", "uid_root_exit",
     "uid_root_mid_exit", "split_exit", "split_stop", "split_mid_exit", "split_mid_exit_late", "split_mid_stop",
     "split_mid_sleep"};
 

@@ -213,6 +213,10 @@ static int uid_decode(const weft_unique_id_t *id, struct uid_decoded *d, char *w
 /* ------------------------------------------------------- bounded socket I/O -- */
 
 #define UID_EOF (-1)   /* the peer closed the connection (an errno otherwise) */
+/* After a failed send to the root: how long a rank looks for the root's
+ * verdict (its ERR frame, sent just before it closed) in what it had not
+ * read yet. It is there already or not at all. */
+#define UID_VERDICT_WAIT_S 0.5
 
 /* Milliseconds poll may wait until deadline (0 = no deadline: -1, forever). */
 static int ms_until(double deadline)
@@ -668,7 +672,7 @@ static int root_answer(struct root *r, char *err, size_t len)
  * with the meeting's failure text in err. */
 static int root_read_op(struct root *r, struct conn *m, char *err, size_t len)
 {
-    const char *during = r->op ? op_name(r->op) : "the meeting";
+    const char *during = r->op ? op_name(r->op) : "meeting";
     unsigned char *dst;
     size_t want;
 
@@ -1004,6 +1008,12 @@ struct boot_uid {
     int                   fd;
     double                window;   /* WEFT_TIMEOUT + grace; 0 = never */
     char                  root[80];
+    /* The root said the meeting failed (REPLY_ERR): its code and text.
+     * It closes every connection after that, so any later request of this
+     * rank (creation's agreement on the failure) gets the root's verdict
+     * again instead of "lost the root" on the closed connection. */
+    int                   failed_code;
+    char                  failed_text[700];
 };
 
 /* The root's connection failed (e: UID_EOF, ETIMEDOUT or an errno) during stage. */
@@ -1022,6 +1032,37 @@ static int lost_root(struct boot_uid *u, const char *stage, int e)
                           e == UID_EOF ? "connection closed" : strerror(e));
 }
 
+/* The text of the root's ERR frame (code, len bytes) read after its
+ * header: kept as this rank's verdict of the meeting, and set as the
+ * error. A text that cannot be read: lost_root. */
+static int root_err(struct boot_uid *u, const char *stage, int code, uint64_t len, double window)
+{
+    char text[700];
+    size_t keep = len < sizeof(text) - 1 ? (size_t)len : sizeof(text) - 1;
+    int e = recv_all(u->fd, text, keep, window);
+    if (e != 0)
+        return lost_root(u, stage, e);
+    text[keep] = '\0';
+    /* A peer's number: a code no weft call returns is not passed on. */
+    if (code <= WEFT_SUCCESS || code > WEFT_ERR_CLOSED)
+        code = WEFT_ERR_INTERNAL;
+    u->failed_code = code;
+    snprintf(u->failed_text, sizeof(u->failed_text), "%s", text);
+    return weft_set_error(u->b.core, code, "weft_comm_init: %s", text);
+}
+
+/* A send to the root failed (e): the root may have closed because the
+ * meeting failed, its ERR frame still unread here (a rank killed while the
+ * others were sending). That verdict, if it is there, rather than "lost
+ * the root". */
+static int send_failed(struct boot_uid *u, const char *stage, int e)
+{
+    unsigned char f[FRAME_BYTES];
+    if (recv_all(u->fd, f, sizeof(f), UID_VERDICT_WAIT_S) == 0 && get32(f) == REPLY_ERR)
+        return root_err(u, stage, (int)(int32_t)get32(f + 4), get64(f + 8), UID_VERDICT_WAIT_S);
+    return lost_root(u, stage, e);
+}
+
 /* Reads the root's frames until the answer: want bytes into out. PROGRESS
  * frames restart the wait; ERR ends the meeting with the root's text. */
 static int rank_reply(struct boot_uid *u, const char *stage, void *out, size_t want)
@@ -1037,17 +1078,8 @@ static int rank_reply(struct boot_uid *u, const char *stage, void *out, size_t w
         uint64_t len = get64(f + 8);
         if (kind == REPLY_PROGRESS && len == 0)
             continue;
-        if (kind == REPLY_ERR) {
-            char text[700];
-            size_t keep = len < sizeof(text) - 1 ? (size_t)len : sizeof(text) - 1;
-            e = recv_all(u->fd, text, keep, u->window);
-            if (e != 0)
-                return lost_root(u, stage, e);
-            text[keep] = '\0';
-            if (code <= WEFT_SUCCESS || code > WEFT_ERR_CLOSED)
-                code = WEFT_ERR_INTERNAL;
-            return weft_set_error(core, code, "weft_comm_init: %s", text);
-        }
+        if (kind == REPLY_ERR)
+            return root_err(u, stage, code, len, u->window);
         if (kind != REPLY_OK || len != want)
             return weft_set_error(core, WEFT_ERR_INTERNAL, "weft_comm_init: the unique id's root at %s answered the "
                                   "%s with a malformed frame (kind %u, %llu bytes; %zu expected)", u->root, stage,
@@ -1064,6 +1096,8 @@ static int rank_request(struct boot_uid *u, uint32_t op, const void *payload, si
     put32(f, op);
     put32(f + 4, 0);
     put64(f + 8, bytes);
+    if (u->failed_code != WEFT_SUCCESS)
+        return weft_set_error(u->b.core, u->failed_code, "weft_comm_init: %s", u->failed_text);
     if (u->fd < 0)
         return weft_set_error(u->b.core, WEFT_ERR_INTERNAL, "weft_comm_init: %s after the meeting ended",
                               op_name(op));
@@ -1071,7 +1105,7 @@ static int rank_request(struct boot_uid *u, uint32_t op, const void *payload, si
     if (e == 0 && bytes > 0)
         e = send_all(u->fd, payload, bytes, u->window);
     if (e != 0)
-        return lost_root(u, op_name(op), e);
+        return send_failed(u, op_name(op), e);
     return rank_reply(u, op_name(op), out, out_bytes);
 }
 
