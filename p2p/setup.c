@@ -71,10 +71,8 @@ static void up_peer_failed(void *arg, int peer, int err)
      * every rank should know, not only those whose own link noticed. */
     /* The transport recorded what it saw; keep it. p2p/health.c tells a
      * link failure (the peer still runs) from a failed peer. */
-    struct weft_error seen;
     char text[256];
-    weft_error_get(p->core, &seen);
-    weft_error_reason(&seen, text, sizeof(text));
+    weft_error_last_reason(p->core, text, sizeof(text));
     snprintf(why, sizeof(why), "its %s link to this rank failed (%s): %s", weft_pipe_tp_name(pp), weft_err_str(err),
              text);
     weft_health_link_failed(p, peer, err, why);

@@ -181,6 +181,13 @@ void weft_error_reason(const struct weft_error *e, char *buf, size_t len)
         snprintf(buf, len, "%s", e->text);
 }
 
+void weft_error_last_reason(struct weft_core *core, char *buf, size_t len)
+{
+    struct weft_error e;
+    weft_error_get(core, &e);
+    weft_error_reason(&e, buf, len);
+}
+
 void weft_error_format(const struct weft_error *e, int with_rank, char *buf, size_t len)
 {
     char reason[sizeof(e->op) + sizeof(e->text) + 4];

@@ -51,6 +51,8 @@ const char *weft_error_line(struct weft_core *core);
 /* "[op: ]text": the error without rank and code, to be said again inside
  * another sentence. */
 void weft_error_reason(const struct weft_error *e, char *buf, size_t len);
+/* The same of the comm's last error. */
+void weft_error_last_reason(struct weft_core *core, char *buf, size_t len);
 
 /* A creation that failed is about to free its comm: its last error (or,
  * if it recorded none, "<what> failed (<why of err>)") becomes this

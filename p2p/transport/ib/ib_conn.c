@@ -210,9 +210,7 @@ int weft_ib_probe(struct weft_core *core, char *what, size_t len)
     /* create's own steps: the library, the port, the protection domain,
      * the GPUDirect test; then everything is given back. */
     if (card_fill_port(st, &card, no, sizeof(no)) != WEFT_SUCCESS) {
-        struct weft_error e;
-        weft_error_get(core, &e);
-        weft_error_reason(&e, what, len);
+        weft_error_last_reason(core, what, len);
         weft_ib_destroy(st);
         return 0;
     }

@@ -446,9 +446,7 @@ static int shm_probe(struct weft_core *core, char *what, size_t len)
     env.core = core;
     memset(&card, 0, sizeof(card));
     if (shm_create(&env, &card, &ctx) != WEFT_SUCCESS) {
-        struct weft_error e;
-        weft_error_get(core, &e);
-        weft_error_reason(&e, what, len);
+        weft_error_last_reason(core, what, len);
         return 0;
     }
     struct shm_state *st = ctx;

@@ -260,9 +260,7 @@ int weft_tcp_probe(struct weft_core *core, char *what, size_t len)
     memset(&card, 0, sizeof(card));
     /* create's own steps: WEFT_TCP_IF, the listener's socket, bind, listen. */
     if (weft_tcp_create(&env, &card, &ctx) != WEFT_SUCCESS) {
-        struct weft_error e;
-        weft_error_get(core, &e);
-        weft_error_reason(&e, what, len);
+        weft_error_last_reason(core, what, len);
         return 0;
     }
     const struct tcp_state *st = ctx;
