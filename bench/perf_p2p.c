@@ -264,7 +264,10 @@ static int stream_window(struct pair_run *p, int lib, int iter)
                     return 1;
             if (ucx_recv(p, &ack, sizeof ack, TAG_ACK, &got))
                 return 1;
-        } else if (MPI_Waitall(p->win, p->mreqs, MPI_STATUSES_IGNORE) != MPI_SUCCESS ||
+        } else if (/* p->mst, not MPI_STATUSES_IGNORE: MPICH defines that as
+                      * (MPI_Status *)1 and GCC 12 then warns of a write to
+                      * "a region of size 0" (stringop-overflow) */
+                   MPI_Waitall(p->win, p->mreqs, p->mst) != MPI_SUCCESS ||
                    MPI_Recv(&ack, sizeof ack, MPI_BYTE, p->peer, TAG_ACK, o->mpi, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
             fprintf(stderr, "weft-perf rank %d: MPI_Waitall/ack from %d failed\n", o->rank, p->peer);
             return 1;

@@ -82,7 +82,7 @@ function(weft_add_fault_test fcase mode config prefix extra_env extra_labels)
     string(APPEND extra_labels ";sleepy")
   endif()
   add_test(NAME ${test_name}
-    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe --bind-to none
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${WEFT_MPIEXEC_FLAGS}
             --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
             ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_faults> ${fcase} ${mode} ${MPIEXEC_POSTFLAGS})
   set_tests_properties(${test_name} PROPERTIES
@@ -128,7 +128,7 @@ foreach(config tcp vnodes2)
       set(extra_labels ";sleepy")
     endif()
     add_test(NAME ${test_name}
-      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${WEFT_MPIEXEC_FLAGS}
               --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
               ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_link_down> ${mode} ${MPIEXEC_POSTFLAGS})
     set_tests_properties(${test_name} PROPERTIES

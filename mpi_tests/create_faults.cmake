@@ -30,7 +30,7 @@ function(weft_add_create_fault fcase config)
   weft_mpi_config_env(${config} config_env)
   set(test_name create_faults_${fcase}_${config})
   add_test(NAME ${test_name}
-    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 --oversubscribe --bind-to none
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${WEFT_MPIEXEC_FLAGS}
             --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
             ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_create_faults> ${fcase} ${MPIEXEC_POSTFLAGS})
   set_tests_properties(${test_name} PROPERTIES

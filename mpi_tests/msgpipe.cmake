@@ -40,7 +40,7 @@ foreach(config shm shm_nocma tcp vnodes2)
   foreach(mode poll thread)
     set(test_name msgpipe_fault_${mode}_np2_${config})
     add_test(NAME ${test_name}
-      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${WEFT_MPIEXEC_FLAGS}
               --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
               ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_msgpipe_faults> ${MPIEXEC_POSTFLAGS})
     set_tests_properties(${test_name} PROPERTIES

@@ -29,6 +29,8 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "weft_mpi.h"
 
@@ -144,8 +146,62 @@ static int self_delete(MPI_Comm comm, int key, void *value, void *extra)
     return MPI_SUCCESS;
 }
 
+/* The MPI family this library was compiled against (mpi.h's macros), and
+ * whether the running program's MPI is another one. The two families'
+ * ABIs differ: Open MPI's handles are pointers, MPICH's are ints, so the
+ * arguments of an intercepted call already arrive mangled (a 64-bit
+ * MPI_Datatype read as a 32-bit one), and nothing the call does -- not even
+ * passing them on to PMPI -- is sound. Without this check the first call
+ * fails deep in MPI ("Invalid communicator", MPI_ERR_ARG) or crashes.
+ * So the library asks the running MPI its name, through the one call whose
+ * arguments are plain C types, before it touches anything else, and ends
+ * the process with the reason if it is the wrong library. */
+#if defined(OPEN_MPI)
+#define WMPI_BUILT_FOR "Open MPI"
+#elif defined(MPICH_VERSION)
+#define WMPI_BUILT_FOR "MPICH"
+#endif
+
+static void refuse_foreign_mpi(void)
+{
+#ifdef WMPI_BUILT_FOR
+    /* Larger than any family's MPI_MAX_LIBRARY_VERSION_STRING (MPICH:
+     * 8192, Open MPI: 256): the running MPI writes up to its own. */
+    static char version[16384];
+    int len = 0;
+
+    if (PMPI_Get_library_version(version, &len) != MPI_SUCCESS)
+        return;
+    version[sizeof(version) - 1] = '\0';
+    const int open_mpi = strstr(version, "Open MPI") != NULL;
+#if defined(OPEN_MPI)
+    const int foreign = !open_mpi && (strstr(version, "MPICH") != NULL || strstr(version, "MVAPICH") != NULL ||
+                                      strstr(version, "Intel(R) MPI") != NULL);
+#else
+    const int foreign = open_mpi;
+#endif
+    if (!foreign)
+        return;
+    /* wmpi_warn would ask MPI_COMM_WORLD for the rank: the launchers'
+     * variables name it instead. */
+    const char *rank = getenv("PMI_RANK");
+    if (rank == NULL)
+        rank = getenv("OMPI_COMM_WORLD_RANK");
+    char *nl = strchr(version, '\n');
+    if (nl != NULL)
+        *nl = '\0';
+    fprintf(stderr,
+            "weft_mpi[rank %s] ERROR: this libweft_mpi.so was built against %s, but the program runs \"%.100s\": "
+            "the two MPIs' handles differ (pointers vs ints), so no call can go through this library; exiting. "
+            "Preload the libweft_mpi.so built against the program's MPI (cmake -DWEFT_MPI=%s; docs/mpi.md)\n",
+            rank != NULL ? rank : "?", WMPI_BUILT_FOR, version, open_mpi ? "OPENMPI" : "MPICH");
+    _exit(1);
+#endif
+}
+
 static void setup(void)
 {
+    refuse_foreign_mpi();
     wmpi_settings_load();
     if (PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, comm_delete, &comm_key, NULL) != MPI_SUCCESS ||
         PMPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, self_delete, &self_key, NULL) != MPI_SUCCESS ||

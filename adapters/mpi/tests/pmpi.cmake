@@ -86,3 +86,28 @@ set_tests_properties(pmpi_fatal_np3_shm PROPERTIES
   TIMEOUT 60
   PROCESSORS 3
   LABELS "mpi;pmpi;np3;shm")
+
+# The drop-in preloaded into a program of the other MPI family (both
+# installed here: Debian's mpicc.openmpi and mpicc.mpich): every rank ends
+# with the reason, none gets past its first collective. Not in sanitizer
+# builds (a sanitized library cannot be preloaded into a plain program).
+if(NOT WEFT_SANITIZE AND NOT WEFT_SANITIZE_THREAD AND WEFT_MPI_FLAVOR MATCHES "^(openmpi|mpich)$")
+  if(WEFT_MPI_FLAVOR STREQUAL "openmpi")
+    set(_other mpich)
+    find_program(WEFT_OTHER_MPICC mpicc.mpich)
+    find_program(WEFT_OTHER_LAUNCHER mpiexec.mpich)
+  else()
+    set(_other openmpi)
+    find_program(WEFT_OTHER_MPICC mpicc.openmpi)
+    find_program(WEFT_OTHER_LAUNCHER mpirun.openmpi)
+  endif()
+  if(WEFT_OTHER_MPICC AND WEFT_OTHER_LAUNCHER)
+    add_test(NAME pmpi_wrong_mpi
+      COMMAND ${CMAKE_CURRENT_LIST_DIR}/pmpi_wrong_mpi.sh $<TARGET_FILE:weft_mpi> ${WEFT_OTHER_MPICC}
+              ${WEFT_OTHER_LAUNCHER} ${_other})
+    set_tests_properties(pmpi_wrong_mpi PROPERTIES
+      ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV}" TIMEOUT 120 PROCESSORS 2 LABELS "mpi;pmpi;mpich;np2")
+  else()
+    message(STATUS "weft: pmpi_wrong_mpi not registered (no ${_other} compiler wrapper and launcher found)")
+  endif()
+endif()

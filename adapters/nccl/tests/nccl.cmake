@@ -125,7 +125,7 @@ foreach(np 2 4)
       set(id_args --id-file ${WEFT_NCCL_ID_DIR}/${test_name})
     endif()
     add_test(NAME ${test_name}
-      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --oversubscribe --bind-to none
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${WEFT_MPIEXEC_FLAGS}
               ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_nccl_test_colls> ${id_args} ${MPIEXEC_POSTFLAGS})
     # WEFT_TIMEOUT 30: the programs give a stream WEFT_TIMEOUT + 10 s, then
     # report a hang and end the job (rather than ctest's TIMEOUT).
@@ -149,7 +149,7 @@ set(WEFT_NCCL_ONLY_INIT
 function(weft_nccl_env_test name regex)
   set(test_name nccl_env_${name}_np2)
   add_test(NAME ${test_name}
-    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${WEFT_MPIEXEC_FLAGS}
             ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_nccl_test_colls> ${MPIEXEC_POSTFLAGS})
   set_tests_properties(${test_name} PROPERTIES
     ENVIRONMENT "${WEFT_NCCL_TEST_ENV};${WEFT_NCCL_ONLY_INIT};${ARGN}"
@@ -174,7 +174,7 @@ foreach(mode abort peerdeath destroy_race)
     weft_nccl_config_env(${config} config_env)
     set(test_name nccl_fault_${mode}_np2_${config})
     add_test(NAME ${test_name}
-      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 --oversubscribe --bind-to none
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${WEFT_MPIEXEC_FLAGS}
               --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
               ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_nccl_test_fault> ${mode} ${MPIEXEC_POSTFLAGS})
     set_tests_properties(${test_name} PROPERTIES
