@@ -193,7 +193,7 @@ static void refuse_foreign_mpi(void)
     fprintf(stderr,
             "weft_mpi[rank %s] ERROR: this libweft_mpi.so was built against %s, but the program runs \"%.100s\": "
             "the two MPIs' handles differ (pointers vs ints), so no call can go through this library; exiting. "
-            "Preload the libweft_mpi.so built against the program's MPI (cmake -DWEFT_MPI=%s; docs/mpi.md)\n",
+            "Preload the libweft_mpi.so built against the program's MPI (cmake -DWEFT_MPI_IMPL=%s; docs/mpi.md)\n",
             rank != NULL ? rank : "?", WMPI_BUILT_FOR, version, open_mpi ? "OPENMPI" : "MPICH");
     _exit(1);
 #endif
