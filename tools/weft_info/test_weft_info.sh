@@ -34,7 +34,7 @@ native)
     # this machine: no GPU, no RDMA device; WEFT_TCP_IF=lo from the entry
     "$bin" >"$out" 2>&1 || fail "exited $?"
     expect '^weft [0-9]+\.[0-9]+\.[0-9]+$'
-    expect '^build: '
+    expect '^build: .*, MPI (Open MPI|MPICH) [0-9]+\.[0-9]+(\.[0-9]+)?, CUDA headers '
     expect '^  self +carrier +usable'
     expect '^  shm +carrier +usable: segments in /dev/shm; single-copy CMA: (yes|no, .+)$'
     expect '^  tcp +carrier +usable: listening on lo \(127\.0\.0\.1:[0-9]+, WEFT_TCP_IF\)'

@@ -252,11 +252,25 @@ static const char *other_reader(const char *name)
 
 /* ------------------------------------------------------------ printing */
 
-/* "RelWithDebInfo, GNU 12.2.0, CUDA headers yes, ..." */
+/* The MPI family and version weft was built against (mpi.h): a build is
+ * for one family (docs/mpi.md, "Open MPI or MPICH"). */
+#define WEFT_INFO_STR_(x) #x
+#define WEFT_INFO_STR(x) WEFT_INFO_STR_(x)
+#if defined(OPEN_MPI)
+#define WEFT_INFO_MPI                                                                                      \
+    "Open MPI " WEFT_INFO_STR(OMPI_MAJOR_VERSION) "." WEFT_INFO_STR(OMPI_MINOR_VERSION) "." WEFT_INFO_STR( \
+        OMPI_RELEASE_VERSION)
+#elif defined(MPICH_VERSION)
+#define WEFT_INFO_MPI "MPICH " MPICH_VERSION
+#else
+#define WEFT_INFO_MPI "MPI " WEFT_INFO_STR(MPI_VERSION) "." WEFT_INFO_STR(MPI_SUBVERSION)
+#endif
+
+/* "RelWithDebInfo, GNU 12.2.0, MPI Open MPI 4.1.4, CUDA headers yes, ..." */
 static void build_line(char *b, size_t len)
 {
-    snprintf(b, len, "%s, %s, CUDA headers %s, reduction kernels %s, verbs headers %s, hwloc %u.%u (run time "
-             "%u.%u)%s", WEFT_INFO_BUILD_TYPE, WEFT_INFO_COMPILER,
+    snprintf(b, len, "%s, %s, MPI %s, CUDA headers %s, reduction kernels %s, verbs headers %s, hwloc %u.%u (run time "
+             "%u.%u)%s", WEFT_INFO_BUILD_TYPE, WEFT_INFO_COMPILER, WEFT_INFO_MPI,
 #ifdef WEFT_HAVE_CUDA_HEADERS
              "yes",
 #else
