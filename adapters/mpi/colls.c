@@ -25,9 +25,19 @@ static weft_comm_t *route(enum wmpi_coll coll, MPI_Comm comm, size_t bytes)
 {
     weft_comm_t *wc = NULL;
 
-    if (wmpi_ready() && wmpi_enabled(coll) && bytes > 0 && bytes >= wmpi_min_bytes(coll) &&
-        bytes <= wmpi_max_bytes(coll))
-        wc = wmpi_comm_get(comm);
+    /* The weft comm is made at the first call on comm of any collective the
+     * layer serves, whatever its size: making it is collective (MPI calls
+     * on comm), so it must not hang on one rank's size. Made only when a
+     * large call came, a rank whose count differed (erroneous, but Open MPI
+     * lets it pass) sat in PMPI_Allreduce while the others sat in the
+     * making's PMPI_Allgather: a hang inside MPI, with no WEFT_TIMEOUT and
+     * no word (issue 28, item 5). Now the ranks part only inside weft's
+     * collective, where the waiting rank's WEFT_TIMEOUT ends it with a
+     * verdict. The cost: a comm only ever given small calls gets its weft
+     * comm too (connections are made lazily, on first traffic). */
+    if (wmpi_ready() && wmpi_enabled(coll) && (wc = wmpi_comm_get(comm)) != NULL &&
+        !(bytes > 0 && bytes >= wmpi_min_bytes(coll) && bytes <= wmpi_max_bytes(coll)))
+        wc = NULL;
     wmpi_count(coll, wc != NULL);
     return wc;
 }

@@ -15,6 +15,7 @@
  */
 #include <pthread.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "weft_mpi.h"
 
@@ -48,7 +49,9 @@ int wmpi_error_class(void)
 
 int wmpi_raise(MPI_Comm comm, const char *fn, int wrc, weft_comm_t *wc, const char *text)
 {
-    char s[MPI_MAX_ERROR_STRING];
+    /* The whole line for stderr; MPI keeps its first MPI_MAX_ERROR_STRING
+     * - 1 bytes (Open MPI: 255). */
+    char line[2048], s[MPI_MAX_ERROR_STRING];
     int rank = -1, size = -1;
     int code = wrc > 0 && wrc < WMPI_NCODES ? codes[wrc] : codes[WEFT_ERR_INTERNAL];
 
@@ -56,8 +59,24 @@ int wmpi_raise(MPI_Comm comm, const char *fn, int wrc, weft_comm_t *wc, const ch
     PMPI_Comm_size(comm, &size);
     if (text == NULL)
         text = wc ? weft_comm_last_error(wc) : weft_last_error();
-    snprintf(s, sizeof(s), "weft: %s on rank %d of a communicator of %d ranks failed: %s (%s)", fn, rank, size,
-             text && *text ? text : "no detail", weft_strerror(wrc));
+    /* A collective that stalls on a live peer, under the drop-in, is most
+     * often a peer whose call went to MPI: its size fell on the other side
+     * of a threshold because its count or type differs from this rank's,
+     * which MPI forbids but some MPIs let pass. Say so. */
+    /* What kind of failure comes before weft's detail, which can be long
+     * (a peer's state, the other side's call): MPI's copy may end inside
+     * the detail, never before the kind. */
+    snprintf(line, sizeof(line), "weft: %s on rank %d of a communicator of %d ranks failed: %s: %s%s", fn, rank,
+             size, weft_strerror(wrc), text && *text ? text : "no detail",
+             wrc == WEFT_ERR_TIMEOUT
+                 ? "; if the peer is alive, its call may have gone to MPI instead of weft: the drop-in routes each "
+                   "call by its size, so every rank must pass the same count and type signature (MPI's rule)"
+                 : "");
+    size_t n = strlen(line);
+    if (n >= sizeof(s))
+        n = sizeof(s) - 1;
+    memcpy(s, line, n);
+    s[n] = '\0';
     pthread_mutex_lock(&text_lock);
     PMPI_Add_error_string(code, s);
     pthread_mutex_unlock(&text_lock);
@@ -67,7 +86,7 @@ int wmpi_raise(MPI_Comm comm, const char *fn, int wrc, weft_comm_t *wc, const ch
     MPI_Errhandler eh = MPI_ERRHANDLER_NULL;
     if (PMPI_Comm_get_errhandler(comm, &eh) == MPI_SUCCESS && eh != MPI_ERRHANDLER_NULL) {
         if (eh == MPI_ERRORS_ARE_FATAL)
-            fprintf(stderr, "%s\n", s);
+            fprintf(stderr, "%s\n", line);
         PMPI_Errhandler_free(&eh);
     }
     PMPI_Comm_call_errhandler(comm, code);

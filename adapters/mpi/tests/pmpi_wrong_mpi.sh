@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ctest pmpi_wrong_mpi: the drop-in preloaded into a program of the other
 # MPI family (an Open MPI build into an MPICH program, or the reverse) must
-# end the job with its reason on every rank, not crash in MPI or compute
+# end the job with its reason, not crash in MPI or compute
 # with mangled handles (adapters/mpi/comm_cache.c, refuse_foreign_mpi).
 #   pmpi_wrong_mpi.sh DROPIN OTHER_MPICC OTHER_LAUNCHER OTHER_FAMILY
 # OTHER_FAMILY: openmpi (launcher is Open MPI's mpirun) or mpich (Hydra's
@@ -48,8 +48,10 @@ fail() { echo "pmpi_wrong_mpi.sh: FAILED: $*" >&2; exit 1; }
 if printf '%s\n' "$out" | grep -q "past MPI_Allreduce"; then
     fail "a rank got past MPI_Allreduce through the wrong library"
 fi
-for r in 0 1; do
-    printf '%s\n' "$out" | grep -q "weft_mpi\[rank $r\] ERROR: this libweft_mpi.so was built against .*, but the program runs" ||
-        fail "rank $r did not say why"
-done
-echo "pmpi_wrong_mpi.sh: both ranks refused with the reason (exit $rc)"
+# Each rank says it when it reaches its first intercepted call; the first to
+# exit makes the launcher end the others, which may not have got there yet
+# (seen 4 times in 40 under Hydra): at least one rank says why, naming
+# itself as the launcher numbers it.
+printf '%s\n' "$out" | grep -Eq "weft_mpi\[rank [01]\] ERROR: this libweft_mpi.so was built against (Open MPI|MPICH), but the program runs \"(Open MPI|MPICH)" ||
+    fail "no rank said why"
+echo "pmpi_wrong_mpi.sh: refused with the reason (exit $rc)"
