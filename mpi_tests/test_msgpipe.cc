@@ -28,6 +28,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -1286,6 +1287,166 @@ TEST_P(MsgPipe, ArgumentChecks)
 }
 
 /* ---- an echo server made of callbacks only ---- */
+
+/* ---- a reader that does not read: the window (issue 28, item 8) ---- */
+
+/* Resident memory of this process, bytes (/proc/self/statm). */
+size_t resident_bytes()
+{
+    unsigned long pages = 0, resident = 0;
+    FILE *f = std::fopen("/proc/self/statm", "r");
+    if (f == nullptr)
+        return 0;
+    if (std::fscanf(f, "%lu %lu", &pages, &resident) != 2)
+        resident = 0;
+    std::fclose(f);
+    return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+struct WindowReader {
+    weft_pipe_t *pipe = nullptr;
+    uint64_t n = 0;
+    std::atomic<uint64_t> read{0};
+    std::atomic<bool> stopped{false};
+    std::mutex mu;
+    std::string problem;
+    uint64_t index = 0;   /* the message being read */
+    std::vector<unsigned char> buf;
+    uint64_t meta = 0;
+    weft_pipe_buffer_t wbuf{};
+    weft_pipe_allocation_t alloc{};
+
+    void fail(const std::string &why)
+    {
+        std::lock_guard<std::mutex> lk(mu);
+        if (problem.empty())
+            problem = why;
+        stopped = true;
+    }
+    void ask()
+    {
+        int rc = weft_pipe_read_descriptor(pipe, on_desc, this);
+        if (rc != WEFT_SUCCESS)
+            fail(std::string("weft_pipe_read_descriptor: ") + weft_strerror(rc));
+    }
+    static void on_desc(weft_pipe_t *p, int err, const char *why, const weft_pipe_descriptor_t *d, void *arg)
+    {
+        auto *r = static_cast<WindowReader *>(arg);
+        if (err != WEFT_SUCCESS)
+            return r->fail(std::string("descriptor: ") + why);
+        if (d->num_payloads != 1 || d->num_tensors != 0 || d->payloads[0].metadata_bytes != sizeof(uint64_t))
+            return r->fail("descriptor of message " + std::to_string(r->index) + ": not one payload with 8 B metadata");
+        std::memcpy(&r->meta, d->payloads[0].metadata, sizeof(uint64_t));
+        if (r->meta != r->index)
+            return r->fail("message " + std::to_string(r->index) + " came as " + std::to_string(r->meta));
+        r->buf.assign(d->payloads[0].bytes, 0);
+        r->wbuf = {r->buf.data(), r->buf.size()};
+        r->alloc = {1, &r->wbuf, 0, nullptr};
+        int rc = weft_pipe_read(p, &r->alloc, on_read, r);
+        if (rc != WEFT_SUCCESS)
+            r->fail(std::string("weft_pipe_read: ") + weft_strerror(rc));
+    }
+    static void on_read(weft_pipe_t *, int err, const char *why, void *arg)
+    {
+        auto *r = static_cast<WindowReader *>(arg);
+        if (err != WEFT_SUCCESS)
+            return r->fail(std::string("read: ") + why);
+        for (unsigned char c : r->buf)
+            if (c != (unsigned char)(0x5a ^ (r->index & 0xff)))
+                return r->fail("message " + std::to_string(r->index) + ": wrong bytes");
+        r->index++;
+        r->read++;
+        if (r->index < r->n)
+            r->ask();
+    }
+};
+
+struct WindowWriter {
+    std::atomic<uint64_t> done{0}, failed{0};
+    static void on_written(weft_pipe_t *, int err, const char *, void *arg)
+    {
+        auto *w = static_cast<WindowWriter *>(arg);
+        (err == WEFT_SUCCESS ? w->done : w->failed)++;
+    }
+};
+
+/* Rank 0 writes 50,000 messages of 1 KiB (inline: one small transport
+ * message each) without waiting; rank 1 keeps its pipes moving but asks for
+ * no descriptor until rank 0 said it wrote them all and 1.5 s more passed,
+ * then reads them all. Without a window the reader took in every message
+ * (~60 MB here; 500k x 1 KiB grew it by 670 MB); with it the reader grows by
+ * at most ~2 windows (the pipe's and the pair's flow control, 4 MiB each by
+ * default), the writer's callbacks wait, and every message still arrives,
+ * in order, intact, once the reader reads. */
+TEST_P(MsgPipe, ReaderThatDoesNotReadHoldsOnlyAWindow)
+{
+    if (size != 2)
+        GTEST_SKIP() << "np 2: a writer and a reader";
+    constexpr int kId = 9;
+    constexpr uint64_t kN = 50000;
+    constexpr size_t kBytes = 1024;
+    constexpr int kTagIssued = 4711;
+    weft_pipe_t *p = nullptr;
+    ASSERT_EQ(open(peer, kId, &p), WEFT_SUCCESS);
+    if (rank == 0) {
+        WindowWriter w;
+        std::vector<std::vector<unsigned char>> data(256);
+        for (size_t k = 0; k < data.size(); k++)
+            data[k].assign(kBytes, (unsigned char)(0x5a ^ k));
+        std::vector<uint64_t> idx(kN);
+        const double t_issue = now_s();
+        for (uint64_t i = 0; i < kN; i++) {
+            idx[i] = i;
+            weft_pipe_payload_t pay{data[i & 0xff].data(), kBytes, &idx[i], sizeof(uint64_t)};
+            weft_pipe_message_t msg{nullptr, 0, 1, &pay, 0, nullptr};
+            ASSERT_EQ(weft_pipe_write(p, &msg, WindowWriter::on_written, &w), WEFT_SUCCESS) << last_error();
+            if (!thread_mode && i % 64 == 0)
+                (void)weft_progress(comm);
+        }
+        int one = 1;
+        std::printf("[rank 0] issued %llu writes in %.2f s, %llu called back\n", (unsigned long long)kN,
+                    now_s() - t_issue, (unsigned long long)w.done.load());
+        MPI_Send(&one, 1, MPI_INT, 1, kTagIssued, MPI_COMM_WORLD);
+        EXPECT_TRUE(drive([&] { return w.done + w.failed == kN; }, 120))
+            << w.done << " of " << kN << " writes called back";
+        EXPECT_EQ(w.failed, 0u);
+    } else {
+        WindowReader r;
+        r.pipe = p;
+        r.n = kN;
+        const size_t before = resident_bytes();
+        /* Keep moving (poll mode: weft_progress) without reading until the
+         * writer issued everything, and 1.5 s more. */
+        double until = -1;
+        while (until < 0 || now_s() < until) {
+            if (until < 0) {
+                int flag = 0;
+                MPI_Iprobe(0, kTagIssued, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE);
+                if (flag) {
+                    int one = 0;
+                    MPI_Recv(&one, 1, MPI_INT, 0, kTagIssued, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                    until = now_s() + 1.5;
+                }
+            }
+            if (thread_mode)
+                usleep(200);
+            else
+                (void)weft_progress(comm);
+        }
+        const size_t grown = resident_bytes() - std::min(before, resident_bytes());
+        std::printf("[rank 1] resident growth while not reading %llu messages of %zu B: %.1f MiB\n",
+                    (unsigned long long)kN, kBytes, grown / 1048576.0);
+        EXPECT_LT(grown, (size_t)24 << 20) << "the reader took in what it did not ask for";
+        const double t0 = now_s();
+        r.ask();
+        EXPECT_TRUE(drive([&] { return r.read == kN || r.stopped; }, 120)) << r.read << " of " << kN << " read";
+        std::printf("[rank 1] read them in %.2f s\n", now_s() - t0);
+        EXPECT_EQ(r.problem, "");
+        EXPECT_EQ(r.read, kN);
+    }
+    barrier();
+    EXPECT_EQ(weft_pipe_close(p), WEFT_SUCCESS) << last_error();
+}
 
 struct EchoMsg {
     std::vector<unsigned char> meta;

@@ -76,6 +76,15 @@
 #define CTRL_BUF    (64u << 10)
 /* Most buffers in one message (keeps a malformed count from allocating much). */
 #define MAX_BUFFERS (1u << 20)
+/* The reader's window: while this many messages, or WEFT_EAGER_WINDOW bytes
+ * of descriptors, arrived that no descriptor request took, the control
+ * receive is not posted again. The writer's further descriptors then wait
+ * in the pipe layer, whose flow control holds them at the writer once the
+ * pair's window of unexpected messages is full: a reader that does not
+ * read holds at most about two windows of a writer's small messages, not
+ * everything it was sent (500k x 1 KiB grew a reader by 670 MB; issue 28,
+ * item 8). The writer's callbacks wait meanwhile, as for large buffers. */
+#define ARRIVED_WINDOW_MSGS 4096u
 
 struct wire_hdr {
     uint32_t magic;
@@ -101,6 +110,7 @@ struct mp_msg {
     int                       refs;
     uint64_t                  seq;
     unsigned char            *wire;
+    size_t                    wire_bytes;   /* the descriptor's size (the reader's window) */
     size_t                    nbuf;    /* payloads, then tensors */
     const struct wire_rec    *rec;     /* [nbuf], in wire */
     const unsigned char     **inl;     /* [nbuf]: the inline bytes, or NULL */
@@ -146,7 +156,15 @@ struct mp_pipe {
     uint64_t              wseq;          /* messages written */
     /* queues of operations, in order */
     struct weft_list      writes, descs, reads, own;   /* own: DISCARD and MARKER */
+    /* The first write whose data-lane sends are not all started (sends
+     * start in write order: every write before it has started all of its),
+     * or NULL. start_sends begins here: a writer far ahead of its reader
+     * holds thousands of pending writes, and scanning them from the head at
+     * every write and every pass made each write O(pending) (50k x 1 KiB:
+     * 13 s of start_sends). */
+    struct mp_op         *send_next;
     struct weft_list      arrived;       /* messages no descriptor request took yet */
+    size_t                narrived, arrived_bytes;   /* of arrived: the reader's window (ARRIVED_WINDOW_MSGS) */
     struct weft_list      delivered;     /* descriptors given out, not yet read */
     /* the control receive */
     struct weft_request  *ctrl;
@@ -516,6 +534,8 @@ static int op_reap(struct mp_pipe *pp, struct mp_op *op)
 /* op is due: its callback joins the ready queue (weft's own ops are freed). */
 static void op_due(struct weft_msgpipes *m, struct mp_pipe *pp, struct mp_op *op)
 {
+    if (op == pp->send_next)   /* not expected (a due write started all its sends): kept right regardless */
+        pp->send_next = op->link.next == &pp->writes ? NULL : weft_container_of(op->link.next, struct mp_op, link);
     weft_list_del(&op->link);
     if (op->err == WEFT_SUCCESS && op->closed && op->kind != OP_DISCARD && op->kind != OP_MARKER)
         op_fail(pp, op, WEFT_ERR_CLOSED, "the pipe was closed %s before it completed",
@@ -530,9 +550,17 @@ static void op_due(struct weft_msgpipes *m, struct mp_pipe *pp, struct mp_op *op
 /* ---- the lanes ---- */
 
 /* Posts the control receive (the next descriptor or the close marker). */
+/* Whether the reader's window is full (ARRIVED_WINDOW_MSGS). A pipe
+ * closed locally drains regardless: what arrives is discarded at once. */
+static int window_full(const struct mp_pipe *pp)
+{
+    return !pp->local_closed &&
+           (pp->narrived >= ARRIVED_WINDOW_MSGS || pp->arrived_bytes >= pp->m->core->cfg.eager_window);
+}
+
 static void ctrl_post(struct mp_pipe *pp)
 {
-    if (pp->ctrl || pp->got_close || pp->broken || pp->m->destroying)
+    if (pp->ctrl || pp->got_close || pp->broken || pp->m->destroying || window_full(pp))
         return;
     if (pp->ctrl_buf == NULL && (pp->ctrl_buf = malloc(CTRL_BUF)) == NULL) {
         break_because(pp, WEFT_ERR_NO_MEMORY, "no memory for the descriptor buffer");
@@ -623,8 +651,12 @@ static void close_pending(struct weft_msgpipes *m, struct mp_pipe *pp)
     }
     while ((n = weft_list_pop(&pp->arrived)) != NULL)
         discard(pp, weft_container_of(n, struct mp_msg, link));
+    pp->narrived = pp->arrived_bytes = 0;
     while ((n = weft_list_pop(&pp->delivered)) != NULL)
         discard(pp, weft_container_of(n, struct mp_msg, link));
+    /* Closed locally with the window full: drain what is still coming
+     * (discarded on arrival) up to the peer's marker. */
+    ctrl_post(pp);
 }
 
 /* The pipe broke (its peer failed, the comm was aborted): operations
@@ -640,6 +672,7 @@ static void pipe_break(struct weft_msgpipes *m, struct mp_pipe *pp)
     }
     while ((n = weft_list_pop(&pp->arrived)) != NULL)
         msg_put(weft_container_of(n, struct mp_msg, link));
+    pp->narrived = pp->arrived_bytes = 0;
     while ((n = weft_list_pop(&pp->delivered)) != NULL)
         msg_put(weft_container_of(n, struct mp_msg, link));
 }
@@ -650,12 +683,15 @@ static void deliver(struct weft_msgpipes *m, struct mp_pipe *pp)
     while (!weft_list_empty(&pp->descs) && !weft_list_empty(&pp->arrived)) {
         struct mp_op *op = weft_container_of(weft_list_first(&pp->descs), struct mp_op, link);
         struct mp_msg *g = weft_container_of(weft_list_pop(&pp->arrived), struct mp_msg, link);
+        pp->narrived--;
+        pp->arrived_bytes -= g->wire_bytes;
         g->refs++;                 /* the descriptor callback's */
         op->msg = g;
         op->seq = g->seq;
         weft_list_add_tail(&pp->delivered, &g->link);
         op_due(m, pp, op);
     }
+    ctrl_post(pp);   /* the window may have room again */
 }
 
 /* A whole descriptor (or marker) arrived: wire holds total bytes (owned). */
@@ -689,7 +725,10 @@ static void arrive(struct weft_msgpipes *m, struct mp_pipe *pp, unsigned char *w
         discard(pp, g);
         return;
     }
+    g->wire_bytes = total;
     weft_list_add_tail(&pp->arrived, &g->link);
+    pp->narrived++;
+    pp->arrived_bytes += total;
     deliver(m, pp);
 }
 
@@ -775,12 +814,14 @@ static int gate_open(struct mp_op *op)
     return 1;
 }
 
-/* Data-lane sends start in write order, each write's once its streams passed. */
+/* Data-lane sends start in write order, each write's once its streams
+ * passed; from pp->send_next on. */
 static int start_sends(struct mp_pipe *pp)
 {
     int n = 0;
-    weft_list_for_each(x, &pp->writes) {
-        struct mp_op *op = weft_container_of(x, struct mp_op, link);
+    struct mp_op *op = pp->send_next;
+    for (; op != NULL;
+         op = op->link.next == &pp->writes ? NULL : weft_container_of(op->link.next, struct mp_op, link)) {
         if (op->started == op->nsend)
             continue;
         if (!gate_open(op))
@@ -795,6 +836,7 @@ static int start_sends(struct mp_pipe *pp)
             }
         }
     }
+    pp->send_next = op;
     return n;
 }
 
@@ -827,8 +869,15 @@ static int pipe_progress(struct weft_msgpipes *m, struct mp_pipe *pp)
     struct weft_list *qs[2] = { &pp->writes, &pp->reads };
     for (int q = 0; q < 2; q++) {
         int head = 1;
+        unsigned behind = 0;
         weft_list_for_each(x, qs[q]) {
             struct mp_op *op = weft_container_of(x, struct mp_op, link);
+            /* Past the first unfinished operation only its next 64 are
+             * looked at: nothing behind it is due before it, and a writer
+             * far ahead of its reader may hold thousands (their requests
+             * are reaped when they come near the head). */
+            if (!head && ++behind > 64)
+                break;
             int all = op_reap(pp, op) && op->started == op->nsend;
             if (head && all) {
                 op_due(m, pp, op);
@@ -1213,6 +1262,8 @@ int weft_msgpipe_write(weft_pipe_t *h, const weft_pipe_message_t *msg, weft_pipe
     op->nreq = (total > CTRL_BUF ? 2 : 1) + nsend;
     pp->wseq++;
     weft_list_add_tail(&pp->writes, &op->link);
+    if (pp->send_next == NULL && op->started < op->nsend)
+        pp->send_next = op;
     op = NULL;
     (void)start_sends(pp);
     rc = WEFT_SUCCESS;
