@@ -1370,7 +1370,7 @@ struct WindowWriter {
     }
 };
 
-/* Rank 0 writes 50,000 messages of 1 KiB (inline: one small transport
+/* Rank 0 writes 50,000 messages of 1 KiB (12,000 under sanitizers; inline: one small transport
  * message each) without waiting; rank 1 keeps its pipes moving but asks for
  * no descriptor until rank 0 said it wrote them all and 1.5 s more passed,
  * then reads them all. Without a window the reader took in every message
@@ -1383,7 +1383,17 @@ TEST_P(MsgPipe, ReaderThatDoesNotReadHoldsOnlyAWindow)
     if (size != 2)
         GTEST_SKIP() << "np 2: a writer and a reader";
     constexpr int kId = 9;
+    /* Under the sanitizers (5-15x slower; their shadow memory and
+     * quarantine make resident size say little) the flow is checked with
+     * fewer messages, still more than two windows, and the growth is only
+     * printed: the -Werror pass holds the bound. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    constexpr uint64_t kN = 12000;
+    constexpr bool kCheckResident = false;
+#else
     constexpr uint64_t kN = 50000;
+    constexpr bool kCheckResident = true;
+#endif
     constexpr size_t kBytes = 1024;
     constexpr int kTagIssued = 4711;
     weft_pipe_t *p = nullptr;
@@ -1436,7 +1446,9 @@ TEST_P(MsgPipe, ReaderThatDoesNotReadHoldsOnlyAWindow)
         const size_t grown = resident_bytes() - std::min(before, resident_bytes());
         std::printf("[rank 1] resident growth while not reading %llu messages of %zu B: %.1f MiB\n",
                     (unsigned long long)kN, kBytes, grown / 1048576.0);
-        EXPECT_LT(grown, (size_t)24 << 20) << "the reader took in what it did not ask for";
+        if (kCheckResident) {
+            EXPECT_LT(grown, (size_t)24 << 20) << "the reader took in what it did not ask for";
+        }
         const double t0 = now_s();
         r.ask();
         EXPECT_TRUE(drive([&] { return r.read == kN || r.stopped; }, 120)) << r.read << " of " << kN << " read";
