@@ -1370,11 +1370,12 @@ struct WindowWriter {
     }
 };
 
-/* Rank 0 writes 50,000 messages of 1 KiB (12,000 under sanitizers; inline: one small transport
- * message each) without waiting; rank 1 keeps its pipes moving but asks for
- * no descriptor until rank 0 said it wrote them all and 1.5 s more passed,
- * then reads them all. Without a window the reader took in every message
- * (~60 MB here; 500k x 1 KiB grew it by 670 MB); with it the reader grows by
+/* Rank 0 writes 50,000 messages of 1 KiB (12,000 under sanitizers;
+ * inline: one small transport message each) without waiting; rank 1 keeps
+ * its pipes moving but asks for no descriptor until rank 0 said it wrote
+ * them all and 1.5 s more passed, then reads them all. Without a window
+ * the reader took in every message (+67 MiB here; 500k x 1 KiB grew it by
+ * 670 MB); with it the reader grows by
  * at most ~2 windows (the pipe's and the pair's flow control, 4 MiB each by
  * default), the writer's callbacks wait, and every message still arrives,
  * in order, intact, once the reader reads. */
