@@ -422,7 +422,6 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct 
     op->nsteps = n;
     op->next = 0;
     op->lo = 0;
-    op->watched = 0;
     op->scratch = host_scratch ? (char *)op + head : NULL;
     if (call->scratch_dev && call->scratch_bytes > 0) {
         if (call->prep && call->prep->scratch) {
@@ -498,17 +497,6 @@ int weft_coll_op_wait(struct weft_coll_op *op)
     if (op == NULL)
         return WEFT_SUCCESS;
     while (!op_advance(op)) {
-        /* The op waits for every step in flight, not only the one it sleeps
-         * on: each request's no-progress clock starts when the op first
-         * waits with it in flight, once per step. Started only when waited
-         * on, a send behind a failed receive began its WEFT_TIMEOUT when
-         * the receive failed: a rank whose peer was alive but elsewhere (a
-         * diverged PMPI call) got its verdict after 2t + 1 s, not t + 1 s. */
-        for (size_t i = op->watched > op->lo ? op->watched : op->lo; i < op->next; i++)
-            if (op->steps[i].state == STEP_ISSUED && op->steps[i].req)
-                weft_p2p_watch(op->steps[i].req, op->what);
-        if (op->watched < op->next)
-            op->watched = op->next;
         /* Not over, so some issued step is in flight (lo < next). Wait for
          * what holds up the next step, else for the oldest in flight. */
         size_t t = op->lo;

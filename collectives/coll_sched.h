@@ -108,8 +108,6 @@ struct weft_coll_op {
     size_t                  nsteps;
     size_t                  next;    /* next step to issue */
     size_t                  lo;      /* every step before lo is complete */
-    size_t                  watched; /* weft_coll_op_wait: steps before this have their request's
-                                        no-progress clock running (weft_p2p_watch) */
     void                   *scratch; /* scratch_bytes, in the op's allocation */
     struct weft_sched_step  steps[];
 };
