@@ -246,7 +246,11 @@ TEST_F(PmpiDiverged, CountsOnBothSidesOfTheThresholdEndInWeftsTimeout)
          * 2, 4): the ring's receive fails after t + 0.5 s, then its send
          * to the same live peer is waited out on a clock of its own, from
          * the receive's failure. Bounded, not yet within t + 2 s (issue
-         * 28's verdict deadline); this holds the bound it has. */
+         * 28's verdict deadline); this holds the bound it has. Starting
+         * every step's clock at the op's first wait gave t + 1 s but timed
+         * out sends between two live survivors while one of them waited on
+         * a stopped rank (faults_rd_stop_*): a fix must end only the
+         * requests to the peer found not serving. */
         EXPECT_LT(took, 2 * timeout_s + 2.0) << "the timeout took " << took << " s";
         /* Release rank 0 from MPI's allreduce. */
         double one = 1.0, sum = 0;
