@@ -549,7 +549,6 @@ static void op_due(struct weft_msgpipes *m, struct mp_pipe *pp, struct mp_op *op
 
 /* ---- the lanes ---- */
 
-/* Posts the control receive (the next descriptor or the close marker). */
 /* Whether the reader's window is full (ARRIVED_WINDOW_MSGS). A pipe
  * closed locally drains regardless: what arrives is discarded at once. */
 static int window_full(const struct mp_pipe *pp)
@@ -558,6 +557,8 @@ static int window_full(const struct mp_pipe *pp)
            (pp->narrived >= ARRIVED_WINDOW_MSGS || pp->arrived_bytes >= pp->m->core->cfg.eager_window);
 }
 
+/* Posts the control receive (the next descriptor or the close marker),
+ * unless the reader's window is full: deliver() posts it again. */
 static void ctrl_post(struct mp_pipe *pp)
 {
     if (pp->ctrl || pp->got_close || pp->broken || pp->m->destroying || window_full(pp))
