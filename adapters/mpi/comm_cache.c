@@ -110,12 +110,23 @@ static void release(struct entry *e)
 }
 
 /* MPI_Comm_free (or MPI_Finalize, below) of a communicator with an entry. */
+/* Bumped whenever an entry goes (its communicator freed): a handle value
+ * MPI reuses for a new communicator then no longer matches a caller's
+ * cached answer (colls.c, route). */
+static atomic_ulong entry_gen = 1;
+
+unsigned long wmpi_comm_gen(void)
+{
+    return atomic_load_explicit(&entry_gen, memory_order_acquire);
+}
+
 static int comm_delete(MPI_Comm comm, int key, void *value, void *extra)
 {
     struct entry *e = value;
     (void)comm;
     (void)key;
     (void)extra;
+    atomic_fetch_add_explicit(&entry_gen, 1, memory_order_acq_rel);
     unlink_entry(e);
     release(e);
     return MPI_SUCCESS;
@@ -283,15 +294,25 @@ static struct entry *make(MPI_Comm comm)
 
 weft_comm_t *wmpi_comm_get(MPI_Comm comm)
 {
+    return wmpi_comm_get_entry(comm, NULL);
+}
+
+weft_comm_t *wmpi_comm_get_entry(MPI_Comm comm, int *has_entry)
+{
     struct entry *e = NULL;
     int found = 0, inter = 0, size = 0;
 
+    if (has_entry)
+        *has_entry = 0;
     if (comm == MPI_COMM_NULL || !wmpi_ready())
         return NULL;
     if (PMPI_Comm_get_attr(comm, comm_key, &e, &found) != MPI_SUCCESS)
         return NULL;
-    if (found)
+    if (found) {
+        if (has_entry)
+            *has_entry = e != NULL;
         return e ? e->weft : NULL;
+    }
     /* Agreed by every rank of comm: an intercommunicator or a single rank
      * stays with MPI (weft's comms are intra, and one rank needs no pipes). */
     if (PMPI_Comm_test_inter(comm, &inter) != MPI_SUCCESS || inter)
@@ -299,5 +320,7 @@ weft_comm_t *wmpi_comm_get(MPI_Comm comm)
     if (PMPI_Comm_size(comm, &size) != MPI_SUCCESS || size < 2)
         return NULL;
     e = make(comm);
+    if (has_entry)
+        *has_entry = e != NULL;
     return e ? e->weft : NULL;
 }

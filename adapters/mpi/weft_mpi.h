@@ -62,6 +62,11 @@ void wmpi_stats_print(void);
  * alike); NULL when comm goes to PMPI (intercomm, size 1, or weft could
  * not be set up on some rank: then one WARN line, and PMPI for good). */
 weft_comm_t *wmpi_comm_get(MPI_Comm comm);
+/* The same; *has_entry: 1 when comm has its entry (a weft comm, or the
+ * decision that weft cannot serve it), which stays until comm is freed
+ * and wmpi_comm_gen() changes. */
+weft_comm_t *wmpi_comm_get_entry(MPI_Comm comm, int *has_entry);
+unsigned long wmpi_comm_gen(void);
 /* The layer is set up (keyval, error codes, settings) once per process;
  * 0 when MPI is not initialised or already finalised (go to PMPI). */
 int wmpi_ready(void);
