@@ -19,14 +19,14 @@
 
 #include "weft_mpi.h"
 
-/* weft's comm for this call, or NULL: PMPI serves it. bytes == 0 never
- * needs weft (nothing moves) except for the barrier, which passes 1. */
 /* route's per-thread memory of the last communicator a small call found
  * with its entry (valid while wmpi_comm_gen() is small_gen). */
 static _Thread_local int small_comm_valid;
 static _Thread_local MPI_Comm small_comm;
 static _Thread_local unsigned long small_gen;
 
+/* weft's comm for this call, or NULL: PMPI serves it. bytes == 0 never
+ * needs weft (nothing moves) except for the barrier, which passes 1. */
 static weft_comm_t *route(enum wmpi_coll coll, MPI_Comm comm, size_t bytes)
 {
     weft_comm_t *wc = NULL;

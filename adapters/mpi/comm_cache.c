@@ -109,7 +109,6 @@ static void release(struct entry *e)
     free(e);
 }
 
-/* MPI_Comm_free (or MPI_Finalize, below) of a communicator with an entry. */
 /* Bumped whenever an entry goes (its communicator freed): a handle value
  * MPI reuses for a new communicator then no longer matches a caller's
  * cached answer (colls.c, route). */
@@ -120,6 +119,7 @@ unsigned long wmpi_comm_gen(void)
     return atomic_load_explicit(&entry_gen, memory_order_acquire);
 }
 
+/* MPI_Comm_free (or MPI_Finalize, below) of a communicator with an entry. */
 static int comm_delete(MPI_Comm comm, int key, void *value, void *extra)
 {
     struct entry *e = value;

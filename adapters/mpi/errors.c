@@ -59,13 +59,12 @@ int wmpi_raise(MPI_Comm comm, const char *fn, int wrc, weft_comm_t *wc, const ch
     PMPI_Comm_size(comm, &size);
     if (text == NULL)
         text = wc ? weft_comm_last_error(wc) : weft_last_error();
-    /* A collective that stalls on a live peer, under the drop-in, is most
-     * often a peer whose call went to MPI: its size fell on the other side
-     * of a threshold because its count or type differs from this rank's,
-     * which MPI forbids but some MPIs let pass. Say so. */
-    /* What kind of failure comes before weft's detail, which can be long
-     * (a peer's state, the other side's call): MPI's copy may end inside
-     * the detail, never before the kind. */
+    /* The kind of failure comes before weft's detail, which can be long (a
+     * peer's state, the other side's call): MPI's copy may end inside the
+     * detail, never before the kind. A timeout says why it is most often
+     * the drop-in's own doing: a peer whose size fell on the other side of
+     * a threshold (its count or type differs from this rank's, which MPI
+     * forbids but some MPIs let pass) called MPI instead of weft. */
     snprintf(line, sizeof(line), "weft: %s on rank %d of a communicator of %d ranks failed: %s: %s%s", fn, rank,
              size, weft_strerror(wrc), text && *text ? text : "no detail",
              wrc == WEFT_ERR_TIMEOUT
