@@ -148,6 +148,7 @@ void weft_coll_fini(struct weft_coll *cc)
     free(cc->node_first);
     free(cc->node_ranks);
     free(cc->shapes);
+    coll_node_fini(cc);
     coll_stage_fini(cc);
     coll_nb_fini(cc);
     pthread_mutex_destroy(&cc->shapes_lock);
@@ -191,6 +192,7 @@ int weft_coll_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_c
             int rc = coll_nb_slot_free(cc, seq);
             if (rc != WEFT_SUCCESS)
                 return rc;
+            coll_node_started(cc, a, seq);
         }
     }
     return starts[a->kind](cc, a, tag, seq, op);
@@ -273,13 +275,18 @@ void weft_coll_refused(struct weft_coll *cc, const char *fn)
     weft_error_get(cc->core, &e);
     snprintf(text, sizeof text, "rank %d refused its %s (collective #%u) on its own arguments: %s", cc->core->rank,
              fn, seq, e.text);
+    coll_node_refused(cc, seq);
     weft_p2p_coll_failed(cc->p2p, seq, WEFT_ERR_MISMATCH, text);
 }
 
 int weft_coll_run(struct weft_coll *cc, const struct weft_coll_args *a)
 {
     struct weft_coll_op *op;
-    int rc = weft_coll_start(cc, a, NULL, 0, &op);
+    int handled;
+    int rc = coll_node_run(cc, a, &handled);
+    if (handled)
+        return rc;
+    rc = weft_coll_start(cc, a, NULL, 0, &op);
     return rc != WEFT_SUCCESS ? rc : weft_coll_op_wait(op);
 }
 

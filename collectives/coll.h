@@ -32,6 +32,7 @@ struct weft_coll_op;
 struct weft_coll_shape;
 struct weft_coll_stage;
 struct weft_coll_nb;
+struct coll_node;
 
 /* What a collective call is. The same on every rank that makes the call
  * (buffers aside); travels in every message of the call as its fingerprint. */
@@ -44,6 +45,8 @@ enum weft_coll_kind {
      * collective that meets it fails with WEFT_ERR_MISMATCH instead of
      * taking its data (weft_comm_split's exchange of colors and keys). */
     WEFT_COLL_SPLIT_EXCHANGE,
+    /* The node-local collectives' setup (node_coll.c): its two exchanges. */
+    WEFT_COLL_NODE_SETUP,
     WEFT_COLL_KIND_END
 };
 
@@ -128,6 +131,12 @@ struct weft_coll {
     int                     nb_count;  /* atomic: ops on nb_head */
     int                     nb_hooked; /* atomic: registered with the comm's engine */
     struct weft_coll_nb    *nb_dead;   /* given up at destroy, freed by fini */
+
+    /* Node-local collectives in shared memory (node_coll.c): the mapped
+     * segment once set up, and whether it was tried (0), is on (1) or off
+     * for good (-1). */
+    struct coll_node       *node;
+    int                     node_state;
 };
 
 /* node[size]: the effective node of each rank (the rank card header's

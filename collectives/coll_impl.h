@@ -114,6 +114,19 @@ void coll_nb_fini(struct weft_coll *cc);
 /* Reduction chunk in bytes (WEFT_REDUCE_CHUNK_KB), a multiple of esize. */
 size_t coll_reduce_chunk(const struct weft_coll *cc, size_t esize);
 
+/* ---- node-local collectives in shared memory (node_coll.c) ----
+ * A blocking call that fits (every rank of the comm on one node, its data
+ * within WEFT_NODE_COLL_KB a rank, no algorithm forced) runs here:
+ * *handled = 1 and its result returned; otherwise *handled = 0 and the call
+ * goes as messages. Decided from the arguments and agreed settings alone. */
+int  coll_node_run(struct weft_coll *cc, const struct weft_coll_args *a, int *handled);
+/* A call started as messages (seq): its fingerprint published where ranks
+ * waiting in a node-local call look (a mismatch found at once). */
+void coll_node_started(struct weft_coll *cc, const struct weft_coll_args *a, uint32_t seq);
+/* Call seq refused by this rank on its own arguments (weft_coll_refused). */
+void coll_node_refused(struct weft_coll *cc, uint32_t seq);
+void coll_node_fini(struct weft_coll *cc);
+
 /* ---- allgather algorithms (allgather.c). Arguments are already validated:
  * bytes > 0, size > 1, sendbuf either in place (== recvbuf + rank*bytes) or
  * not overlapping recvbuf, algo applies at this size. Builds the op of algo

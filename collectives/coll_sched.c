@@ -122,6 +122,9 @@ static void sig_describe(const struct weft_coll_sig *sig, char *out, size_t n)
     case WEFT_COLL_SPLIT_EXCHANGE:
         snprintf(out, n, "weft_comm_split (its exchange of colors)");
         break;
+    case WEFT_COLL_NODE_SETUP:
+        snprintf(out, n, "the node-local collectives' setup (before a small collective)");
+        break;
     default:
         snprintf(out, n, "a collective of unknown kind %d", sig->kind);
         break;
@@ -129,7 +132,7 @@ static void sig_describe(const struct weft_coll_sig *sig, char *out, size_t n)
 }
 
 /* w[0] = seq | dtype+1 (8 bits) | op+1 (8 bits) | kind (16 bits). */
-static struct weft_p2p_check sig_check(const struct weft_coll_sig *sig, uint32_t seq)
+struct weft_p2p_check weft_sched_sig_check(const struct weft_coll_sig *sig, uint32_t seq)
 {
     struct weft_p2p_check c;
     c.w[0] = ((uint64_t)seq << 32) | ((uint64_t)(uint8_t)(sig->dtype + 1) << 24) |
@@ -411,7 +414,7 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct 
     op->seq = call->seq;
     op->err = WEFT_SUCCESS;
     op->sig = call->sig;
-    op->check = sig_check(&call->sig, call->seq);
+    op->check = weft_sched_sig_check(&call->sig, call->seq);
     op->nranks = call->nranks > 0 ? call->nranks : 1;
     op->dev = call->scratch_dev;
     op->scratch_dev = NULL;

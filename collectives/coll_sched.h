@@ -193,6 +193,8 @@ struct weft_request *weft_sched_oldest(const struct weft_coll_op *op);
  * says of a peer's call when it asked about a stalled receive
  * (weft_p2p_set_check_describe). */
 void weft_sched_describe_check(const struct weft_p2p_check *c, char *out, size_t n);
+/* The fingerprint of call seq with signature sig, as its messages carry it. */
+struct weft_p2p_check weft_sched_sig_check(const struct weft_coll_sig *sig, uint32_t seq);
 
 /* weft_coll_op_test / weft_coll_op_wait / weft_coll_op_abandon (coll.h)
  * are the engine's other entry points. */

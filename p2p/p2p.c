@@ -85,6 +85,16 @@ start_locked(struct weft_p2p *p, int send, void *buf, size_t bytes, int peer, in
     return rc;
 }
 
+void weft_p2p_coll_started(struct weft_p2p *p, const struct weft_p2p_check *c)
+{
+    pthread_mutex_lock(&p->lock);
+    if (!p->coll_head_set || (int32_t)(weft_p2p_check_call(c) - weft_p2p_check_call(&p->coll_head)) >= 0) {
+        p->coll_head = *c;
+        p->coll_head_set = 1;
+    }
+    pthread_mutex_unlock(&p->lock);
+}
+
 void weft_p2p_set_check_describe(struct weft_p2p *p, weft_p2p_check_describe_fn fn)
 {
     pthread_mutex_lock(&p->lock);

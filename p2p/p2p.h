@@ -143,6 +143,10 @@ uint64_t weft_p2p_fault_epoch(struct weft_p2p *p);
 /* Why the comm cannot run collective coll_seq: a notice about that call
  * from another rank, a failed rank, or abort; WEFT_SUCCESS: none. */
 int  weft_p2p_fault(struct weft_p2p *p, uint32_t coll_seq, char *why, size_t whylen);
+/* A collective that sends no checked message (the node-local ones,
+ * collectives/node_coll.c) is this rank's newest call: what a peer asking
+ * about a stalled collective receive is told (NOTICE COLL_ASK). */
+void weft_p2p_coll_started(struct weft_p2p *p, const struct weft_p2p_check *c);
 /* Collective seq failed here (code, text): tell every live peer. */
 void weft_p2p_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text);
 /* weft_comm_abort: any thread. */

@@ -382,6 +382,7 @@ static const struct { const char *name; size_t off; size_t lo, hi, unit; } sizes
     { "WEFT_SHM_BUDGET_MB",      F(shm_budget),       0,         (size_t)1 << 44, (size_t)1 << 20 },
     { "WEFT_SHM_CHUNK_KB",       F(shm_chunk),        4 << 10,   64u << 20,       1024 },
     { "WEFT_SHM_CMA_MIN_KB",     F(shm_cma_min),      0,         SIZE_MAX,        1024 },
+    { "WEFT_NODE_COLL_KB",       F(node_coll_bytes),  0,         16u << 20,       1024 },
     { "WEFT_TCP_EAGER",          F(tcp_eager_limit),  0,         4u << 20,        1 },
     { "WEFT_TCP_CHUNK_KB",       F(tcp_chunk),        4 << 10,   (size_t)1 << 30, 1024 },
     { "WEFT_SELF_EAGER",         F(self_eager_limit), 0,         64u << 20,       1 },
@@ -448,6 +449,11 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     cfg->shm_budget       = (size_t)64 << 20;
     cfg->shm_chunk        = 64 << 10;
     cfg->shm_cma_min      = 0;
+    /* 32 KiB a rank: the sizes where one shared-memory round beats a
+     * schedule of messages on this machine (docs/benchmarks.md,
+     * "Node-local collectives"), and a segment of 2 x (ranks + 1) x 32 KiB
+     * per comm (576 KiB at 8 ranks). */
+    cfg->node_coll_bytes  = 32 << 10;
     cfg->tcp_streams      = 4;
     cfg->tcp_eager_limit  = 64 << 10;
     cfg->tcp_chunk        = 512 << 10;
@@ -631,6 +637,7 @@ static const struct {
     { "WEFT_REDUCE_ALGO",        AGREED_ALGO, offsetof(struct weft_config, reduce_algo), weft_reduce_algo_names },
     { "WEFT_ALLTOALL_ALGO",      AGREED_ALGO, offsetof(struct weft_config, alltoall_algo), weft_alltoall_algo_names },
     { "WEFT_REDUCE_CHUNK_KB",    AGREED_SIZE, offsetof(struct weft_config, reduce_chunk), NULL },
+    { "WEFT_NODE_COLL_KB",       AGREED_SIZE, offsetof(struct weft_config, node_coll_bytes), NULL },
 };
 
 void weft_config_agreed_values(const struct weft_config *cfg, int64_t *values)

@@ -25,6 +25,9 @@ struct weft_config {
     size_t   shm_budget;       /* WEFT_SHM_BUDGET_MB: bytes of rings this rank's lanes may grow to; 0 = they never grow */
     size_t   shm_chunk;        /* WEFT_SHM_CHUNK_KB: bounce-buffer chunk of the pipelined copy */
     size_t   shm_cma_min;      /* WEFT_SHM_CMA_MIN_KB: receiver uses CMA from this size up */
+    size_t   node_coll_bytes;  /* WEFT_NODE_COLL_KB: each rank's slot in a comm's node-local collective
+                                  segment (collectives/node_coll.c), the largest contribution those
+                                  collectives take; 0 = off (every collective a schedule of messages) */
     int      tcp_streams;      /* WEFT_TCP_STREAMS: data sockets per peer (besides the control one) */
     char     tcp_if[64];       /* WEFT_TCP_IF: interface name (or IPv4 address) to listen/connect on */
     size_t   tcp_eager_limit;  /* WEFT_TCP_EAGER: largest message sent eagerly on the control socket */
@@ -142,7 +145,7 @@ int weft_config_log_level(const struct weft_settings *settings);
  * agree"); WEFT_TRANSPORTS, which needs the transport registry to compare,
  * is checked by the comm itself. weft_comm_create gathers every rank's
  * values and fails on every rank, naming the setting, when they differ. */
-#define WEFT_CONFIG_AGREED_COUNT 17
+#define WEFT_CONFIG_AGREED_COUNT 18
 /* values[0 .. WEFT_CONFIG_AGREED_COUNT) = this config's effective values. */
 void weft_config_agreed_values(const struct weft_config *cfg, int64_t *values);
 /* The variable of value i ("WEFT_TCP_STREAMS"). */

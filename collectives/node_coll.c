@@ -1,0 +1,925 @@
+/*
+ * Node-local collectives in shared memory: the blocking collectives of a
+ * comm whose ranks all share one node, done by writing into and reading
+ * from one segment the ranks map, synchronised by flags -- no matching, no
+ * message per peer (Open MPI's coll/sm, UCC's tl/shm do the same).
+ *
+ * The segment (made at the first collective that fits, see node_setup):
+ *
+ *   +--------+----------------------------+---------------------------+-----------------+
+ *   | header | ctrl[0] ... ctrl[P-1]      | data[0][0 .. P-1]         | res[0] res[1]   |
+ *   |        | one cache-line pair a rank | data[1][0 .. P-1]         | slot bytes each |
+ *   |        | (flags, fingerprints, pid) | slot bytes each           |                 |
+ *   +--------+----------------------------+---------------------------+-----------------+
+ *
+ * A call numbered s (the comm's collective number, the same on every
+ * rank) uses buffer b = s & 1: rank r writes its contribution into
+ * data[b][r], its fingerprint into ctrl[r].fp[b], then publishes
+ * ctrl[r].arrive = s (release). A reader that sees arrive == s (acquire)
+ * and the same fingerprint reads data[b][r]; another fingerprint is
+ * WEFT_ERR_MISMATCH naming both calls. Once a rank read all it needed it
+ * publishes ctrl[r].done = s. Before rank r writes data[b][r] again it
+ * waits until every rank's done has reached the last call r ran on
+ * buffer b, so a slot is never rewritten while someone reads it.
+ *
+ *   allreduce, ranks 0..3, one round:
+ *     r0: data[b][0] <- send ; arrive=s ─┐
+ *     r1: data[b][1] <- send ; arrive=s ─┤ every rank waits for all arrive == s,
+ *     r2: data[b][2] <- send ; arrive=s ─┤ then recv = ((d0 op d1) op d2) op d3
+ *     r3: data[b][3] <- send ; arrive=s ─┘ (the same order on every rank)
+ *   from WEFT_NODE_COLL_FLAT_MAX bytes: every rank reduces only its slice
+ *   of the elements into res[b], publishes sliced = s, and all copy res[b]
+ *   out once every slice is there (the reduction work split P ways).
+ *
+ * Which calls come here is decided from the call's arguments and the comm's
+ * agreed settings only (node_fits), so every rank decides alike. A rank
+ * that refuses a call on its own arguments publishes that call with a
+ * fingerprint of its own (coll_node_refused): the others' wait ends at once
+ * in WEFT_ERR_MISMATCH and the flags stay in step.
+ *
+ * Waits follow src/core/backoff.h (no spinning when oversubscribed) and
+ * WEFT_TIMEOUT; while waiting the rank keeps its pipes and peers' health
+ * going (a rank that died is reported through p2p's fault notices), answers
+ * peers asking which call it is in, and looks at the ranks that have not
+ * arrived: one in the same call with another fingerprint, on any path, is a
+ * mismatch now, not a timeout later.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "backoff.h"
+#include "coll_impl.h"
+#include "config.h"
+#include "core.h"
+#include "deadline.h"
+#include "devcopy.h"
+#include "engine.h"
+#include "log.h"
+#include "p2p.h"
+#include "reduce_kernel.h"
+#include "tags.h"
+
+#define NODE_MAGIC 0x776566746e6f6465ull   /* "weftnode" */
+#define NODE_CACHE 64
+/* Up to this many bytes an allreduce is one round (every rank reduces the
+ * whole vector); above it, each rank reduces a slice. Measured: see
+ * docs/benchmarks.md, "Node-local collectives". */
+#define NODE_FLAT_MAX 2048
+
+struct node_hdr {
+    uint64_t magic;
+    uint64_t bytes;
+    uint32_t nranks;
+    uint32_t slot;
+};
+
+/* One rank's flags: written by that rank only. Values are collective
+ * numbers + 1 (0: nothing yet), compared modulo 2^32. */
+struct node_ctrl {
+    _Atomic uint32_t arrive;      /* newest call whose data and fingerprint are out */
+    _Atomic uint32_t done;        /* newest call this rank no longer reads anything of */
+    _Atomic uint32_t sliced;      /* allreduce: newest call whose slice is in res */
+    _Atomic uint32_t head_ver;    /* seqlock of head: odd while written */
+    int32_t          pid;
+    uint32_t         pad0;
+    uint64_t         fp[2][3];    /* fingerprint of the call that used buffer b */
+    _Atomic uint64_t head[3];     /* newest collective this rank started, on any path */
+    char             pad[2 * NODE_CACHE - 4 * 4 - 8 - 6 * 8 - 3 * 8];
+};
+_Static_assert(sizeof(struct node_ctrl) == 2 * NODE_CACHE, "ctrl is two cache lines");
+
+struct coll_node {
+    char             *base;
+    size_t            bytes;
+    struct node_ctrl *ctrl;
+    char             *data;       /* data[b][r] = data + (b * P + r) * slot */
+    char             *res;        /* res[b] = res + b * slot */
+    size_t            slot;
+    int               P, me;
+    uint32_t          last[2];    /* the last call (+1) this rank ran on buffer b; 0: none */
+    void             *scratch;    /* host result of a reduction into a device buffer */
+};
+
+enum { NODE_UNTRIED = 0, NODE_ON = 1, NODE_OFF = -1 };
+
+/* The kinds of the two marks a rank leaves in place of a call it did not
+ * run: refused on its own arguments, or failed before its part was out. */
+#define MARK_REFUSED 0
+#define MARK_FAILED  0xffff
+
+
+static inline int after_eq(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 0; }
+
+static inline char *slot_of(struct coll_node *n, int b, int r)
+{
+    return n->data + ((size_t)b * (size_t)n->P + (size_t)r) * n->slot;
+}
+
+/* ---------------------------------------------------------------- fit */
+
+static int transports_allow_shm(const char *t)
+{
+    if (t == NULL || *t == '\0')
+        return 1;
+    for (const char *p = t; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == 3 && strncasecmp(p, "shm", 3) == 0)
+            return 1;
+        p += len;
+        if (*p == ',')
+            p++;
+    }
+    return 0;
+}
+
+/* Bytes the call puts in each rank's slot; 0 when it does not come here.
+ * Only the arguments and agreed settings decide (the same on every rank). */
+static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args *a)
+{
+    const struct weft_core *core = cc->core;
+    size_t S = core->cfg.node_coll_bytes, P = (size_t)core->size, es;
+    if (S == 0 || P < 2 || cc->nnodes != 1 || cc->node_state == NODE_OFF)
+        return 0;
+    switch (a->kind) {
+    case WEFT_COLL_BARRIER:
+        return 1;
+    case WEFT_COLL_BCAST:
+    case WEFT_COLL_GATHER:
+        return a->count > 0 && a->count <= S ? a->count : 0;
+    case WEFT_COLL_ALLGATHER:
+        return cc->ag_algo == 0 && a->count > 0 && a->count <= S ? a->count : 0;
+    case WEFT_COLL_SCATTER:
+        return a->count > 0 && a->count <= S / P ? a->count * P : 0;
+    case WEFT_COLL_ALLTOALL:
+        return cc->a2a_algo == 0 && a->count > 0 && a->count <= S / P ? a->count * P : 0;
+    case WEFT_COLL_ALLREDUCE:
+    case WEFT_COLL_REDUCE:
+        if ((a->kind == WEFT_COLL_ALLREDUCE ? cc->ar_algo : cc->red_algo) != 0)
+            return 0;
+        es = weft_dtype_size(a->dtype);
+        return es && a->count > 0 && a->count <= S / es ? a->count * es : 0;
+    case WEFT_COLL_REDUCE_SCATTER:
+        es = weft_dtype_size(a->dtype);
+        return cc->rs_algo == 0 && es && a->count > 0 && a->count <= S / es / P ? a->count * es * P : 0;
+    default:
+        return 0;
+    }
+}
+
+/* ---------------------------------------------------------------- setup */
+
+/* What each rank says in the setup's two exchanges. */
+struct node_offer {
+    int32_t ok;
+    char    name[60];
+};
+
+static void node_unmap(struct coll_node *n)
+{
+    if (n == NULL)
+        return;
+    if (n->base)
+        munmap(n->base, n->bytes);
+    free(n->scratch);
+    free(n);
+}
+
+static size_t node_seg_bytes(int P, size_t slot, size_t *ctrl_off, size_t *data_off, size_t *res_off)
+{
+    size_t off = 2 * NODE_CACHE;   /* header, padded */
+    *ctrl_off = off;
+    off += (size_t)P * sizeof(struct node_ctrl);
+    *data_off = off;
+    off += 2 * (size_t)P * slot;
+    *res_off = off;
+    off += 2 * slot;
+    return off;
+}
+
+/* The leader makes and maps the segment; name filled. */
+static int node_create(struct weft_core *core, size_t bytes, char *name, size_t namelen, char **base, char *why,
+                       size_t whylen)
+{
+    static _Atomic unsigned made;
+    snprintf(name, namelen, "/weft-%d-node%u", (int)getpid(), atomic_fetch_add(&made, 1u));
+    int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) {
+        snprintf(why, whylen, "shm_open(%s): %s", name, strerror(errno));
+        return -1;
+    }
+    /* Reserve the pages now: a /dev/shm that cannot hold the segment says
+     * so here, not by SIGBUS at a later write. */
+    int e = posix_fallocate(fd, 0, (off_t)bytes);
+    if (e != 0) {
+        snprintf(why, whylen, "reserving %zu bytes for %s: %s (is /dev/shm full?)", bytes, name, strerror(e));
+        close(fd);
+        shm_unlink(name);
+        return -1;
+    }
+    void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    e = errno;
+    close(fd);
+    if (mem == MAP_FAILED) {
+        snprintf(why, whylen, "mmap of %s (%zu bytes): %s", name, bytes, strerror(e));
+        shm_unlink(name);
+        return -1;
+    }
+    struct node_hdr *h = mem;
+    h->bytes = bytes;
+    h->nranks = (uint32_t)core->size;
+    h->magic = NODE_MAGIC;
+    *base = mem;
+    return 0;
+}
+
+static int node_open(const char *name, size_t bytes, int P, size_t slot, char **base, char *why, size_t whylen)
+{
+    int fd = shm_open(name, O_RDWR, 0);
+    if (fd < 0) {
+        snprintf(why, whylen, "shm_open(%s): %s", name, strerror(errno));
+        return -1;
+    }
+    void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int e = errno;
+    close(fd);
+    if (mem == MAP_FAILED) {
+        snprintf(why, whylen, "mmap of %s (%zu bytes): %s", name, bytes, strerror(e));
+        return -1;
+    }
+    const struct node_hdr *h = mem;
+    if (h->magic != NODE_MAGIC || h->bytes != bytes || h->nranks != (uint32_t)P) {
+        snprintf(why, whylen, "%s is not this comm's segment (%zu bytes for %d ranks of %zu B expected)", name, bytes,
+                 P, slot);
+        munmap(mem, bytes);
+        return -1;
+    }
+    *base = mem;
+    return 0;
+}
+
+/* One internal exchange of the setup: an allgather whose fingerprint is
+ * its own kind, so no user collective can take its data, by the
+ * selector's algorithm whatever WEFT_ALLGATHER_ALGO forces (a forced one
+ * may not run on this rank count; the user's allgathers say so, not this). */
+static int node_exchange(struct weft_coll *cc, const void *mine, void *all, size_t bytes)
+{
+    struct weft_coll_op *op = NULL;
+    uint32_t seq = coll_seq_next(cc);
+    int rc = coll_nb_slot_free(cc, seq);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    int algo = weft_allgather_select(cc->core->size, cc->nnodes, bytes);
+    rc = coll_allgather_op(cc, WEFT_COLL_NODE_SETUP, algo, weft_tag_coll, seq, mine, all, bytes, &op);
+    return rc != WEFT_SUCCESS ? rc : weft_coll_op_wait(op);
+}
+
+/* At the first call that fits, on every rank alike: rank 0 makes the
+ * segment and says its name, the others map it, and all agree whether
+ * every rank could; otherwise the comm stays on messages for good (one log
+ * line says why). WEFT_SUCCESS either way; an error only when an exchange
+ * itself failed (the call then fails with it). */
+static int node_setup(struct weft_coll *cc)
+{
+    struct weft_core *core = cc->core;
+    int P = core->size, me = core->rank;
+    size_t slot = (core->cfg.node_coll_bytes + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE;
+    size_t ctrl_off, data_off, res_off, bytes = node_seg_bytes(P, slot, &ctrl_off, &data_off, &res_off);
+    struct node_offer mine, *all = calloc((size_t)P, sizeof *all);
+    struct coll_node *n = calloc(1, sizeof *n);
+    char why[256] = "";
+    char *base = NULL;
+    int rc;
+
+    memset(&mine, 0, sizeof mine);
+    if (all == NULL || n == NULL) {
+        free(all);
+        free(n);
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "node-local collectives: no memory for %d ranks' state", P);
+    }
+    int willing = transports_allow_shm(core->cfg.transports);
+    if (!willing)
+        snprintf(why, sizeof why, "WEFT_TRANSPORTS=%s leaves shm out", core->cfg.transports);
+    if (bytes > core->cfg.shm_budget && willing) {
+        snprintf(why, sizeof why, "its %zu-byte segment exceeds WEFT_SHM_BUDGET_MB", bytes);
+        willing = 0;
+    }
+    if (me == 0 && willing && node_create(core, bytes, mine.name, sizeof mine.name, &base, why, sizeof why) == 0)
+        mine.ok = 1;
+    rc = node_exchange(cc, &mine, all, sizeof mine);
+    if (rc == WEFT_SUCCESS && me != 0) {
+        mine.ok = 0;
+        if (willing && all[0].ok) {
+            char name[sizeof mine.name + 1];
+            memcpy(name, all[0].name, sizeof mine.name);
+            name[sizeof mine.name] = '\0';
+            mine.ok = node_open(name, bytes, P, slot, &base, why, sizeof why) == 0;
+        }
+    }
+    if (base) {
+        /* Flags start at this point in the comm's numbering, so wrap-safe
+         * comparisons hold from the first call on. */
+        struct node_ctrl *c = (struct node_ctrl *)(base + ctrl_off) + me;
+        uint32_t now = cc->seq;
+        c->pid = (int32_t)getpid();
+        atomic_store_explicit(&c->arrive, now, memory_order_relaxed);
+        atomic_store_explicit(&c->done, now, memory_order_relaxed);
+        atomic_store_explicit(&c->sliced, now, memory_order_release);
+    }
+    int32_t agreed[1] = { mine.ok };
+    int32_t *oks = (int32_t *)all;   /* reuse: P * 64 bytes hold P flags */
+    if (rc == WEFT_SUCCESS)
+        rc = node_exchange(cc, agreed, oks, sizeof agreed);
+    int every = rc == WEFT_SUCCESS, first_no = -1;
+    for (int r = 0; every && r < P; r++)
+        if (!oks[r]) {
+            every = 0;
+            first_no = r;
+        }
+    if (me == 0 && mine.name[0])
+        shm_unlink(mine.name);   /* every rank mapped it, or gave up: the name is not needed */
+    free(all);
+    if (!every) {
+        if (base)
+            munmap(base, bytes);
+        free(n);
+        /* An exchange that failed (a rank refused the call these
+         * exchanges came before, a rank failed): tried again at the next
+         * call that fits, by every rank alike. */
+        cc->node_state = rc == WEFT_SUCCESS ? NODE_OFF : NODE_UNTRIED;
+        if (rc == WEFT_SUCCESS && (first_no == me || me == 0))
+            WEFT_INFO(me, "node-local collectives off for this comm (collectives go as messages): rank %d: %s",
+                      first_no, first_no == me ? why : "could not map the segment");
+        return rc;
+    }
+    n->base = base;
+    n->bytes = bytes;
+    n->ctrl = (struct node_ctrl *)(base + ctrl_off);
+    n->data = base + data_off;
+    n->res = base + res_off;
+    n->slot = slot;
+    n->P = P;
+    n->me = me;
+    if (core->cuda) {
+        n->scratch = malloc(slot);
+        if (n->scratch == NULL) {
+            node_unmap(n);
+            cc->node_state = NODE_OFF;   /* every rank has it: unmapping here alone would hang the others */
+            return weft_set_error(core, WEFT_ERR_NO_MEMORY, "node-local collectives: no memory for %zu B of scratch",
+                                  slot);
+        }
+    }
+    cc->node = n;
+    cc->node_state = NODE_ON;
+    WEFT_INFO(me, "node-local collectives on: %zu-byte segment, %zu B a rank", bytes, slot);
+    return WEFT_SUCCESS;
+}
+
+void coll_node_fini(struct weft_coll *cc)
+{
+    node_unmap(cc->node);
+    cc->node = NULL;
+}
+
+/* ---------------------------------------------------------------- flags */
+
+static void head_publish(struct node_ctrl *c, const struct weft_p2p_check *ck)
+{
+    uint32_t v = atomic_load_explicit(&c->head_ver, memory_order_relaxed);
+    atomic_store_explicit(&c->head_ver, v + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    for (int i = 0; i < 3; i++)
+        atomic_store_explicit(&c->head[i], ck->w[i], memory_order_relaxed);
+    atomic_store_explicit(&c->head_ver, v + 2, memory_order_release);
+}
+
+/* 0: read; -1: being written (try later). */
+static int head_read(struct node_ctrl *c, struct weft_p2p_check *ck)
+{
+    uint32_t v = atomic_load_explicit(&c->head_ver, memory_order_acquire);
+    if (v & 1)
+        return -1;
+    for (int i = 0; i < 3; i++)
+        ck->w[i] = atomic_load_explicit(&c->head[i], memory_order_relaxed);
+    atomic_thread_fence(memory_order_acquire);
+    return atomic_load_explicit(&c->head_ver, memory_order_relaxed) == v ? 0 : -1;
+}
+
+static struct weft_coll_sig sig_of(const struct weft_coll_args *a)
+{
+    int rooted = a->kind == WEFT_COLL_BCAST || a->kind == WEFT_COLL_REDUCE || a->kind == WEFT_COLL_GATHER ||
+                 a->kind == WEFT_COLL_SCATTER;
+    int red = a->kind == WEFT_COLL_ALLREDUCE || a->kind == WEFT_COLL_REDUCE || a->kind == WEFT_COLL_REDUCE_SCATTER;
+    struct weft_coll_sig s = { a->kind, rooted ? a->root : -1, a->kind == WEFT_COLL_BARRIER ? 0 : a->count,
+                               red ? a->dtype : -1, red ? a->op : -1 };
+    return s;
+}
+
+void coll_node_started(struct weft_coll *cc, const struct weft_coll_args *a, uint32_t seq)
+{
+    if (cc->node == NULL)
+        return;
+    struct weft_coll_sig sig = sig_of(a);
+    struct weft_p2p_check ck = weft_sched_sig_check(&sig, seq);
+    head_publish(&cc->node->ctrl[cc->node->me], &ck);
+}
+
+void coll_node_refused(struct weft_coll *cc, uint32_t seq)
+{
+    struct coll_node *n = cc->node;
+    if (n == NULL)
+        return;
+    /* A fingerprint no call has (kind 0): whoever waits for this rank in
+     * call seq meets a mismatch at once; the flags move past seq. */
+    struct weft_coll_sig sig = { MARK_REFUSED, -1, 0, -1, -1 };
+    struct weft_p2p_check ck = weft_sched_sig_check(&sig, seq);
+    struct node_ctrl *c = &n->ctrl[n->me];
+    head_publish(c, &ck);
+    memcpy(c->fp[seq & 1], ck.w, sizeof ck.w);
+    atomic_store_explicit(&c->arrive, seq + 1, memory_order_release);
+    atomic_store_explicit(&c->done, seq + 1, memory_order_release);
+}
+
+/* ---------------------------------------------------------------- waits */
+
+enum node_flag { FLAG_ARRIVE, FLAG_SLICED, FLAG_DONE };
+
+struct node_call {
+    struct weft_coll     *cc;
+    struct coll_node     *n;
+    uint32_t              seq;     /* the call's number */
+    uint32_t              tag;     /* seq + 1: what the flags hold */
+    int                   b;       /* buffer */
+    struct weft_p2p_check check;   /* this call's fingerprint */
+    const char           *what;    /* "allreduce", ... */
+    int                   failed;  /* the code, once failed */
+    uint64_t              epoch;   /* p2p fault epoch last looked at */
+};
+
+static void describe(const struct weft_p2p_check *c, char *out, size_t n)
+{
+    if ((uint16_t)c->w[0] == MARK_REFUSED)
+        snprintf(out, n, "nothing (it refused the call on its own arguments)");
+    else if ((uint16_t)c->w[0] == MARK_FAILED)
+        snprintf(out, n, "this call but failed before its part was out (%s)", weft_strerror((int)c->w[2]));
+    else
+        weft_sched_describe_check(c, out, n);
+}
+
+/* The call failed here (code, text already the last error): tell the
+ * peers, unless the news came from them. */
+static int node_fail(struct node_call *k, int code, int tell)
+{
+    k->failed = code;
+    if (tell) {
+        struct weft_error last;
+        char line[1024], text[240];
+        weft_error_get(k->cc->core, &last);
+        weft_error_format(&last, 1, line, sizeof line);
+        snprintf(text, sizeof text, "rank %d: %.200s", k->cc->core->rank, line);
+        weft_p2p_coll_failed(k->cc->p2p, k->seq, code, text);
+    }
+    return code;
+}
+
+static int node_mismatch(struct node_call *k, int r, const struct weft_p2p_check *theirs, const char *how)
+{
+    char mine_s[160], theirs_s[160];
+    describe(&k->check, mine_s, sizeof mine_s);
+    describe(theirs, theirs_s, sizeof theirs_s);
+    weft_set_error(k->cc->core, WEFT_ERR_MISMATCH,
+                   "%s (node-local, collective #%u): collective mismatch: rank %d called %s, rank %d %s %s",
+                   k->what, k->seq, k->cc->core->rank, mine_s, r, how, theirs_s);
+    return node_fail(k, WEFT_ERR_MISMATCH, 1);
+}
+
+/* Rank r's flag reached what the wait needs: 1; not yet: 0; a failure:
+ * -1 (set). */
+static int flag_ok(struct node_call *k, int r, enum node_flag f, uint32_t want)
+{
+    struct node_ctrl *c = &k->n->ctrl[r];
+    if (f == FLAG_DONE)
+        return after_eq(atomic_load_explicit(&c->done, memory_order_acquire), want);
+    if (f == FLAG_SLICED)
+        return after_eq(atomic_load_explicit(&c->sliced, memory_order_acquire), want);
+    uint32_t a = atomic_load_explicit(&c->arrive, memory_order_acquire);
+    if (!after_eq(a, k->tag))
+        return 0;
+    /* At this call or past it: fp[b] holds the call it ran on buffer b,
+     * kept until this rank is done with this call. */
+    struct weft_p2p_check theirs;
+    memcpy(theirs.w, c->fp[k->b], sizeof theirs.w);
+    if (memcmp(&theirs, &k->check, sizeof theirs) == 0)
+        return 1;
+    if (weft_p2p_check_call(&theirs) == k->seq && (uint16_t)theirs.w[0] == MARK_FAILED) {
+        /* Its notice says why, when it came; else the mark does. */
+        char why[512];
+        int code = weft_p2p_fault(k->cc->p2p, k->seq, why, sizeof why);
+        if (code != WEFT_SUCCESS) {
+            weft_set_error(k->cc->core, code, "%s (node-local, collective #%u): %s", k->what, k->seq, why);
+            return node_fail(k, code, 0), -1;
+        }
+        code = (int)theirs.w[2];
+        weft_set_error(k->cc->core, code, "%s (node-local, collective #%u): rank %d failed this call: %s", k->what,
+                       k->seq, r, weft_strerror(code));
+        return node_fail(k, code, 0), -1;
+    }
+    if (weft_p2p_check_call(&theirs) == k->seq)
+        return node_mismatch(k, r, &theirs, "called"), -1;
+    /* Past this call without having made it here: what it did instead. */
+    struct weft_p2p_check head;
+    if (head_read(c, &head) != 0)
+        return 0;
+    char h[160];
+    describe(&head, h, sizeof h);
+    weft_set_error(k->cc->core, WEFT_ERR_MISMATCH,
+                   "%s (node-local, collective #%u): rank %d went past this call without making it (its newest "
+                   "collective is #%u, %s)", k->what, k->seq, r, weft_p2p_check_call(&head), h);
+    return node_fail(k, WEFT_ERR_MISMATCH, 1), -1;
+}
+
+static int pid_state(int pid)
+{
+    char path[64], buf[512];
+    if (pid <= 0)
+        return '?';
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+        return 'X';
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return '?';
+    size_t got = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[got] = '\0';
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : '?';
+}
+
+/* The slow part of a wait: pipes, health, the engine's clients, faults
+ * reported by others, and ranks in this call on another path. */
+static int wait_look(struct node_call *k, const int *pending, int npending, double now)
+{
+    struct weft_coll *cc = k->cc;
+    (void)weft_p2p_poll_health(cc->p2p);
+    weft_engine_run_waits(weft_p2p_engine(cc->p2p), now, 1);
+    uint64_t e = weft_p2p_fault_epoch(cc->p2p);
+    if (e != k->epoch) {
+        char why[512];
+        k->epoch = e;
+        int code = weft_p2p_fault(cc->p2p, k->seq, why, sizeof why);
+        if (code != WEFT_SUCCESS) {
+            weft_set_error(cc->core, code, "%s (node-local, collective #%u): %s", k->what, k->seq, why);
+            return node_fail(k, code, 0);
+        }
+    }
+    for (int i = 0; i < npending; i++) {
+        struct weft_p2p_check head;
+        if (head_read(&k->n->ctrl[pending[i]], &head) == 0 && weft_p2p_check_call(&head) == k->seq &&
+            memcmp(&head, &k->check, sizeof head) != 0)
+            return node_mismatch(k, pending[i], &head, "called");
+    }
+    return WEFT_SUCCESS;
+}
+
+static int wait_timeout(struct node_call *k, const int *pending, int npending, enum node_flag f, double idle)
+{
+    struct weft_coll *cc = k->cc;
+    char list[512] = "";
+    size_t used = 0;
+    for (int i = 0; i < npending && used + 160 < sizeof list; i++) {
+        struct node_ctrl *c = &k->n->ctrl[pending[i]];
+        struct weft_p2p_check head;
+        char h[120] = "none";
+        int st = pid_state(c->pid);
+        if (head_read(c, &head) == 0 && (uint16_t)head.w[0] != 0) {
+            char d[96];
+            describe(&head, d, sizeof d);
+            snprintf(h, sizeof h, "#%u, %s", weft_p2p_check_call(&head), d);
+        }
+        used += (size_t)snprintf(list + used, sizeof list - used, "%srank %d (%s; its newest collective: %s)",
+                                 i ? ", " : "", pending[i],
+                                 st == 'X' ? "its process has ended" :
+                                 st == 'T' || st == 't' ? "its process is stopped" : "alive", h);
+    }
+    weft_set_error(cc->core, WEFT_ERR_TIMEOUT,
+                   "%s (node-local, collective #%u): nothing from %d rank(s) for %.1f s (WEFT_TIMEOUT=%g): %s %s",
+                   k->what, k->seq, npending, idle, weft_timeout_setting(&cc->core->cfg), list,
+                   f == FLAG_ARRIVE ? "did not arrive" : "did not finish their part");
+    return node_fail(k, WEFT_ERR_TIMEOUT, 1);
+}
+
+/* Waits until rank `only`'s flag (or every other rank's, only < 0) reached
+ * want. WEFT_SUCCESS or the failure (set, peers told). */
+static int node_wait(struct node_call *k, int only, enum node_flag f, uint32_t want)
+{
+    struct coll_node *n = k->n;
+    int P = n->P, me = n->me;
+    int pend_buf[64], *pending = P <= 64 ? pend_buf : malloc((size_t)P * sizeof(int));
+    int npending = 0, rc = WEFT_SUCCESS;
+    if (pending == NULL)
+        return weft_set_error(k->cc->core, WEFT_ERR_NO_MEMORY, "%s: no memory", k->what);
+    for (int r = only < 0 ? 0 : only; r < (only < 0 ? P : only + 1); r++) {
+        if (r == me)
+            continue;
+        int ok = flag_ok(k, r, f, want);
+        if (ok < 0) {
+            rc = k->failed;
+            goto out;
+        }
+        if (!ok)
+            pending[npending++] = r;
+    }
+    if (npending == 0)
+        goto out;
+
+    struct weft_backoff bo;
+    weft_backoff_init(&bo, k->cc->core);
+    double idle_since = weft_now(), last_look = 0.0;
+    for (;;) {
+        int moved = 0;
+        for (int i = 0; i < npending;) {
+            int ok = flag_ok(k, pending[i], f, want);
+            if (ok < 0) {
+                rc = k->failed;
+                goto out;
+            }
+            if (ok) {
+                pending[i] = pending[--npending];
+                moved = 1;
+            } else
+                i++;
+        }
+        if (npending == 0)
+            break;
+        double now = weft_now();
+        if (moved) {
+            weft_backoff_busy(&bo);
+            idle_since = now;
+            continue;
+        }
+        /* Every 100 us while spinning, at every idle step after. */
+        if (now - last_look >= 100e-6 || weft_backoff_phase(&bo, now) != WEFT_BACKOFF_SPIN) {
+            last_look = now;
+            rc = wait_look(k, pending, npending, now);
+            if (rc != WEFT_SUCCESS)
+                goto out;
+            if (weft_wait_expired(&k->cc->core->cfg, WEFT_WAIT_REQUEST, idle_since, now)) {
+                rc = wait_timeout(k, pending, npending, f, now - idle_since);
+                goto out;
+            }
+        }
+        weft_backoff_idle(&bo, now, 500);
+    }
+out:
+    if (pending != pend_buf)
+        free(pending);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- calls */
+
+static int node_copy(struct weft_core *core, void *dst, const void *src, size_t bytes, const char *what)
+{
+    if (bytes == 0 || dst == src)
+        return WEFT_SUCCESS;
+    if (!core->cuda) {
+        memcpy(dst, src, bytes);
+        return WEFT_SUCCESS;
+    }
+    return weft_devcopy(core, dst, src, bytes, what);
+}
+
+/* Publishes this rank's part of call k (its data already in its slot). */
+static void node_arrive(struct node_call *k)
+{
+    struct node_ctrl *c = &k->n->ctrl[k->n->me];
+    memcpy(c->fp[k->b], k->check.w, sizeof k->check.w);
+    atomic_store_explicit(&c->arrive, k->tag, memory_order_release);
+}
+
+/* Before writing this rank's slot of buffer b: every rank is done with the
+ * last call this rank ran on it. */
+static int node_slot_free(struct node_call *k)
+{
+    uint32_t last = k->n->last[k->b];
+    k->n->last[k->b] = k->tag;
+    return last == 0 ? WEFT_SUCCESS : node_wait(k, -1, FLAG_DONE, last);
+}
+
+/* dst[0..count) = op over ranks r = 0..P-1 of src_r[off..off+count), in
+ * rank order (bit-identical on every rank). */
+static void node_reduce_range(struct node_call *k, void *dst, size_t off, size_t count, int dtype, int op)
+{
+    struct coll_node *n = k->n;
+    size_t es = weft_dtype_size(dtype);
+    const char *s0 = slot_of(n, k->b, 0) + off * es;
+    weft_reduce_host(dst, s0, slot_of(n, k->b, 1) + off * es, count, dtype, op);
+    for (int r = 2; r < n->P; r++)
+        weft_reduce_host(dst, dst, slot_of(n, k->b, r) + off * es, count, dtype, op);
+    if (op == WEFT_AVG)
+        weft_reduce_host_div(dst, dst, count, dtype, n->P);
+}
+
+/* A reduction's result into a user buffer that may be device memory. */
+static void *result_buf(struct node_call *k, void *user)
+{
+    return k->cc->core->cuda ? k->n->scratch : user;
+}
+
+static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t need)
+{
+    struct weft_core *core = k->cc->core;
+    struct coll_node *n = k->n;
+    int P = n->P, me = n->me, rc = WEFT_SUCCESS;
+    char *mine = slot_of(n, k->b, me);
+    size_t es = weft_dtype_size(a->dtype);
+
+    /* Buffer b's slot and fingerprint are this rank's to rewrite once no
+     * rank reads them any more (a slow rank still in the last call on b
+     * reads this rank's fingerprint there even when this rank wrote no
+     * data for it). */
+    if ((rc = node_slot_free(k)) != WEFT_SUCCESS)
+        return rc;
+    switch (a->kind) {
+    case WEFT_COLL_BARRIER:
+        node_arrive(k);
+        return node_wait(k, -1, FLAG_ARRIVE, k->tag);
+
+    case WEFT_COLL_BCAST:
+        if (me == a->root) {
+            if ((rc = node_copy(core, mine, a->recvbuf, a->count, "bcast")) != WEFT_SUCCESS)
+                return rc;
+            node_arrive(k);
+            return WEFT_SUCCESS;
+        }
+        node_arrive(k);
+        if ((rc = node_wait(k, a->root, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
+            return rc;
+        return node_copy(core, a->recvbuf, slot_of(n, k->b, a->root), a->count, "bcast");
+
+    case WEFT_COLL_SCATTER:
+        if (me == a->root) {
+            if ((rc = node_copy(core, mine, a->sendbuf, need, "scatter")) != WEFT_SUCCESS)
+                return rc;
+            node_arrive(k);
+            return node_copy(core, a->recvbuf, mine + (size_t)me * a->count, a->count, "scatter");
+        }
+        node_arrive(k);
+        if ((rc = node_wait(k, a->root, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
+            return rc;
+        return node_copy(core, a->recvbuf, slot_of(n, k->b, a->root) + (size_t)me * a->count, a->count, "scatter");
+
+    default:
+        break;
+    }
+
+    /* Every rank contributes: its slot first. */
+    const void *src = a->sendbuf;
+    if (a->kind == WEFT_COLL_ALLGATHER && a->sendbuf == (const char *)a->recvbuf + (size_t)me * a->count)
+        src = (const char *)a->recvbuf + (size_t)me * a->count;
+    size_t in = a->kind == WEFT_COLL_ALLGATHER || a->kind == WEFT_COLL_GATHER ? a->count : need;
+    if ((rc = node_copy(core, mine, src, in, k->what)) != WEFT_SUCCESS)
+        return rc;
+    node_arrive(k);
+
+    switch (a->kind) {
+    case WEFT_COLL_GATHER:
+    case WEFT_COLL_REDUCE:
+        if (me != a->root)
+            return WEFT_SUCCESS;
+        break;
+    default:
+        break;
+    }
+    if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
+        return rc;
+
+    switch (a->kind) {
+    case WEFT_COLL_ALLGATHER:
+    case WEFT_COLL_GATHER:
+        for (int r = 0; r < P && rc == WEFT_SUCCESS; r++)
+            rc = node_copy(core, (char *)a->recvbuf + (size_t)r * a->count, slot_of(n, k->b, r), a->count, k->what);
+        return rc;
+    case WEFT_COLL_ALLTOALL:
+        for (int r = 0; r < P && rc == WEFT_SUCCESS; r++)
+            rc = node_copy(core, (char *)a->recvbuf + (size_t)r * a->count, slot_of(n, k->b, r) + (size_t)me * a->count,
+                           a->count, k->what);
+        return rc;
+    case WEFT_COLL_REDUCE_SCATTER: {
+        void *dst = result_buf(k, a->recvbuf);
+        node_reduce_range(k, dst, (size_t)me * a->count, a->count, a->dtype, a->op);
+        return node_copy(core, a->recvbuf, dst, a->count * es, k->what);
+    }
+    case WEFT_COLL_REDUCE: {
+        void *dst = result_buf(k, a->recvbuf);
+        node_reduce_range(k, dst, 0, a->count, a->dtype, a->op);
+        return node_copy(core, a->recvbuf, dst, a->count * es, k->what);
+    }
+    case WEFT_COLL_ALLREDUCE: {
+        if (need <= NODE_FLAT_MAX) {
+            void *dst = result_buf(k, a->recvbuf);
+            node_reduce_range(k, dst, 0, a->count, a->dtype, a->op);
+            return node_copy(core, a->recvbuf, dst, need, k->what);
+        }
+        /* Slices of whole cache lines where the type allows, so two ranks'
+         * slices never share a line of res. */
+        size_t per = (a->count + (size_t)P - 1) / (size_t)P;
+        if (NODE_CACHE % es == 0)
+            per = (per + NODE_CACHE / es - 1) / (NODE_CACHE / es) * (NODE_CACHE / es);
+        size_t lo = per * (size_t)me, hi = lo + per;
+        if (lo > a->count)
+            lo = a->count;
+        if (hi > a->count)
+            hi = a->count;
+        char *res = n->res + (size_t)k->b * n->slot;
+        if (hi > lo)
+            node_reduce_range(k, res + lo * es, lo, hi - lo, a->dtype, a->op);
+        atomic_store_explicit(&n->ctrl[me].sliced, k->tag, memory_order_release);
+        if ((rc = node_wait(k, -1, FLAG_SLICED, k->tag)) != WEFT_SUCCESS)
+            return rc;
+        return node_copy(core, a->recvbuf, res, need, k->what);
+    }
+    default:
+        return weft_set_error(core, WEFT_ERR_INTERNAL, "node-local collectives: kind %d", a->kind);
+    }
+}
+
+static const char *kind_name(int kind)
+{
+    switch (kind) {
+    case WEFT_COLL_BARRIER: return "barrier";
+    case WEFT_COLL_BCAST: return "bcast";
+    case WEFT_COLL_ALLGATHER: return "allgather";
+    case WEFT_COLL_ALLREDUCE: return "allreduce";
+    case WEFT_COLL_REDUCE: return "reduce";
+    case WEFT_COLL_REDUCE_SCATTER: return "reduce_scatter";
+    case WEFT_COLL_ALLTOALL: return "alltoall";
+    case WEFT_COLL_GATHER: return "gather";
+    case WEFT_COLL_SCATTER: return "scatter";
+    default: return "collective";
+    }
+}
+
+int coll_node_run(struct weft_coll *cc, const struct weft_coll_args *a, int *handled)
+{
+    size_t need = node_fits(cc, a);
+    *handled = 0;
+    if (need == 0)
+        return WEFT_SUCCESS;
+    if (cc->node_state == NODE_UNTRIED) {
+        int rc = node_setup(cc);
+        if (rc != WEFT_SUCCESS) {
+            *handled = 1;
+            return rc;
+        }
+        if (cc->node_state != NODE_ON)
+            return WEFT_SUCCESS;   /* messages, on every rank alike */
+    }
+    *handled = 1;
+
+    struct node_call k;
+    memset(&k, 0, sizeof k);
+    k.cc = cc;
+    k.n = cc->node;
+    k.seq = coll_seq_next(cc);
+    k.tag = k.seq + 1;
+    k.b = (int)(k.seq & 1);
+    k.what = kind_name(a->kind);
+    struct weft_coll_sig sig = sig_of(a);
+    k.check = weft_sched_sig_check(&sig, k.seq);
+    head_publish(&k.n->ctrl[k.n->me], &k.check);
+    weft_p2p_coll_started(cc->p2p, &k.check);
+    coll_log_shape_once(cc, a->kind, a->count, -1, k.what, "node-local shared memory", 0);
+
+    /* A rank that failed earlier, or this very call already failed
+     * elsewhere: nothing is published, the call fails at once. */
+    k.epoch = weft_p2p_fault_epoch(cc->p2p);
+    char why[512];
+    int rc = weft_p2p_fault(cc->p2p, k.seq, why, sizeof why);
+    if (rc != WEFT_SUCCESS) {
+        weft_set_error(cc->core, rc, "%s (node-local, collective #%u): %s", k.what, k.seq, why);
+    } else {
+        rc = run_call(&k, a, need);
+    }
+    /* Whatever happened, nothing of this call is read by this rank any
+     * more: its done, and its arrival if its part never went out -- with
+     * the failure's mark, so no rank reads its slot as this call's data
+     * and none waits for it. */
+    struct node_ctrl *c = &k.n->ctrl[k.n->me];
+    if (!after_eq(atomic_load_explicit(&c->arrive, memory_order_relaxed), k.tag)) {
+        struct weft_coll_sig mark = { MARK_FAILED, -1, (uint64_t)rc, -1, -1 };
+        struct weft_p2p_check m = weft_sched_sig_check(&mark, k.seq);
+        memcpy(c->fp[k.b], m.w, sizeof m.w);
+        atomic_store_explicit(&c->arrive, k.tag, memory_order_release);
+    }
+    atomic_store_explicit(&c->sliced, k.tag, memory_order_release);
+    atomic_store_explicit(&c->done, k.tag, memory_order_release);
+    return rc;
+}
