@@ -376,6 +376,13 @@ static int hier_layout(const struct weft_coll *cc, size_t bytes, const char *wha
 int coll_allgather_op(struct weft_coll *cc, int kind, int algo, weft_coll_tag_fn tag, uint32_t seq,
                       const void *sendbuf, void *recvbuf, size_t bytes, struct weft_coll_op **op)
 {
+    struct weft_coll_sig sig = { kind, -1, bytes, -1, -1 };
+    return coll_allgather_op_sig(cc, &sig, algo, tag, seq, sendbuf, recvbuf, bytes, op);
+}
+
+int coll_allgather_op_sig(struct weft_coll *cc, const struct weft_coll_sig *sig, int algo, weft_coll_tag_fn tag,
+                          uint32_t seq, const void *sendbuf, void *recvbuf, size_t bytes, struct weft_coll_op **op)
+{
     struct ag_args a;
     weft_sched_build_fn build;
     const char *what;
@@ -420,7 +427,7 @@ int coll_allgather_op(struct weft_coll *cc, int kind, int algo, weft_coll_tag_fn
         return weft_set_error(cc->core, WEFT_ERR_INTERNAL, "weft_allgather: selector returned algorithm %d", algo);
     }
     struct weft_sched_call call = {
-        .what = what, .sig = { kind, -1, bytes, -1, -1 }, .tag = tag, .seq = seq,
+        .what = what, .sig = *sig, .tag = tag, .seq = seq,
         .scratch_bytes = scratch, .nranks = a.n,
     };
     rc = weft_sched_start(cc->p2p, cc->core, &call, build, &a, op);

@@ -134,6 +134,10 @@ void coll_node_fini(struct weft_coll *cc);
  * (WEFT_COLL_ALLGATHER, or WEFT_COLL_SPLIT_EXCHANGE: the library's own). */
 int coll_allgather_op(struct weft_coll *cc, int kind, int algo, weft_coll_tag_fn tag, uint32_t seq,
                       const void *sendbuf, void *recvbuf, size_t bytes, struct weft_coll_op **op);
+/* The same with the fingerprint given whole (the node-local set-up's,
+ * which names the call it came before). */
+int coll_allgather_op_sig(struct weft_coll *cc, const struct weft_coll_sig *sig, int algo, weft_coll_tag_fn tag,
+                          uint32_t seq, const void *sendbuf, void *recvbuf, size_t bytes, struct weft_coll_op **op);
 
 /* Generic pipelined ring over m members, added to a schedule (allgather.c).
  * Member p is rank members[p], or (rot + p) % m when members is NULL, and

@@ -122,9 +122,16 @@ static void sig_describe(const struct weft_coll_sig *sig, char *out, size_t n)
     case WEFT_COLL_SPLIT_EXCHANGE:
         snprintf(out, n, "weft_comm_split (its exchange of colors)");
         break;
-    case WEFT_COLL_NODE_SETUP:
-        snprintf(out, n, "the node-local collectives' setup (before a small collective)");
+    case WEFT_COLL_NODE_SETUP: {
+        /* The call it came before, packed: kind in param's top 16 bits. */
+        struct weft_coll_sig user = { (int)(sig->param >> 48), sig->root, sig->param & ((1ull << 48) - 1),
+                                      sig->dtype, sig->op };
+        char u[96] = "";
+        if (user.kind > 0 && user.kind < WEFT_COLL_NODE_SETUP)
+            sig_describe(&user, u, sizeof u);
+        snprintf(out, n, "%s (the node-local collectives' set-up, before it)", u[0] ? u : "a collective");
         break;
+    }
     default:
         snprintf(out, n, "a collective of unknown kind %d", sig->kind);
         break;

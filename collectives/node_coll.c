@@ -63,6 +63,7 @@
 #include "engine.h"
 #include "log.h"
 #include "p2p.h"
+#include "coll_reduce_algo.h"
 #include "reduce_kernel.h"
 #include "tags.h"
 
@@ -145,7 +146,9 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
 {
     const struct weft_core *core = cc->core;
     size_t S = core->cfg.node_coll_bytes, P = (size_t)core->size, es;
-    if (S == 0 || P < 2 || cc->nnodes != 1 || cc->node_state == NODE_OFF)
+    /* WEFT_TRANSPORTS is agreed at create like the others. */
+    if (S == 0 || P < 2 || cc->nnodes != 1 || cc->node_state == NODE_OFF ||
+        !transports_allow_shm(core->cfg.transports))
         return 0;
     switch (a->kind) {
     case WEFT_COLL_BARRIER:
@@ -174,6 +177,18 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
 }
 
 /* ---------------------------------------------------------------- setup */
+
+/* The signature a call's messages would carry (coll_sched.h). */
+static struct weft_coll_sig sig_of(const struct weft_coll_args *a)
+{
+    int rooted = a->kind == WEFT_COLL_BCAST || a->kind == WEFT_COLL_REDUCE || a->kind == WEFT_COLL_GATHER ||
+                 a->kind == WEFT_COLL_SCATTER;
+    int red = a->kind == WEFT_COLL_ALLREDUCE || a->kind == WEFT_COLL_REDUCE || a->kind == WEFT_COLL_REDUCE_SCATTER;
+    struct weft_coll_sig s = { a->kind, rooted ? a->root : -1, a->kind == WEFT_COLL_BARRIER ? 0 : a->count,
+                               red ? a->dtype : -1, red ? a->op : -1 };
+    return s;
+}
+
 
 /* What each rank says in the setup's two exchanges. */
 struct node_offer {
@@ -264,19 +279,24 @@ static int node_open(const char *name, size_t bytes, int P, size_t slot, char **
     return 0;
 }
 
-/* One internal exchange of the setup: an allgather whose fingerprint is
- * its own kind, so no user collective can take its data, by the
- * selector's algorithm whatever WEFT_ALLGATHER_ALGO forces (a forced one
- * may not run on this rank count; the user's allgathers say so, not this). */
-static int node_exchange(struct weft_coll *cc, const void *mine, void *all, size_t bytes)
+/* One internal exchange of the set-up: an allgather whose fingerprint is
+ * of its own kind, carrying the user's call it came before (so a rank that
+ * meets it in another call reads which), by the selector's algorithm
+ * whatever WEFT_ALLGATHER_ALGO forces (a forced one may not run on this
+ * rank count; the user's allgathers say so, not this). */
+static int node_exchange(struct weft_coll *cc, const struct weft_coll_args *user, const void *mine, void *all,
+                         size_t bytes)
 {
     struct weft_coll_op *op = NULL;
+    struct weft_coll_sig u = sig_of(user);
+    struct weft_coll_sig sig = { WEFT_COLL_NODE_SETUP, u.root, ((uint64_t)u.kind << 48) | (u.param & ((1ull << 48) - 1)),
+                                 u.dtype, u.op };
     uint32_t seq = coll_seq_next(cc);
     int rc = coll_nb_slot_free(cc, seq);
     if (rc != WEFT_SUCCESS)
         return rc;
     int algo = weft_allgather_select(cc->core->size, cc->nnodes, bytes);
-    rc = coll_allgather_op(cc, WEFT_COLL_NODE_SETUP, algo, weft_tag_coll, seq, mine, all, bytes, &op);
+    rc = coll_allgather_op_sig(cc, &sig, algo, weft_tag_coll, seq, mine, all, bytes, &op);
     return rc != WEFT_SUCCESS ? rc : weft_coll_op_wait(op);
 }
 
@@ -285,7 +305,7 @@ static int node_exchange(struct weft_coll *cc, const void *mine, void *all, size
  * every rank could; otherwise the comm stays on messages for good (one log
  * line says why). WEFT_SUCCESS either way; an error only when an exchange
  * itself failed (the call then fails with it). */
-static int node_setup(struct weft_coll *cc)
+static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
 {
     struct weft_core *core = cc->core;
     int P = core->size, me = core->rank;
@@ -303,16 +323,14 @@ static int node_setup(struct weft_coll *cc)
         free(n);
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "node-local collectives: no memory for %d ranks' state", P);
     }
-    int willing = transports_allow_shm(core->cfg.transports);
-    if (!willing)
-        snprintf(why, sizeof why, "WEFT_TRANSPORTS=%s leaves shm out", core->cfg.transports);
-    if (bytes > core->cfg.shm_budget && willing) {
+    int willing = 1;
+    if (bytes > core->cfg.shm_budget) {
         snprintf(why, sizeof why, "its %zu-byte segment exceeds WEFT_SHM_BUDGET_MB", bytes);
         willing = 0;
     }
     if (me == 0 && willing && node_create(core, bytes, mine.name, sizeof mine.name, &base, why, sizeof why) == 0)
         mine.ok = 1;
-    rc = node_exchange(cc, &mine, all, sizeof mine);
+    rc = node_exchange(cc, user, &mine, all, sizeof mine);
     if (rc == WEFT_SUCCESS && me != 0) {
         mine.ok = 0;
         if (willing && all[0].ok) {
@@ -335,7 +353,7 @@ static int node_setup(struct weft_coll *cc)
     int32_t agreed[1] = { mine.ok };
     int32_t *oks = (int32_t *)all;   /* reuse: P * 64 bytes hold P flags */
     if (rc == WEFT_SUCCESS)
-        rc = node_exchange(cc, agreed, oks, sizeof agreed);
+        rc = node_exchange(cc, user, agreed, oks, sizeof agreed);
     int every = rc == WEFT_SUCCESS, first_no = -1;
     for (int r = 0; every && r < P; r++)
         if (!oks[r]) {
@@ -411,15 +429,6 @@ static int head_read(struct node_ctrl *c, struct weft_p2p_check *ck)
     return atomic_load_explicit(&c->head_ver, memory_order_relaxed) == v ? 0 : -1;
 }
 
-static struct weft_coll_sig sig_of(const struct weft_coll_args *a)
-{
-    int rooted = a->kind == WEFT_COLL_BCAST || a->kind == WEFT_COLL_REDUCE || a->kind == WEFT_COLL_GATHER ||
-                 a->kind == WEFT_COLL_SCATTER;
-    int red = a->kind == WEFT_COLL_ALLREDUCE || a->kind == WEFT_COLL_REDUCE || a->kind == WEFT_COLL_REDUCE_SCATTER;
-    struct weft_coll_sig s = { a->kind, rooted ? a->root : -1, a->kind == WEFT_COLL_BARRIER ? 0 : a->count,
-                               red ? a->dtype : -1, red ? a->op : -1 };
-    return s;
-}
 
 void coll_node_started(struct weft_coll *cc, const struct weft_coll_args *a, uint32_t seq)
 {
@@ -467,7 +476,7 @@ static void describe(const struct weft_p2p_check *c, char *out, size_t n)
     if ((uint16_t)c->w[0] == MARK_REFUSED)
         snprintf(out, n, "nothing (it refused the call on its own arguments)");
     else if ((uint16_t)c->w[0] == MARK_FAILED)
-        snprintf(out, n, "this call but failed before its part was out (%s)", weft_strerror((int)c->w[2]));
+        snprintf(out, n, "this call but failed before its part was out (%s)", weft_err_str((int)c->w[2]));
     else
         weft_sched_describe_check(c, out, n);
 }
@@ -527,7 +536,7 @@ static int flag_ok(struct node_call *k, int r, enum node_flag f, uint32_t want)
         }
         code = (int)theirs.w[2];
         weft_set_error(k->cc->core, code, "%s (node-local, collective #%u): rank %d failed this call: %s", k->what,
-                       k->seq, r, weft_strerror(code));
+                       k->seq, r, weft_err_str(code));
         return node_fail(k, code, 0), -1;
     }
     if (weft_p2p_check_call(&theirs) == k->seq)
@@ -867,6 +876,37 @@ static const char *kind_name(int kind)
     }
 }
 
+/* The shape's line at WEFT_DEBUG=info, in the words of the message
+ * path's ("allgather 8 B per rank x 3 ranks (1 nodes): node-local shared
+ * memory (selector)"). */
+static void node_log_shape(struct weft_coll *cc, const struct weft_coll_args *a, size_t need)
+{
+    const char *algo = need <= NODE_FLAT_MAX || a->kind != WEFT_COLL_ALLREDUCE
+                           ? "node-local shared memory"
+                           : "node-local shared memory, sliced";
+    char what[96];
+    switch (a->kind) {
+    case WEFT_COLL_ALLREDUCE:
+    case WEFT_COLL_REDUCE:
+    case WEFT_COLL_REDUCE_SCATTER:
+        coll_reduce_log_shape(cc, a->kind, a->count, a->dtype, a->op, -1, algo, 0);
+        return;
+    case WEFT_COLL_ALLGATHER:
+    case WEFT_COLL_ALLTOALL:
+    case WEFT_COLL_GATHER:
+    case WEFT_COLL_SCATTER:
+        snprintf(what, sizeof what, "%s %zu B per rank", kind_name(a->kind), (size_t)a->count);
+        break;
+    case WEFT_COLL_BCAST:
+        snprintf(what, sizeof what, "bcast %zu B", (size_t)a->count);
+        break;
+    default:
+        snprintf(what, sizeof what, "%s", kind_name(a->kind));
+        break;
+    }
+    coll_log_shape_once(cc, a->kind, a->count, -1, what, algo, 0);
+}
+
 int coll_node_run(struct weft_coll *cc, const struct weft_coll_args *a, int *handled)
 {
     size_t need = node_fits(cc, a);
@@ -874,7 +914,7 @@ int coll_node_run(struct weft_coll *cc, const struct weft_coll_args *a, int *han
     if (need == 0)
         return WEFT_SUCCESS;
     if (cc->node_state == NODE_UNTRIED) {
-        int rc = node_setup(cc);
+        int rc = node_setup(cc, a);
         if (rc != WEFT_SUCCESS) {
             *handled = 1;
             return rc;
@@ -896,7 +936,8 @@ int coll_node_run(struct weft_coll *cc, const struct weft_coll_args *a, int *han
     k.check = weft_sched_sig_check(&sig, k.seq);
     head_publish(&k.n->ctrl[k.n->me], &k.check);
     weft_p2p_coll_started(cc->p2p, &k.check);
-    coll_log_shape_once(cc, a->kind, a->count, -1, k.what, "node-local shared memory", 0);
+    if (weft_log_level() >= WEFT_LOG_INFO)
+        node_log_shape(cc, a, need);
 
     /* A rank that failed earlier, or this very call already failed
      * elsewhere: nothing is published, the call fails at once. */

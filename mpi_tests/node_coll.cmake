@@ -1,0 +1,16 @@
+# Node-local collectives in shared memory (collectives/node_coll.c): the
+# path's own properties (test_node_coll.cc's header). The kinds' results are
+# checked by the coll, reductions, gather and a2a suites, whose shm entries
+# take this path at small sizes. Included from mpi_tests/CMakeLists.txt.
+#
+# Matrix:
+#   np 2, 3, 4, 8   shm        the path taken (np 8: 4 ranks a core)
+#   np 3            shm with WEFT_NODE_COLL_KB=0, and vnodes2: not taken,
+#                   the same sequence as messages
+weft_add_mpi_test_binary(weft_mpi_node_coll test_node_coll.cc)
+weft_add_mpi_suite(NAME node_coll BINARY weft_mpi_node_coll NPS 2 3 4 8 CONFIGS shm
+                   LABELS "coll;node_coll" TIMEOUT 180)
+weft_add_mpi_suite(NAME node_coll BINARY weft_mpi_node_coll NPS 3 CONFIGS vnodes2
+                   LABELS "coll;node_coll" TIMEOUT 180)
+weft_add_mpi_suite(NAME node_coll_off BINARY weft_mpi_node_coll NPS 3 CONFIGS shm
+                   LABELS "coll;node_coll" ENV WEFT_NODE_COLL_KB=0 TIMEOUT 180)
