@@ -960,7 +960,8 @@ int coll_node_run(struct weft_coll *cc, const struct weft_coll_args *a, int *han
         memcpy(c->fp[k.b], m.w, sizeof m.w);
         atomic_store_explicit(&c->arrive, k.tag, memory_order_release);
     }
-    atomic_store_explicit(&c->sliced, k.tag, memory_order_release);
+    /* (Not sliced: a slice that is not there must never be read as one;
+     * the others learn of the failure from its notice.) */
     atomic_store_explicit(&c->done, k.tag, memory_order_release);
     return rc;
 }

@@ -21,8 +21,10 @@ weft_add_mpi_suite(NAME a2a BINARY weft_mpi_a2a NPS 2 3 4 CONFIGS shm tcp vnodes
                    GTEST_FILTER ${WEFT_A2A_FILTER} LABELS "coll;a2a" TIMEOUT 180)
 weft_add_mpi_suite(NAME a2a BINARY weft_mpi_a2a NPS 5 8 CONFIGS shm vnodes2
                    GTEST_FILTER ${WEFT_A2A_FILTER} LABELS "coll;a2a" TIMEOUT 180)
+# The message path's selector (WEFT_NODE_COLL_KB=0: small blocks would
+# otherwise go node-local; test_node_coll.cc checks that line).
 weft_add_mpi_suite(NAME a2a_info_log BINARY weft_mpi_a2a NPS 3 CONFIGS shm
-                   GTEST_FILTER "*InfoLogs*" LABELS "coll;a2a" ENV WEFT_DEBUG=info TIMEOUT 60)
+                   GTEST_FILTER "*InfoLogs*" LABELS "coll;a2a" ENV WEFT_DEBUG=info WEFT_NODE_COLL_KB=0 TIMEOUT 60)
 # sleepy: waits out WEFT_TIMEOUT=2 (scripts/test runs such entries side by side).
 weft_add_mpi_suite(NAME a2a_step_failure BINARY weft_mpi_a2a NPS 2 CONFIGS shm tcp
                    GTEST_FILTER "*StepFailure*" LABELS "coll;a2a;sleepy" TIMEOUT 60)

@@ -22,7 +22,7 @@
 #   reductions_dev_staged  np 2 shm, the same with no kernel image for the
 #                    emulated GPU (WEFT_EMU_CUDA_MODULES=0): the staged path
 #   reductions_dev_info  np 2 shm, WEFT_DEBUG=info, no kernels: the staged
-#                    path is said once
+#                    path is said once (the message path: WEFT_NODE_COLL_KB=0)
 weft_add_mpi_test_binary(weft_mpi_reductions test_reductions.cc)
 weft_add_mpi_test_binary(weft_mpi_nonblocking test_nonblocking.cc)
 
@@ -88,6 +88,6 @@ if(DEFINED WEFT_DEV_CUDART AND WEFT_DEV_CUDART)
     weft_add_mpi_suite(NAME reductions_dev_info BINARY weft_mpi_reductions_dev NPS 2 CONFIGS shm
                        GTEST_FILTER "*StagedPathLoggedOnce*" LABELS "reductions;device"
                        ENV ${WEFT_RED_DEV_ENV} WEFT_DEBUG=info WEFT_REDUCTIONS_EXPECT_STAGED=1
-                           WEFT_EMU_CUDA_MODULES=0 TIMEOUT 60)
+                           WEFT_EMU_CUDA_MODULES=0 WEFT_NODE_COLL_KB=0 TIMEOUT 60)
   endif()
 endif()
