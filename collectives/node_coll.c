@@ -46,7 +46,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -490,7 +489,7 @@ static int node_fail(struct node_call *k, int code, int tell)
         struct weft_error last;
         char line[1024], text[240];
         weft_error_get(k->cc->core, &last);
-        weft_error_format(&last, 1, line, sizeof line);
+        weft_error_format(&last, 0, line, sizeof line);
         snprintf(text, sizeof text, "rank %d: %.200s", k->cc->core->rank, line);
         weft_p2p_coll_failed(k->cc->p2p, k->seq, code, text);
     }
@@ -553,24 +552,6 @@ static int flag_ok(struct node_call *k, int r, enum node_flag f, uint32_t want)
     return node_fail(k, WEFT_ERR_MISMATCH, 1), -1;
 }
 
-static int pid_state(int pid)
-{
-    char path[64], buf[512];
-    if (pid <= 0)
-        return '?';
-    if (kill(pid, 0) != 0 && errno == ESRCH)
-        return 'X';
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return '?';
-    size_t got = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[got] = '\0';
-    const char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' ? p[2] : '?';
-}
-
 /* The slow part of a wait: pipes, health, the engine's clients, faults
  * reported by others, and ranks in this call on another path. */
 static int wait_look(struct node_call *k, const int *pending, int npending, double now)
@@ -600,22 +581,35 @@ static int wait_look(struct node_call *k, const int *pending, int npending, doub
 static int wait_timeout(struct node_call *k, const int *pending, int npending, enum node_flag f, double idle)
 {
     struct weft_coll *cc = k->cc;
-    char list[512] = "";
+    char list[512] = "", why[200];
     size_t used = 0;
-    for (int i = 0; i < npending && used + 160 < sizeof list; i++) {
+    /* A rank that died or is stopped is declared failed, as a stuck
+     * request's peer would be: every rank then gives the same verdict
+     * ("rank N failed: ..."), whichever timed out first. */
+    int declared = 0;
+    for (int i = 0; i < npending; i++)
+        if (weft_p2p_peer_stuck(cc->p2p, pending[i], why, sizeof why) != WEFT_SUCCESS)
+            declared = 1;
+    if (declared) {
+        char fault[512];
+        int code = weft_p2p_fault(cc->p2p, k->seq, fault, sizeof fault);
+        if (code != WEFT_SUCCESS) {
+            weft_set_error(cc->core, code, "%s (node-local, collective #%u): %s", k->what, k->seq, fault);
+            return node_fail(k, code, 0);
+        }
+    }
+    for (int i = 0; i < npending && used + 200 < sizeof list; i++) {
         struct node_ctrl *c = &k->n->ctrl[pending[i]];
         struct weft_p2p_check head;
         char h[120] = "none";
-        int st = pid_state(c->pid);
+        (void)weft_p2p_peer_stuck(cc->p2p, pending[i], why, sizeof why);
         if (head_read(c, &head) == 0 && (uint16_t)head.w[0] != 0) {
             char d[96];
             describe(&head, d, sizeof d);
             snprintf(h, sizeof h, "#%u, %s", weft_p2p_check_call(&head), d);
         }
-        used += (size_t)snprintf(list + used, sizeof list - used, "%srank %d (%s; its newest collective: %s)",
-                                 i ? ", " : "", pending[i],
-                                 st == 'X' ? "its process has ended" :
-                                 st == 'T' || st == 't' ? "its process is stopped" : "alive", h);
+        used += (size_t)snprintf(list + used, sizeof list - used, "%srank %d (alive: %.80s; its newest collective: %s)",
+                                 i ? ", " : "", pending[i], why, h);
     }
     weft_set_error(cc->core, WEFT_ERR_TIMEOUT,
                    "%s (node-local, collective #%u): nothing from %d rank(s) for %.1f s (WEFT_TIMEOUT=%g): %s %s",

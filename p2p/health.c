@@ -409,6 +409,23 @@ int weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, do
     return 1;
 }
 
+int weft_p2p_peer_stuck(struct weft_p2p *p, int peer, char *why, size_t n)
+{
+    int code = WEFT_SUCCESS;
+    if (peer < 0 || peer >= p->size || peer == p->rank) {
+        snprintf(why, n, "not a peer");
+        return WEFT_SUCCESS;
+    }
+    pthread_mutex_lock(&p->lock);
+    int live = probe(p, peer, weft_now(), why, n);
+    if (live != LIVE_ALIVE) {
+        code = live == LIVE_DEAD ? WEFT_ERR_TRANSPORT : WEFT_ERR_TIMEOUT;
+        weft_health_declare(p, peer, code, why, 0);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return code;
+}
+
 void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr *h, const char *text, size_t len)
 {
     struct weft_p2p *p = pp->p2p;

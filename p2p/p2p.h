@@ -147,6 +147,12 @@ int  weft_p2p_fault(struct weft_p2p *p, uint32_t coll_seq, char *why, size_t why
  * collectives/node_coll.c) is this rank's newest call: what a peer asking
  * about a stalled collective receive is told (NOTICE COLL_ASK). */
 void weft_p2p_coll_started(struct weft_p2p *p, const struct weft_p2p_check *c);
+/* A wait with no request of its own (node_coll.c) saw nothing from peer
+ * for WEFT_TIMEOUT: the peer's health as a stuck request would ask it. A
+ * peer whose process ended or is stopped is declared failed (its pipe
+ * broken, every peer told) and the code returned; a live one: WEFT_SUCCESS.
+ * why says which (the probe's words). */
+int  weft_p2p_peer_stuck(struct weft_p2p *p, int peer, char *why, size_t n);
 /* Collective seq failed here (code, text): tell every live peer. */
 void weft_p2p_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text);
 /* weft_comm_abort: any thread. */
