@@ -6,36 +6,38 @@
  *
  * The segment (made at the first collective that fits, see node_setup):
  *
- *   +--------+----------------------------+---------------------------+-----------------+
- *   | header | ctrl[0] ... ctrl[P-1]      | data[0][0 .. P-1]         | res[0] res[1]   |
- *   |        | one cache-line pair a rank | data[1][0 .. P-1]         | slot bytes each |
- *   |        | (flags, fingerprints, pid) | slot bytes each           |                 |
- *   +--------+----------------------------+---------------------------+-----------------+
+ *   +--------+-----------------------+------------------------+---------------------+--------------+
+ *   | header | ctrl[0] .. ctrl[P-1]  | small[0..15][0..P-1]   | big[0..1][0..P-1]   | res[0..1]    |
+ *   |        | flags, fingerprints,  | NODE_SMALL (1 KiB)     | WEFT_NODE_COLL_KB   | one big slot |
+ *   |        | pid: 8 lines a rank   | a rank each            | a rank each         | each         |
+ *   +--------+-----------------------+------------------------+---------------------+--------------+
  *
  * A call numbered s (the comm's collective number, the same on every
- * rank) uses buffer b = s & 1: rank r writes its contribution into
- * data[b][r], its fingerprint into ctrl[r].fp[b], then publishes
- * ctrl[r].arrive = s (release). A reader that sees arrive == s (acquire)
- * and the same fingerprint reads data[b][r]; another fingerprint is
- * WEFT_ERR_MISMATCH naming both calls. Once a rank read all it needed it
- * publishes ctrl[r].done = s. Before rank r writes data[b][r] again it
- * waits until every rank's done has reached the last call r ran on
- * buffer b, so a slot is never rewritten while someone reads it.
+ * rank) uses buffer b: small[s % 16] when its part is at most 1 KiB a
+ * rank, else big[s % 2]. Rank r writes its part into b's slot r, its
+ * fingerprint into ctrl[r].fp[b], then publishes ctrl[r].arrive = s
+ * (release). A reader that sees arrive >= s (acquire) and the same
+ * fingerprint reads the slot; another fingerprint is WEFT_ERR_MISMATCH
+ * naming both calls. Once a rank read all it needed it publishes
+ * ctrl[r].done = s. Before rank r writes buffer b's slot or fingerprint
+ * again it waits until every rank's done has reached the last call r ran
+ * on b, so nothing is rewritten while someone reads it.
  *
  *   allreduce, ranks 0..3, one round:
  *     r0: data[b][0] <- send ; arrive=s ─┐
  *     r1: data[b][1] <- send ; arrive=s ─┤ every rank waits for all arrive == s,
  *     r2: data[b][2] <- send ; arrive=s ─┤ then recv = ((d0 op d1) op d2) op d3
  *     r3: data[b][3] <- send ; arrive=s ─┘ (the same order on every rank)
- *   from WEFT_NODE_COLL_FLAT_MAX bytes: every rank reduces only its slice
- *   of the elements into res[b], publishes sliced = s, and all copy res[b]
- *   out once every slice is there (the reduction work split P ways).
+ *   above NODE_FLAT_MAX bytes: every rank reduces only its slice of the
+ *   elements into res[b], publishes sliced = s, and all copy res[b] out
+ *   once every slice is there (the reduction work split P ways).
  *
  * Which calls come here is decided from the call's arguments and the comm's
  * agreed settings only (node_fits), so every rank decides alike. A rank
- * that refuses a call on its own arguments publishes that call with a
- * fingerprint of its own (coll_node_refused): the others' wait ends at once
- * in WEFT_ERR_MISMATCH and the flags stay in step.
+ * that refuses a call on its own arguments, or fails before its part is
+ * out, marks that call (ctrl.marked, coll_node_refused): the others' wait
+ * ends at once in WEFT_ERR_MISMATCH or that failure, and the flags stay in
+ * step.
  *
  * Waits follow src/core/backoff.h (no spinning when oversubscribed) and
  * WEFT_TIMEOUT; while waiting the rank keeps its pipes and peers' health
@@ -72,6 +74,15 @@
  * whole vector); above it, each rank reduces a slice. Measured: see
  * docs/benchmarks.md, "Node-local collectives". */
 #define NODE_FLAT_MAX 2048
+/* Calls of at most NODE_SMALL bytes a rank use a ring of NODE_NSMALL small
+ * buffers, the others two of WEFT_NODE_COLL_KB: a root that only writes
+ * (bcast, scatter) or a rank that only contributes (reduce, gather) may
+ * then run up to NODE_NSMALL small calls ahead of the slowest reader, as
+ * eager messages let it -- with two buffers a bcast loop at 4 ranks on 2
+ * cores switched cores at every call and ran 6x slower than as messages. */
+#define NODE_SMALL  1024
+#define NODE_NSMALL 16
+#define NODE_NBUF   (NODE_NSMALL + 2)
 
 struct node_hdr {
     uint64_t magic;
@@ -87,23 +98,26 @@ struct node_ctrl {
     _Atomic uint32_t done;        /* newest call this rank no longer reads anything of */
     _Atomic uint32_t sliced;      /* allreduce: newest call whose slice is in res */
     _Atomic uint32_t head_ver;    /* seqlock of head: odd while written */
+    _Atomic uint32_t marked;      /* newest call this rank refused, or failed before its part was out */
+    int32_t          mark_code;   /* ... WEFT_SUCCESS: refused; else the failure */
     int32_t          pid;
     uint32_t         pad0;
-    uint64_t         fp[2][3];    /* fingerprint of the call that used buffer b */
     _Atomic uint64_t head[3];     /* newest collective this rank started, on any path */
-    char             pad[2 * NODE_CACHE - 4 * 4 - 8 - 6 * 8 - 3 * 8];
+    uint64_t         fp[NODE_NBUF][3]; /* fingerprint of the call that used buffer b */
+    char             pad[8 * NODE_CACHE - 8 * 4 - 3 * 8 - NODE_NBUF * 3 * 8];
 };
-_Static_assert(sizeof(struct node_ctrl) == 2 * NODE_CACHE, "ctrl is two cache lines");
+_Static_assert(sizeof(struct node_ctrl) == 8 * NODE_CACHE, "ctrl is eight cache lines");
 
 struct coll_node {
     char             *base;
     size_t            bytes;
     struct node_ctrl *ctrl;
-    char             *data;       /* data[b][r] = data + (b * P + r) * slot */
-    char             *res;        /* res[b] = res + b * slot */
+    char             *small;      /* small buffer b < NODE_NSMALL, rank r: small + (b * P + r) * NODE_SMALL */
+    char             *data;       /* big buffer NODE_NSMALL + i: data + (i * P + r) * slot */
+    char             *res;        /* its sliced result: res + i * slot */
     size_t            slot;
     int               P, me;
-    uint32_t          last[2];    /* the last call (+1) this rank ran on buffer b; 0: none */
+    uint32_t          last[NODE_NBUF]; /* the last call (+1) this rank ran on buffer b; 0: none */
     void             *scratch;    /* host result of a reduction into a device buffer */
 };
 
@@ -119,7 +133,9 @@ static inline int after_eq(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 
 
 static inline char *slot_of(struct coll_node *n, int b, int r)
 {
-    return n->data + ((size_t)b * (size_t)n->P + (size_t)r) * n->slot;
+    if (b < NODE_NSMALL)
+        return n->small + ((size_t)b * (size_t)n->P + (size_t)r) * NODE_SMALL;
+    return n->data + ((size_t)(b - NODE_NSMALL) * (size_t)n->P + (size_t)r) * n->slot;
 }
 
 /* ---------------------------------------------------------------- fit */
@@ -205,11 +221,14 @@ static void node_unmap(struct coll_node *n)
     free(n);
 }
 
-static size_t node_seg_bytes(int P, size_t slot, size_t *ctrl_off, size_t *data_off, size_t *res_off)
+static size_t node_seg_bytes(int P, size_t slot, size_t *ctrl_off, size_t *small_off, size_t *data_off,
+                             size_t *res_off)
 {
     size_t off = 2 * NODE_CACHE;   /* header, padded */
     *ctrl_off = off;
     off += (size_t)P * sizeof(struct node_ctrl);
+    *small_off = off;
+    off += (size_t)NODE_NSMALL * (size_t)P * NODE_SMALL;
     *data_off = off;
     off += 2 * (size_t)P * slot;
     *res_off = off;
@@ -309,7 +328,8 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
     struct weft_core *core = cc->core;
     int P = core->size, me = core->rank;
     size_t slot = (core->cfg.node_coll_bytes + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE;
-    size_t ctrl_off, data_off, res_off, bytes = node_seg_bytes(P, slot, &ctrl_off, &data_off, &res_off);
+    size_t ctrl_off, small_off, data_off, res_off;
+    size_t bytes = node_seg_bytes(P, slot, &ctrl_off, &small_off, &data_off, &res_off);
     struct node_offer mine, *all = calloc((size_t)P, sizeof *all);
     struct coll_node *n = calloc(1, sizeof *n);
     char why[256] = "";
@@ -347,6 +367,7 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
         c->pid = (int32_t)getpid();
         atomic_store_explicit(&c->arrive, now, memory_order_relaxed);
         atomic_store_explicit(&c->done, now, memory_order_relaxed);
+        atomic_store_explicit(&c->marked, now, memory_order_relaxed);
         atomic_store_explicit(&c->sliced, now, memory_order_release);
     }
     int32_t agreed[1] = { mine.ok };
@@ -378,6 +399,7 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
     n->base = base;
     n->bytes = bytes;
     n->ctrl = (struct node_ctrl *)(base + ctrl_off);
+    n->small = base + small_off;
     n->data = base + data_off;
     n->res = base + res_off;
     n->slot = slot;
@@ -443,13 +465,15 @@ void coll_node_refused(struct weft_coll *cc, uint32_t seq)
     struct coll_node *n = cc->node;
     if (n == NULL)
         return;
-    /* A fingerprint no call has (kind 0): whoever waits for this rank in
-     * call seq meets a mismatch at once; the flags move past seq. */
+    /* Marked (no buffer is touched: this rank does not know which the
+     * others use for seq); whoever waits for this rank in call seq meets
+     * a mismatch at once, and the flags move past seq. */
     struct weft_coll_sig sig = { MARK_REFUSED, -1, 0, -1, -1 };
     struct weft_p2p_check ck = weft_sched_sig_check(&sig, seq);
     struct node_ctrl *c = &n->ctrl[n->me];
     head_publish(c, &ck);
-    memcpy(c->fp[seq & 1], ck.w, sizeof ck.w);
+    c->mark_code = WEFT_SUCCESS;
+    atomic_store_explicit(&c->marked, seq + 1, memory_order_release);
     atomic_store_explicit(&c->arrive, seq + 1, memory_order_release);
     atomic_store_explicit(&c->done, seq + 1, memory_order_release);
 }
@@ -485,6 +509,9 @@ static void describe(const struct weft_p2p_check *c, char *out, size_t n)
 static int node_fail(struct node_call *k, int code, int tell)
 {
     k->failed = code;
+    /* A peer that made this call as messages (another size, say) waits
+     * for answers to its announced sends: its lanes here refuse them. */
+    weft_p2p_refuse_call(k->cc->p2p, weft_tag_coll, k->seq, WEFT_TAG_COLL_PHASES, code);
     if (tell) {
         struct weft_error last;
         char line[1024], text[240];
@@ -519,12 +546,19 @@ static int flag_ok(struct node_call *k, int r, enum node_flag f, uint32_t want)
     uint32_t a = atomic_load_explicit(&c->arrive, memory_order_acquire);
     if (!after_eq(a, k->tag))
         return 0;
-    /* At this call or past it: fp[b] holds the call it ran on buffer b,
-     * kept until this rank is done with this call. */
+    /* At this call or past it: marked for this call (refused, or failed
+     * before its part was out), or fp[b] holds the call it ran on buffer
+     * b, kept until this rank is done with this call. */
     struct weft_p2p_check theirs;
-    memcpy(theirs.w, c->fp[k->b], sizeof theirs.w);
-    if (memcmp(&theirs, &k->check, sizeof theirs) == 0)
-        return 1;
+    if (atomic_load_explicit(&c->marked, memory_order_acquire) == k->tag) {
+        struct weft_coll_sig mark = { c->mark_code == WEFT_SUCCESS ? MARK_REFUSED : MARK_FAILED, -1,
+                                      (uint64_t)(int64_t)c->mark_code, -1, -1 };
+        theirs = weft_sched_sig_check(&mark, k->seq);
+    } else {
+        memcpy(theirs.w, c->fp[k->b], sizeof theirs.w);
+        if (memcmp(&theirs, &k->check, sizeof theirs) == 0)
+            return 1;
+    }
     if (weft_p2p_check_call(&theirs) == k->seq && (uint16_t)theirs.w[0] == MARK_FAILED) {
         /* Its notice says why, when it came; else the mark does. */
         char why[512];
@@ -841,7 +875,7 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
             lo = a->count;
         if (hi > a->count)
             hi = a->count;
-        char *res = n->res + (size_t)k->b * n->slot;
+        char *res = n->res + (size_t)(k->b - NODE_NSMALL) * n->slot;
         if (hi > lo)
             node_reduce_range(k, res + lo * es, lo, hi - lo, a->dtype, a->op);
         atomic_store_explicit(&n->ctrl[me].sliced, k->tag, memory_order_release);
@@ -924,7 +958,7 @@ int coll_node_run(struct weft_coll *cc, const struct weft_coll_args *a, int *han
     k.n = cc->node;
     k.seq = coll_seq_next(cc);
     k.tag = k.seq + 1;
-    k.b = (int)(k.seq & 1);
+    k.b = need <= NODE_SMALL ? (int)(k.seq % NODE_NSMALL) : NODE_NSMALL + (int)(k.seq & 1);
     k.what = kind_name(a->kind);
     struct weft_coll_sig sig = sig_of(a);
     k.check = weft_sched_sig_check(&sig, k.seq);
@@ -949,9 +983,8 @@ int coll_node_run(struct weft_coll *cc, const struct weft_coll_args *a, int *han
      * and none waits for it. */
     struct node_ctrl *c = &k.n->ctrl[k.n->me];
     if (!after_eq(atomic_load_explicit(&c->arrive, memory_order_relaxed), k.tag)) {
-        struct weft_coll_sig mark = { MARK_FAILED, -1, (uint64_t)rc, -1, -1 };
-        struct weft_p2p_check m = weft_sched_sig_check(&mark, k.seq);
-        memcpy(c->fp[k.b], m.w, sizeof m.w);
+        c->mark_code = rc != WEFT_SUCCESS ? rc : WEFT_ERR_INTERNAL;
+        atomic_store_explicit(&c->marked, k.tag, memory_order_release);
         atomic_store_explicit(&c->arrive, k.tag, memory_order_release);
     }
     /* (Not sliced: a slice that is not there must never be read as one;

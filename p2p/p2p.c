@@ -662,6 +662,16 @@ void weft_p2p_refuse_lane(struct weft_p2p *p, int peer, int tag, int err)
     pthread_mutex_unlock(&p->lock);
 }
 
+void weft_p2p_refuse_call(struct weft_p2p *p, int (*tag)(unsigned seq, int phase), uint32_t seq, int phases, int err)
+{
+    pthread_mutex_lock(&p->lock);
+    for (int peer = 0; peer < p->size; peer++)
+        if (peer != p->rank)
+            for (int ph = 0; ph < phases; ph++)
+                weft_pipe_lane_refuse(&p->pipes[peer], tag(seq, ph), err);
+    pthread_mutex_unlock(&p->lock);
+}
+
 int weft_p2p_wait_done_until(struct weft_request *r, const char *what, const uint64_t *stop_epoch)
 {
     struct weft_p2p *p = r->p2p;

@@ -135,6 +135,11 @@ int  weft_p2p_cancel(struct weft_request *r, int err);
 /* A failed collective gives up lane (peer, tag): messages on it are dropped
  * (an RTS answered with a FIN carrying err) until a receive is posted there. */
 void weft_p2p_refuse_lane(struct weft_p2p *p, int peer, int tag, int err);
+/* weft_p2p_refuse_lane for every lane of collective call seq (tag(seq,
+ * phase), every phase) from every peer: a call that failed without
+ * messages of its own (node_coll.c) while a peer may have called it as
+ * messages, whose sends then complete instead of waiting for an answer. */
+void weft_p2p_refuse_call(struct weft_p2p *p, int (*tag)(unsigned seq, int phase), uint32_t seq, int phases, int err);
 /* wait_done that returns WEFT_P2P_FAULT (-12) as soon as the fault epoch
  * moves past *stop_epoch (a rank failed, a collective failed elsewhere). */
 #define WEFT_P2P_FAULT (-12)

@@ -449,11 +449,12 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     cfg->shm_budget       = (size_t)64 << 20;
     cfg->shm_chunk        = 64 << 10;
     cfg->shm_cma_min      = 0;
-    /* 32 KiB a rank: the sizes where one shared-memory round beats a
-     * schedule of messages on this machine (docs/benchmarks.md,
-     * "Node-local collectives"), and a segment of 2 x (ranks + 1) x 32 KiB
-     * per comm (576 KiB at 8 ranks). */
-    cfg->node_coll_bytes  = 32 << 10;
+    /* 64 KiB a rank: up to there one shared-memory round beat the
+     * schedules of messages at 2, 4 and 8 ranks on the 2-core machine
+     * (docs/benchmarks.md, "Node-local collectives"; at 2 ranks single-copy
+     * messages win from 128 KiB), for a segment of about 1.3 MiB per comm
+     * at 8 ranks. */
+    cfg->node_coll_bytes  = 64 << 10;
     cfg->tcp_streams      = 4;
     cfg->tcp_eager_limit  = 64 << 10;
     cfg->tcp_chunk        = 512 << 10;
