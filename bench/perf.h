@@ -14,7 +14,7 @@
  * when a call failed (main then aborts the job with that code).
  *
  *     perf_p2p.c   perf_sendrecv, perf_init
- *     perf_coll.c  perf_allgather, perf_bcast
+ *     perf_coll.c  perf_allgather, perf_bcast, perf_barrier
  *     perf_reduce.c perf_allreduce, perf_reduce_scatter, perf_alltoall
  *     perf_exchange.c perf_exchange
  *     perf_mem.c   buffers in host or CUDA device memory (-d host|cuda)
@@ -73,6 +73,7 @@ int perf_sendrecv(const struct perf_opts *o, weft_comm_t *c);  /* perf_p2p.c */
 int perf_init(const struct perf_opts *o, weft_comm_t *c);      /* perf_p2p.c; c is NULL */
 int perf_allgather(const struct perf_opts *o, weft_comm_t *c); /* perf_coll.c */
 int perf_bcast(const struct perf_opts *o, weft_comm_t *c);     /* perf_coll.c */
+int perf_barrier(const struct perf_opts *o, weft_comm_t *c);   /* perf_coll.c */
 int perf_allreduce(const struct perf_opts *o, weft_comm_t *c);      /* perf_reduce.c */
 int perf_reduce_scatter(const struct perf_opts *o, weft_comm_t *c); /* perf_reduce.c */
 int perf_alltoall(const struct perf_opts *o, weft_comm_t *c);       /* perf_reduce.c */

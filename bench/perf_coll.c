@@ -286,3 +286,69 @@ int perf_bcast(const struct perf_opts *o, weft_comm_t *c)
 {
     return coll_run(o, c, 1);
 }
+
+/* weft_barrier vs MPI_Barrier: one row, the slowest rank's seconds per
+ * call, medians of alternating batches (barriers move no data: size 0). */
+static double barrier_batch(const struct perf_opts *o, weft_comm_t *c, int lib, int iters)
+{
+    int failed = 0;
+    MPI_Barrier(o->mpi);
+    double t0 = perf_now();
+    for (int i = 0; i < iters && !failed; i++)
+        failed = lib == LIB_WEFT ? weft_barrier(c) != WEFT_SUCCESS : MPI_Barrier(o->mpi) != MPI_SUCCESS;
+    double per = failed ? -1.0 : (perf_now() - t0) / iters;
+    double both[2] = { per, -per }, red[2];
+    MPI_Allreduce(both, red, 2, MPI_DOUBLE, MPI_MAX, o->mpi);
+    if (-red[1] < 0.0) {
+        if (failed && lib == LIB_WEFT)
+            fprintf(stderr, "weft-perf rank %d: weft_barrier failed: %s\n", o->rank, weft_comm_last_error(c));
+        return -1.0;
+    }
+    return red[0];
+}
+
+int perf_barrier(const struct perf_opts *o, weft_comm_t *c)
+{
+    const int reps = o->reps > 0 ? o->reps : COLL_REPS_DEFAULT;
+    const int iters = o->iters > 0 ? o->iters : 1000;
+    double *times[2] = { malloc((size_t)reps * sizeof(double)), malloc((size_t)reps * sizeof(double)) };
+    char title[512];
+    int rc = 0;
+    snprintf(title, sizeof title,
+             "# barrier: weft_barrier vs MPI_Barrier, %d calls a batch, median of %d batches (the slowest rank's)\n"
+             "# %10s %11s %11s %7s\n# %10s %11s %11s %7s", iters, reps, "size(B)", "weft(us)", "MPI(us)", "ratio", "",
+             "", "", "MPI/weft");
+    perf_print_header(o, title);
+    if (!times[0] || !times[1]) {
+        fprintf(stderr, "weft-perf rank %d: out of memory\n", o->rank);
+        rc = 1;
+        goto out;
+    }
+    for (int lib = 0; lib < 2; lib++)
+        for (int i = 0; i < o->warmup; i++)
+            if (barrier_batch(o, c, lib, 10) < 0) {
+                rc = 1;
+                goto out;
+            }
+    for (int rep = 0; rep < reps; rep++)
+        for (int k = 0; k < 2; k++) {
+            int lib = (rep + k) % 2;
+            double t = barrier_batch(o, c, lib, iters);
+            if (t < 0) {
+                rc = 1;
+                goto out;
+            }
+            times[lib][rep] = t;
+        }
+    if (o->rank == 0) {
+        double tw = perf_median(times[LIB_WEFT], reps), tm = perf_median(times[LIB_MPI], reps);
+        char line[160];
+        snprintf(line, sizeof line, "%12s %11.2f %11.2f %7.2f", "0", tw * 1e6, tm * 1e6, tw > 0 ? tm / tw : 0.0);
+        const struct perf_result res[2] = { { "weft", tw, 0, 0, 0 }, { "MPI", tm, 0, 0, 0 } };
+        perf_report(o, "barrier", 0, res, 2, line);
+    }
+out:
+    free(times[0]);
+    free(times[1]);
+    return rc;
+}

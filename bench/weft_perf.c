@@ -322,6 +322,7 @@ static void usage(FILE *f)
         "             MPI_Comm_dup + MPI_Allgather of one rank card / MPI_Comm_free\n"
         "  allgather  weft_allgather vs MPI_Allgather\n"
         "  bcast      weft_bcast vs MPI_Bcast\n"
+        "  barrier    weft_barrier vs MPI_Barrier (one row; -n calls a batch, default 1000)\n"
         "  allreduce  weft_allreduce vs MPI_Allreduce (float32 sum)\n"
         "  reduce_scatter  weft_reduce_scatter vs MPI_Reduce_scatter_block (float32 sum)\n"
         "  alltoall   weft_alltoall vs MPI_Alltoall\n"
@@ -496,6 +497,7 @@ static const struct { const char *name; perf_fn fn; int needs_comm; const char *
     { "init",           perf_init,           0, "WEFT_ALLGATHER_ALGO" },   /* creates and destroys its own comms */
     { "allgather",      perf_allgather,      1, "WEFT_ALLGATHER_ALGO" },
     { "bcast",          perf_bcast,          1, "WEFT_ALLGATHER_ALGO" },
+    { "barrier",        perf_barrier,        1, "WEFT_ALLGATHER_ALGO" },
     { "allreduce",      perf_allreduce,      1, "WEFT_ALLREDUCE_ALGO" },
     { "reduce_scatter", perf_reduce_scatter, 1, "WEFT_REDUCE_SCATTER_ALGO" },
     { "alltoall",       perf_alltoall,       1, "WEFT_ALLTOALL_ALGO" },

@@ -169,6 +169,11 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
     case WEFT_COLL_BARRIER:
         return 1;
     case WEFT_COLL_BCAST:
+        /* Two ranks: from 64 KiB one single-copy message beats the two
+         * copies through the segment (docs/benchmarks.md). */
+        if (P == 2 && a->count > (32u << 10))
+            return 0;
+        return a->count > 0 && a->count <= S ? a->count : 0;
     case WEFT_COLL_GATHER:
         return a->count > 0 && a->count <= S ? a->count : 0;
     case WEFT_COLL_ALLGATHER:
@@ -370,6 +375,12 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
         atomic_store_explicit(&c->marked, now, memory_order_relaxed);
         atomic_store_explicit(&c->sliced, now, memory_order_release);
     }
+    /* The host result of reductions into device buffers: part of what
+     * every rank must have, so agreed with the mapping. */
+    if (mine.ok && core->cuda && (n->scratch = malloc(slot)) == NULL) {
+        snprintf(why, sizeof why, "no memory for %zu B of scratch", slot);
+        mine.ok = 0;
+    }
     int32_t agreed[1] = { mine.ok };
     int32_t *oks = (int32_t *)all;   /* reuse: P * 64 bytes hold P flags */
     if (rc == WEFT_SUCCESS)
@@ -386,6 +397,7 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
     if (!every) {
         if (base)
             munmap(base, bytes);
+        free(n->scratch);
         free(n);
         /* An exchange that failed (a rank refused the call these
          * exchanges came before, a rank failed): tried again at the next
@@ -405,15 +417,6 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
     n->slot = slot;
     n->P = P;
     n->me = me;
-    if (core->cuda) {
-        n->scratch = malloc(slot);
-        if (n->scratch == NULL) {
-            node_unmap(n);
-            cc->node_state = NODE_OFF;   /* every rank has it: unmapping here alone would hang the others */
-            return weft_set_error(core, WEFT_ERR_NO_MEMORY, "node-local collectives: no memory for %zu B of scratch",
-                                  slot);
-        }
-    }
     cc->node = n;
     cc->node_state = NODE_ON;
     WEFT_INFO(me, "node-local collectives on: %zu-byte segment, %zu B a rank", bytes, slot);
