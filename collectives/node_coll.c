@@ -81,8 +81,10 @@
  * eager messages let it -- with two buffers a bcast loop at 4 ranks on 2
  * cores switched cores at every call and ran 6x slower than as messages. */
 #define NODE_SMALL  1024
-#define NODE_NSMALL 16
+#define NODE_NSMALL 64
 #define NODE_NBUF   (NODE_NSMALL + 2)
+#define NODE_CTRL_USED  (8 * 4 + 3 * 8 + NODE_NBUF * 3 * 8)
+#define NODE_CTRL_BYTES ((NODE_CTRL_USED + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE)
 
 struct node_hdr {
     uint64_t magic;
@@ -104,9 +106,9 @@ struct node_ctrl {
     uint32_t         pad0;
     _Atomic uint64_t head[3];     /* newest collective this rank started, on any path */
     uint64_t         fp[NODE_NBUF][3]; /* fingerprint of the call that used buffer b */
-    char             pad[8 * NODE_CACHE - 8 * 4 - 3 * 8 - NODE_NBUF * 3 * 8];
+    char             pad[NODE_CTRL_BYTES - NODE_CTRL_USED];
 };
-_Static_assert(sizeof(struct node_ctrl) == 8 * NODE_CACHE, "ctrl is eight cache lines");
+_Static_assert(sizeof(struct node_ctrl) == NODE_CTRL_BYTES, "ctrl is whole cache lines");
 
 struct coll_node {
     char             *base;

@@ -55,7 +55,7 @@ import csv, statistics, sys
 from collections import defaultdict
 t = defaultdict(list)   # (coll, np, bytes, series) -> times
 for row in csv.reader(open(sys.argv[1])):
-    if len(row) < 8 or row[2] == 'test':
+    if len(row) < 8 or row[3] == 'np':
         continue
     kb, rnd, coll, np_, tp, nbytes, lib, us = row[:8]
     series = 'MPI' if lib == 'MPI' else ('node' if kb == 'default' else 'msgs')
