@@ -452,7 +452,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     /* 64 KiB a rank: up to there one shared-memory round beat the
      * schedules of messages at 2, 4 and 8 ranks on the 2-core machine
      * (docs/benchmarks.md, "Node-local collectives"; at 2 ranks single-copy
-     * messages win from 128 KiB), for a segment of about 1.3 MiB per comm
+     * messages win from 128 KiB), for a segment of about 1.7 MiB per comm
      * at 8 ranks. */
     cfg->node_coll_bytes  = 64 << 10;
     cfg->tcp_streams      = 4;
