@@ -147,6 +147,13 @@ struct weft_coll {
 int  weft_coll_init(struct weft_coll *cc, struct weft_p2p *p2p, struct weft_core *core, const int *node);
 void weft_coll_fini(struct weft_coll *cc);
 
+/* The most data per rank with which a call may go through the node-local
+ * segment (node_coll.c; WEFT_NODE_COLL_KB): 0 when no call on this comm
+ * does (ranks on more than one node, WEFT_NODE_COLL_KB=0, WEFT_TRANSPORTS
+ * without shm, one rank, or the segment could not be set up). Agreed:
+ * the same on every rank until the segment's set-up, and after it. */
+size_t weft_coll_node_bytes(const struct weft_coll *cc);
+
 /* A collective call this rank refused on its own arguments (src/api,
  * the comm alive): it still takes its number among the comm's collectives,
  * and every peer is told (a COLL_FAILED notice with WEFT_ERR_MISMATCH and

@@ -162,10 +162,9 @@ static int transports_allow_shm(const char *t)
 static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args *a)
 {
     const struct weft_core *core = cc->core;
-    size_t S = core->cfg.node_coll_bytes, P = (size_t)core->size, es;
+    size_t S = weft_coll_node_bytes(cc), P = (size_t)core->size, es;
     /* WEFT_TRANSPORTS is agreed at create like the others. */
-    if (S == 0 || P < 2 || cc->nnodes != 1 || cc->node_state == NODE_OFF ||
-        !transports_allow_shm(core->cfg.transports))
+    if (S == 0)
         return 0;
     switch (a->kind) {
     case WEFT_COLL_BARRIER:
@@ -196,6 +195,15 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
     default:
         return 0;
     }
+}
+
+size_t weft_coll_node_bytes(const struct weft_coll *cc)
+{
+    const struct weft_core *core = cc->core;
+    if (core->cfg.node_coll_bytes == 0 || core->size < 2 || cc->nnodes != 1 || cc->node_state == NODE_OFF ||
+        !transports_allow_shm(core->cfg.transports))
+        return 0;
+    return core->cfg.node_coll_bytes;
 }
 
 /* ---------------------------------------------------------------- setup */

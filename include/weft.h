@@ -150,6 +150,15 @@ WEFT_API int  weft_comm_set_wait_hook(weft_comm_t *comm, weft_wait_hook_t hook, 
 /* Rank and size; -1 when comm is NULL. */
 WEFT_API int  weft_comm_rank(const weft_comm_t *comm);
 WEFT_API int  weft_comm_size(const weft_comm_t *comm);
+/* The most data per rank (bytes) with which a blocking collective on comm
+ * may be served in the node's shared segment instead of by messages
+ * (docs/api.md, "Node-local collectives"): WEFT_NODE_COLL_KB when every
+ * rank of comm is on one node and shm is among WEFT_TRANSPORTS; 0 when no
+ * call is (ranks on several nodes, WEFT_NODE_COLL_KB=0, no shm, one rank,
+ * or the segment could not be made). Below it, whether a call goes there
+ * still depends on the collective (docs/api.md). The same on every rank:
+ * a layer above weft (the PMPI drop-in) may route calls on it. Local. */
+WEFT_API int  weft_comm_node_coll_bytes(const weft_comm_t *comm, size_t *bytes);
 
 /* Non-blocking send/receive. Messages from one rank to another with the same
  * tag are received in the order they were sent; tags are independent lanes.

@@ -9,6 +9,8 @@
  *   Chosen             on one node with shm it is taken (the shape's info
  *                      line says so), with WEFT_NODE_COLL_KB=0, two virtual
  *                      nodes or WEFT_TRANSPORTS=tcp it is not;
+ *   BytesQuery         weft_comm_node_coll_bytes: the comm's limit where
+ *                      the path is taken, 0 where not, alike on every rank;
  *   SegmentUnnamed     once set up, no /dev/shm name of it is left;
  *   MixedSequence      300 calls, the same seeded random sequence on every
  *                      rank, of every kind and root, at sizes on both sides
@@ -57,9 +59,11 @@ namespace {
 const size_t kSlot = 64 << 10;   /* WEFT_NODE_COLL_KB's default */
 
 /* Whether this entry's comms are on one node with shm between the ranks. */
-bool node_path_expected(int size)
+/* own_kb: the comm sets WEFT_NODE_COLL_KB itself (its settings win over
+ * the entry's environment). */
+bool node_path_expected(int size, bool own_kb = false)
 {
-    const char *kb = std::getenv("WEFT_NODE_COLL_KB");
+    const char *kb = own_kb ? nullptr : std::getenv("WEFT_NODE_COLL_KB");
     const char *vn = std::getenv("WEFT_VIRTUAL_NODES");
     const char *tp = std::getenv("WEFT_TRANSPORTS");
     if (size < 2 || (kb && std::strcmp(kb, "0") == 0) || (vn && std::atoi(vn) > 1))
@@ -127,6 +131,29 @@ TEST(NodeColl, Chosen)
     bool said = log.find("allreduce 8 elements of int32, sum") != std::string::npos &&
                 log.find("node-local shared memory") != std::string::npos;
     EXPECT_EQ(said, node_path_expected(size)) << "rank " << rank << "'s log:\n" << log;
+}
+
+/* weft_comm_node_coll_bytes says what Chosen sees: the limit where the
+ * node path is taken (WEFT_NODE_COLL_KB of the comm), 0 where it is not;
+ * the same on every rank. */
+TEST(NodeColl, BytesQuery)
+{
+    int size = world_size();
+    Comm c(Settings{{"WEFT_NODE_COLL_KB", "16"}});
+    ASSERT_EQ(c.rc(), WEFT_SUCCESS);
+    size_t bytes = 1;
+    ASSERT_EQ(weft_comm_node_coll_bytes(c.get(), &bytes), WEFT_SUCCESS);
+    EXPECT_EQ(bytes, node_path_expected(size, true) ? size_t(16) << 10 : 0u);
+    unsigned long long mine = bytes, lo = 0, hi = 0;
+    MPI_Allreduce(&mine, &lo, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&mine, &hi, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(lo, hi);
+    /* ... and a node-local call leaves it as it was (the segment is up). */
+    ASSERT_EQ(weft_barrier(c.get()), WEFT_SUCCESS) << c.err();
+    size_t after = 1;
+    ASSERT_EQ(weft_comm_node_coll_bytes(c.get(), &after), WEFT_SUCCESS);
+    EXPECT_EQ(after, bytes);
+    EXPECT_EQ(weft_comm_node_coll_bytes(c.get(), nullptr), WEFT_ERR_INVALID_ARG);
 }
 
 TEST(NodeColl, SegmentUnnamed)

@@ -55,6 +55,11 @@ TEST(ApiArgs, NullCommQueries)
 {
     EXPECT_EQ(weft_comm_rank(nullptr), -1);
     EXPECT_EQ(weft_comm_size(nullptr), -1);
+    size_t node_bytes = 7;
+    EXPECT_EQ(weft_comm_node_coll_bytes(nullptr, &node_bytes), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(node_bytes, 7u);   /* outputs are set only on success */
+    EXPECT_NE(std::string(weft_last_error()).find("weft_comm_node_coll_bytes: comm is NULL"), std::string::npos)
+        << weft_last_error();
     const char *e = weft_comm_last_error(nullptr);
     ASSERT_NE(e, nullptr);
     EXPECT_EQ(weft_comm_destroy(nullptr), WEFT_ERR_INVALID_ARG);

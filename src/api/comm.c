@@ -153,6 +153,15 @@ int weft_comm_set_wait_hook(weft_comm_t *c, weft_wait_hook_t hook, void *arg)
 int weft_comm_rank(const weft_comm_t *c) { return c ? c->core.rank : -1; }
 int weft_comm_size(const weft_comm_t *c) { return c ? c->core.size : -1; }
 
+int weft_comm_node_coll_bytes(const weft_comm_t *c, size_t *bytes)
+{
+    if (c == NULL || bytes == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_node_coll_bytes: %s is NULL",
+                              c == NULL ? "comm" : "bytes");
+    *bytes = weft_coll_node_bytes(&c->coll);
+    return WEFT_SUCCESS;
+}
+
 const char *weft_strerror(int err)
 {
     return weft_err_str(err);
