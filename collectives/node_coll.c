@@ -83,6 +83,8 @@
 #define NODE_SMALL  1024
 #define NODE_NSMALL 64
 #define NODE_NBUF   (NODE_NSMALL + 2)
+/* Polls of the flags before a wait reads the clock (not oversubscribed). */
+#define NODE_PRESPIN 128
 #define NODE_CTRL_USED  (8 * 4 + 3 * 8 + NODE_NBUF * 3 * 8)
 #define NODE_CTRL_BYTES ((NODE_CTRL_USED + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE)
 
@@ -665,6 +667,24 @@ static int wait_timeout(struct node_call *k, const int *pending, int npending, e
     return node_fail(k, WEFT_ERR_TIMEOUT, 1);
 }
 
+/* One look at the pending ranks' flags: those there leave the list.
+ * Returns whether any did, or -1 on a failure (set, k->failed). */
+static int poll_pending(struct node_call *k, int *pending, int *npending, enum node_flag f, uint32_t want)
+{
+    int moved = 0;
+    for (int i = 0; i < *npending;) {
+        int ok = flag_ok(k, pending[i], f, want);
+        if (ok < 0)
+            return -1;
+        if (ok) {
+            pending[i] = pending[--*npending];
+            moved = 1;
+        } else
+            i++;
+    }
+    return moved;
+}
+
 /* Waits until rank `only`'s flag (or every other rank's, only < 0) reached
  * want. WEFT_SUCCESS or the failure (set, peers told). */
 static int node_wait(struct node_call *k, int only, enum node_flag f, uint32_t want)
@@ -689,22 +709,34 @@ static int node_wait(struct node_call *k, int only, enum node_flag f, uint32_t w
     if (npending == 0)
         goto out;
 
-    struct weft_backoff bo;
-    weft_backoff_init(&bo, k->cc->core);
-    double idle_since = weft_now(), last_look = 0.0;
-    for (;;) {
-        int moved = 0;
-        for (int i = 0; i < npending;) {
-            int ok = flag_ok(k, pending[i], f, want);
-            if (ok < 0) {
+    /* First a short spin with no clock: with a core each, the others'
+     * flags mostly come within a microsecond, and a clock read per poll
+     * was a tenth of a small call's time. With more ranks than cores (or
+     * WEFT_SPIN_US=0), no spin: the core is theirs (backoff.h). */
+    if (!k->cc->core->oversubscribed && k->cc->core->cfg.spin_us > 0) {
+        for (int spin = 0; spin < NODE_PRESPIN; spin++) {
+            int moved = poll_pending(k, pending, &npending, f, want);
+            if (moved < 0) {
                 rc = k->failed;
                 goto out;
             }
-            if (ok) {
-                pending[i] = pending[--npending];
-                moved = 1;
-            } else
-                i++;
+            if (npending == 0)
+                goto out;
+            weft_cpu_relax();
+        }
+    }
+
+    struct weft_backoff bo;
+    weft_backoff_init(&bo, k->cc->core);
+    /* The first look at pipes and health after 100 us, not at once: a wait
+     * that ends sooner has no need of it (a failure elsewhere still shows
+     * within 100 us). */
+    double idle_since = weft_now(), last_look = idle_since;
+    for (;;) {
+        int moved = poll_pending(k, pending, &npending, f, want);
+        if (moved < 0) {
+            rc = k->failed;
+            goto out;
         }
         if (npending == 0)
             break;

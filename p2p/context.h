@@ -77,6 +77,13 @@ struct weft_p2p {
     void                    *wait_fn_arg;
 };
 
+/* A fault came (p2p/health.c). Lock held; the store is atomic because
+ * weft_p2p_fault_epoch reads the epoch without the lock. */
+static inline void weft_p2p_fault_epoch_bump(struct weft_p2p *p)
+{
+    __atomic_store_n(&p->fault_epoch, p->fault_epoch + 1, __ATOMIC_RELEASE);
+}
+
 /* One progress pass: every transport in use, the rendezvous paths, queued
  * outbound frames. Lock held. Returns the number of events. */
 int  weft_p2p_progress(struct weft_p2p *p);

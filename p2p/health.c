@@ -235,7 +235,7 @@ void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why
         return;
     pp->failed = 1;
     p->nfailed++;
-    p->fault_epoch++;
+    weft_p2p_fault_epoch_bump(p);
     if (from_notice)
         snprintf(text, sizeof(text), "%s", why);
     else
@@ -498,7 +498,7 @@ void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr
         c->code = h->status > WEFT_SUCCESS && h->status <= WEFT_ERR_CLOSED ? h->status : WEFT_ERR_INTERNAL;
         c->from = pp->peer;
         snprintf(c->text, sizeof(c->text), "%s", t);
-        p->fault_epoch++;   /* wakes collectives waiting on it */
+        weft_p2p_fault_epoch_bump(p);   /* wakes collectives waiting on it */
         break;
     }
     default:
@@ -513,7 +513,7 @@ void weft_health_abort(struct weft_p2p *p)
             notice_send(p, i, WEFT_NOTICE_ABORTED, p->rank, WEFT_ERR_ABORTED, 0, "weft_comm_abort");
     for (int i = 0; i < p->size; i++)
         weft_pipe_break(&p->pipes[i], WEFT_ERR_ABORTED);
-    p->fault_epoch++;
+    weft_p2p_fault_epoch_bump(p);
 }
 
 void weft_health_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text)

@@ -48,7 +48,7 @@ void weft_health_watch_processes(struct weft_p2p *p);
  * peer is declared failed (died, or a remote peer that closed on us). */
 void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char *why);
 /* rank failed (code, why): break its pipe, tell the others (unless the
- * news came from a notice), bump p->fault_epoch. */
+ * news came from a notice), bump p->fault_epoch (weft_p2p_fault_epoch_bump). */
 void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why, int from_notice);
 /* r made no progress for idle seconds (>= WEFT_TIMEOUT). 1: r completed
  * (failed) now; 0: its live peer gets a grace period first. */

@@ -684,17 +684,22 @@ int weft_p2p_wait_done_until(struct weft_request *r, const char *what, const uin
     return rc;
 }
 
+/* Written under p->lock, always with an atomic store (health.c), so it
+ * can be read without the lock: the node-local collectives read it twice
+ * a call. */
 uint64_t weft_p2p_fault_epoch(struct weft_p2p *p)
 {
-    pthread_mutex_lock(&p->lock);
-    uint64_t e = p->fault_epoch;
-    pthread_mutex_unlock(&p->lock);
-    return e;
+    return __atomic_load_n(&p->fault_epoch, __ATOMIC_ACQUIRE);
 }
 
 int weft_p2p_fault(struct weft_p2p *p, uint32_t coll_seq, char *why, size_t whylen)
 {
     int code = WEFT_SUCCESS;
+    /* Every fault this reports (a peer's notice, a declared rank) bumped
+     * the epoch first; none yet and not aborted: nothing to report, and
+     * no lock taken (the common case, on every collective's start). */
+    if (weft_p2p_fault_epoch(p) == 0 && !aborted(p))
+        return WEFT_SUCCESS;
     pthread_mutex_lock(&p->lock);
     const struct weft_coll_note *c = weft_health_coll_note(p, coll_seq);
     if (c != NULL) {

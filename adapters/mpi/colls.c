@@ -19,16 +19,11 @@
 
 #include "weft_mpi.h"
 
-/* route's per-thread memory of the last communicator a small call found
- * with its entry (valid while wmpi_comm_gen() is small_gen). */
-static _Thread_local int small_comm_valid;
-static _Thread_local MPI_Comm small_comm;
-static _Thread_local unsigned long small_gen;
-
 /* weft's comm for this call, or NULL: PMPI serves it. bytes == 0 never
  * needs weft (nothing moves) except for the barrier, which passes 1. */
-static weft_comm_t *route(enum wmpi_coll coll, MPI_Comm comm, size_t bytes)
+static weft_comm_t *route_info(enum wmpi_coll coll, MPI_Comm comm, size_t bytes, struct wmpi_comm_info *info_out)
 {
+    struct wmpi_comm_info info;
     weft_comm_t *wc = NULL;
 
     /* The weft comm is made at the first call on comm of any collective the
@@ -40,25 +35,22 @@ static weft_comm_t *route(enum wmpi_coll coll, MPI_Comm comm, size_t bytes)
      * no word (issue 28, item 5). Now the ranks part only inside weft's
      * collective, where the waiting rank's WEFT_TIMEOUT ends it with a
      * verdict. The cost: a comm only ever given small calls gets its weft
-     * comm too (connections are made lazily, on first traffic). */
-    if (wmpi_ready() && wmpi_enabled(coll)) {
-        if (bytes > 0 && bytes >= wmpi_min_bytes(coll) && bytes <= wmpi_max_bytes(coll)) {
-            wc = wmpi_comm_get(comm);
-        } else if (!(small_comm_valid && small_comm == comm && small_gen == wmpi_comm_gen())) {
-            /* A small call: MPI's, but the weft comm must exist (made here
-             * at the first call). The answer is kept per thread for the
-             * last communicator, so that back-to-back small calls skip the
-             * attribute lookup (~25 ns, a quarter of a 0.1 us call at
-             * np 2). */
-            int has_entry = 0;
-            (void)wmpi_comm_get_entry(comm, &has_entry);
-            small_comm_valid = has_entry;
-            small_comm = comm;
-            small_gen = wmpi_comm_gen();
-        }
+     * comm too (connections are made lazily, on first traffic). Whether
+     * weft serves the call then depends on agreed facts only: the size,
+     * the rank count and the comm's node-local limit (route.c). */
+    if (wmpi_ready() && wmpi_enabled(coll) && wmpi_comm_info(comm, &info) && info.weft != NULL &&
+        wmpi_serves(coll, bytes, info.nranks, info.node_bytes)) {
+        wc = info.weft;
+        if (info_out)
+            *info_out = info;
     }
     wmpi_count(coll, wc != NULL);
     return wc;
+}
+
+static weft_comm_t *route(enum wmpi_coll coll, MPI_Comm comm, size_t bytes)
+{
+    return route_info(coll, comm, bytes, NULL);
 }
 
 /* The layer is off for coll (WEFT_MPI=0, not in WEFT_MPI_COLLS, MPI not
@@ -157,8 +149,9 @@ WMPI_EXPORT int MPI_Barrier(MPI_Comm comm)
 
     if (off(WMPI_BARRIER))
         return PMPI_Barrier(comm);
-    /* No size: the threshold 0 serves it, any other leaves it to MPI. */
-    wc = route(WMPI_BARRIER, comm, wmpi_min_bytes(WMPI_BARRIER) == 0 ? 1 : 0);
+    /* No size: 1 byte, so the threshold 0 serves it and any other leaves
+     * it to MPI (unless the node-local rule takes it, route.c). */
+    wc = route(WMPI_BARRIER, comm, 1);
     if (wc == NULL)
         return PMPI_Barrier(comm);
     if ((wrc = weft_barrier(wc)) != WEFT_SUCCESS)
@@ -170,18 +163,19 @@ WMPI_EXPORT int MPI_Bcast(void *buf, int count, MPI_Datatype type, int root, MPI
 {
     size_t bytes = 0;
     weft_comm_t *wc = NULL;
+    struct wmpi_comm_info info;
     struct side s;
     int rc, wrc;
 
     if (off(WMPI_BCAST))
         return PMPI_Bcast(buf, count, type, root, comm);
     if (comm != MPI_COMM_NULL && wmpi_type_bytes(type, count, &bytes) == 0 && root >= 0 && root < comm_size(comm))
-        wc = route(WMPI_BCAST, comm, bytes);
+        wc = route_info(WMPI_BCAST, comm, bytes, &info);
     else
         route(WMPI_BCAST, comm, 0);   /* counted; MPI reports the bad argument */
     if (wc == NULL)
         return PMPI_Bcast(buf, count, type, root, comm);
-    const int me = comm_rank(comm) == root;
+    const int me = info.rank == root;
     if ((rc = take(&s, buf, count, type, comm, me)) != MPI_SUCCESS)
         return mpi_fail(comm, rc);
     wrc = weft_bcast(wc, s.data, s.bytes, root);
@@ -198,11 +192,11 @@ typedef int (*weft_exchange_fn)(weft_comm_t *c, const void *sendbuf, void *recvb
  * sendcount x sendtype, or is MPI_IN_PLACE: then the data is in recvbuf and
  * weft's in-place form reads it at in_place_at blocks from the start (this
  * rank's block for allgather, 0 for alltoall). */
-static int exchange(const char *fn, weft_exchange_fn move, int send_blocks, int in_place_at,
+static int exchange(const char *fn, weft_exchange_fn move, int send_blocks, int in_place_at, int nranks,
                     weft_comm_t *wc, size_t block, const void *sendbuf, int sendcount, MPI_Datatype sendtype,
                     void *recvbuf, int recvcount, MPI_Datatype recvtype, MPI_Comm comm)
 {
-    const long long all = (long long)recvcount * comm_size(comm);
+    const long long all = (long long)recvcount * nranks;
     struct side in, out;
     int rc, wrc;
 
@@ -235,17 +229,18 @@ WMPI_EXPORT int MPI_Allgather(const void *sendbuf, int sendcount, MPI_Datatype s
 {
     size_t block = 0;
     weft_comm_t *wc = NULL;
+    struct wmpi_comm_info info;
 
     if (off(WMPI_ALLGATHER))
         return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
     if (comm != MPI_COMM_NULL && wmpi_type_bytes(recvtype, recvcount, &block) == 0)
-        wc = route(WMPI_ALLGATHER, comm, block);
+        wc = route_info(WMPI_ALLGATHER, comm, block, &info);
     else
         route(WMPI_ALLGATHER, comm, 0);
     if (wc == NULL)
         return PMPI_Allgather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
     /* In place: rank r's block is already at its place in recvbuf. */
-    return exchange("MPI_Allgather", weft_allgather, 1, comm_rank(comm), wc, block, sendbuf,
+    return exchange("MPI_Allgather", weft_allgather, 1, info.rank, info.nranks, wc, block, sendbuf,
                     sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
 }
 
@@ -254,16 +249,17 @@ WMPI_EXPORT int MPI_Alltoall(const void *sendbuf, int sendcount, MPI_Datatype se
 {
     size_t block = 0;
     weft_comm_t *wc = NULL;
+    struct wmpi_comm_info info;
 
     if (off(WMPI_ALLTOALL))
         return PMPI_Alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
     if (comm != MPI_COMM_NULL && wmpi_type_bytes(recvtype, recvcount, &block) == 0)
-        wc = route(WMPI_ALLTOALL, comm, block);
+        wc = route_info(WMPI_ALLTOALL, comm, block, &info);
     else
         route(WMPI_ALLTOALL, comm, 0);
     if (wc == NULL)
         return PMPI_Alltoall(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, comm);
-    return exchange("MPI_Alltoall", weft_alltoall, comm_size(comm), 0, wc, block, sendbuf, sendcount,
+    return exchange("MPI_Alltoall", weft_alltoall, info.nranks, 0, info.nranks, wc, block, sendbuf, sendcount,
                     sendtype, recvbuf, recvcount, recvtype, comm);
 }
 

@@ -42,13 +42,15 @@ static const char *const names[WMPI_NCOLLS] = {
 /* The size each threshold compares with (colls.c): allgather, alltoall:
  * the bytes one rank contributes per peer (recvcount x recvtype); bcast:
  * the message; allreduce, reduce: the vector; reduce_scatter_block: one
- * rank's block. Barrier: 0 serves it with weft, SIZE_MAX leaves it to MPI.
+ * rank's block. Barrier: 0 serves it with weft, SIZE_MAX leaves it to MPI
+ * (the default: on 2 ranks MPI's took 0.19-0.20 us, weft's 0.21-0.25; from
+ * 3 ranks on one node the node-local rule below gives it to weft).
  * Defaults: bench/mpi/run.sh on the 2-core development machine (shm), see
  * docs/benchmarks.md; a site overrides them with WEFT_MPI_MIN_BYTES. */
 static const size_t default_min[WMPI_NCOLLS] = {
     [WMPI_ALLGATHER] = 4096,
     [WMPI_BCAST] = 4096,
-    [WMPI_BARRIER] = 0,
+    [WMPI_BARRIER] = SIZE_MAX,
     [WMPI_ALLREDUCE] = 8192,
     [WMPI_REDUCE] = 8192,
     [WMPI_REDUCE_SCATTER_BLOCK] = 4096,
@@ -71,6 +73,7 @@ static struct {
     int    on[WMPI_NCOLLS];
     size_t min[WMPI_NCOLLS];
     size_t max[WMPI_NCOLLS];
+    int    sized[WMPI_NCOLLS];   /* WEFT_MPI_MIN_BYTES or _MAX_BYTES names it: the node rule is off */
     int    stats;
 } S;
 
@@ -145,8 +148,10 @@ static int load_sizes(const char *var, const char *v, size_t *table)
     size_t n;
 
     if (read_size(v, strlen(v), &n) == 0) {
-        for (int i = 0; i < WMPI_NCOLLS; i++)
+        for (int i = 0; i < WMPI_NCOLLS; i++) {
             table[i] = n;
+            S.sized[i] = 1;
+        }
         return 0;
     }
     for (const char *p = v; *p;) {
@@ -155,6 +160,7 @@ static int load_sizes(const char *var, const char *v, size_t *table)
         if (c < 0 || read_size(p + eq + 1, len - eq - 1, &n) != 0)
             return refuse(var, v, "expected a byte count, or coll=bytes[,coll=bytes...]");
         table[c] = n;
+        S.sized[c] = 1;
         p += len;
         if (*p == ',')
             p++;
@@ -170,6 +176,7 @@ void wmpi_settings_load(void)
         S.on[i] = 1;
         S.min[i] = default_min[i];
         S.max[i] = default_max[i];
+        S.sized[i] = 0;
     }
     if ((v = getenv("WEFT_MPI_STATS")) != NULL && *v) {
         if (strcmp(v, "0") != 0 && strcmp(v, "1") != 0) {
@@ -217,6 +224,51 @@ size_t wmpi_min_bytes(enum wmpi_coll coll)
 size_t wmpi_max_bytes(enum wmpi_coll coll)
 {
     return S.max[coll];
+}
+
+/* The node-local rule: on a communicator whose weft comm serves calls in
+ * the node's shared segment (weft_comm_node_coll_bytes > 0: one node, shm),
+ * from 3 ranks on, weft serves the calls of these collectives from
+ * node_min up to what the segment takes, whatever the thresholds say: one
+ * round in shared memory against MPI's log p or p-1 messages. Measured with
+ * bench/mpi/run.sh at np 2, 3, 4 and 8, 8 B-64 KiB (docs/benchmarks.md,
+ * "PMPI drop-in"): weft ahead or level from these sizes at np 3, 4 and 8;
+ * below them (bcast < 128 B at np 8, allgather < 128 B a peer at np 4 and
+ * 8, reduce < 64 B at np 3) and for alltoall (p-1 sends of a few bytes are
+ * MPI's cheapest case, 0.73-0.88 at np 3 and 8) MPI's own. At 2 ranks
+ * MPI's calls are single eager messages (0.1-0.25 us) that the segment's
+ * round does not beat: the thresholds decide there, as on several nodes.
+ * reduce_scatter_block was not measured: the thresholds decide. SIZE_MAX:
+ * not taken. Units as the thresholds' (colls.c). */
+static const size_t node_min[WMPI_NCOLLS] = {
+    [WMPI_ALLGATHER] = 128,
+    [WMPI_BCAST] = 128,
+    [WMPI_BARRIER] = 0,
+    [WMPI_ALLREDUCE] = 0,
+    [WMPI_REDUCE] = 64,
+    [WMPI_REDUCE_SCATTER_BLOCK] = SIZE_MAX,
+    [WMPI_ALLTOALL] = SIZE_MAX,
+};
+
+/* Whether the node-local rule takes a call of coll with size bytes on a
+ * comm of nranks ranks whose segment takes node_bytes a rank. A collective
+ * named in WEFT_MPI_MIN_BYTES / WEFT_MPI_MAX_BYTES is the site's: only
+ * its thresholds decide. */
+static int node_takes(enum wmpi_coll coll, size_t bytes, int nranks, size_t node_bytes)
+{
+    if (node_bytes == 0 || S.sized[coll] || nranks < 3 || bytes < node_min[coll])
+        return 0;
+    /* What weft's own rule (collectives/node_coll.c) sends to the segment:
+     * an allgather's block, a bcast's message, a reduction's vector up to
+     * node_bytes. */
+    return coll == WMPI_BARRIER || bytes <= node_bytes;
+}
+
+int wmpi_serves(enum wmpi_coll coll, size_t bytes, int nranks, size_t node_bytes)
+{
+    if (bytes == 0)
+        return 0;
+    return node_takes(coll, bytes, nranks, node_bytes) || (bytes >= S.min[coll] && bytes <= S.max[coll]);
 }
 
 void wmpi_count(enum wmpi_coll coll, int by_weft)

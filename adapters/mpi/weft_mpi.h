@@ -51,6 +51,10 @@ int  wmpi_enabled(enum wmpi_coll coll);
 size_t wmpi_min_bytes(enum wmpi_coll coll);
 /* The largest size weft serves (SIZE_MAX: no ceiling). */
 size_t wmpi_max_bytes(enum wmpi_coll coll);
+/* Whether weft serves a call of coll with size bytes (> 0; the barrier
+ * passes 1) on a communicator of nranks ranks whose weft comm serves calls
+ * of up to node_bytes a rank in shared memory (weft_comm_node_coll_bytes). */
+int  wmpi_serves(enum wmpi_coll coll, size_t bytes, int nranks, size_t node_bytes);
 /* Counts one call of coll, served by weft (1) or by PMPI (0). */
 void wmpi_count(enum wmpi_coll coll, int by_weft);
 /* WEFT_MPI_STATS=1: one line per rank to stderr (at MPI_Finalize). */
@@ -62,16 +66,24 @@ void wmpi_stats_print(void);
  * alike); NULL when comm goes to PMPI (intercomm, size 1, or weft could
  * not be set up on some rank: then one WARN line, and PMPI for good). */
 weft_comm_t *wmpi_comm_get(MPI_Comm comm);
-/* The same; *has_entry: 1 when comm has its entry (a weft comm, or the
- * decision that weft cannot serve it), which stays until comm is freed
- * and wmpi_comm_gen() changes. */
-weft_comm_t *wmpi_comm_get_entry(MPI_Comm comm, int *has_entry);
+/* What routing needs of comm's entry (made at the first call, as above). */
+struct wmpi_comm_info {
+    weft_comm_t *weft;        /* NULL: PMPI serves comm */
+    int          nranks, rank;
+    size_t       node_bytes;  /* weft_comm_node_coll_bytes of weft (0: none, or no weft) */
+};
+/* 1 and *info set when comm has its entry; 0 when it has none (MPI not
+ * up, MPI_COMM_NULL, an intercomm, one rank, no memory): PMPI serves it. */
+int  wmpi_comm_info(MPI_Comm comm, struct wmpi_comm_info *info);
 unsigned long wmpi_comm_gen(void);
 /* The layer is set up (keyval, error codes, settings) once per process;
  * 0 when MPI is not initialised or already finalised (go to PMPI). */
 int wmpi_ready(void);
 
 /* ---- datatype.c ---- */
+/* Asks MPI once about the common predefined types (set-up, before any call
+ * is served), so that the calls below answer for them without MPI. */
+void wmpi_types_init(void);
 /* Where count elements of type lie: one run of *bytes bytes at *start
  * (contiguous: returns 1), or scattered (returns 0: pack/unpack). */
 int  wmpi_layout(const void *buf, long long count, MPI_Datatype type, const void **start, size_t *bytes);

@@ -1,6 +1,7 @@
 /*
- * mpi-coll-perf: times MPI_Allgather, MPI_Bcast, MPI_Allreduce and
- * MPI_Alltoall over a range of sizes and checks every result exactly.
+ * mpi-coll-perf: times MPI_Allgather, MPI_Bcast, MPI_Allreduce,
+ * MPI_Alltoall and MPI_Reduce over a range of sizes and checks every result
+ * exactly; and MPI_Barrier.
  *
  * A plain MPI program on purpose: it includes only mpi.h and knows nothing
  * of weft, so the same binary measures the MPI library alone and the MPI
@@ -9,7 +10,7 @@
  * Conventions are nccl-tests' so the rows read alike:
  *   size     bytes of the larger buffer of one rank: allgather the receive
  *            buffer (n blocks), alltoall the send buffer (n blocks), bcast
- *            and allreduce the message / vector
+ *            allreduce and reduce the message / vector; barrier 0
  *   count    elements in that buffer
  *   time     microseconds per call: per repeat, the slowest rank's mean over
  *            the timed iterations; the row is the median over repeats
@@ -37,8 +38,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum coll { C_ALLGATHER, C_BCAST, C_ALLREDUCE, C_ALLTOALL, C_N };
-static const char *const coll_names[C_N] = {"allgather", "bcast", "allreduce", "alltoall"};
+enum coll { C_ALLGATHER, C_BCAST, C_ALLREDUCE, C_ALLTOALL, C_REDUCE, C_BARRIER, C_N };
+static const char *const coll_names[C_N] = {"allgather", "bcast", "allreduce", "alltoall", "reduce", "barrier"};
 
 enum dtype { D_INT8, D_INT32, D_FLOAT, D_DOUBLE, D_N };
 static const char *const dtype_names[D_N] = {"int8", "int32", "float", "double"};
@@ -58,6 +59,7 @@ struct opts {
     int    repeats;
     int    root;
     enum dtype dtype;
+    int    sync;         /* -s: an MPI_Barrier between timed calls, each call timed alone */
 };
 
 static int rank, nranks;
@@ -170,6 +172,7 @@ static void fill(struct call *k, int rep)
                 store(k->dtype, k->rbuf, i, move_val(k->dtype, k->root, 0, i, rep));
         break;
     case C_ALLREDUCE:
+    case C_REDUCE:
         for (size_t i = 0; i < k->count; i++)
             store(k->dtype, k->sbuf, i, red_val(k->dtype, rank, i, rep));
         break;
@@ -185,8 +188,8 @@ static void fill(struct call *k, int rep)
 
 static void poison(struct call *k)
 {
-    if (k->coll == C_BCAST && rank == k->root)
-        return; /* the root's buffer is the source */
+    if ((k->coll == C_BCAST && rank == k->root) || k->coll == C_BARRIER)
+        return; /* the root's buffer is the source; a barrier has none */
     for (size_t i = 0; i < k->count; i++)
         store(k->dtype, k->rbuf, i, POISON);
 }
@@ -209,6 +212,12 @@ static long long check(const struct call *k, int rep)
     case C_ALLREDUCE:
         for (size_t i = 0; i < k->count; i++)
             wrong += load(k->dtype, k->rbuf, i) != red_sum(k->dtype, i, rep);
+        break;
+    case C_REDUCE:
+        /* The root's result; the other ranks' receive buffers stay as
+         * poisoned (MPI does not write them). */
+        for (size_t i = 0; i < k->count; i++)
+            wrong += load(k->dtype, k->rbuf, i) != (rank == k->root ? red_sum(k->dtype, i, rep) : POISON);
         break;
     case C_ALLTOALL:
         for (size_t b = 0; b < (size_t)nranks; b++)
@@ -237,6 +246,12 @@ static void run_once(const struct call *k)
         break;
     case C_ALLTOALL:
         MPI_Alltoall(k->sbuf, blk, k->type, k->rbuf, blk, k->type, MPI_COMM_WORLD);
+        break;
+    case C_REDUCE:
+        MPI_Reduce(k->sbuf, k->rbuf, cnt, k->type, MPI_SUM, k->root, MPI_COMM_WORLD);
+        break;
+    case C_BARRIER:
+        MPI_Barrier(MPI_COMM_WORLD);
         break;
     default:
         break;
@@ -306,10 +321,25 @@ static long long run_size(const struct opts *o, enum coll c, size_t size, void *
         poison(&k);
 
         MPI_Barrier(MPI_COMM_WORLD);
-        double t0 = MPI_Wtime();
-        for (int it = 0; it < iters; it++)
-            run_once(&k);
-        double local = (MPI_Wtime() - t0) / iters, slowest = 0;
+        double local = 0, slowest = 0;
+        if (o->sync) {
+            /* As OSU's latency tests: each call timed alone, the ranks
+             * lined up by MPI_Barrier (not timed) before the next --
+             * so what a barrier's exit leaves behind (ranks released at
+             * different times, a sleeping thread) shows in the call. */
+            for (int it = 0; it < iters; it++) {
+                double t = MPI_Wtime();
+                run_once(&k);
+                local += MPI_Wtime() - t;
+                MPI_Barrier(MPI_COMM_WORLD);
+            }
+        } else {
+            double t0 = MPI_Wtime();
+            for (int it = 0; it < iters; it++)
+                run_once(&k);
+            local = MPI_Wtime() - t0;
+        }
+        local /= iters;
         wrong += check(&k, rep);
         /* The harness's own bookkeeping, not a timed call: straight to MPI
          * (a preloaded drop-in leaves a float MAX to MPI anyway, and its
@@ -327,7 +357,7 @@ static long long run_size(const struct opts *o, enum coll c, size_t size, void *
         double algbw = med > 0 ? (double)size / med / 1e9 : 0;
         printf("%-9s %10zu %10zu %6s %5s %4d %11.2f %8.3f %8.3f %7lld %11.2f %11.2f %6d\n",
                coll_names[c], size, k.count, dtype_names[o->dtype],
-               c == C_ALLREDUCE ? "sum" : "none", c == C_BCAST ? o->root : -1, med * 1e6, algbw,
+               c == C_ALLREDUCE || c == C_REDUCE ? "sum" : "none", c == C_BCAST || c == C_REDUCE ? o->root : -1, med * 1e6, algbw,
                algbw * busbw_factor(c), all, times[0] * 1e6, times[r - 1] * 1e6, iters);
         fflush(stdout);
     }
@@ -398,14 +428,16 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: mpi-coll-perf [-c COLLS] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
             "                     [-r REPEATS] [-d TYPE] [-R ROOT]\n"
-            "  -c  collectives, comma separated: allgather,bcast,allreduce,alltoall or all (all)\n"
+            "  -c  collectives, comma separated: allgather,bcast,allreduce,alltoall,reduce,barrier,\n"
+            "      or all (default: the first four; barrier runs once, as size 0)\n"
             "  -b  smallest size, bytes, k/M/G suffixes (8)     -e  largest size (16M)\n"
             "  -f  size factor (2)\n"
             "  -n  timed iterations per repeat (0: from the size, 64 MiB moved, 5..1000)\n"
             "  -w  warmup calls per repeat, the first one checked (0: iterations / 5, 2..5)\n"
             "  -r  repeats; the row is their median (5)\n"
             "  -d  element type: int8, int32, float, double (float)\n"
-            "  -R  bcast root (0)\n"
+            "  -R  bcast and reduce root (0)\n"
+            "  -s 1  an MPI_Barrier (not timed) after every timed call, as OSU's tests\n"
             "Sizes as nccl-tests: allgather and alltoall the n-block buffer, else the message.\n"
             "Exit status 1 if any element was wrong.\n");
 }
@@ -413,7 +445,7 @@ static void usage(FILE *f)
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
     *o = (struct opts){
-        .colls = {1, 1, 1, 1}, .min_bytes = 8, .max_bytes = (size_t)16 << 20, .factor = 2,
+        .colls = {1, 1, 1, 1, 0, 0}, .min_bytes = 8, .max_bytes = (size_t)16 << 20, .factor = 2,
         .iters = 0, .warmup = 0, .repeats = 5, .root = 0, .dtype = D_FLOAT,
     };
     for (int i = 1; i < argc; i++) {
@@ -435,6 +467,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         case 'w': bad = parse_int(v, 0, &o->warmup); break;
         case 'r': bad = parse_int(v, 1, &o->repeats); break;
         case 'R': bad = parse_int(v, 0, &o->root) || o->root >= nranks; break;
+        case 's': bad = parse_int(v, 0, &o->sync) || o->sync > 1; break;
         case 'd':
             bad = 1;
             for (int d = 0; d < D_N; d++)
@@ -516,6 +549,10 @@ int main(int argc, char **argv)
         if (!o.colls[c])
             continue;
         size_t prev = 0;
+        if (c == C_BARRIER) {
+            wrong += run_size(&o, C_BARRIER, 0, sbuf, rbuf, times);
+            continue;
+        }
         for (size_t want = o.min_bytes; want <= o.max_bytes;) {
             size_t size = effective_size((enum coll)c, want, ts);
             if (size != prev) /* small sizes may round to the same one */

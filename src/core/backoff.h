@@ -53,6 +53,17 @@ enum weft_backoff_phase weft_backoff_phase(struct weft_backoff *b, double now);
  * with no transport to sleep in. */
 void weft_backoff_idle(struct weft_backoff *b, double now, long max_us);
 
+/* One poll's pause in a spin: lets a sibling hardware thread run and
+ * costs the spinner nothing it needs. */
+static inline void weft_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
 /* The primitives, for the engine's own use. */
 void weft_yield(void);
 void weft_nap_us(long us);

@@ -57,13 +57,24 @@ weft_add_mpi_suite(NAME pmpi BINARY weft_pmpi_test NPS 8 CONFIGS shm
 # Sizes on both sides of the built-in threshold on different ranks (issue
 # 28, item 5): weft's timeout with a reason on the large ranks, never a
 # hang inside MPI. Waits out WEFT_TIMEOUT=2: sleepy.
+# WEFT_NODE_COLL_KB=0: at np 3 on one node the node-local rule gives weft
+# the allreduce at every size, so there is no MPI side to diverge to;
+# ranks on both sides of weft's own node-local limit are NodeColl's
+# MismatchAcrossPaths.
 weft_add_mpi_suite(NAME pmpi_diverged BINARY weft_pmpi_test NPS 2 3 CONFIGS shm
-                   GTEST_FILTER "PmpiDiverged.*" LABELS "pmpi;sleepy" ENV WEFT_TIMEOUT=2 TIMEOUT 60)
+                   GTEST_FILTER "PmpiDiverged.*" LABELS "pmpi;sleepy" ENV WEFT_TIMEOUT=2 WEFT_NODE_COLL_KB=0
+                   TIMEOUT 60)
 
 # The built-in thresholds: 8 B to MPI, 4 MiB to weft (bcast and alltoall,
-# which have a default ceiling below it: to MPI), for each collective.
+# which have a default ceiling below it: to MPI), for each collective; on
+# one node from 3 ranks 8 B to weft (node-local collectives), not across
+# two virtual nodes nor with WEFT_NODE_COLL_KB=0.
 weft_add_mpi_suite(NAME pmpi_defaults BINARY weft_pmpi_test NPS 2 3 CONFIGS shm
                    GTEST_FILTER "PmpiDefaults.*" LABELS pmpi TIMEOUT 60)
+weft_add_mpi_suite(NAME pmpi_defaults BINARY weft_pmpi_test NPS 3 CONFIGS vnodes2
+                   GTEST_FILTER "PmpiDefaults.*" LABELS pmpi TIMEOUT 60)
+weft_add_mpi_suite(NAME pmpi_defaults_nodecoll0 BINARY weft_pmpi_test NPS 3 CONFIGS shm
+                   GTEST_FILTER "PmpiDefaults.*" LABELS pmpi ENV WEFT_NODE_COLL_KB=0 TIMEOUT 60)
 # WEFT_MPI_MIN_BYTES / WEFT_MPI_MAX_BYTES: weft inside [1 KiB, 64 KiB] only.
 weft_add_mpi_suite(NAME pmpi_window BINARY weft_pmpi_test NPS 3 CONFIGS shm
                    GTEST_FILTER "PmpiWindow.*" LABELS pmpi

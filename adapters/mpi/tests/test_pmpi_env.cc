@@ -3,7 +3,10 @@
  *
  * Each routing suite runs only in the pmpi.cmake entry that sets its
  * environment, and fails at once elsewhere (its counts depend on it):
- *   PmpiDefaults   no WEFT_MPI* variable: the built-in thresholds
+ *   PmpiDefaults   no WEFT_MPI* variable: the built-in thresholds, and the
+ *                  node-local rule (small calls to weft on one node from
+ *                  3 ranks; its entries on one node, two virtual nodes and
+ *                  with WEFT_NODE_COLL_KB=0)
  *   PmpiWindow     WEFT_MPI_MIN_BYTES=1024 WEFT_MPI_MAX_BYTES=65536: a window
  *   PmpiOff        WEFT_MPI=0: nothing through weft
  *   PmpiOnlyBcast  WEFT_MPI_COLLS=bcast WEFT_MPI_MIN_BYTES=0: bcast only
@@ -20,6 +23,7 @@
  * comm_cache.c). WEFT_TIMEOUT=20 there: a regression fails, not hangs.
  */
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -31,6 +35,7 @@ namespace {
 
 const size_t kSmall = 8;        /* below every threshold */
 const size_t kLarge = 4u << 20; /* above every threshold */
+const size_t kNode = 1024;      /* below every threshold, within the node-local rule's sizes */
 
 /* Which of the sized collectives weft served at `bytes` (the measure each
  * threshold compares with, route.c): each called once on comm and checked
@@ -117,11 +122,36 @@ protected:
     }
 };
 
+/* Whether the entry's ranks share one node with weft's node-local
+ * collectives on (WEFT_NODE_COLL_KB not 0, shm among the transports, one
+ * node): weft_comm_node_coll_bytes > 0 on the drop-in's comms. */
+bool node_local_entry()
+{
+    const char *kb = std::getenv("WEFT_NODE_COLL_KB");
+    const char *vn = std::getenv("WEFT_VIRTUAL_NODES");
+    const char *tp = std::getenv("WEFT_TRANSPORTS");
+    if ((kb && std::string(kb) == "0") || (vn && std::atoi(vn) > 1))
+        return false;
+    return !tp || !*tp || std::string(tp).find("shm") != std::string::npos;
+}
+
 TEST_F(PmpiDefaults, SmallCallsToMpiLargeToWeft)
 {
     const bool weft = size > 1;
+    /* On a comm of 3 or more ranks on one node the node-local rule
+     * (route.c, node_takes) gives weft the barrier, the allreduce of any
+     * size, and from 1 KiB allgather, bcast and reduce (not alltoall or
+     * reduce_scatter_block); elsewhere (2 ranks, several nodes, the node
+     * path off) the thresholds, all above 1 KiB, and the barrier is MPI's. */
+    const bool node = size >= 3 && node_local_entry();
     Counts small = probe(MPI_COMM_WORLD, kSmall);
-    expect_probe(small, kSmall, [](Counted) { return 0L; });
+    expect_probe(small, kSmall, [&](Counted c) { return node && c == W_ALLREDUCE ? 1L : 0L; });
+    expect_probe(probe(MPI_COMM_WORLD, kNode), kNode, [&](Counted c) {
+        return node && c != W_ALLTOALL && c != W_REDUCE_SCATTER ? 1L : 0L;
+    });
+    const long barrier_before = counts_now()[W_BARRIER];
+    EXPECT_EQ(MPI_Barrier(MPI_COMM_WORLD), MPI_SUCCESS);
+    EXPECT_EQ(counts_now()[W_BARRIER] - barrier_before, node ? 1L : 0L) << "the barrier: weft's on one node";
     /* The weft comm is made at the first served call whatever its size,
      * so that making it (collective) never depends on one rank's size
      * (colls.c, route; issue 28, item 5). Once. */
@@ -130,7 +160,8 @@ TEST_F(PmpiDefaults, SmallCallsToMpiLargeToWeft)
     expect_probe(large, kLarge, [&](Counted c) { return weft && !ceiled(c) ? 1L : 0L; });
     EXPECT_EQ(large[W_COMM_CREATE], 0) << "made twice";
     /* And small again, now that the communicator has a weft comm. */
-    expect_probe(probe(MPI_COMM_WORLD, kSmall), kSmall, [](Counted) { return 0L; });
+    expect_probe(probe(MPI_COMM_WORLD, kSmall), kSmall,
+                 [&](Counted c) { return node && c == W_ALLREDUCE ? 1L : 0L; });
 }
 
 /* ---- WEFT_MPI_MIN_BYTES / WEFT_MPI_MAX_BYTES: weft inside [1 KiB, 64 KiB] ---- */
