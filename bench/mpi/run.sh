@@ -7,7 +7,8 @@
 #     --build DIR    build dir holding bench/mpi-coll-perf and
 #                    adapters/mpi/libweft_mpi.so ($WEFT_BUILD, else <repo>/build)
 #     --np "2 4 8"   process counts (mpirun --oversubscribe --bind-to none)
-#     --colls "allgather bcast allreduce alltoall"
+#     --colls "allgather bcast allreduce alltoall" (also: reduce, barrier;
+#                    barrier is one row, size 0)
 #     --runs N       mpirun jobs per mode, collective and np (3); the table
 #                    shows the median over them of each job's median
 #     --no-min0      skip the WEFT_MPI_MIN_BYTES=0 mode
@@ -121,7 +122,8 @@ def crossover(r):
     return cross
 
 nps = sorted({k[0] for k in jobs})
-colls = [c for c in ("allgather", "bcast", "allreduce", "alltoall") if any(k[1] == c for k in jobs)]
+colls = [c for c in ("allgather", "bcast", "allreduce", "alltoall", "reduce", "barrier")
+         if any(k[1] == c for k in jobs)]
 modes = [m for m in ("weft", "min0") if any(k[2] == m for k in jobs)]
 label = {"weft": "weft (default thresholds)", "min0": "weft, WEFT_MPI_MIN_BYTES=0"}
 bad = bool(failed)
