@@ -1003,6 +1003,11 @@ int coll_node_run(struct weft_coll *cc, const struct weft_coll_args *a, int *han
     k.n = cc->node;
     k.seq = coll_seq_next(cc);
     k.tag = k.seq + 1;
+    /* As on the message path (coll.c): a non-blocking call still holding
+     * this number's lanes finishes first -- a failure here refuses the
+     * lanes of k.seq (node_fail), which must not be that call's. It only
+     * waits (that call's own failure stays with its request). */
+    (void)coll_nb_slot_free(cc, k.seq);
     k.b = need <= NODE_SMALL ? (int)(k.seq % NODE_NSMALL) : NODE_NSMALL + (int)(k.seq & 1);
     k.what = kind_name(a->kind);
     struct weft_coll_sig sig = sig_of(a);
