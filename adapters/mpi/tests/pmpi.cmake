@@ -69,7 +69,7 @@ weft_add_mpi_suite(NAME pmpi_diverged BINARY weft_pmpi_test NPS 2 3 CONFIGS shm
 # which have a default ceiling below it: to MPI), for each collective; on
 # one node from 3 ranks 8 B to weft (node-local collectives), not across
 # two virtual nodes nor with WEFT_NODE_COLL_KB=0.
-weft_add_mpi_suite(NAME pmpi_defaults BINARY weft_pmpi_test NPS 2 3 CONFIGS shm
+weft_add_mpi_suite(NAME pmpi_defaults BINARY weft_pmpi_test NPS 2 3 4 CONFIGS shm
                    GTEST_FILTER "PmpiDefaults.*" LABELS pmpi TIMEOUT 60)
 weft_add_mpi_suite(NAME pmpi_defaults BINARY weft_pmpi_test NPS 3 CONFIGS vnodes2
                    GTEST_FILTER "PmpiDefaults.*" LABELS pmpi TIMEOUT 60)

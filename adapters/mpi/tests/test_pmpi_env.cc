@@ -150,6 +150,19 @@ TEST_F(PmpiDefaults, SmallCallsToMpiLargeToWeft)
     expect_probe(probe(MPI_COMM_WORLD, kNode), kNode, [&](Counted c) {
         return node && c != W_ALLTOALL && c != W_REDUCE_SCATTER ? 1L : 0L;
     });
+    /* A 16 KiB bcast: above the bcast ceiling (MPI's by the thresholds);
+     * the node-local rule takes it from 4 ranks, not at 3 (capped at 4 KiB
+     * there, route.c). */
+    {
+        std::vector<unsigned char> a(16384), b(16384);
+        fill_bytes(a.data(), a.size(), 40 + rank);
+        b = a;
+        const long before_bcast = counts_now()[W_BCAST];
+        MPI_Bcast(a.data(), (int)a.size(), MPI_BYTE, 0, MPI_COMM_WORLD);
+        PMPI_Bcast(b.data(), (int)b.size(), MPI_BYTE, 0, MPI_COMM_WORLD);
+        EXPECT_TRUE(SameBytes(a.data(), b.data(), a.size())) << "MPI_Bcast of 16 KiB";
+        EXPECT_EQ(counts_now()[W_BCAST] - before_bcast, node && size >= 4 ? 1L : 0L) << "a 16 KiB bcast";
+    }
     const long barrier_before = counts_now()[W_BARRIER];
     EXPECT_EQ(MPI_Barrier(MPI_COMM_WORLD), MPI_SUCCESS);
     EXPECT_EQ(counts_now()[W_BARRIER] - barrier_before, 0L) << "the barrier is MPI's by default";
