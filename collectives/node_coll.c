@@ -746,8 +746,12 @@ static int node_wait(struct node_call *k, int only, enum node_flag f, uint32_t w
             idle_since = now;
             continue;
         }
-        /* Every 100 us while spinning, at every idle step after. */
-        if (now - last_look >= 100e-6 || weft_backoff_phase(&bo, now) != WEFT_BACKOFF_SPIN) {
+        /* Every 100 us, and at every step of the sleep phase (each naps
+         * 20 us or more). Not at every yield: with more ranks than cores a
+         * waiter yields at once, and a look at every turn (a progress pass
+         * over the pipes, the health clocks, the engine's clients) was CPU
+         * taken from the ranks it waits for. */
+        if (now - last_look >= 100e-6 || weft_backoff_phase(&bo, now) == WEFT_BACKOFF_SLEEP) {
             last_look = now;
             rc = wait_look(k, pending, npending, now);
             if (rc != WEFT_SUCCESS)
