@@ -345,12 +345,6 @@ static struct entry *lookup(MPI_Comm comm)
     return e;
 }
 
-weft_comm_t *wmpi_comm_get(MPI_Comm comm)
-{
-    struct entry *e = lookup(comm);
-    return e ? e->weft : NULL;
-}
-
 int wmpi_comm_info(MPI_Comm comm, struct wmpi_comm_info *info)
 {
     struct entry *e = lookup(comm);

@@ -221,16 +221,6 @@ int wmpi_enabled(enum wmpi_coll coll)
     return S.on[coll];
 }
 
-size_t wmpi_min_bytes(enum wmpi_coll coll)
-{
-    return S.min[coll];
-}
-
-size_t wmpi_max_bytes(enum wmpi_coll coll)
-{
-    return S.max[coll];
-}
-
 /* The node-local rule: on a communicator whose weft comm serves calls in
  * the node's shared segment (weft_comm_node_coll_bytes > 0: one node, shm),
  * from 3 ranks on, weft serves the calls of these collectives from

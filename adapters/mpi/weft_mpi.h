@@ -46,13 +46,10 @@ const char *wmpi_coll_name(enum wmpi_coll coll);
 void wmpi_settings_load(void);
 /* Whether the layer serves coll at all (WEFT_MPI, WEFT_MPI_COLLS). */
 int  wmpi_enabled(enum wmpi_coll coll);
-/* The size (bytes every rank agrees on, see colls.c) from which weft
- * serves coll; below it the call goes to PMPI. */
-size_t wmpi_min_bytes(enum wmpi_coll coll);
-/* The largest size weft serves (SIZE_MAX: no ceiling). */
-size_t wmpi_max_bytes(enum wmpi_coll coll);
-/* Whether weft serves a call of coll with size bytes (> 0; the barrier
- * passes 1) on a communicator of nranks ranks whose weft comm serves calls
+/* Whether weft serves a call of coll with size bytes (bytes every rank
+ * agrees on, see colls.c; > 0, the barrier passes 1): within its
+ * thresholds (WEFT_MPI_MIN_BYTES / _MAX_BYTES), or by the node-local rule
+ * on a communicator of nranks ranks whose weft comm serves calls
  * of up to node_bytes a rank in shared memory (weft_comm_node_coll_bytes). */
 int  wmpi_serves(enum wmpi_coll coll, size_t bytes, int nranks, size_t node_bytes);
 /* Counts one call of coll, served by weft (1) or by PMPI (0). */
@@ -61,12 +58,11 @@ void wmpi_count(enum wmpi_coll coll, int by_weft);
 void wmpi_stats_print(void);
 
 /* ---- comm_cache.c ---- */
-/* The weft comm serving comm, created at its first use (a collective over
- * comm: every rank of comm calls this at the same call, since they route
- * alike); NULL when comm goes to PMPI (intercomm, size 1, or weft could
+/* What routing needs of comm's entry, which holds the weft comm serving
+ * comm. The entry is made at the communicator's first call (a collective
+ * over comm: every rank of comm calls this at the same call, since they
+ * route alike); its weft comm is NULL when comm goes to PMPI (weft could
  * not be set up on some rank: then one WARN line, and PMPI for good). */
-weft_comm_t *wmpi_comm_get(MPI_Comm comm);
-/* What routing needs of comm's entry (made at the first call, as above). */
 struct wmpi_comm_info {
     weft_comm_t *weft;        /* NULL: PMPI serves comm */
     int          nranks, rank;
