@@ -45,7 +45,9 @@ enum {
     WEFT_ERR_INTERNAL,
     WEFT_ERR_MISMATCH,      /* ranks called different collectives (kind, size, root or order) */
     WEFT_ERR_ABORTED,       /* weft_comm_abort was called on this comm (or on a peer's, for its pipe) */
-    WEFT_ERR_CLOSED         /* the message pipe was closed (by this side or its peer) first */
+    WEFT_ERR_CLOSED,        /* the message pipe was closed (by this side or its peer) first */
+    WEFT_ERR_REVOKED        /* the comm was revoked (weft_comm_revoke, here or on a peer): only
+                             * weft_comm_shrink and weft_comm_destroy still work on it */
 };
 
 /* Completion status of a request. bytes: size of the message (for a
@@ -66,6 +68,27 @@ WEFT_API int  weft_comm_destroy(weft_comm_t *comm);
  * to this rank break at once (their calls fail naming this rank) instead
  * of timing out. Call weft_comm_destroy afterwards to free the comm. */
 WEFT_API int  weft_comm_abort(weft_comm_t *comm);
+/* Local, callable from any thread, idempotent: revokes comm on every rank.
+ * Every peer is told (and each tells the others, so a revoker that dies
+ * half-way still reaches everyone); on every rank, every pending call on
+ * comm -- a blocking or non-blocking collective, a receive no message has
+ * met yet, a message pipe's operations -- and every later call returns
+ * WEFT_ERR_REVOKED, whose text names the rank that revoked and why the
+ * comm was already failing, if it was. A transfer already moving data may
+ * still complete. The pipes stay up: the comm is left for
+ * weft_comm_shrink and weft_comm_destroy (which is then over the pipes,
+ * with no MPI call). After weft_comm_abort: WEFT_ERR_ABORTED. */
+WEFT_API int  weft_comm_revoke(weft_comm_t *comm);
+/* Collective over the ranks of comm that are alive: revokes comm (if it
+ * is not yet), then the survivors agree, over comm's pipes, which ranks
+ * failed (died, stopped, aborted, unreachable: any rank some survivor
+ * counts failed), and get *newcomm, a comm of the others in comm's rank
+ * order, with comm's configuration (no MPI call; comm itself stays revoked
+ * and is destroyed as usual). A rank that the others count failed while
+ * it lives gets WEFT_ERR_REVOKED and *newcomm NULL. A rank failing during
+ * the shrink itself can make it fail on every survivor (within
+ * WEFT_TIMEOUT): call weft_comm_shrink again on the same comm. */
+WEFT_API int  weft_comm_shrink(weft_comm_t *comm, weft_comm_t **newcomm);
 /* Ranks that meet without MPI (launched by torchrun, a scheduler, a test
  * harness), NCCL style. One process calls weft_get_unique_id, which opens a
  * listener (on the interface WEFT_TCP_IF names, else the first non-loopback

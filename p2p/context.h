@@ -55,6 +55,7 @@ struct weft_p2p {
     int                      fault_code;
     char                     fault_why[384];    /* "rank 2 failed: ..." */
     double                   health_at;         /* last health pass */
+    char                     revoke_why[320];   /* "the comm was revoked by rank N...", once core->revoked */
     /* Collectives that failed elsewhere (NOTICE COLL_FAILED), one slot per
      * collective number modulo the lanes' slots (a call seq + SLOTS starts
      * only once call seq is over here), the first word of each kept: many

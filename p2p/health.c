@@ -447,7 +447,7 @@ void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr
         }
         snprintf(msg, sizeof(msg), "%s, as reported by rank %d", t, pp->peer);
         /* A peer's number: a code no weft call returns is not passed on. */
-        weft_health_declare(p, about, h->status > WEFT_SUCCESS && h->status <= WEFT_ERR_CLOSED ? h->status
+        weft_health_declare(p, about, h->status > WEFT_SUCCESS && h->status <= WEFT_ERR_LAST ? h->status
                                                                                                  : WEFT_ERR_TRANSPORT,
                             msg, 1);
         break;
@@ -455,6 +455,13 @@ void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr
     case WEFT_NOTICE_ABORTED:
         weft_health_declare(p, pp->peer, WEFT_ERR_ABORTED, "it called weft_comm_abort", 1);
         break;
+    case WEFT_NOTICE_REVOKED: {
+        int by = (int)(int64_t)h->addr;
+        if (by < 0 || by >= p->size)
+            by = pp->peer;   /* a number no rank has: the sender stands for it */
+        weft_health_revoke(p, by, t);
+        break;
+    }
     case WEFT_NOTICE_COLL_ASK: {
         /* The peer's collective receive from us stalls: our newest call. */
         char words[64] = "none";
@@ -495,7 +502,7 @@ void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr
             break;   /* this call was reported already: the first word stands */
         c->seq = (uint32_t)h->seq;
         /* A peer's number: a code no weft call returns is not passed on. */
-        c->code = h->status > WEFT_SUCCESS && h->status <= WEFT_ERR_CLOSED ? h->status : WEFT_ERR_INTERNAL;
+        c->code = h->status > WEFT_SUCCESS && h->status <= WEFT_ERR_LAST ? h->status : WEFT_ERR_INTERNAL;
         c->from = pp->peer;
         snprintf(c->text, sizeof(c->text), "%s", t);
         weft_p2p_fault_epoch_bump(p);   /* wakes collectives waiting on it */
@@ -514,6 +521,25 @@ void weft_health_abort(struct weft_p2p *p)
     for (int i = 0; i < p->size; i++)
         weft_pipe_break(&p->pipes[i], WEFT_ERR_ABORTED);
     weft_p2p_fault_epoch_bump(p);
+}
+
+void weft_health_revoke(struct weft_p2p *p, int by, const char *why)
+{
+    if (__atomic_load_n(&p->core->revoked, __ATOMIC_ACQUIRE))
+        return;   /* once: the notices below go out once per rank */
+    __atomic_store_n(&p->core->revoked, by + 1, __ATOMIC_RELEASE);
+    snprintf(p->revoke_why, sizeof(p->revoke_why), "the comm was revoked by rank %d%s%s%s", by,
+             by == p->rank ? "" : " (weft_comm_revoke there)", why[0] ? ": " : "", why);
+    WEFT_INFO(p->rank, "%s", p->revoke_why);
+    /* Every rank that learns it tells all the others: a revoker that dies
+     * after telling one rank still reaches every survivor. */
+    for (int i = 0; i < p->size; i++)
+        if (!p->pipes[i].failed)
+            notice_send(p, i, WEFT_NOTICE_REVOKED, by, WEFT_ERR_REVOKED, 0, why);
+    for (int i = 0; i < p->size; i++)
+        weft_pipe_revoke(&p->pipes[i]);
+    weft_set_error(p->core, WEFT_ERR_REVOKED, "%s", p->revoke_why);
+    weft_p2p_fault_epoch_bump(p);   /* collectives in flight end (weft_p2p_fault) */
 }
 
 void weft_health_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text)

@@ -68,6 +68,10 @@ int  weft_health_coll_suspect(struct weft_p2p *p, struct weft_request *r, double
 void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr *h, const char *text, size_t len);
 /* weft_comm_abort: tell every peer, break every pipe with WEFT_ERR_ABORTED. */
 void weft_health_abort(struct weft_p2p *p);
+/* The comm is revoked by rank `by` (this rank's weft_comm_revoke, or a
+ * notice): once per rank, tell every live peer, end what waits on the
+ * application's lanes (weft_pipe_revoke), bump the fault epoch. */
+void weft_health_revoke(struct weft_p2p *p, int by, const char *why);
 /* A collective (seq) failed here with code: tell every live peer. */
 void weft_health_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text);
 /* The notice about collective seq from another rank, or NULL. */

@@ -50,6 +50,18 @@ static int aborted_error(struct weft_p2p *p, const char *fn)
     return weft_set_error(p->core, WEFT_ERR_ABORTED, "%s: the comm was aborted (weft_comm_abort)", fn);
 }
 
+static int revoked(const struct weft_p2p *p)
+{
+    return __atomic_load_n(&p->core->revoked, __ATOMIC_ACQUIRE);
+}
+
+/* The application's lanes of a revoked comm take nothing new (lock held:
+ * revoke_why is written under it). */
+static int revoked_error(struct weft_p2p *p, const char *fn)
+{
+    return weft_set_error(p->core, WEFT_ERR_REVOKED, "%s: %s", fn, p->revoke_why);
+}
+
 /* Inlined into each caller: send, check and user are constants there, and
  * weft_isend/weft_irecv lose a call and its branches (a small message's
  * path is short enough for that to show). */
@@ -66,6 +78,8 @@ start_locked(struct weft_p2p *p, int send, void *buf, size_t bytes, int peer, in
     pthread_mutex_lock(&p->lock);
     if (aborted(p))
         rc = aborted_error(p, fn);
+    else if (revoked(p) && weft_tag_revocable(tag))
+        rc = revoked_error(p, fn);
     else
         rc = send ? weft_pipe_isend(&p->pipes[peer], buf, bytes, tag, kind, dev, check, &r)
                   : weft_pipe_irecv(&p->pipes[peer], buf, bytes, tag, kind, dev, check, &r);
@@ -125,7 +139,8 @@ int weft_p2p_irecv_signal(struct weft_p2p *p, void *buf, size_t bytes, int peer,
     if (rc != WEFT_SUCCESS)
         return rc;
     pthread_mutex_lock(&p->lock);
-    rc = aborted(p) ? aborted_error(p, fn)
+    rc = aborted(p)                                    ? aborted_error(p, fn)
+         : revoked(p) && weft_tag_revocable(tag)        ? revoked_error(p, fn)
                     : weft_pipe_irecv_signal(&p->pipes[peer], buf, bytes, tag, kind, dev, slot, value, &r);
     pthread_mutex_unlock(&p->lock);
     if (rc == WEFT_SUCCESS)
@@ -167,7 +182,9 @@ int weft_p2p_idiscard(struct weft_p2p *p, int peer, int tag, struct weft_request
     struct weft_request *r;
     int rc;
     pthread_mutex_lock(&p->lock);
-    rc = aborted(p) ? aborted_error(p, fn) : weft_pipe_idiscard(&p->pipes[peer], tag, &r);
+    rc = aborted(p)                             ? aborted_error(p, fn)
+         : revoked(p) && weft_tag_revocable(tag) ? revoked_error(p, fn)
+                                                 : weft_pipe_idiscard(&p->pipes[peer], tag, &r);
     pthread_mutex_unlock(&p->lock);
     if (rc == WEFT_SUCCESS)
         *req = r;
@@ -702,7 +719,15 @@ int weft_p2p_fault(struct weft_p2p *p, uint32_t coll_seq, char *why, size_t whyl
         return WEFT_SUCCESS;
     pthread_mutex_lock(&p->lock);
     const struct weft_coll_note *c = weft_health_coll_note(p, coll_seq);
-    if (c != NULL) {
+    if (revoked(p)) {
+        /* What every pending call returns; what was failing before, too. */
+        code = WEFT_ERR_REVOKED;
+        if (c != NULL)
+            snprintf(why, whylen, "%s; this call had failed already: %s (reported by rank %d)", p->revoke_why,
+                     c->text, c->from);
+        else
+            snprintf(why, whylen, "%s", p->revoke_why);
+    } else if (c != NULL) {
         code = c->code;
         snprintf(why, whylen, "%s (reported by rank %d)", c->text, c->from);
     } else if (p->fault_rank >= 0) {
@@ -721,6 +746,35 @@ void weft_p2p_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char
     pthread_mutex_lock(&p->lock);
     weft_health_coll_failed(p, seq, code, text);
     pthread_mutex_unlock(&p->lock);
+}
+
+void weft_p2p_revoke(struct weft_p2p *p)
+{
+    pthread_mutex_lock(&p->lock);
+    /* The reason the comm was failing, if it was: every rank is told it. */
+    weft_health_revoke(p, p->rank, p->fault_rank >= 0 ? p->fault_why : "");
+    pthread_mutex_unlock(&p->lock);
+}
+
+int weft_p2p_revoked(struct weft_p2p *p, char *why, size_t whylen)
+{
+    if (!revoked(p))
+        return 0;
+    pthread_mutex_lock(&p->lock);
+    snprintf(why, whylen, "%s", p->revoke_why);
+    pthread_mutex_unlock(&p->lock);
+    return 1;
+}
+
+int weft_p2p_peer_down(struct weft_p2p *p, int peer, char *why, size_t whylen)
+{
+    pthread_mutex_lock(&p->lock);
+    const struct weft_peer_pipe *pp = &p->pipes[peer];
+    int down = pp->broken != 0;
+    if (down)
+        snprintf(why, whylen, "%s", pp->failed ? pp->fail_why : "the link to it is down, its process alive");
+    pthread_mutex_unlock(&p->lock);
+    return down;
 }
 
 void weft_p2p_abort(struct weft_p2p *p)
@@ -868,7 +922,9 @@ static int blocking(struct weft_p2p *p, int send, void *buf, size_t bytes, int p
     if (rc != WEFT_SUCCESS)
         return rc;
     pthread_mutex_lock(&p->lock);
-    rc = aborted(p) ? aborted_error(p, fn) : start(p, send, buf, bytes, peer, tag, kind, dev, &r);
+    rc = aborted(p)                             ? aborted_error(p, fn)
+         : revoked(p) && weft_tag_revocable(tag) ? revoked_error(p, fn)
+                                                 : start(p, send, buf, bytes, peer, tag, kind, dev, &r);
     if (rc == WEFT_SUCCESS) {
         if (r->state != WEFT_REQ_DONE)
             weft_p2p_progress_wait(p, &r, 1, fn);

@@ -160,6 +160,15 @@ void weft_p2p_coll_started(struct weft_p2p *p, const struct weft_p2p_check *c);
 int  weft_p2p_peer_stuck(struct weft_p2p *p, int peer, char *why, size_t n);
 /* Collective seq failed here (code, text): tell every live peer. */
 void weft_p2p_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text);
+/* weft_comm_revoke on this rank: any thread, idempotent (p2p/health.h,
+ * weft_health_revoke). */
+void weft_p2p_revoke(struct weft_p2p *p);
+/* 1 and why ("the comm was revoked by rank N ...") once the comm is
+ * revoked (here or by a peer's notice); 0 otherwise. */
+int  weft_p2p_revoked(struct weft_p2p *p, char *why, size_t whylen);
+/* Whether the pipe to peer is down (peer failed, or the link broke), and
+ * why ("rank N failed: ..."); 0 while it works. */
+int  weft_p2p_peer_down(struct weft_p2p *p, int peer, char *why, size_t whylen);
 /* weft_comm_abort: any thread. */
 void weft_p2p_abort(struct weft_p2p *p);
 

@@ -613,7 +613,7 @@ static int check_ok(struct weft_peer_pipe *p, struct weft_request *r, const stru
  * hostile frame) becomes WEFT_ERR_INTERNAL, never a request's status. */
 static int peer_code(int32_t status)
 {
-    return status >= WEFT_SUCCESS && status <= WEFT_ERR_CLOSED ? (int)status : WEFT_ERR_INTERNAL;
+    return status >= WEFT_SUCCESS && status <= WEFT_ERR_LAST ? (int)status : WEFT_ERR_INTERNAL;
 }
 
 /* EAGER message meets its receive: copy, or fail with TRUNCATE. */
@@ -840,6 +840,9 @@ static void on_message(struct weft_peer_pipe *p, const struct weft_wire_hdr *m, 
         if (n)
             r = weft_container_of(n, struct weft_request, link);
     }
+    if (r == NULL && !l->refuse && weft_tag_revocable(m->tag) &&
+        __atomic_load_n(&p->p2p->core->revoked, __ATOMIC_ACQUIRE))
+        l->refuse = WEFT_ERR_REVOKED;   /* a lane first used after the revoke (weft_pipe_revoke) */
     if (r == NULL && l->refuse)
         refuse_msg(p, l, m);
     else if (r == NULL)
@@ -863,6 +866,23 @@ void weft_pipe_lane_refuse(struct weft_peer_pipe *p, int tag, int err)
         refuse_msg(p, l, &u->hdr);
         unexpected_free(u);
     }
+}
+
+void weft_pipe_revoke(struct weft_peer_pipe *p)
+{
+    struct weft_list *n;
+    if (p->broken)
+        return;
+    for (size_t i = 0; i < p->nbuckets; i++)
+        weft_list_for_each(ln, &p->buckets[i]) {
+            struct weft_lane *l = weft_container_of(ln, struct weft_lane, hash);
+            if (!weft_tag_revocable(l->tag))
+                continue;
+            /* Posted and unmatched: nothing of the peer's is bound to them. */
+            while ((n = weft_list_pop(&l->posted)) != NULL)
+                weft_pipe_complete(weft_container_of(n, struct weft_request, link), WEFT_ERR_REVOKED);
+            weft_pipe_lane_refuse(p, l->tag, WEFT_ERR_REVOKED);
+        }
 }
 
 static void on_cts(struct weft_peer_pipe *p, const struct weft_wire_hdr *m, const void *key, size_t keylen)

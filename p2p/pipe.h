@@ -123,6 +123,13 @@ int  weft_pipe_cancel(struct weft_request *r, int err);
  * request completes instead of waiting for a receive that never comes. */
 void weft_pipe_lane_refuse(struct weft_peer_pipe *p, int tag, int err);
 
+/* The comm is revoked: every receive posted on one of the application's
+ * lanes (weft_tag_revocable) and not matched yet completes with
+ * WEFT_ERR_REVOKED, and those lanes refuse what arrives (an RTS's sender
+ * gets a FIN with WEFT_ERR_REVOKED), as do lanes first used later
+ * (on_message). Transfers already moving go on; the pipe stays up. */
+void weft_pipe_revoke(struct weft_peer_pipe *p);
+
 /* Sends a frame that takes no part in ordering or flow control (CREDIT,
  * HEARTBEAT, NOTICE) now; 0 or WEFT_EAGAIN / an error (nothing queued). */
 int  weft_pipe_send_oob(struct weft_peer_pipe *p, const struct weft_wire_hdr *h, const void *payload, size_t len);

@@ -18,6 +18,8 @@
  *                            (p2p/setup.c)
  *   -0x300001                weft_comm_split           the new comm's set-up exchanges
  *                            (src/comm/bootstrap_split.c) over the parent's pipes
+ *   -0x300002                weft_comm_shrink          the survivors' agreement on who failed
+ *                            (src/comm/shrink.c)
  *   -(0x400000 .. 0x5fffff)  message pipes             two lanes per pipe id (2^20 ids):
  *                            (p2p/msgpipe/msgpipe.c)   descriptors + close markers, buffers
  */
@@ -59,14 +61,36 @@ _Static_assert(WEFT_TAG_STAGE_BASE + WEFT_TAG_STAGE_COUNT <= 0x300000, "staging 
 #define WEFT_TAG_SPLIT (-0x300001)
 _Static_assert(WEFT_TAG_SPLIT != WEFT_TAG_DESTROY, "split and destroy lanes overlap");
 
+/* weft_comm_shrink: the survivors' agreement on who failed, over the
+ * revoked comm's pipes (src/comm/shrink.c). Each message carries the
+ * attempt and round it belongs to, so a stray of an attempt that failed
+ * is told from the current one. */
+#define WEFT_TAG_SHRINK (-0x300002)
+_Static_assert(WEFT_TAG_SHRINK != WEFT_TAG_SPLIT && WEFT_TAG_SHRINK != WEFT_TAG_DESTROY,
+               "shrink, split and destroy lanes overlap");
+
 /* Message pipes: pipe id k's descriptors and close markers travel on
  * -(BASE + 2k), its buffers on -(BASE + 2k + 1). Ids are < 2^20
  * (WEFT_PIPE_ID_MAX in weft.h). */
 #define WEFT_TAG_MSGPIPE_BASE  0x400000
 #define WEFT_TAG_MSGPIPE_IDS   0x100000
-_Static_assert(WEFT_TAG_MSGPIPE_BASE > 0x300001, "message pipe and split lanes overlap");
+_Static_assert(WEFT_TAG_MSGPIPE_BASE > 0x300002, "message pipe and shrink lanes overlap");
 _Static_assert((long long)WEFT_TAG_MSGPIPE_BASE + 2LL * WEFT_TAG_MSGPIPE_IDS <= 0x7fffffffLL,
                "message pipe lanes overflow int");
+
+/* The lanes weft_comm_revoke ends: the application's own (user tags and
+ * message pipes) and the collectives' (blocking, non-blocking,
+ * stream-ordered: none starts on a revoked comm, and a peer's collective
+ * in flight must get its large messages refused here, or it would wait
+ * for a rank that never joins its call). The other lanes stay: a revoked
+ * comm still carries shrink's agreement, the new comm's set-up and
+ * destroy's barrier. */
+static inline int weft_tag_revocable(int tag)
+{
+    long long t = -(long long)tag;
+    return tag >= 0 || (t >= WEFT_TAG_COLL_BASE && t < WEFT_TAG_SCOLL_BASE + WEFT_TAG_COLL_COUNT) ||
+           (t >= WEFT_TAG_MSGPIPE_BASE && t < WEFT_TAG_MSGPIPE_BASE + 2LL * WEFT_TAG_MSGPIPE_IDS);
+}
 
 static inline int weft_tag_msgpipe_ctrl(int id) { return -(WEFT_TAG_MSGPIPE_BASE + 2 * id); }
 static inline int weft_tag_msgpipe_data(int id) { return -(WEFT_TAG_MSGPIPE_BASE + 2 * id + 1); }

@@ -58,7 +58,10 @@ enum weft_wire_notice {
     WEFT_NOTICE_COLL_ASK    = 4,
     /* The answer: text = the fingerprint of the newest collective the
      * sender has started, as three hexadecimal words, or "none". */
-    WEFT_NOTICE_COLL_HEAD   = 5
+    WEFT_NOTICE_COLL_HEAD   = 5,
+    /* The comm is revoked (weft_comm_revoke): addr = the rank that revoked
+     * it; every rank that learns it tells all the others once. */
+    WEFT_NOTICE_REVOKED     = 6
 };
 #define WEFT_WIRE_NOTICE_TEXT_MAX 240
 

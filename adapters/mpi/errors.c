@@ -19,7 +19,7 @@
 
 #include "weft_mpi.h"
 
-#define WMPI_NCODES (WEFT_ERR_CLOSED + 1)
+#define WMPI_NCODES (WEFT_ERR_REVOKED + 1)
 
 static int err_class = MPI_ERR_OTHER;
 static int codes[WMPI_NCODES];

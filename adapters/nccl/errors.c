@@ -46,6 +46,7 @@ ncclResult_t nccl_code_of_weft(int err)
     case WEFT_ERR_MPI:          return ncclSystemError;
     case WEFT_ERR_MISMATCH:     return ncclInvalidUsage;
     case WEFT_ERR_ABORTED:      return ncclRemoteError;
+    case WEFT_ERR_REVOKED:      return ncclRemoteError;
     default:                    return ncclInternalError;   /* INTERNAL, CLOSED, unknown */
     }
 }

@@ -10,6 +10,7 @@
 #include "comm.h"
 #include "coll.h"
 #include "log.h"
+#include "p2p.h"
 #include "reduce_kernel.h"
 #include "weft.h"
 
@@ -74,6 +75,10 @@ int weft_check_bcast(struct weft_comm *c, const void *buf, size_t bytes, int roo
 
 int weft_check_aborted_fail(struct weft_comm *c, const char *fn)
 {
+    char why[400];
+    if (!__atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE) && weft_p2p_revoked(c->p2p, why, sizeof why))
+        return weft_set_error(&c->core, WEFT_ERR_REVOKED, "%s: %s; only weft_comm_shrink and weft_comm_destroy "
+                              "work on it now", fn, why);
     return weft_set_error(&c->core, WEFT_ERR_ABORTED, "%s: rank %d aborted this comm (weft_comm_abort)", fn,
                           c->core.rank);
 }

@@ -37,11 +37,14 @@ static inline int weft_check_p2p(struct weft_comm *c, const void *buf, size_t by
     return weft_check_p2p_fail(c, buf, bytes, peer, tag, req_out, fn);
 }
 
-/* After weft_comm_abort every call on the comm fails at once. */
+/* After weft_comm_abort every call on the comm fails at once
+ * (WEFT_ERR_ABORTED), and after weft_comm_revoke (here or on a peer) with
+ * WEFT_ERR_REVOKED, naming the rank that revoked it. */
 int weft_check_aborted_fail(struct weft_comm *c, const char *fn);
 static inline int weft_check_live(struct weft_comm *c, const char *fn)
 {
-    if (c == NULL || !__atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE))
+    if (c == NULL || (!__atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE) &&
+                      !__atomic_load_n(&c->core.revoked, __ATOMIC_ACQUIRE)))
         return 0;   /* WEFT_SUCCESS */
     return weft_check_aborted_fail(c, fn);
 }

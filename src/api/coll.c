@@ -15,7 +15,8 @@
  * item 1; collectives/coll.h, weft_coll_refused). rc is the refusal. */
 static int refused(weft_comm_t *c, int rc, const char *fn)
 {
-    if (c != NULL && !__atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE))
+    if (c != NULL && !__atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE) &&
+        !__atomic_load_n(&c->core.revoked, __ATOMIC_ACQUIRE))
         weft_coll_refused(&c->coll, fn);
     return rc;
 }

@@ -143,6 +143,29 @@ int weft_comm_abort(weft_comm_t *c)
     return weft_comm_abort_all(c);
 }
 
+int weft_comm_revoke(weft_comm_t *c)
+{
+    if (c == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_revoke: comm is NULL");
+    if (__atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE))
+        return weft_check_aborted_fail(c, "weft_comm_revoke");
+    weft_p2p_revoke(c->p2p);
+    return WEFT_SUCCESS;
+}
+
+int weft_comm_shrink(weft_comm_t *c, weft_comm_t **newcomm)
+{
+    if (c == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_shrink: comm is NULL");
+    /* Refused on this rank alone: the others leave it out as they would a
+     * rank that never calls (within WEFT_TIMEOUT). */
+    if (newcomm == NULL)
+        return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG, "weft_comm_shrink: the newcomm output pointer is NULL");
+    if (__atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE))
+        return weft_check_aborted_fail(c, "weft_comm_shrink");
+    return weft_comm_shrink_all(c, newcomm);
+}
+
 int weft_comm_set_wait_hook(weft_comm_t *c, weft_wait_hook_t hook, void *arg)
 {
     if (c == NULL)

@@ -124,6 +124,8 @@ int weft_comm_async_error(weft_comm_t *c)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_async_error: comm is NULL");
     if (__atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE))
         return WEFT_ERR_ABORTED;
+    if (__atomic_load_n(&c->core.revoked, __ATOMIC_ACQUIRE))
+        return WEFT_ERR_REVOKED;   /* the comm's last error says by whom */
     return weft_stream_peek_error(c->stream);
 }
 

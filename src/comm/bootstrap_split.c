@@ -48,6 +48,8 @@ struct boot_split {
     struct weft_p2p      *parent;   /* NULL once the new comm is created: it never uses the parent again */
     int                  *members;  /* [size]: the parent rank of each new rank */
     uint32_t              id;       /* this split on the parent (fingerprint) */
+    const char           *what;     /* the public call, for errors: "weft_comm_split", "weft_comm_shrink" */
+    int                   shrink;   /* made by weft_comm_shrink (split_id has WEFT_SPLIT_ID_SHRINK) */
     uint32_t              nops;     /* exchanges so far (fingerprint: which one) */
     struct weft_request **reqs;     /* [2 * (size - 1)]: one exchange's requests */
     int                  *req_peer; /* [2 * (size - 1)]: new rank of each request's peer, negated - 1 for sends */
@@ -72,15 +74,15 @@ static int request_failed(struct boot_split *s, int op, uint32_t nth, int entry,
 
     if (code == WEFT_ERR_MISMATCH)
         return weft_set_error(s->b.core, code,
-                              "weft_comm_split: set-up %s #%u (new rank %d = parent rank %d): the message from new "
+                              "%s: set-up %s #%u (new rank %d = parent rank %d): the message from new "
                               "rank %d (parent rank %d) belongs to another exchange (ranks out of step, or a stray "
-                              "of an earlier weft_comm_split that failed)", op_name[op], nth, s->b.rank,
+                              "of an earlier call that failed)", s->what, op_name[op], nth, s->b.rank,
                               s->members[s->b.rank], peer, s->members[peer]);
     char why[640];
     parent_error(s, why, sizeof(why));
     return weft_set_error(s->b.core, code,
-                          "weft_comm_split: set-up %s #%u (new rank %d = parent rank %d): %s new rank %d (parent rank "
-                          "%d) over the parent's pipes failed; the parent comm says: %s", op_name[op], nth, s->b.rank,
+                          "%s: set-up %s #%u (new rank %d = parent rank %d): %s new rank %d (parent rank "
+                          "%d) over the parent's pipes failed; the parent comm says: %s", s->what, op_name[op], nth, s->b.rank,
                           s->members[s->b.rank], verb, peer, s->members[peer], why[0] ? why : "(nothing)");
 }
 
@@ -128,8 +130,8 @@ static int exchange(struct boot_split *s, int op, const void *send, size_t sstri
     char why[640] = "";
 
     if (s->parent == NULL)   /* comm.c calls no exchange after created(); say so if that ever changes */
-        return weft_set_error(s->b.core, WEFT_ERR_INTERNAL, "weft_comm_split: set-up %s after the new comm was "
-                              "created (the split bootstrap no longer holds the parent)", op_name[op]);
+        return weft_set_error(s->b.core, WEFT_ERR_INTERNAL, "%s: set-up %s after the new comm was "
+                              "created (the split bootstrap no longer holds the parent)", s->what, op_name[op]);
     memmove(rbuf + (size_t)me * bytes, sbuf + (size_t)me * sstride, bytes);
     /* Receives first, so every peer's message finds its buffer posted;
      * peers in the order me+1, me+2, ...: the members do not all start
@@ -140,9 +142,9 @@ static int exchange(struct boot_split *s, int op, const void *send, size_t sstri
     for (int k = 0; k < 2 * (n - 1); k++) {
         const int is_send = k >= n - 1, j = (me + 1 + k % (n - 1)) % n;
         int r = is_send ? weft_p2p_isend_checked(s->parent, sbuf + (size_t)j * sstride, bytes, s->members[j],
-                                                 WEFT_TAG_SPLIT, &chk, &s->reqs[nreq], "weft_comm_split")
+                                                 WEFT_TAG_SPLIT, &chk, &s->reqs[nreq], s->what)
                         : weft_p2p_irecv_checked(s->parent, rbuf + (size_t)j * bytes, bytes, s->members[j],
-                                                 WEFT_TAG_SPLIT, &chk, &s->reqs[nreq], "weft_comm_split");
+                                                 WEFT_TAG_SPLIT, &chk, &s->reqs[nreq], s->what);
         if (r == WEFT_SUCCESS) {
             s->req_peer[nreq++] = is_send ? -j - 1 : j;
         } else if (rc == WEFT_SUCCESS) {
@@ -155,8 +157,9 @@ static int exchange(struct boot_split *s, int op, const void *send, size_t sstri
         }
     }
     if (rc != WEFT_SUCCESS)
-        rc = weft_set_error(s->b.core, rc, "weft_comm_split: set-up %s #%u (new rank %d = parent rank %d): could not "
-                            "start %s new rank %d (parent rank %d) over the parent's pipes: %s", op_name[op], nth, me,
+        rc = weft_set_error(s->b.core, rc, "%s: set-up %s #%u (new rank %d = parent rank %d): could not "
+                            "start %s new rank %d (parent rank %d) over the parent's pipes: %s", s->what, op_name[op],
+                            nth, me,
                             s->members[me], failed_send ? "sending to" : "receiving from", failed_peer,
                             s->members[failed_peer], why[0] ? why : "(nothing)");
     /* Every request is waited for and freed, failed or not: none may
@@ -168,7 +171,8 @@ static int exchange(struct boot_split *s, int op, const void *send, size_t sstri
      * failure on another request ends the exchange at once instead of
      * after the one waited on timed out; once failed, the exchange
      * withdraws what is still waiting (withdraw). */
-    const char *what = "weft_comm_split (set-up exchange over the parent's pipes)";
+    const char *what = s->shrink ? "weft_comm_shrink (set-up exchange over the revoked comm's pipes)"
+                                 : "weft_comm_split (set-up exchange over the parent's pipes)";
     uint64_t epoch = weft_p2p_fault_epoch(s->parent);
     int withdrawn = rc != WEFT_SUCCESS;
     if (withdrawn)
@@ -206,8 +210,8 @@ static int split_max(struct weft_bootstrap *b, long long *value)
 {
     long long *all = calloc((size_t)b->size, sizeof(*all));
     if (all == NULL)
-        return weft_set_error(b->core, WEFT_ERR_NO_MEMORY, "weft_comm_split: no memory for an agreement of %d ranks",
-                              b->size);
+        return weft_set_error(b->core, WEFT_ERR_NO_MEMORY, "%s: no memory for an agreement of %d ranks",
+                              ((struct boot_split *)b)->what, b->size);
     int rc = exchange((struct boot_split *)b, OP_MAX, value, 0, all, sizeof(*all));
     if (rc == WEFT_SUCCESS) {
         long long m = all[0];
@@ -252,22 +256,28 @@ static const struct weft_bootstrap_ops split_ops = {
 int weft_bootstrap_split_create(struct weft_p2p *parent, const int *members, int size, int rank, uint32_t split_id,
                                 struct weft_core *core, struct weft_bootstrap **out)
 {
+    return weft_bootstrap_subset_create(parent, members, size, rank, split_id, "weft_comm_split", core, out);
+}
+
+int weft_bootstrap_subset_create(struct weft_p2p *parent, const int *members, int size, int rank, uint32_t split_id,
+                                 const char *what, struct weft_core *core, struct weft_bootstrap **out)
+{
     struct boot_split *s;
     size_t slots = size > 1 ? 2 * (size_t)(size - 1) : 1;
 
     if (parent == NULL || members == NULL || size < 1 || rank < 0 || rank >= size)
-        return weft_set_error(core, WEFT_ERR_INTERNAL, "weft_comm_split: bad split bootstrap arguments (rank %d of %d)",
-                              rank, size);
+        return weft_set_error(core, WEFT_ERR_INTERNAL, "%s: bad split bootstrap arguments (rank %d of %d)",
+                              what, rank, size);
     s = calloc(1, sizeof(*s));
     if (s == NULL)
-        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "weft_comm_split: no memory for the bootstrap");
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "%s: no memory for the bootstrap", what);
     s->members = malloc((size_t)size * sizeof(*s->members));
     s->reqs = calloc(slots, sizeof(*s->reqs));
     s->req_peer = calloc(slots, sizeof(*s->req_peer));
     if (s->members == NULL || s->reqs == NULL || s->req_peer == NULL) {
         split_destroy(&s->b);
-        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "weft_comm_split: no memory for the bootstrap of %d ranks",
-                              size);
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "%s: no memory for the bootstrap of %d ranks",
+                              what, size);
     }
     memcpy(s->members, members, (size_t)size * sizeof(*members));
     s->b.ops = &split_ops;
@@ -276,6 +286,8 @@ int weft_bootstrap_split_create(struct weft_p2p *parent, const int *members, int
     s->b.size = size;
     s->parent = parent;
     s->id = split_id;
+    s->what = what;
+    s->shrink = (split_id & WEFT_SPLIT_ID_SHRINK) != 0;
     *out = &s->b;
     return WEFT_SUCCESS;
 }

@@ -24,5 +24,13 @@ struct weft_bootstrap;
  * Errors go to core (the new comm's). Sets *out only on success. */
 int weft_bootstrap_split_create(struct weft_p2p *parent, const int *members, int size, int rank, uint32_t split_id,
                                 struct weft_core *core, struct weft_bootstrap **out);
+/* The same for another call on a subset of the parent's ranks (what: its
+ * name in errors). weft_comm_shrink's ids have WEFT_SPLIT_ID_SHRINK set: a
+ * split's are the parent's collective count, which does not reach 2^31
+ * (and the two never share a lane's traffic at once: shrink runs on a
+ * revoked comm, where no split can start). */
+#define WEFT_SPLIT_ID_SHRINK 0x80000000u
+int weft_bootstrap_subset_create(struct weft_p2p *parent, const int *members, int size, int rank, uint32_t split_id,
+                                 const char *what, struct weft_core *core, struct weft_bootstrap **out);
 
 #endif

@@ -1044,7 +1044,7 @@ static int root_err(struct boot_uid *u, const char *stage, int code, uint64_t le
         return lost_root(u, stage, e);
     text[keep] = '\0';
     /* A peer's number: a code no weft call returns is not passed on. */
-    if (code <= WEFT_SUCCESS || code > WEFT_ERR_CLOSED)
+    if (code <= WEFT_SUCCESS || code > WEFT_ERR_LAST)
         code = WEFT_ERR_INTERNAL;
     u->failed_code = code;
     snprintf(u->failed_text, sizeof(u->failed_text), "%s", text);

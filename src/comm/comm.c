@@ -99,7 +99,7 @@ int weft_agree_decode(long long v, int size, int *code, int *rank)
     long long c = v / AGREE_SPAN, r = AGREE_SPAN - 1 - v % AGREE_SPAN;
     /* What came back is the max of every rank's contribution, carried by the
      * bootstrap: a corrupted one must not become an error code or a rank. */
-    if (v < 0 || c <= WEFT_SUCCESS || c > WEFT_ERR_CLOSED || r < 0 || r >= size)
+    if (v < 0 || c <= WEFT_SUCCESS || c > WEFT_ERR_LAST || r < 0 || r >= size)
         return -1;
     *code = (int)c;
     *rank = (int)r;
@@ -606,6 +606,10 @@ int weft_comm_destroy_all(struct weft_comm *c)
         WEFT_INFO(c->core.rank, "weft_comm_destroy: the comm was aborted: local, no final barrier");
     else if (weft_p2p_any_failed(c->p2p))
         (void)weft_p2p_survivor_barrier(c->p2p);   /* over the pipes: MPI's would wait for the failed rank */
+    else if (__atomic_load_n(&c->core.revoked, __ATOMIC_ACQUIRE))
+        /* Revoked: a rank may have failed without this one knowing, and
+         * MPI's barrier would wait for it for good; the pipes' is bounded. */
+        brc = weft_p2p_survivor_barrier(c->p2p);
     else if (c->boot->ops->barrier) {
         struct final_watch w = { .c = c, .start = weft_now() };
         weft_backoff_init(&w.bo, &c->core);

@@ -31,6 +31,7 @@ struct weft_comm {
     unsigned char         *cards;    /* [size * card_bytes]: every rank's card (header + transport blobs) */
     size_t                 card_bytes;
     const char            *what;     /* the call that made it, for errors: "weft_comm_create", ... */
+    uint32_t               shrinks;  /* weft_comm_shrink calls that reached the agreement (its attempt number) */
 };
 
 /* Makes the bootstrap of a new comm; errors go to core (its rank is not
@@ -49,6 +50,10 @@ int weft_comm_create_mpi(weft_mpi_comm_t mpi_comm, const struct weft_settings *s
  * *out = NULL. The new comm keeps nothing of the parent. */
 int weft_comm_split_all(struct weft_comm *parent, int color, int key, const struct weft_settings *settings,
                         struct weft_comm **out);
+/* Collective over the live ranks of a comm (see weft_comm_shrink in
+ * weft.h; src/comm/shrink.c): revoke, agree on the failed ranks over the
+ * comm's pipes, assemble the others' comm over the split bootstrap. */
+int weft_comm_shrink_all(struct weft_comm *c, struct weft_comm **out);
 /* Collective (see weft_comm_destroy); local once a rank failed or after abort. */
 int weft_comm_destroy_all(struct weft_comm *c);
 

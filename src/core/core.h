@@ -14,6 +14,10 @@
 struct weft_devcopy;
 struct weft_signals;
 
+/* The highest WEFT_* code (weft.h): a code read from a peer's frame above
+ * it is not passed on. */
+#define WEFT_ERR_LAST WEFT_ERR_REVOKED
+
 /* An error as the layer that decided it recorded it: kept in parts, and
  * formatted once, at the API edge ("rank R: [op: ]text (why of code)",
  * weft_error_format), so no layer reads a message back to take it apart. */
@@ -38,6 +42,8 @@ struct weft_core {
     struct weft_signals *signals;        /* device signal slots (core/signals.c); NULL without CUDA IPC */
 
     int                  aborted;        /* weft_comm_abort was called (atomic access) */
+    int                  revoked;        /* 0, or 1 + the rank whose weft_comm_revoke (or shrink)
+                                          * revoked the comm (atomic access; p2p/health.c sets it) */
     int                  leaving;        /* destroy's last exchange is under way: a peer's orderly
                                           * close is its goodbye, not a failure (atomic access) */
 

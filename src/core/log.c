@@ -82,6 +82,7 @@ const char *weft_err_str(int err)
     case WEFT_ERR_MISMATCH:     return "collective mismatch: ranks called different collectives";
     case WEFT_ERR_ABORTED:      return "comm aborted (weft_comm_abort)";
     case WEFT_ERR_CLOSED:       return "message pipe closed";
+    case WEFT_ERR_REVOKED:      return "comm revoked (weft_comm_revoke)";
     default:                    return "unknown weft error code";
     }
 }

@@ -1,0 +1,30 @@
+# weft_comm_revoke and weft_comm_shrink (issue 28; mpi_tests/test_revoke.cc).
+# Included from mpi_tests/CMakeLists.txt. Label: verdicts.
+#
+# np 4, one entry per (case, config): revoke (no rank fails: every pending
+# call ends with WEFT_ERR_REVOKED within 1 s, shrink keeps all 4), kill and
+# stop (rank 2 SIGKILLs / SIGSTOPs itself mid-loop: the survivors' shrink
+# gives a comm of 3 whose allreduce is exact). The binary has its own main;
+# the new comm's rank 0 prints REVOKE-ALL-OK once every rank passed.
+# Recovery on for kill/stop (the survivors outlive rank 2); mpirun's exit
+# code says nothing there, so the entries judge by the lines.
+add_executable(weft_mpi_revoke ${WEFT_MPI_TESTS_DIR}/test_revoke.cc)
+target_link_libraries(weft_mpi_revoke PRIVATE weft MPI::MPI_CXX Threads::Threads)
+target_compile_options(weft_mpi_revoke PRIVATE ${WEFT_C_WARNINGS})
+foreach(config shm tcp vnodes2)
+  weft_mpi_config_env(${config} config_env)
+  foreach(case revoke kill stop)
+    set(test_name revoke_${case}_np4_${config})
+    add_test(NAME ${test_name}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${WEFT_MPIEXEC_FLAGS}
+              --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_revoke> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(${test_name} PROPERTIES
+      ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=5;WEFT_REVOKE_CASE=${case}"
+      PASS_REGULAR_EXPRESSION "REVOKE-ALL-OK 4 ranks|REVOKE-ALL-OK 3 ranks"
+      FAIL_REGULAR_EXPRESSION "REVOKE-FAIL"
+      TIMEOUT 90
+      PROCESSORS 2
+      LABELS "mpi;verdicts;faults;np4;${config}")
+  endforeach()
+endforeach()

@@ -1,0 +1,231 @@
+/*
+ * weft_comm_revoke and weft_comm_shrink (issue 28), np 4.
+ *
+ *   weft_mpi_revoke    WEFT_REVOKE_CASE=revoke|kill|stop
+ *
+ * revoke  No rank fails. After a barrier, rank 0 revokes the comm from a
+ *         second thread 0.3 s later while its main thread waits in a
+ *         weft_recv nobody serves; ranks 1 and 2 are in a 1 MiB
+ *         weft_allreduce the others never call, rank 3 in a weft_wait of
+ *         a receive nobody serves. Every rank's call must return
+ *         WEFT_ERR_REVOKED, naming rank 0, within 1 s of the revoke (+1 s
+ *         of slack for a loaded machine). Then later calls (a collective, a
+ *         send, a message pipe) fail the same way at once, the async error
+ *         says so, a second revoke is harmless, and weft_comm_shrink gives
+ *         a comm of all 4 ranks in the same order, whose allreduce is exact.
+ * kill    Rank 2 SIGKILLs itself before its 6th allreduce of a loop.
+ * stop    Rank 2 SIGSTOPs itself there (rank 0 SIGKILLs it at the end).
+ *         The survivors' allreduce must fail naming rank 2; each then calls
+ *         weft_comm_shrink and must get a comm of 3 ranks -- old ranks 0, 1
+ *         and 3, now 0, 1, 2 -- whose allreduce is exact; the time from the
+ *         failed call to the new comm is printed.
+ * Every rank judges itself; the new comm's rank 0 prints REVOKE-ALL-OK once
+ * the new comm's allreduce of every rank's verdict says all passed (in the
+ * kill/stop cases MPI_Finalize would wait for the dead rank: _exit). Any
+ * failure prints REVOKE-FAIL; a watchdog ends a rank that hangs.
+ */
+#include <mpi.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "weft.h"
+
+namespace {
+
+constexpr int kVictim = 2;
+
+double now_s()
+{
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int g_rank = -1;
+std::atomic<const char *> g_stage{"start"};
+
+[[noreturn]] void fail(const std::string &what)
+{
+    std::printf("REVOKE-FAIL rank %d: %s\n", g_rank, what.c_str());
+    std::fflush(stdout);
+    _exit(1);
+}
+
+void check(bool ok, const std::string &what)
+{
+    if (!ok)
+        fail(what);
+}
+
+std::string last(weft_comm_t *c) { return weft_comm_last_error(c) ? weft_comm_last_error(c) : "(none)"; }
+
+void start_watchdog(double s)
+{
+    std::thread([s] {
+        std::this_thread::sleep_for(std::chrono::duration<double>(s));
+        fail("watchdog: still in " + std::string(g_stage.load()) + " after " + std::to_string((int)s) + " s");
+    }).detach();
+}
+
+/* An allreduce of every rank's old rank + 1 on comm: exact or not. */
+bool allreduce_exact(weft_comm_t *c, const std::vector<int> &old_ranks, int mine)
+{
+    const size_t count = 100000;   /* 400 KB: past every eager limit */
+    std::vector<int32_t> in(count, mine + 1), out(count, -1);
+    int rc = weft_allreduce(c, in.data(), out.data(), count, WEFT_INT32, WEFT_SUM);
+    if (rc != WEFT_SUCCESS) {
+        std::printf("rank %d: allreduce on the new comm: %s\n", g_rank, last(c).c_str());
+        return false;
+    }
+    int32_t want = 0;
+    for (int r : old_ranks)
+        want += r + 1;
+    for (size_t i = 0; i < count; i++)
+        if (out[i] != want)
+            return false;
+    return true;
+}
+
+/* The new comm's ranks agree every one of them passed; its rank 0 says so. */
+void all_ok(weft_comm_t *nc)
+{
+    g_stage = "final agreement";
+    int32_t one = 1, sum = 0;
+    int rc = weft_allreduce(nc, &one, &sum, 1, WEFT_INT32, WEFT_SUM);
+    check(rc == WEFT_SUCCESS && sum == weft_comm_size(nc), "the final allreduce: " + last(nc));
+    if (weft_comm_rank(nc) == 0)
+        std::printf("REVOKE-ALL-OK %d ranks\n", sum);
+    std::fflush(stdout);
+}
+
+void case_revoke(weft_comm_t *c, int rank, int size)
+{
+    std::vector<int32_t> in(1 << 18, rank), out(1 << 18);
+    char dummy[16];
+    g_stage = "waiting for the revoke";
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double t0 = now_s();
+    std::thread revoker;
+    int rc;
+    if (rank == 0) {
+        revoker = std::thread([c] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(300));
+            int r = weft_comm_revoke(c);
+            check(r == WEFT_SUCCESS, "weft_comm_revoke returned " + std::to_string(r));
+        });
+        rc = weft_recv(c, dummy, sizeof dummy, 1, 5, nullptr);
+    } else if (rank == 3) {
+        weft_request_t *req = nullptr;
+        check(weft_irecv(c, dummy, sizeof dummy, 2, 5, &req) == WEFT_SUCCESS, "irecv: " + last(c));
+        rc = weft_wait(req, nullptr);
+    } else {
+        rc = weft_allreduce(c, in.data(), out.data(), in.size(), WEFT_INT32, WEFT_SUM);
+    }
+    const double took = now_s() - t0;
+    if (revoker.joinable())
+        revoker.join();
+    check(rc == WEFT_ERR_REVOKED, "the pending call returned " + std::to_string(rc) + " (" + last(c) + ")");
+    check(last(c).find("revoked by rank 0") != std::string::npos, "the text does not name rank 0: " + last(c));
+    check(took < 0.3 + 1.0 + 1.0, "the pending call ended " + std::to_string(took) + " s after the barrier");
+    std::printf("rank %d: pending call ended %.3f s after the barrier (revoke at 0.3 s): %s\n", rank, took,
+                last(c).c_str());
+
+    g_stage = "later calls";
+    weft_request_t *req = nullptr;
+    check(weft_barrier(c) == WEFT_ERR_REVOKED, "a later barrier: " + last(c));
+    check(weft_isend(c, dummy, 1, (rank + 1) % size, 0, &req) == WEFT_ERR_REVOKED, "a later isend: " + last(c));
+    check(last(c).find("revoked by rank 0") != std::string::npos, "a later call's text: " + last(c));
+    weft_pipe_t *pipe = nullptr;
+    check(weft_pipe_open(c, (rank + 1) % size, 3, &pipe) == WEFT_ERR_REVOKED, "a later pipe open: " + last(c));
+    check(weft_comm_async_error(c) == WEFT_ERR_REVOKED, "weft_comm_async_error");
+    check(weft_comm_revoke(c) == WEFT_SUCCESS, "a second revoke");
+
+    g_stage = "weft_comm_shrink";
+    const double s0 = now_s();
+    weft_comm_t *nc = nullptr;
+    rc = weft_comm_shrink(c, &nc);
+    check(rc == WEFT_SUCCESS && nc != nullptr, "weft_comm_shrink: " + last(c));
+    std::printf("rank %d: weft_comm_shrink took %.3f s\n", rank, now_s() - s0);
+    check(weft_comm_size(nc) == size && weft_comm_rank(nc) == rank, "the new comm's size or rank");
+    check(allreduce_exact(nc, {0, 1, 2, 3}, rank), "the new comm's allreduce is not exact");
+    all_ok(nc);
+    g_stage = "destroy";
+    int d1 = weft_comm_destroy(c);
+    check(d1 == WEFT_SUCCESS, "destroying the revoked comm: " + std::to_string(d1) + " " + weft_last_error());
+    check(weft_comm_destroy(nc) == WEFT_SUCCESS, std::string("destroying the new comm: ") + weft_last_error());
+}
+
+void case_fail(weft_comm_t *c, int rank, bool stop, const std::vector<int> &pids)
+{
+    std::vector<int32_t> in(1 << 16, rank), out(1 << 16);
+    int rc = WEFT_SUCCESS;
+    double t_fail = 0;
+    g_stage = "allreduce loop";
+    for (int i = 0; i < 1000 && rc == WEFT_SUCCESS; i++) {
+        if (rank == kVictim && i == 5)
+            raise(stop ? SIGSTOP : SIGKILL);
+        rc = weft_allreduce(c, in.data(), out.data(), in.size(), WEFT_INT32, WEFT_SUM);
+        t_fail = now_s();
+    }
+    check(rc != WEFT_SUCCESS, "the allreduce loop never failed");
+    check(last(c).find("rank 2") != std::string::npos, "the failure does not name rank 2: " + last(c));
+    std::printf("rank %d: allreduce failed: %s\n", rank, last(c).c_str());
+
+    g_stage = "weft_comm_shrink";
+    weft_comm_t *nc = nullptr;
+    rc = weft_comm_shrink(c, &nc);
+    check(rc == WEFT_SUCCESS && nc != nullptr, "weft_comm_shrink: " + last(c));
+    std::printf("rank %d: weft_comm_shrink gave rank %d of %d, %.3f s after the failed call\n", rank,
+                weft_comm_rank(nc), weft_comm_size(nc), now_s() - t_fail);
+    check(weft_comm_size(nc) == 3 && weft_comm_rank(nc) == (rank < kVictim ? rank : rank - 1),
+          "the new comm's size or rank");
+    check(allreduce_exact(nc, {0, 1, 3}, rank), "the new comm's allreduce is not exact");
+    check(weft_barrier(c) == WEFT_ERR_REVOKED, "the old comm after the shrink: " + last(c));
+    all_ok(nc);
+    g_stage = "destroy";
+    weft_comm_destroy(c);   /* a rank failed: its code says so; it must only end */
+    check(weft_comm_destroy(nc) == WEFT_SUCCESS, std::string("destroying the new comm: ") + weft_last_error());
+    if (stop && rank == 0)
+        kill(pids[kVictim], SIGKILL);
+}
+
+}  // namespace
+
+int main(int argc, char **argv)
+{
+    MPI_Init(&argc, &argv);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    g_rank = rank;
+    const char *env = std::getenv("WEFT_REVOKE_CASE");
+    const std::string which = env ? env : "revoke";
+    if (size != 4)
+        fail("needs 4 ranks");
+    std::vector<int> pids(size);
+    int pid = (int)getpid();
+    MPI_Allgather(&pid, 1, MPI_INT, pids.data(), 1, MPI_INT, MPI_COMM_WORLD);
+    start_watchdog(60);
+    weft_comm_t *c = nullptr;
+    g_stage = "weft_comm_create";
+    check(weft_comm_create(MPI_COMM_WORLD, &c) == WEFT_SUCCESS, std::string("create: ") + weft_last_error());
+    if (which == "revoke") {
+        case_revoke(c, rank, size);
+        MPI_Finalize();
+        return 0;
+    }
+    if (which != "kill" && which != "stop")
+        fail("WEFT_REVOKE_CASE=" + which + ": revoke, kill or stop");
+    case_fail(c, rank, which == "stop", pids);
+    std::fflush(stdout);
+    _exit(0);   /* MPI_Finalize would wait for the dead rank */
+}
