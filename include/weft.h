@@ -89,6 +89,14 @@ WEFT_API int  weft_comm_revoke(weft_comm_t *comm);
  * the shrink itself can make it fail on every survivor (within
  * WEFT_TIMEOUT): call weft_comm_shrink again on the same comm. */
 WEFT_API int  weft_comm_shrink(weft_comm_t *comm, weft_comm_t **newcomm);
+/* weft_comm_shrink with the ranks exclude[0 .. nexclude) counted failed
+ * from the start, whether they live or not: they need not (and should
+ * not) call, and nobody waits for them (ncclCommShrink's form). A rank
+ * out of range, or this rank itself, in the list: WEFT_ERR_INVALID_ARG,
+ * nothing done. The survivors should pass the same list; the agreement
+ * leaves out every rank some survivor's list names. */
+WEFT_API int  weft_comm_shrink_excluding(weft_comm_t *comm, const int *exclude, int nexclude,
+                                         weft_comm_t **newcomm);
 /* Ranks that meet without MPI (launched by torchrun, a scheduler, a test
  * harness), NCCL style. One process calls weft_get_unique_id, which opens a
  * listener (on the interface WEFT_TCP_IF names, else the first non-loopback

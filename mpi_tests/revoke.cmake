@@ -2,7 +2,8 @@
 # Included from mpi_tests/CMakeLists.txt. Label: verdicts.
 #
 # np 4, one entry per (case, config): revoke (no rank fails: every pending
-# call ends with WEFT_ERR_REVOKED within 1 s, shrink keeps all 4), kill and
+# call ends with WEFT_ERR_REVOKED within 1 s, shrink keeps all 4), exclude
+# (weft_comm_shrink_excluding leaves out a live rank at once), kill and
 # stop (rank 2 SIGKILLs / SIGSTOPs itself mid-loop: the survivors' shrink
 # gives a comm of 3 whose allreduce is exact). The binary has its own main;
 # the new comm's rank 0 prints REVOKE-ALL-OK once every rank passed.
@@ -13,7 +14,7 @@ target_link_libraries(weft_mpi_revoke PRIVATE weft MPI::MPI_CXX Threads::Threads
 target_compile_options(weft_mpi_revoke PRIVATE ${WEFT_C_WARNINGS})
 foreach(config shm tcp vnodes2)
   weft_mpi_config_env(${config} config_env)
-  foreach(case revoke kill stop)
+  foreach(case revoke exclude kill stop)
     set(test_name revoke_${case}_np4_${config})
     add_test(NAME ${test_name}
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${WEFT_MPIEXEC_FLAGS}

@@ -1,7 +1,7 @@
 /*
  * weft_comm_revoke and weft_comm_shrink (issue 28), np 4.
  *
- *   weft_mpi_revoke    WEFT_REVOKE_CASE=revoke|kill|stop
+ *   weft_mpi_revoke    WEFT_REVOKE_CASE=revoke|exclude|kill|stop
  *
  * revoke  No rank fails. After a barrier, rank 0 revokes the comm from a
  *         second thread 0.3 s later while its main thread waits in a
@@ -13,6 +13,9 @@
  *         send, a message pipe) fail the same way at once, the async error
  *         says so, a second revoke is harmless, and weft_comm_shrink gives
  *         a comm of all 4 ranks in the same order, whose allreduce is exact.
+ * exclude Rank 3 lives but is left out: it revokes the comm and destroys
+ *         it; ranks 0-2 call weft_comm_shrink_excluding({3}) and must get
+ *         their 3-rank comm without waiting WEFT_TIMEOUT for rank 3.
  * kill    Rank 2 SIGKILLs itself before its 6th allreduce of a loop.
  * stop    Rank 2 SIGSTOPs itself there (rank 0 SIGKILLs it at the end).
  *         The survivors' allreduce must fail naming rank 2; each then calls
@@ -111,6 +114,18 @@ void case_revoke(weft_comm_t *c, int rank, int size)
 {
     std::vector<int32_t> in(1 << 18, rank), out(1 << 18);
     char dummy[16];
+    /* Refused arguments: nothing done, the comm stays usable everywhere. */
+    g_stage = "argument checks";
+    weft_comm_t *sentinel = reinterpret_cast<weft_comm_t *>(0x5678), *nc0 = sentinel;
+    int self = rank, out_of_range = size;
+    check(weft_comm_shrink(c, nullptr) == WEFT_ERR_INVALID_ARG, "shrink with a NULL newcomm");
+    check(weft_comm_shrink_excluding(c, &self, 1, &nc0) == WEFT_ERR_INVALID_ARG &&
+              last(c).find("this rank itself") != std::string::npos,
+          "shrink excluding this rank: " + last(c));
+    check(weft_comm_shrink_excluding(c, &out_of_range, 1, &nc0) == WEFT_ERR_INVALID_ARG, "an out-of-range rank");
+    check(weft_comm_shrink_excluding(c, nullptr, 1, &nc0) == WEFT_ERR_INVALID_ARG, "a NULL list");
+    check(nc0 == sentinel, "newcomm set by a refused shrink");
+    check(weft_barrier(c) == WEFT_SUCCESS, "a barrier after the refused calls: " + last(c));
     g_stage = "waiting for the revoke";
     MPI_Barrier(MPI_COMM_WORLD);
     const double t0 = now_s();
@@ -162,6 +177,38 @@ void case_revoke(weft_comm_t *c, int rank, int size)
     int d1 = weft_comm_destroy(c);
     check(d1 == WEFT_SUCCESS, "destroying the revoked comm: " + std::to_string(d1) + " " + weft_last_error());
     check(weft_comm_destroy(nc) == WEFT_SUCCESS, std::string("destroying the new comm: ") + weft_last_error());
+}
+
+/* Rank 3 lives but is left out: it revokes and destroys its handle; the
+ * others shrink excluding it, and nobody waits WEFT_TIMEOUT for it. */
+void case_exclude(weft_comm_t *c, int rank)
+{
+    /* MPI's barrier: a weft barrier's last rank may still be in it when
+     * the others' shrink revokes the comm (it would then fail, rightly). */
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 3) {
+        g_stage = "the excluded rank's revoke and destroy";
+        check(weft_comm_revoke(c) == WEFT_SUCCESS, "revoke on the excluded rank");
+        int d = weft_comm_destroy(c);
+        check(d == WEFT_SUCCESS, "destroy on the excluded rank: " + std::to_string(d) + " " + weft_last_error());
+        return;
+    }
+    g_stage = "weft_comm_shrink_excluding";
+    const int excl = 3;
+    const double s0 = now_s();
+    weft_comm_t *nc = nullptr;
+    int rc = weft_comm_shrink_excluding(c, &excl, 1, &nc);
+    const double took = now_s() - s0;
+    check(rc == WEFT_SUCCESS && nc != nullptr, "weft_comm_shrink_excluding: " + last(c));
+    std::printf("rank %d: weft_comm_shrink_excluding took %.3f s\n", rank, took);
+    check(took < 2.5, "the shrink waited for the excluded rank (WEFT_TIMEOUT is 5 s)");
+    check(weft_comm_size(nc) == 3 && weft_comm_rank(nc) == rank, "the new comm's size or rank");
+    check(allreduce_exact(nc, {0, 1, 2}, rank), "the new comm's allreduce is not exact");
+    all_ok(nc);
+    g_stage = "destroy";
+    check(weft_comm_destroy(nc) == WEFT_SUCCESS, std::string("destroying the new comm: ") + weft_last_error());
+    int d = weft_comm_destroy(c);
+    check(d == WEFT_SUCCESS, "destroying the revoked comm: " + std::to_string(d) + " " + weft_last_error());
 }
 
 void case_fail(weft_comm_t *c, int rank, bool stop, const std::vector<int> &pids)
@@ -218,13 +265,17 @@ int main(int argc, char **argv)
     weft_comm_t *c = nullptr;
     g_stage = "weft_comm_create";
     check(weft_comm_create(MPI_COMM_WORLD, &c) == WEFT_SUCCESS, std::string("create: ") + weft_last_error());
-    if (which == "revoke") {
-        case_revoke(c, rank, size);
+    if (which == "revoke" || which == "exclude") {
+        if (which == "revoke")
+            case_revoke(c, rank, size);
+        else
+            case_exclude(c, rank);
+        g_stage = "MPI_Finalize";
         MPI_Finalize();
         return 0;
     }
     if (which != "kill" && which != "stop")
-        fail("WEFT_REVOKE_CASE=" + which + ": revoke, kill or stop");
+        fail("WEFT_REVOKE_CASE=" + which + ": revoke, exclude, kill or stop");
     case_fail(c, rank, which == "stop", pids);
     std::fflush(stdout);
     _exit(0);   /* MPI_Finalize would wait for the dead rank */

@@ -65,6 +65,17 @@ TEST(ApiArgs, NullCommQueries)
     EXPECT_EQ(weft_comm_destroy(nullptr), WEFT_ERR_INVALID_ARG);
     EXPECT_EQ(weft_comm_async_error(nullptr), WEFT_ERR_INVALID_ARG);
     EXPECT_NE(std::string(weft_last_error()).find("weft_comm_async_error"), std::string::npos) << weft_last_error();
+    EXPECT_EQ(weft_comm_revoke(nullptr), WEFT_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(weft_last_error()).find("weft_comm_revoke: comm is NULL"), std::string::npos)
+        << weft_last_error();
+    weft_comm_t *sentinel = reinterpret_cast<weft_comm_t *>(0x1234), *nc = sentinel;
+    EXPECT_EQ(weft_comm_shrink(nullptr, &nc), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(nc, sentinel) << "output set by a failing call";
+    int excl = 0;
+    EXPECT_EQ(weft_comm_shrink_excluding(nullptr, &excl, 1, &nc), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(nc, sentinel) << "output set by a failing call";
+    EXPECT_NE(std::string(weft_last_error()).find("weft_comm_shrink_excluding: comm is NULL"), std::string::npos)
+        << weft_last_error();
 }
 
 TEST(ApiArgs, NullCommCollectives)

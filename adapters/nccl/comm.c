@@ -240,6 +240,7 @@ void nccl_shell_free(struct ncclComm *c)
         free(r);
     }
     free(c->ops);
+    free(c->shrink_exclude);
     pthread_mutex_destroy(&c->mu);
     c->magic = 0;
     free(c);
@@ -328,8 +329,10 @@ void nccl_comm_run_init(struct ncclComm *c)
         cfg.nsettings = c->nsettings;
         memcpy(id.internal, c->init_id.internal, sizeof(id.internal));
         rc = weft_comm_init_config(&id, c->nranks, c->rank, &cfg, &w);
-    } else {
+    } else if (c->init_kind == 1) {
         rc = weft_comm_split(c->split_parent->w, c->split_color, c->split_key, &w);
+    } else {
+        rc = weft_comm_shrink_excluding(c->split_parent->w, c->shrink_exclude, c->nshrink_exclude, &w);
     }
     if (rc != WEFT_SUCCESS) {
         const char *t = c->init_kind == 0 ? weft_last_error() : weft_comm_last_error(c->split_parent->w);
@@ -345,7 +348,7 @@ void nccl_comm_run_init(struct ncclComm *c)
         c->init_result = ncclSuccess;
         if (w != NULL)
             comm_join_clique(c);
-        log_ready(c, c->init_kind == 0 ? "weft_comm_init" : "weft_comm_split");
+        log_ready(c, c->init_kind == 0 ? "weft_comm_init" : c->init_kind == 1 ? "weft_comm_split" : "weft_comm_shrink");
         __atomic_store_n(&c->state, COMM_READY, __ATOMIC_RELEASE);
     }
     __atomic_store_n(&c->init_done, 1, __ATOMIC_RELEASE);
@@ -576,6 +579,89 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
         nccl_shell_free(c);
         *newcomm = NULL;
         return ncclSuccess;
+    }
+    *newcomm = c;
+    return ncclSuccess;
+}
+
+/* weft_comm_revoke: every pending and later operation of every rank on
+ * the comm fails (ncclRemoteError, the text naming the rank that revoked);
+ * ncclCommShrink and ncclCommDestroy still work. */
+NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags)
+{
+    const char *fn = "ncclCommRevoke";
+    ncclResult_t rc;
+    if ((rc = nccl_comm_ready(comm, fn)) != ncclSuccess)
+        return rc;
+    if (revokeFlags != NCCL_REVOKE_DEFAULT)
+        return nccl_fail(comm, ncclInvalidArgument, fn, "revokeFlags %d: must be NCCL_REVOKE_DEFAULT (0)",
+                         revokeFlags);
+    int e = weft_comm_revoke(comm->w);
+    return e == WEFT_SUCCESS ? ncclSuccess : nccl_from_weft(comm, e, fn);
+}
+
+/* weft_comm_shrink_excluding over the parent's pipes: the excluded ranks
+ * do not call; the others agree (weft adds any rank it knows failed) and
+ * get a comm of the rest in the parent's order. weft revokes the parent
+ * first whatever the flag: NCCL_SHRINK_DEFAULT asks a quiescent parent,
+ * where that changes nothing, and NCCL_SHRINK_ABORT asks for it. */
+NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
+         ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
+{
+    const char *fn = "ncclCommShrink";
+    struct ncclComm *c;
+    ncclResult_t rc;
+
+    if ((rc = nccl_comm_ready(comm, fn)) != ncclSuccess)
+        return rc;
+    if (newcomm == NULL)
+        return nccl_fail(comm, ncclInvalidArgument, fn, "newcomm is NULL");
+    if (shrinkFlags != NCCL_SHRINK_DEFAULT && shrinkFlags != NCCL_SHRINK_ABORT)
+        return nccl_fail(comm, ncclInvalidArgument, fn, "shrinkFlags %d: NCCL_SHRINK_DEFAULT or NCCL_SHRINK_ABORT",
+                         shrinkFlags);
+    if (excludeRanksCount < 0 || (excludeRanksCount > 0 && excludeRanksList == NULL))
+        return nccl_fail(comm, ncclInvalidArgument, fn, "excludeRanksCount %d with %s list", excludeRanksCount,
+                         excludeRanksList == NULL ? "a NULL" : "a");
+    for (int i = 0; i < excludeRanksCount; i++)
+        if (excludeRanksList[i] < 0 || excludeRanksList[i] >= comm->nranks || excludeRanksList[i] == comm->rank)
+            return nccl_fail(comm, ncclInvalidArgument, fn, "excludeRanksList[%d] = %d is %s", i,
+                             excludeRanksList[i], excludeRanksList[i] == comm->rank
+                                                      ? "this rank (an excluded rank does not call ncclCommShrink)"
+                                                      : "not a rank of the comm");
+    if ((c = shell_new(0, -1, comm->device)) == NULL)
+        return nccl_fail(comm, ncclSystemError, fn, "out of memory");
+    if ((rc = read_config(c, config, fn)) != ncclSuccess) {
+        nccl_shell_free(c);
+        return rc;
+    }
+    if (excludeRanksCount > 0) {
+        c->shrink_exclude = malloc((size_t)excludeRanksCount * sizeof(int));
+        if (c->shrink_exclude == NULL) {
+            nccl_shell_free(c);
+            return nccl_fail(comm, ncclSystemError, fn, "out of memory");
+        }
+        memcpy(c->shrink_exclude, excludeRanksList, (size_t)excludeRanksCount * sizeof(int));
+    }
+    c->nshrink_exclude = excludeRanksCount;
+    c->init_kind = 2;
+    c->split_parent = comm;
+    c->split_color = 0;
+    c->split_key = 0;
+    pthread_mutex_lock(&comm->mu);
+    c->split_seq = comm->nsplits++;   /* names the new comm's clique, as a split's */
+    pthread_mutex_unlock(&comm->mu);
+    if (nccl_group_depth() > 0) {
+        if ((rc = nccl_group_defer_init(c, fn)) != ncclSuccess) {
+            nccl_shell_free(c);
+            return rc;
+        }
+        *newcomm = c;
+        return ncclSuccess;
+    }
+    nccl_comm_run_init(c);
+    if ((rc = init_result(c, fn)) != ncclSuccess) {
+        nccl_shell_free(c);
+        return rc;
     }
     *newcomm = c;
     return ncclSuccess;

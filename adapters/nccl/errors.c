@@ -107,19 +107,6 @@ NCCL_API(ncclResult_t, ncclCommWindowDeregister, ncclComm_t comm, ncclWindow_t w
     return nccl_refuse("ncclCommWindowDeregister", "symmetric memory windows");
 }
 
-NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, int excludeRanksCount,
-         ncclComm_t *newcomm, ncclConfig_t *config, int shrinkFlags)
-{
-    (void)comm; (void)excludeRanksList; (void)excludeRanksCount; (void)newcomm; (void)config; (void)shrinkFlags;
-    return nccl_refuse("ncclCommShrink", "use ncclCommSplit on the ranks that remain");
-}
-
-NCCL_API(ncclResult_t, ncclCommRevoke, ncclComm_t comm, int revokeFlags)
-{
-    (void)comm; (void)revokeFlags;
-    return nccl_refuse("ncclCommRevoke", "use ncclCommAbort");
-}
-
 NCCL_API(ncclResult_t, ncclGroupSimulateEnd, ncclSimInfo_t *simInfo)
 {
     (void)simInfo;

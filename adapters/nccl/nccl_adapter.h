@@ -72,7 +72,9 @@ struct ncclComm {
     size_t          nsettings;
     char            transports[64];  /* config netName=Socket: WEFT_TRANSPORTS without ib */
     /* a pending initialisation (deferred to a group end, or non-blocking) */
-    int             init_kind;       /* 0 init by id, 1 split */
+    int             init_kind;       /* 0 init by id, 1 split, 2 shrink (split_parent, shrink_exclude) */
+    int            *shrink_exclude;  /* ncclCommShrink's list, copied (malloc; freed with the shell) */
+    int             nshrink_exclude;
     ncclUniqueId    init_id;
     struct ncclComm *split_parent;
     int             split_color, split_key;

@@ -153,17 +153,35 @@ int weft_comm_revoke(weft_comm_t *c)
     return WEFT_SUCCESS;
 }
 
-int weft_comm_shrink(weft_comm_t *c, weft_comm_t **newcomm)
+static int comm_shrink(const char *fn, weft_comm_t *c, const int *exclude, int nexclude, weft_comm_t **newcomm)
 {
     if (c == NULL)
-        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_shrink: comm is NULL");
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "%s: comm is NULL", fn);
     /* Refused on this rank alone: the others leave it out as they would a
      * rank that never calls (within WEFT_TIMEOUT). */
     if (newcomm == NULL)
-        return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG, "weft_comm_shrink: the newcomm output pointer is NULL");
+        return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG, "%s: the newcomm output pointer is NULL", fn);
+    if (nexclude < 0 || (nexclude > 0 && exclude == NULL))
+        return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG, "%s: %d excluded ranks in %s", fn, nexclude,
+                              exclude == NULL ? "a NULL list" : "a list");
+    for (int i = 0; i < nexclude; i++)
+        if (exclude[i] < 0 || exclude[i] >= c->core.size || exclude[i] == c->core.rank)
+            return weft_set_error(&c->core, WEFT_ERR_INVALID_ARG, "%s: exclude[%d] = %d is %s", fn, i, exclude[i],
+                                  exclude[i] == c->core.rank ? "this rank itself (a rank leaves by not calling)"
+                                                             : "not a rank of the comm");
     if (__atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE))
-        return weft_check_aborted_fail(c, "weft_comm_shrink");
-    return weft_comm_shrink_all(c, newcomm);
+        return weft_check_aborted_fail(c, fn);
+    return weft_comm_shrink_all(c, exclude, nexclude, newcomm);
+}
+
+int weft_comm_shrink(weft_comm_t *c, weft_comm_t **newcomm)
+{
+    return comm_shrink("weft_comm_shrink", c, NULL, 0, newcomm);
+}
+
+int weft_comm_shrink_excluding(weft_comm_t *c, const int *exclude, int nexclude, weft_comm_t **newcomm)
+{
+    return comm_shrink("weft_comm_shrink_excluding", c, exclude, nexclude, newcomm);
 }
 
 int weft_comm_set_wait_hook(weft_comm_t *c, weft_wait_hook_t hook, void *arg)

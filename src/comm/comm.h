@@ -52,8 +52,10 @@ int weft_comm_split_all(struct weft_comm *parent, int color, int key, const stru
                         struct weft_comm **out);
 /* Collective over the live ranks of a comm (see weft_comm_shrink in
  * weft.h; src/comm/shrink.c): revoke, agree on the failed ranks over the
- * comm's pipes, assemble the others' comm over the split bootstrap. */
-int weft_comm_shrink_all(struct weft_comm *c, struct weft_comm **out);
+ * comm's pipes (exclude[0 .. nexclude) counted failed from the start;
+ * checked by the caller), assemble the others' comm over the split
+ * bootstrap. */
+int weft_comm_shrink_all(struct weft_comm *c, const int *exclude, int nexclude, struct weft_comm **out);
 /* Collective (see weft_comm_destroy); local once a rank failed or after abort. */
 int weft_comm_destroy_all(struct weft_comm *c);
 

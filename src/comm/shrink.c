@@ -8,7 +8,8 @@
  * 2. Agree on the failed set, in rounds over the internal lane
  *    WEFT_TAG_SHRINK (p2p/tags.h). Each rank starts from the ranks whose
  *    pipe is down here (a rank declared failed: died, stopped, aborted,
- *    silent; or a link that broke). In a round it sends its set to every
+ *    silent; or a link that broke) and those the caller excluded
+ *    (weft_comm_shrink_excluding). In a round it sends its set to every
  *    rank not in it and receives theirs; a rank that cannot be reached or
  *    does not answer within WEFT_TIMEOUT joins the set. The next set is the
  *    union of what came. A round in which every set that came equals the
@@ -188,7 +189,7 @@ static int make_shrink_boot(void *arg, struct weft_core *core, struct weft_boots
                                         out);
 }
 
-int weft_comm_shrink_all(struct weft_comm *c, struct weft_comm **out)
+int weft_comm_shrink_all(struct weft_comm *c, const int *exclude, int nexclude, struct weft_comm **out)
 {
     const int n = c->core.size, me = c->core.rank;
     struct agree a;
@@ -224,8 +225,13 @@ int weft_comm_shrink_all(struct weft_comm *c, struct weft_comm **out)
      * one rank's set closer to the union of all, so n + 1 rounds suffice
      * unless ranks keep failing during it. */
     unsigned char *mine = own_set(&a);
+    for (int i = 0; i < nexclude; i++) {
+        add(mine, exclude[i]);
+        a.said_by[exclude[i]] = -1;
+        snprintf(a.why[exclude[i]], sizeof a.why[exclude[i]], "excluded by the caller");
+    }
     for (int r = 0; r < n; r++)
-        if (r != me && weft_p2p_peer_down(c->p2p, r, a.why[r], sizeof a.why[r])) {
+        if (r != me && !has(mine, r) && weft_p2p_peer_down(c->p2p, r, a.why[r], sizeof a.why[r])) {
             add(mine, r);
             a.said_by[r] = -1;
         }

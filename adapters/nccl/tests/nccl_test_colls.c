@@ -757,15 +757,20 @@ static void test_refused(int rank, int n)
     NCHECK_RC(ncclCommWindowDeregister(g_comm, win), ncclInvalidUsage);
     CHECK(tu_starts(ncclGetLastError(g_comm), "ncclCommWindowDeregister: ") && tu_contains(ncclGetLastError(g_comm), txt),
           "ncclCommWindowDeregister text", "\"...%s...\", got \"%s\"", txt, ncclGetLastError(g_comm));
+    /* ncclCommShrink and ncclCommRevoke: argument errors (the calls work: test_revoke_shrink) */
     ncclComm_t nc = (ncclComm_t)(uintptr_t)0x5678;
-    int excl = 0;
-    NCHECK_RC(ncclCommShrink(g_comm, &excl, 1, &nc, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidUsage);
-    CHECK(tu_starts(ncclGetLastError(g_comm), "ncclCommShrink: ") && tu_contains(ncclGetLastError(g_comm), txt),
-          "ncclCommShrink text", "\"...%s...\", got \"%s\"", txt, ncclGetLastError(g_comm));
-    CHECK(nc == (ncclComm_t)(uintptr_t)0x5678, "ncclCommShrink: newcomm untouched", "0x5678, got %p", (void *)nc);
-    NCHECK_RC(ncclCommRevoke(g_comm, NCCL_REVOKE_DEFAULT), ncclInvalidUsage);
-    CHECK(tu_starts(ncclGetLastError(g_comm), "ncclCommRevoke: ") && tu_contains(ncclGetLastError(g_comm), txt),
-          "ncclCommRevoke text", "\"...%s...\", got \"%s\"", txt, ncclGetLastError(g_comm));
+    int excl = rank;
+    NCHECK_RC(ncclCommShrink(g_comm, &excl, 1, &nc, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+    CHECK(tu_starts(ncclGetLastError(g_comm), "ncclCommShrink: ") && tu_contains(ncclGetLastError(g_comm), "this rank"),
+          "ncclCommShrink excluding itself: text", "\"...this rank...\", got \"%s\"", ncclGetLastError(g_comm));
+    excl = n;
+    NCHECK_RC(ncclCommShrink(g_comm, &excl, 1, &nc, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+    NCHECK_RC(ncclCommShrink(g_comm, NULL, 1, &nc, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+    NCHECK_RC(ncclCommShrink(g_comm, NULL, 0, &nc, NULL, 7), ncclInvalidArgument);
+    NCHECK_RC(ncclCommShrink(g_comm, NULL, 0, NULL, NULL, NCCL_SHRINK_DEFAULT), ncclInvalidArgument);
+    CHECK(nc == (ncclComm_t)(uintptr_t)0x5678, "ncclCommShrink errors: newcomm untouched", "0x5678, got %p", (void *)nc);
+    NCHECK_RC(ncclCommRevoke(g_comm, 1), ncclInvalidArgument);
+    NCHECK_RC(ncclCommRevoke(NULL, NCCL_REVOKE_DEFAULT), ncclInvalidArgument);
     /* ncclGroupSimulateEnd: refused and the group stays open (the real end then succeeds and runs the work) */
     ncclSimInfo_t sim = NCCL_SIM_INFO_INITIALIZER;
     float h[16];
@@ -782,6 +787,55 @@ static void test_refused(int rank, int n)
         CHECK(h[0] == (float)n, "group after ncclGroupSimulateEnd", "%d, got %g", n, h[0]);
     }
     tu_dfree(d);
+}
+
+/* ---- ncclCommRevoke and ncclCommShrink ---- */
+
+/* On a comm split off g_comm: rank 0 revokes it; the last rank is excluded
+ * (it only destroys its handle); the others shrink it and get a comm of
+ * n - 1 ranks whose allreduce is exact; the revoked comm's async error
+ * names rank 0 on every rank that shrank. */
+static void test_revoke_shrink(int rank, int n)
+{
+    tu_set_section("ncclCommRevoke / ncclCommShrink");
+    ncclComm_t dup = NULL, nc = NULL;
+    if (!NCHECK(ncclCommSplit(g_comm, 0, rank, &dup, NULL)))
+        return;
+    if (rank == 0)
+        NCHECK(ncclCommRevoke(dup, NCCL_REVOKE_DEFAULT));
+    if (rank == n - 1) {
+        NCHECK_RC(ncclCommDestroy(dup), ncclSuccess);
+        return;
+    }
+    int excl = n - 1;
+    if (!NCHECK(ncclCommShrink(dup, &excl, 1, &nc, NULL, NCCL_SHRINK_ABORT))) {
+        ncclCommDestroy(dup);
+        return;
+    }
+    int cnt = -1, ur = -1;
+    NCHECK(ncclCommCount(nc, &cnt));
+    NCHECK(ncclCommUserRank(nc, &ur));
+    CHECK(cnt == n - 1 && ur == rank, "the shrunk comm's size and rank", "%d and %d, got %d and %d", n - 1, rank,
+          cnt, ur);
+    ncclResult_t ae = ncclSuccess;
+    NCHECK(ncclCommGetAsyncError(dup, &ae));
+    /* Rank 0's revoke, or this rank's own shrink if it came first. */
+    CHECK(ae == ncclRemoteError && tu_contains(ncclGetLastError(dup), rank == 0 ? "revoked by rank 0" : "revoked by rank "),
+          "the revoked comm's async error", "ncclRemoteError naming the revoking rank, got %s: \"%s\"",
+          tu_res_name(ae), ncclGetLastError(dup));
+    float *d = tu_dmalloc(64 * sizeof(float));
+    float h[64];
+    for (int i = 0; i < 64; i++)
+        h[i] = (float)(rank + 1);
+    tu_h2d(d, h, sizeof(h));
+    if (NCHECK(ncclAllReduce(d, d, 64, ncclFloat32, ncclSum, nc, g_stream)) && tu_sync(g_stream)) {
+        tu_d2h(h, d, sizeof(h));
+        float want = (float)((n - 1) * n / 2);
+        CHECK(h[0] == want && h[63] == want, "allreduce on the shrunk comm", "%g, got %g", want, h[0]);
+    }
+    tu_dfree(d);
+    NCHECK(ncclCommDestroy(nc));
+    NCHECK(ncclCommDestroy(dup));
 }
 
 /* ---- registration and ncclMemAlloc ---- */
@@ -1374,6 +1428,11 @@ int main(int argc, char **argv)
     if (!skipped("churn"))
         test_churn(rank, n);
     LAP("churn");
+
+    tu_arena_release(0);
+    if (!skipped("revoke"))
+        test_revoke_shrink(rank, n);
+    LAP("revoke/shrink");
 
     tu_set_section("destroy");
     cudaStreamDestroy(g_stream);
