@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "coll_impl.h"
+#include "journal.h"
 #include "config.h"
 #include "core.h"
 #include "log.h"
@@ -125,6 +126,12 @@ int weft_coll_init(struct weft_coll *cc, struct weft_p2p *p2p, struct weft_core 
     cc->a2a_algo = coll_algo_parse(core->cfg.alltoall_algo, weft_alltoall_algo_names);
     if (cc->ag_algo < 0 || cc->ar_algo < 0 || cc->rs_algo < 0 || cc->red_algo < 0 || cc->a2a_algo < 0)
         return weft_set_error(core, WEFT_ERR_INVALID_ARG, "collectives: an unknown algorithm name in the config");
+    if (core->size > 1) {
+        cc->journal = calloc(1, sizeof *cc->journal);
+        if (cc->journal == NULL)
+            return weft_set_error(core, WEFT_ERR_NO_MEMORY, "collectives: no memory for the operation journal");
+        weft_journal_init(cc->journal);
+    }
     if (coll_topo_build(cc, node) != 0)
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "collectives: no memory for the node layout of %d ranks",
                               core->size);
@@ -148,6 +155,7 @@ void weft_coll_fini(struct weft_coll *cc)
     free(cc->node_first);
     free(cc->node_ranks);
     free(cc->shapes);
+    free(cc->journal);
     coll_node_fini(cc);
     coll_stage_fini(cc);
     coll_nb_fini(cc);
@@ -275,11 +283,13 @@ void weft_coll_refused(struct weft_coll *cc, const char *fn)
     weft_error_get(cc->core, &e);
     snprintf(text, sizeof text, "rank %d refused its %s (collective #%u) on its own arguments: %s", cc->core->rank,
              fn, seq, e.text);
+    if (cc->journal)
+        weft_journal_refused(cc->journal, seq, fn);
     coll_node_refused(cc, seq);
     weft_p2p_coll_failed(cc->p2p, seq, WEFT_ERR_MISMATCH, text);
 }
 
-int weft_coll_run(struct weft_coll *cc, const struct weft_coll_args *a)
+static int coll_run(struct weft_coll *cc, const struct weft_coll_args *a)
 {
     struct weft_coll_op *op;
     int handled;
@@ -288,6 +298,21 @@ int weft_coll_run(struct weft_coll *cc, const struct weft_coll_args *a)
         return rc;
     rc = weft_coll_start(cc, a, NULL, 0, &op);
     return rc != WEFT_SUCCESS ? rc : weft_coll_op_wait(op);
+}
+
+int weft_coll_run(struct weft_coll *cc, const struct weft_coll_args *a)
+{
+    if (cc->journal == NULL)
+        return coll_run(cc, a);
+    /* The number this call takes (collectives on a comm are called one
+     * at a time: no other call takes one meanwhile). */
+    uint32_t seq = __atomic_load_n(&cc->seq, __ATOMIC_RELAXED);
+    weft_journal_start(cc->journal, seq, a, 0);
+    int rc = coll_run(cc, a);
+    weft_journal_end(cc->journal, seq, rc);
+    if (rc != WEFT_SUCCESS && cc->core->cfg.trace_dir[0])
+        (void)weft_journal_write(cc, "error", 0);   /* the failing rank writes first */
+    return rc;
 }
 
 int weft_coll_allgather(struct weft_coll *cc, const void *sendbuf, void *recvbuf, size_t bytes_per_rank)

@@ -93,8 +93,11 @@ struct weft_coll_prep {
 };
 
 /* The collectives' context of one comm (embedded in struct weft_comm). */
+struct weft_journal;
+
 struct weft_coll {
     struct weft_p2p        *p2p;
+    struct weft_journal    *journal;   /* the last calls (journal.h); NULL for one rank */
     struct weft_core       *core;      /* rank, size, cfg, errors */
     uint32_t                seq;       /* collectives started (tags of internal lanes) */
     int                     ag_algo;   /* WEFT_ALLGATHER_ALGO mapped to the algorithm (0: selector) */

@@ -28,6 +28,7 @@
 
 #include "backoff.h"
 #include "coll_impl.h"
+#include "journal.h"
 #include "core.h"
 #include "engine.h"
 #include "log.h"
@@ -81,6 +82,12 @@ static void nb_unlink(struct weft_coll_nb *nb)
 /* op completed with rc (busy held). */
 static void nb_complete(struct weft_coll_nb *nb, int rc)
 {
+    struct weft_coll *cc = nb->cc;
+    if (cc->journal) {
+        weft_journal_end(cc->journal, nb->seq, rc);
+        if (rc != WEFT_SUCCESS && cc->core->cfg.trace_dir[0])
+            (void)weft_journal_write(cc, "error", 0);
+    }
     nb->op = NULL;
     nb->err = rc;
     nb->done = 1;
@@ -230,6 +237,8 @@ int weft_coll_istart(struct weft_coll *cc, const struct weft_coll_args *a, weft_
     } else {
         nb->op = op;
         nb->seq = op->seq;
+        if (cc->journal)
+            weft_journal_start(cc->journal, op->seq, a, 1);
         pthread_mutex_lock(&cc->nb_lock);
         nb->next = cc->nb_head;
         if (cc->nb_head)

@@ -83,7 +83,7 @@ static void op_fail(struct weft_coll_op *op, int err, const struct weft_sched_st
 }
 
 /* "allgather(8 B/rank)", "bcast(64 B, root 0)", "allreduce(1024 x float32, sum)", "barrier". */
-static void sig_describe(const struct weft_coll_sig *sig, char *out, size_t n)
+void weft_coll_sig_describe(const struct weft_coll_sig *sig, char *out, size_t n)
 {
     unsigned long long p = (unsigned long long)sig->param;
     switch (sig->kind) {
@@ -128,7 +128,7 @@ static void sig_describe(const struct weft_coll_sig *sig, char *out, size_t n)
                                       sig->dtype, sig->op };
         char u[96] = "";
         if (user.kind > 0 && user.kind < WEFT_COLL_NODE_SETUP)
-            sig_describe(&user, u, sizeof u);
+            weft_coll_sig_describe(&user, u, sizeof u);
         snprintf(out, n, "%s (the node-local collectives' set-up, before it)", u[0] ? u : "a collective");
         break;
     }
@@ -164,7 +164,7 @@ void weft_sched_describe_check(const struct weft_p2p_check *c, char *out, size_t
     struct weft_coll_sig sig;
     uint32_t seq;
     check_sig(c, &sig, &seq);
-    sig_describe(&sig, out, n);
+    weft_coll_sig_describe(&sig, out, n);
 }
 
 static int sig_equal(const struct weft_coll_sig *a, const struct weft_coll_sig *b)
@@ -222,11 +222,11 @@ static int op_mismatch(struct weft_coll_op *op, const struct weft_sched_step *s,
         return 1;
     if (op->err != WEFT_SUCCESS)
         return 0;
-    sig_describe(&op->sig, mine_s, sizeof mine_s);
+    weft_coll_sig_describe(&op->sig, mine_s, sizeof mine_s);
     if (theirs.kind == 0)
         snprintf(theirs_s, sizeof theirs_s, "something that is not a collective");
     else
-        sig_describe(&theirs, theirs_s, sizeof theirs_s);
+        weft_coll_sig_describe(&theirs, theirs_s, sizeof theirs_s);
     if (theirs.kind != 0 && their_seq != op->seq && sig_equal(&theirs, &op->sig))
         snprintf(theirs_s + strlen(theirs_s), sizeof theirs_s - strlen(theirs_s), " as call %u (this is call %u)",
                  their_seq, op->seq);

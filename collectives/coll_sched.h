@@ -89,6 +89,11 @@ struct weft_coll_sig {
     int      op;      /* reductions; -1 otherwise */
 };
 
+/* "allgather(8 B/rank)", "bcast(64 B, root 0)", "allreduce(1024 x float32, sum)", "barrier". */
+void weft_coll_sig_describe(const struct weft_coll_sig *sig, char *out, size_t n);
+/* "allreduce", "bcast", ... (node_coll.c). */
+const char *weft_coll_kind_name(int kind);
+
 struct weft_coll_op {
     struct weft_p2p        *p2p;
     struct weft_core       *core;

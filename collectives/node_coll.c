@@ -937,7 +937,7 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
     }
 }
 
-static const char *kind_name(int kind)
+const char *weft_coll_kind_name(int kind)
 {
     switch (kind) {
     case WEFT_COLL_BARRIER: return "barrier";
@@ -949,6 +949,8 @@ static const char *kind_name(int kind)
     case WEFT_COLL_ALLTOALL: return "alltoall";
     case WEFT_COLL_GATHER: return "gather";
     case WEFT_COLL_SCATTER: return "scatter";
+    case WEFT_COLL_ALLTOALLV: return "alltoallv";
+    case WEFT_COLL_SPLIT_EXCHANGE: return "weft_comm_split";
     default: return "collective";
     }
 }
@@ -972,13 +974,13 @@ static void node_log_shape(struct weft_coll *cc, const struct weft_coll_args *a,
     case WEFT_COLL_ALLTOALL:
     case WEFT_COLL_GATHER:
     case WEFT_COLL_SCATTER:
-        snprintf(what, sizeof what, "%s %zu B per rank", kind_name(a->kind), (size_t)a->count);
+        snprintf(what, sizeof what, "%s %zu B per rank", weft_coll_kind_name(a->kind), (size_t)a->count);
         break;
     case WEFT_COLL_BCAST:
         snprintf(what, sizeof what, "bcast %zu B", (size_t)a->count);
         break;
     default:
-        snprintf(what, sizeof what, "%s", kind_name(a->kind));
+        snprintf(what, sizeof what, "%s", weft_coll_kind_name(a->kind));
         break;
     }
     coll_log_shape_once(cc, a->kind, a->count, -1, what, algo, 0);
@@ -1013,7 +1015,7 @@ int coll_node_run(struct weft_coll *cc, const struct weft_coll_args *a, int *han
      * waits (that call's own failure stays with its request). */
     (void)coll_nb_slot_free(cc, k.seq);
     k.b = need <= NODE_SMALL ? (int)(k.seq % NODE_NSMALL) : NODE_NSMALL + (int)(k.seq & 1);
-    k.what = kind_name(a->kind);
+    k.what = weft_coll_kind_name(a->kind);
     struct weft_coll_sig sig = sig_of(a);
     k.check = weft_sched_sig_check(&sig, k.seq);
     head_publish(&k.n->ctrl[k.n->me], &k.check);

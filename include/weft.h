@@ -97,6 +97,13 @@ WEFT_API int  weft_comm_shrink(weft_comm_t *comm, weft_comm_t **newcomm);
  * leaves out every rank some survivor's list names. */
 WEFT_API int  weft_comm_shrink_excluding(weft_comm_t *comm, const int *exclude, int nexclude,
                                          weft_comm_t **newcomm);
+/* Writes this rank's operation journal of comm -- its last 256 collective
+ * calls: number, what, state, times -- to the directory WEFT_TRACE names
+ * (weft-trace.<comm>.r<rank>.jsonl; tools/weft-trace merges the ranks'
+ * files), or to stderr when WEFT_TRACE is unset. Local, callable from any
+ * thread while others are inside calls on comm (a watchdog that suspects
+ * a hang). WEFT_ERR_UNSUPPORTED naming the path when it cannot be written. */
+WEFT_API int  weft_comm_dump(weft_comm_t *comm);
 /* Ranks that meet without MPI (launched by torchrun, a scheduler, a test
  * harness), NCCL style. One process calls weft_get_unique_id, which opens a
  * listener (on the interface WEFT_TCP_IF names, else the first non-loopback

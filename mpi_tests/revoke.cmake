@@ -29,3 +29,26 @@ foreach(config shm tcp vnodes2)
       LABELS "mpi;verdicts;faults;np4;${config}")
   endforeach()
 endforeach()
+
+# The flight recorder (mpi_tests/test_trace.cc): WEFT_TRACE journals and
+# tools/weft-trace naming the rank that skipped a collective. np 4 on one
+# node (node-local path) and two virtual nodes (message path).
+add_executable(weft_mpi_trace ${WEFT_MPI_TESTS_DIR}/test_trace.cc)
+target_link_libraries(weft_mpi_trace PRIVATE weft MPI::MPI_CXX Threads::Threads)
+target_compile_options(weft_mpi_trace PRIVATE ${WEFT_C_WARNINGS})
+target_compile_definitions(weft_mpi_trace PRIVATE
+  WEFT_TRACE_TOOL="${PROJECT_SOURCE_DIR}/tools/weft_trace/weft-trace")
+foreach(config shm vnodes2)
+  weft_mpi_config_env(${config} config_env)
+  set(test_name trace_skip_np4_${config})
+  add_test(NAME ${test_name}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${WEFT_MPIEXEC_FLAGS}
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_trace> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(${test_name} PROPERTIES
+    ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=2"
+    PASS_REGULAR_EXPRESSION "TRACE-OK"
+    FAIL_REGULAR_EXPRESSION "TRACE-FAIL"
+    TIMEOUT 90
+    PROCESSORS 2
+    LABELS "mpi;verdicts;np4;${config}")
+endforeach()

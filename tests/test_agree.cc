@@ -39,7 +39,7 @@ TEST(Agree, TheWorstCodeWinsThenTheLowestRank)
     ASSERT_EQ(0, weft_agree_decode(0, size, &code, &rank));
     EXPECT_EQ(WEFT_SUCCESS, code);
     EXPECT_EQ(-1, rank);
-    for (int c = WEFT_ERR_INVALID_ARG; c <= WEFT_ERR_CLOSED; c++)
+    for (int c = WEFT_ERR_INVALID_ARG; c <= WEFT_ERR_REVOKED; c++)
         for (int r : {0, size - 1}) {
             ASSERT_EQ(0, weft_agree_decode(weft_agree_encode(c, r), size, &code, &rank)) << c << " " << r;
             EXPECT_EQ(c, code);
@@ -55,7 +55,7 @@ TEST(Agree, ADamagedValueIsRefusedNotReadAsACodeOrARank)
     const long long seen = 134217728ll << 32;
     EXPECT_EQ(-1, weft_agree_decode(seen, size, &code, &rank));
     EXPECT_EQ(-1, weft_agree_decode(-5, size, &code, &rank)) << "negative";
-    EXPECT_EQ(-1, weft_agree_decode(weft_agree_encode(WEFT_ERR_CLOSED + 1, 0), size, &code, &rank))
+    EXPECT_EQ(-1, weft_agree_decode(weft_agree_encode(WEFT_ERR_REVOKED + 1, 0), size, &code, &rank))
         << "a code past the last";
     EXPECT_EQ(-1, weft_agree_decode(weft_agree_encode(WEFT_ERR_TIMEOUT, size), size, &code, &rank))
         << "a rank the comm does not have";

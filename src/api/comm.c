@@ -8,6 +8,7 @@
 #include "bootstrap_uid.h"
 #include "check.h"
 #include "comm.h"
+#include "journal.h"
 #include "log.h"
 #include "p2p.h"
 
@@ -182,6 +183,13 @@ int weft_comm_shrink(weft_comm_t *c, weft_comm_t **newcomm)
 int weft_comm_shrink_excluding(weft_comm_t *c, const int *exclude, int nexclude, weft_comm_t **newcomm)
 {
     return comm_shrink("weft_comm_shrink_excluding", c, exclude, nexclude, newcomm);
+}
+
+int weft_comm_dump(weft_comm_t *c)
+{
+    if (c == NULL)
+        return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_comm_dump: comm is NULL");
+    return weft_journal_write(&c->coll, "weft_comm_dump", 1);
 }
 
 int weft_comm_set_wait_hook(weft_comm_t *c, weft_wait_hook_t hook, void *arg)

@@ -20,6 +20,7 @@
 #include "backoff.h"
 #include "engine.h"
 #include "comm.h"
+#include "journal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -577,6 +578,9 @@ int weft_comm_destroy_all(struct weft_comm *c)
     int was_aborted = __atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE);
     int prc;
 
+    /* The journal as the comm ends (WEFT_TRACE): what each rank last did. */
+    if (c->core.cfg.trace_dir[0])
+        (void)weft_journal_write(&c->coll, "weft_comm_destroy", 0);
     /* Message pipes still open close first (their peers answer, being in
      * destroy too), and their callbacks run here. */
     prc = weft_msgpipes_destroy(c->pipes);

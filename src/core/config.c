@@ -408,6 +408,8 @@ static const struct { const char *name; size_t off; size_t size; int empty_ok, s
       "the path of an hwloc XML file, at most 255 characters" },
     { "WEFT_CUDA_LIB",    F(cuda_lib), sizeof(((struct weft_config *)0)->cuda_lib),    0, 1,
       "a library name or path, at most 255 characters" },
+    { "WEFT_TRACE",       F(trace_dir), sizeof(((struct weft_config *)0)->trace_dir),  1, 1,
+      "the path of a directory, at most 255 characters" },
 };
 
 /* Algorithm names: variable, its list, field. */

@@ -30,6 +30,7 @@ struct weft_config {
                                   collectives take; 0 = off (every collective a schedule of messages) */
     int      tcp_streams;      /* WEFT_TCP_STREAMS: data sockets per peer (besides the control one) */
     char     tcp_if[64];       /* WEFT_TCP_IF: interface name (or IPv4 address) to listen/connect on */
+    char     trace_dir[256];   /* WEFT_TRACE: directory of the operation journals (collectives/journal.h); "" = none */
     size_t   tcp_eager_limit;  /* WEFT_TCP_EAGER: largest message sent eagerly on the control socket */
     size_t   tcp_chunk;        /* WEFT_TCP_CHUNK_KB: striping unit across data sockets */
     size_t   self_eager_limit; /* WEFT_SELF_EAGER: sends to self up to this size complete at once */

@@ -1,0 +1,231 @@
+/*
+ * The operation journal (journal.h): recording, and writing it as JSON lines.
+ *
+ * File: one header line, then one line per call still in the ring, oldest
+ * first:
+ *   {"weft_trace":1,"comm":0,"rank":2,"size":4,"host":"vm","pid":4242,
+ *    "reason":"error","wall_ms":...,"now_us":5123000,"next_call":18,
+ *    "last_error":"rank 2: ..."}
+ *   {"call":17,"what":"allreduce(262144 x int32, sum)","nb":0,
+ *    "state":"done","start_us":5100000,"end_us":5101000,"rc":0}
+ * Times are microseconds of a coarse clock (a few ms steps) from the
+ * comm's creation; next_call is the number the next collective will take.
+ */
+#include "journal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "coll.h"
+#include "coll_sched.h"
+#include "core.h"
+#include "log.h"
+#include "p2p.h"
+
+static unsigned g_ordinal;   /* comms with a journal made by this process (atomic) */
+
+static int64_t coarse_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+void weft_journal_init(struct weft_journal *j)
+{
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    j->t0_us = coarse_us();
+    j->wall0_ms = (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
+    j->ordinal = __atomic_fetch_add(&g_ordinal, 1u, __ATOMIC_RELAXED);
+}
+
+#define ST(field, v) __atomic_store_n(&(field), (v), __ATOMIC_RELAXED)
+#define LD(field) __atomic_load_n(&(field), __ATOMIC_RELAXED)
+
+void weft_journal_start(struct weft_journal *j, uint32_t seq, const struct weft_coll_args *a, int nb)
+{
+    struct weft_journal_entry *e = &j->e[seq % WEFT_JOURNAL_LEN];
+    __atomic_store_n(&e->state, JOURNAL_EMPTY, __ATOMIC_RELEASE);
+    ST(e->seq, seq);
+    ST(e->kind, a->kind);
+    ST(e->root, a->root);
+    ST(e->dtype, a->dtype);
+    ST(e->op, a->op);
+    ST(e->nb, nb);
+    ST(e->count, (uint64_t)a->count);
+    ST(e->rc, 0);
+    ST(e->t_start_us, coarse_us() - j->t0_us);
+    ST(e->t_end_us, (int64_t)0);
+    __atomic_store_n(&e->state, JOURNAL_STARTED, __ATOMIC_RELEASE);
+}
+
+void weft_journal_end(struct weft_journal *j, uint32_t seq, int rc)
+{
+    struct weft_journal_entry *e = &j->e[seq % WEFT_JOURNAL_LEN];
+    if (LD(e->seq) != seq || __atomic_load_n(&e->state, __ATOMIC_ACQUIRE) != JOURNAL_STARTED)
+        return;
+    ST(e->rc, rc);
+    ST(e->t_end_us, coarse_us() - j->t0_us);
+    __atomic_store_n(&e->state, rc == 0 ? JOURNAL_DONE : JOURNAL_FAILED, __ATOMIC_RELEASE);
+}
+
+void weft_journal_refused(struct weft_journal *j, uint32_t seq, const char *fn)
+{
+    struct weft_journal_entry *e = &j->e[seq % WEFT_JOURNAL_LEN];
+    int64_t t = coarse_us() - j->t0_us;
+    __atomic_store_n(&e->state, JOURNAL_EMPTY, __ATOMIC_RELEASE);
+    ST(e->seq, seq);
+    ST(e->kind, 0);
+    ST(e->fn, fn);
+    ST(e->root, -1);
+    ST(e->dtype, -1);
+    ST(e->op, -1);
+    ST(e->nb, 0);
+    ST(e->count, (uint64_t)0);
+    ST(e->rc, WEFT_ERR_INVALID_ARG);
+    ST(e->t_start_us, t);
+    ST(e->t_end_us, t);
+    __atomic_store_n(&e->state, JOURNAL_REFUSED, __ATOMIC_RELEASE);
+}
+
+/* s as a JSON string body (quotes, backslashes, control characters escaped). */
+static void json_str(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static int by_seq(const void *x, const void *y)
+{
+    const struct weft_journal_entry *a = x, *b = y;
+    int32_t d = (int32_t)(a->seq - b->seq);
+    return (d > 0) - (d < 0);
+}
+
+static const char *const state_name[] = { "empty", "started", "done", "failed", "refused" };
+
+static void write_all(FILE *f, struct weft_coll *cc, const char *reason)
+{
+    struct weft_journal *j = cc->journal;
+    struct weft_journal_entry *copy = malloc(sizeof j->e);
+    struct weft_error e;
+    struct timeval tv;
+    char host[256] = "?", last[1100];
+    size_t n = 0;
+
+    gettimeofday(&tv, NULL);
+    gethostname(host, sizeof host - 1);
+    weft_error_get(cc->core, &e);
+    if (e.code != 0)
+        weft_error_format(&e, 1, last, sizeof last);
+    else
+        last[0] = '\0';
+    fprintf(f, "{\"weft_trace\":1,\"comm\":%u,\"rank\":%d,\"size\":%d,\"host\":", j->ordinal, cc->core->rank,
+            cc->core->size);
+    json_str(f, host);
+    fprintf(f, ",\"pid\":%d,\"reason\":", (int)getpid());
+    json_str(f, reason);
+    fprintf(f, ",\"wall_ms\":%lld,\"wall0_ms\":%lld,\"now_us\":%lld,\"next_call\":%u,\"last_error\":",
+            (long long)tv.tv_sec * 1000 + tv.tv_usec / 1000, (long long)j->wall0_ms,
+            (long long)(coarse_us() - j->t0_us), __atomic_load_n(&cc->seq, __ATOMIC_RELAXED));
+    json_str(f, last);
+    fputs("}\n", f);
+    if (copy == NULL)
+        return;
+    for (size_t i = 0; i < WEFT_JOURNAL_LEN; i++) {
+        struct weft_journal_entry *s = &j->e[i];
+        int state = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
+        if (state == JOURNAL_EMPTY)
+            continue;
+        struct weft_journal_entry *d = &copy[n++];
+        d->seq = LD(s->seq);
+        d->kind = LD(s->kind);
+        d->root = LD(s->root);
+        d->dtype = LD(s->dtype);
+        d->op = LD(s->op);
+        d->nb = LD(s->nb);
+        d->count = LD(s->count);
+        d->rc = LD(s->rc);
+        d->t_start_us = LD(s->t_start_us);
+        d->t_end_us = LD(s->t_end_us);
+        d->fn = LD(s->fn);
+        d->state = state;
+    }
+    qsort(copy, n, sizeof *copy, by_seq);
+    for (size_t i = 0; i < n; i++) {
+        const struct weft_journal_entry *d = &copy[i];
+        struct weft_coll_sig sig = { d->kind, d->root, d->count, d->dtype, d->op };
+        char what[96];
+        if (d->state == JOURNAL_REFUSED)
+            snprintf(what, sizeof what, "%s (refused on this rank's arguments)", d->fn ? d->fn : "a collective");
+        else
+            weft_coll_sig_describe(&sig, what, sizeof what);
+        fprintf(f, "{\"call\":%u,\"what\":", d->seq);
+        json_str(f, what);
+        fprintf(f, ",\"nb\":%d,\"state\":\"%s\",\"start_us\":%lld", d->nb, state_name[d->state],
+                (long long)d->t_start_us);
+        if (d->state != JOURNAL_STARTED)
+            fprintf(f, ",\"end_us\":%lld,\"rc\":%d,\"error\":\"%s\"", (long long)d->t_end_us, d->rc,
+                    weft_err_str(d->rc));
+        fputs("}\n", f);
+    }
+    free(copy);
+}
+
+int weft_journal_write(struct weft_coll *cc, const char *reason, int to_stderr)
+{
+    const char *dir = cc->core->cfg.trace_dir;
+    char path[512], tmp[540];
+    FILE *f;
+
+    if (cc->journal == NULL)
+        return WEFT_SUCCESS;   /* a comm of one rank, or no memory for it: nothing recorded */
+    if (dir[0] == '\0') {
+        if (to_stderr)
+            write_all(stderr, cc, reason);
+        return WEFT_SUCCESS;
+    }
+    snprintf(path, sizeof path, "%s/weft-trace.%u.r%d.jsonl", dir, cc->journal->ordinal, cc->core->rank);
+    /* Written whole, then renamed: a reader never sees half a file. */
+    static unsigned tmp_no;   /* two threads may write at once (an error, weft_comm_dump) */
+    snprintf(tmp, sizeof tmp, "%s.tmp%d.%u", path, (int)getpid(), __atomic_fetch_add(&tmp_no, 1u, __ATOMIC_RELAXED));
+    f = fopen(tmp, "w");
+    int err = 0;
+    if (f == NULL) {
+        err = errno;
+    } else {
+        write_all(f, cc, reason);
+        int bad = ferror(f);
+        if (fclose(f) != 0 || bad || rename(tmp, path) != 0)
+            err = errno ? errno : EIO;
+    }
+    if (err != 0) {
+        unlink(tmp);
+        /* Asked for (weft_comm_dump): the call's error. Else (a failing
+         * call, destroy) a warning: the call's own error must stay. */
+        if (to_stderr)
+            return weft_set_error(cc->core, WEFT_ERR_UNSUPPORTED, "weft_comm_dump: WEFT_TRACE: cannot write %s: %s",
+                                  path, strerror(err));
+        WEFT_WARN(cc->core->rank, "WEFT_TRACE: cannot write %s: %s", path, strerror(err));
+        return WEFT_ERR_UNSUPPORTED;
+    }
+    if (__atomic_fetch_add(&cc->journal->written, 1, __ATOMIC_RELAXED) == 0)
+        WEFT_INFO(cc->core->rank, "WEFT_TRACE: the journal of comm %u went to %s (%s)", cc->journal->ordinal, path,
+                  reason);
+    return WEFT_SUCCESS;
+}
