@@ -27,6 +27,34 @@ foreach(config shm tcp vnodes2)
       TIMEOUT 90
       PROCESSORS 2
       LABELS "mpi;verdicts;faults;np4;${config}")
+    if(case STREQUAL "stop")
+      # Most of it is waiting out WEFT_TIMEOUT with the CPUs idle.
+      set_property(TEST ${test_name} APPEND PROPERTY LABELS sleepy)
+    endif()
+  endforeach()
+endforeach()
+
+# The fault matrix (label verdicts_matrix, which scripts/test leaves out: ~3
+# min): kill and stop x every other operation of the loop x shm, tcp,
+# vnodes2. The entries above are its allreduce row, run by CI. Its result
+# is in docs/testing.md ("The fault matrix").
+foreach(config shm tcp vnodes2)
+  weft_mpi_config_env(${config} config_env)
+  foreach(case kill stop)
+    foreach(op iallreduce allgather bcast reduce alltoall barrier p2p)
+      set(test_name verdicts_${case}_${op}_np4_${config})
+      add_test(NAME ${test_name}
+        COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${WEFT_MPIEXEC_FLAGS}
+                --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
+                ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_revoke> ${MPIEXEC_POSTFLAGS})
+      set_tests_properties(${test_name} PROPERTIES
+        ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=5;WEFT_REVOKE_CASE=${case};WEFT_REVOKE_OP=${op}"
+        PASS_REGULAR_EXPRESSION "REVOKE-ALL-OK 3 ranks"
+        FAIL_REGULAR_EXPRESSION "REVOKE-FAIL"
+        TIMEOUT 90
+        PROCESSORS 2
+        LABELS "mpi;verdicts_matrix;faults;np4;${config}")
+    endforeach()
   endforeach()
 endforeach()
 
@@ -50,5 +78,5 @@ foreach(config shm vnodes2)
     FAIL_REGULAR_EXPRESSION "TRACE-FAIL"
     TIMEOUT 90
     PROCESSORS 2
-    LABELS "mpi;verdicts;np4;${config}")
+    LABELS "mpi;verdicts;sleepy;np4;${config}")
 endforeach()

@@ -131,8 +131,9 @@ int weft_progress(weft_comm_t *c)
 {
     if (c == NULL)
         return weft_set_error(NULL, WEFT_ERR_INVALID_ARG, "weft_progress: comm is NULL");
-    int rc = weft_check_live(c, "weft_progress");
-    if (rc != WEFT_SUCCESS)
-        return rc;
+    /* On a revoked comm it still runs: the pipes' pending operations end
+     * there (WEFT_ERR_REVOKED), and their callbacks run only here. */
+    if (__atomic_load_n(&c->core.aborted, __ATOMIC_ACQUIRE))
+        return weft_check_aborted_fail(c, "weft_progress");
     return weft_msgpipes_progress(c->pipes);
 }
