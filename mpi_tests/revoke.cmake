@@ -12,48 +12,43 @@
 add_executable(weft_mpi_revoke ${WEFT_MPI_TESTS_DIR}/test_revoke.cc)
 target_link_libraries(weft_mpi_revoke PRIVATE weft MPI::MPI_CXX Threads::Threads)
 target_compile_options(weft_mpi_revoke PRIVATE ${WEFT_C_WARNINGS})
-foreach(config shm tcp vnodes2)
+# One np 4 entry: name, case, loop operation, config, labels (a list).
+function(weft_add_revoke_entry name case op config labels)
   weft_mpi_config_env(${config} config_env)
-  foreach(case revoke exclude kill stop)
-    set(test_name revoke_${case}_np4_${config})
-    add_test(NAME ${test_name}
-      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${WEFT_MPIEXEC_FLAGS}
-              --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
-              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_revoke> ${MPIEXEC_POSTFLAGS})
-    set_tests_properties(${test_name} PROPERTIES
-      ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=5;WEFT_REVOKE_CASE=${case}"
-      PASS_REGULAR_EXPRESSION "REVOKE-ALL-OK 4 ranks|REVOKE-ALL-OK 3 ranks"
-      FAIL_REGULAR_EXPRESSION "REVOKE-FAIL"
-      TIMEOUT 90
-      PROCESSORS 2
-      LABELS "mpi;verdicts;faults;np4;${config}")
-    if(case STREQUAL "stop")
-      # Most of it is waiting out WEFT_TIMEOUT with the CPUs idle.
-      set_property(TEST ${test_name} APPEND PROPERTY LABELS sleepy)
-    endif()
-  endforeach()
-endforeach()
+  set(ranks "4")
+  if(case STREQUAL "revoke")
+    set(pass "REVOKE-ALL-OK 4 ranks")
+  elseif(case STREQUAL "exclude" OR case STREQUAL "kill" OR case STREQUAL "stop")
+    set(pass "REVOKE-ALL-OK 3 ranks")
+  endif()
+  add_test(NAME ${name}
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${WEFT_MPIEXEC_FLAGS}
+            --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_revoke> ${MPIEXEC_POSTFLAGS})
+  if(case STREQUAL "stop")
+    list(APPEND labels sleepy)   # most of it is waiting out WEFT_TIMEOUT with the CPUs idle
+  endif()
+  list(APPEND labels mpi faults np4 ${config})
+  set_tests_properties(${name} PROPERTIES
+    ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=5;WEFT_REVOKE_CASE=${case};WEFT_REVOKE_OP=${op}"
+    PASS_REGULAR_EXPRESSION "${pass}"
+    FAIL_REGULAR_EXPRESSION "REVOKE-FAIL"
+    TIMEOUT 90
+    PROCESSORS 2
+    LABELS "${labels}")
+endfunction()
 
-# The fault matrix (label verdicts_matrix, which scripts/test leaves out: ~3
-# min): kill and stop x every other operation of the loop x shm, tcp,
-# vnodes2. The entries above are its allreduce row, run by CI. Its result
-# is in docs/testing.md ("The fault matrix").
 foreach(config shm tcp vnodes2)
-  weft_mpi_config_env(${config} config_env)
+  foreach(case revoke exclude kill stop)
+    weft_add_revoke_entry(revoke_${case}_np4_${config} ${case} allreduce ${config} verdicts)
+  endforeach()
+  # The fault matrix (label verdicts_matrix, which scripts/test leaves out:
+  # ~3 min): kill and stop x every other operation of the loop. The kill
+  # and stop entries above are its allreduce row, run by CI. Its result is
+  # in docs/testing.md ("The fault matrix").
   foreach(case kill stop)
     foreach(op iallreduce allgather bcast reduce alltoall barrier p2p)
-      set(test_name verdicts_${case}_${op}_np4_${config})
-      add_test(NAME ${test_name}
-        COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4 ${WEFT_MPIEXEC_FLAGS}
-                --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
-                ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_revoke> ${MPIEXEC_POSTFLAGS})
-      set_tests_properties(${test_name} PROPERTIES
-        ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=5;WEFT_REVOKE_CASE=${case};WEFT_REVOKE_OP=${op}"
-        PASS_REGULAR_EXPRESSION "REVOKE-ALL-OK 3 ranks"
-        FAIL_REGULAR_EXPRESSION "REVOKE-FAIL"
-        TIMEOUT 90
-        PROCESSORS 2
-        LABELS "mpi;verdicts_matrix;faults;np4;${config}")
+      weft_add_revoke_entry(verdicts_${case}_${op}_np4_${config} ${case} ${op} ${config} verdicts_matrix)
     endforeach()
   endforeach()
 endforeach()

@@ -531,6 +531,8 @@ NCCL_API(ncclResult_t, ncclCommInitAll, ncclComm_t *comms, int ndev, const int *
     return ncclSuccess;
 }
 
+static ncclResult_t derived_init(struct ncclComm *comm, struct ncclComm *c, ncclComm_t *newcomm, const char *fn);
+
 NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclComm_t *newcomm,
          ncclConfig_t *config)
 {
@@ -551,18 +553,26 @@ NCCL_API(ncclResult_t, ncclCommSplit, ncclComm_t comm, int color, int key, ncclC
         return rc;
     }
     c->init_kind = 1;
-    c->split_parent = comm;
     c->split_color = color < 0 ? WEFT_SPLIT_NONE : color;
     c->split_key = key;
+    /* A rank that joins no comm still takes part; inside a group it gets
+     * NULL now and the group's end frees what it ran on. */
+    c->free_after_init = color < 0;
+    return derived_init(comm, c, newcomm, fn);
+}
+
+/* A comm made from comm (split, shrink): collective over the parent, so
+ * inside a group several of them by one thread (a rank per device) run
+ * side by side at the group's end; else now. c is the shell, filled but
+ * for its place among the parent's derived comms; freed on failure. */
+static ncclResult_t derived_init(struct ncclComm *comm, struct ncclComm *c, ncclComm_t *newcomm, const char *fn)
+{
+    ncclResult_t rc;
+    c->split_parent = comm;
     pthread_mutex_lock(&comm->mu);
-    c->split_seq = comm->nsplits++;
+    c->split_seq = comm->nsplits++;   /* names the new comm's clique */
     pthread_mutex_unlock(&comm->mu);
     if (nccl_group_depth() > 0) {
-        /* Split is collective over the parent: several splits by one thread
-         * (a rank per device) must run side by side, at the group's end.
-         * A rank that joins no comm still takes part; it gets NULL now and
-         * the group's end frees what it ran on. */
-        c->free_after_init = color < 0;
         if ((rc = nccl_group_defer_init(c, fn)) != ncclSuccess) {
             nccl_shell_free(c);
             return rc;
@@ -644,27 +654,9 @@ NCCL_API(ncclResult_t, ncclCommShrink, ncclComm_t comm, int *excludeRanksList, i
     }
     c->nshrink_exclude = excludeRanksCount;
     c->init_kind = 2;
-    c->split_parent = comm;
     c->split_color = 0;
     c->split_key = 0;
-    pthread_mutex_lock(&comm->mu);
-    c->split_seq = comm->nsplits++;   /* names the new comm's clique, as a split's */
-    pthread_mutex_unlock(&comm->mu);
-    if (nccl_group_depth() > 0) {
-        if ((rc = nccl_group_defer_init(c, fn)) != ncclSuccess) {
-            nccl_shell_free(c);
-            return rc;
-        }
-        *newcomm = c;
-        return ncclSuccess;
-    }
-    nccl_comm_run_init(c);
-    if ((rc = init_result(c, fn)) != ncclSuccess) {
-        nccl_shell_free(c);
-        return rc;
-    }
-    *newcomm = c;
-    return ncclSuccess;
+    return derived_init(comm, c, newcomm, fn);
 }
 
 /* Waits for a pending init thread (bounded by weft's own WEFT_TIMEOUT). */
