@@ -390,6 +390,22 @@ int weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, do
     }
     if (p->fault_rank < 0 && now < r->grace_until)
         return 0;
+    if (p->fault_rank >= 0 && r->type == WEFT_REQ_SEND && r->state == WEFT_REQ_POSTED) {
+        /* Announced to a live peer, unanswered, while another rank failed:
+         * the peer's call fails over that rank too, and then refuses this
+         * lane, answering the announcement (a refusing FIN) -- usually
+         * within milliseconds, but the clocks of both can run out at the
+         * same time. Breaking the pipe now would cut two live ranks apart
+         * (a shrink would then leave one of them out); it breaks only if
+         * the peer stays silent for another WEFT_TIMEOUT. */
+        double t = weft_timeout_setting(&p->core->cfg);
+        if (r->fault_grace_until == 0 && t > 0) {
+            r->fault_grace_until = now + t;
+            return 0;
+        }
+        if (now < r->fault_grace_until)
+            return 0;
+    }
     if (p->fault_rank >= 0) {
         code = p->fault_code;
         weft_set_error(p->core, code, "%s: %s peer %d tag %d (%zu B over %s) made no progress for %.1f s (peer "

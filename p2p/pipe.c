@@ -824,6 +824,8 @@ static void on_message(struct weft_peer_pipe *p, const struct weft_wire_hdr *m, 
         return;
     }
     p->recv_seq++;
+    if (m->flags & WEFT_WIRE_F_WITHDRAWN)
+        return;   /* a send withdrawn before it went (weft_pipe_cancel): its place in the sequence only */
     if (m->type == WEFT_WIRE_EAGER && len != m->bytes) {
         protocol_error(p, "eager message says %llu bytes, carries %llu", (unsigned long long)m->bytes,
                        (unsigned long long)len);
@@ -1068,6 +1070,28 @@ int weft_pipe_cancel(struct weft_request *r, int err)
         weft_list_del(&r->link);
         weft_pipe_complete(r, err);
         return 1;
+    }
+    if (r->type == WEFT_REQ_SEND && r->state == WEFT_REQ_QUEUED && r->pipe != NULL) {
+        /* Still in the outbound queue (no room, or no credit from the
+         * peer): nothing of it went out. It becomes an empty placeholder
+         * that keeps the pipe's sequence, which the receiver drops
+         * unmatched (WEFT_WIRE_F_WITHDRAWN), and the request completes now:
+         * a send stuck behind a live peer's flow control no longer breaks
+         * the pipe between two live ranks when its call gives up. */
+        struct weft_peer_pipe *p = r->pipe;
+        weft_queue_for_each(q, &p->out) {
+            struct weft_outbound *o = weft_container_of(q, struct weft_outbound, qn);
+            if (o->req != r)
+                continue;
+            o->req = NULL;
+            memset(&o->hdr, 0, sizeof(o->hdr));
+            o->hdr.type = WEFT_WIRE_EAGER;
+            o->hdr.flags = WEFT_WIRE_F_WITHDRAWN;
+            o->hdr.tag = r->tag;
+            o->hdr.seq = r->seq;
+            weft_pipe_complete(r, err);
+            return 1;
+        }
     }
     /* A send whose RTS is out stays: the receiver answers it (CTS, or a
      * refusing FIN from a lane that refuses: weft_pipe_lane_refuse), or

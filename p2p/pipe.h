@@ -113,8 +113,10 @@ int  weft_pipe_irecv_signal(struct weft_peer_pipe *p, void *buf, size_t bytes, i
                             uint32_t slot, uint32_t value, struct weft_request **out);
 
 /* Completes r with err without breaking the pipe when that is safe: a
- * receive not matched yet. 1: done; 0: r is bound to the peer (a send
- * announced or moving, a receive moving data) and cannot be withdrawn. */
+ * receive not matched yet, or a send still in the outbound queue (it
+ * leaves a placeholder that keeps the sequence). 1: done; 0: r is bound to
+ * the peer (a send announced or moving, a receive moving data) and cannot
+ * be withdrawn. */
 int  weft_pipe_cancel(struct weft_request *r, int err);
 
 /* A failed collective gives up its lanes: what waits unexpected on lane

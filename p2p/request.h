@@ -57,6 +57,8 @@ struct weft_request {
     uint64_t             activity; /* the pipe's activity count when last seen (per-request timeout) */
     double               idle_since; /* when that count last changed; 0 = not watched yet */
     double               grace_until; /* stuck with a live peer: fails after this (p2p/health.c) */
+    double               fault_grace_until; /* an announced send to a live peer while another rank failed:
+                                              its pipe breaks only after this (p2p/health.c) */
     double               asked_at; /* a stalled collective receive: when its peer was last asked
                                       what it is doing (COLL_ASK), 0 = never */
     struct weft_p2p_check check;   /* collective fingerprint: sent, or expected; a mismatched

@@ -74,6 +74,8 @@ enum weft_wire_notice {
 #define WEFT_WIRE_F_CHECK   0x04  /* EAGER/RTS: a collective fingerprint follows the header */
 #define WEFT_WIRE_F_SIGNALED 0x08 /* FIN with TO_RECV: the sender's GPU wrote the receive's signal slot */
 #define WEFT_WIRE_F_REDO    0x10  /* RTS: the same message again, for the receive rreq names (p2p/rndv.c) */
+#define WEFT_WIRE_F_WITHDRAWN 0x20 /* EAGER of 0 bytes: a send withdrawn before it went (weft_pipe_cancel);
+                                    * it keeps the sequence, the receiver drops it unmatched and uncharged */
 
 struct weft_wire_small {
     uint8_t  type;        /* WEFT_WIRE_EAGER_SMALL */
