@@ -203,7 +203,8 @@ int weft_comm_shrink_all(struct weft_comm *c, const int *exclude, int nexclude, 
     a.me = me;
     a.attempt = ++c->shrinks;
     a.setb = ((size_t)n + 7) / 8;
-    a.msgb = sizeof(struct shrink_hdr) + a.setb;
+    /* Rounded up: each rank's message sits at in + j * msgb, read as a header. */
+    a.msgb = (sizeof(struct shrink_hdr) + a.setb + 7) & ~(size_t)7;
     a.out = calloc(1, a.msgb);
     a.in = calloc((size_t)n, a.msgb);
     a.next = calloc(1, a.setb);
