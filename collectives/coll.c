@@ -307,7 +307,7 @@ int weft_coll_run(struct weft_coll *cc, const struct weft_coll_args *a)
     /* The number this call takes (collectives on a comm are called one
      * at a time: no other call takes one meanwhile). */
     uint32_t seq = __atomic_load_n(&cc->seq, __ATOMIC_RELAXED);
-    weft_journal_start(cc->journal, seq, a, 0);
+    weft_journal_start(cc->journal, seq, a->kind, a->root, a->dtype, a->op, (uint64_t)a->count, 0);
     int rc = coll_run(cc, a);
     weft_journal_end(cc->journal, seq, rc);
     if (rc != WEFT_SUCCESS && cc->core->cfg.trace_dir[0])

@@ -238,7 +238,7 @@ int weft_coll_istart(struct weft_coll *cc, const struct weft_coll_args *a, weft_
         nb->op = op;
         nb->seq = op->seq;
         if (cc->journal)
-            weft_journal_start(cc->journal, op->seq, a, 1);
+            weft_journal_start(cc->journal, op->seq, a->kind, a->root, a->dtype, a->op, (uint64_t)a->count, 1);
         pthread_mutex_lock(&cc->nb_lock);
         nb->next = cc->nb_head;
         if (cc->nb_head)

@@ -7,13 +7,16 @@
  *    "reason":"error","wall_ms":...,"now_us":5123000,"next_call":18,
  *    "last_error":"rank 2: ..."}
  *   {"call":17,"what":"allreduce(262144 x int32, sum)","nb":0,
- *    "state":"done","start_us":5100000,"end_us":5101000,"rc":0}
+ *    "state":"done","start_us":5100000,"rc":0,"error":"success"}
  * Times are microseconds of a coarse clock (a few ms steps) from the
- * comm's creation; next_call is the number the next collective will take.
+ * comm's creation; a failed or refused call also has end_us (one that
+ * succeeded reads no clock at its end); next_call is the number the next
+ * collective will take.
  */
 #include "journal.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +32,7 @@
 
 static unsigned g_ordinal;   /* comms with a journal made by this process (atomic) */
 
-static int64_t coarse_us(void)
+int64_t weft_journal_now_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
@@ -40,58 +43,33 @@ void weft_journal_init(struct weft_journal *j)
 {
     struct timeval tv;
     gettimeofday(&tv, NULL);
-    j->t0_us = coarse_us();
+    j->t0_us = weft_journal_now_us();
     j->wall0_ms = (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
     j->ordinal = __atomic_fetch_add(&g_ordinal, 1u, __ATOMIC_RELAXED);
 }
 
-#define ST(field, v) __atomic_store_n(&(field), (v), __ATOMIC_RELAXED)
-#define LD(field) __atomic_load_n(&(field), __ATOMIC_RELAXED)
-
-void weft_journal_start(struct weft_journal *j, uint32_t seq, const struct weft_coll_args *a, int nb)
+void weft_journal_failed(struct weft_journal *j, uint32_t seq, int rc)
 {
     struct weft_journal_entry *e = &j->e[seq % WEFT_JOURNAL_LEN];
-    __atomic_store_n(&e->state, JOURNAL_EMPTY, __ATOMIC_RELEASE);
-    ST(e->seq, seq);
-    ST(e->kind, a->kind);
-    ST(e->root, a->root);
-    ST(e->dtype, a->dtype);
-    ST(e->op, a->op);
-    ST(e->nb, nb);
-    ST(e->count, (uint64_t)a->count);
-    ST(e->rc, 0);
-    ST(e->t_start_us, coarse_us() - j->t0_us);
-    ST(e->t_end_us, (int64_t)0);
-    __atomic_store_n(&e->state, JOURNAL_STARTED, __ATOMIC_RELEASE);
-}
-
-void weft_journal_end(struct weft_journal *j, uint32_t seq, int rc)
-{
-    struct weft_journal_entry *e = &j->e[seq % WEFT_JOURNAL_LEN];
-    if (LD(e->seq) != seq || __atomic_load_n(&e->state, __ATOMIC_ACQUIRE) != JOURNAL_STARTED)
+    if (__atomic_load_n(&e->tag, __ATOMIC_RELAXED) != ((uint64_t)seq << 8 | JOURNAL_STARTED))
         return;
-    ST(e->rc, rc);
-    ST(e->t_end_us, coarse_us() - j->t0_us);
-    __atomic_store_n(&e->state, rc == 0 ? JOURNAL_DONE : JOURNAL_FAILED, __ATOMIC_RELEASE);
+    __atomic_store_n(&e->rc, rc, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->t_end_us, weft_journal_now_us() - j->t0_us, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->tag, (uint64_t)seq << 8 | JOURNAL_FAILED, __ATOMIC_RELEASE);
 }
 
 void weft_journal_refused(struct weft_journal *j, uint32_t seq, const char *fn)
 {
     struct weft_journal_entry *e = &j->e[seq % WEFT_JOURNAL_LEN];
-    int64_t t = coarse_us() - j->t0_us;
-    __atomic_store_n(&e->state, JOURNAL_EMPTY, __ATOMIC_RELEASE);
-    ST(e->seq, seq);
-    ST(e->kind, 0);
-    ST(e->fn, fn);
-    ST(e->root, -1);
-    ST(e->dtype, -1);
-    ST(e->op, -1);
-    ST(e->nb, 0);
-    ST(e->count, (uint64_t)0);
-    ST(e->rc, WEFT_ERR_INVALID_ARG);
-    ST(e->t_start_us, t);
-    ST(e->t_end_us, t);
-    __atomic_store_n(&e->state, JOURNAL_REFUSED, __ATOMIC_RELEASE);
+    int64_t t = weft_journal_now_us() - j->t0_us;
+    __atomic_store_n(&e->tag, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&e->shape, (uint64_t)0xffff00u | (uint64_t)UINT32_MAX << 32, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->count, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->fn, fn, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->rc, WEFT_ERR_INVALID_ARG, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->t_start_us, t, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->t_end_us, t, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->tag, (uint64_t)seq << 8 | JOURNAL_REFUSED, __ATOMIC_RELEASE);
 }
 
 /* s as a JSON string body (quotes, backslashes, control characters escaped). */
@@ -110,19 +88,54 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* An entry as read by a dump. */
+struct seen {
+    uint32_t    seq;
+    int         state, kind, dtype, op, nb, root, rc;
+    uint64_t    count;
+    int64_t     t_start_us, t_end_us;
+    const char *fn;
+};
+
 static int by_seq(const void *x, const void *y)
 {
-    const struct weft_journal_entry *a = x, *b = y;
+    const struct seen *a = x, *b = y;
     int32_t d = (int32_t)(a->seq - b->seq);
     return (d > 0) - (d < 0);
 }
 
 static const char *const state_name[] = { "empty", "started", "done", "failed", "refused" };
 
+/* Reads entry s into d: 1, or 0 when it is empty or changed meanwhile
+ * (a call on another thread wrote it: it is newer than this dump). */
+static int read_entry(const struct weft_journal_entry *s, struct seen *d)
+{
+    uint64_t tag = __atomic_load_n(&s->tag, __ATOMIC_ACQUIRE);
+    if ((tag & 0xff) == JOURNAL_EMPTY)
+        return 0;
+    uint64_t shape = __atomic_load_n(&s->shape, __ATOMIC_RELAXED);
+    d->count = __atomic_load_n(&s->count, __ATOMIC_RELAXED);
+    d->t_start_us = __atomic_load_n(&s->t_start_us, __ATOMIC_RELAXED);
+    d->t_end_us = __atomic_load_n(&s->t_end_us, __ATOMIC_RELAXED);
+    d->rc = __atomic_load_n(&s->rc, __ATOMIC_RELAXED);
+    d->fn = __atomic_load_n(&s->fn, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    if (__atomic_load_n(&s->tag, __ATOMIC_RELAXED) != tag)
+        return 0;
+    d->seq = (uint32_t)(tag >> 8);
+    d->state = (int)(tag & 0xff);
+    d->kind = (int)(shape & 0xff);
+    d->dtype = (shape >> 8 & 0xff) == 0xff ? -1 : (int)(shape >> 8 & 0xff);
+    d->op = (shape >> 16 & 0xff) == 0xff ? -1 : (int)(shape >> 16 & 0xff);
+    d->nb = (int)(shape >> 24 & 1);
+    d->root = (int)(int32_t)(uint32_t)(shape >> 32);
+    return d->state <= JOURNAL_REFUSED;
+}
+
 static void write_all(FILE *f, struct weft_coll *cc, const char *reason)
 {
     struct weft_journal *j = cc->journal;
-    struct weft_journal_entry *copy = malloc(sizeof j->e);
+    struct seen *copy = malloc(WEFT_JOURNAL_LEN * sizeof *copy);
     struct weft_error e;
     struct timeval tv;
     char host[256] = "?", last[1100];
@@ -142,33 +155,16 @@ static void write_all(FILE *f, struct weft_coll *cc, const char *reason)
     json_str(f, reason);
     fprintf(f, ",\"wall_ms\":%lld,\"wall0_ms\":%lld,\"now_us\":%lld,\"next_call\":%u,\"last_error\":",
             (long long)tv.tv_sec * 1000 + tv.tv_usec / 1000, (long long)j->wall0_ms,
-            (long long)(coarse_us() - j->t0_us), __atomic_load_n(&cc->seq, __ATOMIC_RELAXED));
+            (long long)(weft_journal_now_us() - j->t0_us), __atomic_load_n(&cc->seq, __ATOMIC_RELAXED));
     json_str(f, last);
     fputs("}\n", f);
     if (copy == NULL)
         return;
-    for (size_t i = 0; i < WEFT_JOURNAL_LEN; i++) {
-        struct weft_journal_entry *s = &j->e[i];
-        int state = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
-        if (state == JOURNAL_EMPTY)
-            continue;
-        struct weft_journal_entry *d = &copy[n++];
-        d->seq = LD(s->seq);
-        d->kind = LD(s->kind);
-        d->root = LD(s->root);
-        d->dtype = LD(s->dtype);
-        d->op = LD(s->op);
-        d->nb = LD(s->nb);
-        d->count = LD(s->count);
-        d->rc = LD(s->rc);
-        d->t_start_us = LD(s->t_start_us);
-        d->t_end_us = LD(s->t_end_us);
-        d->fn = LD(s->fn);
-        d->state = state;
-    }
+    for (size_t i = 0; i < WEFT_JOURNAL_LEN; i++)
+        n += (size_t)read_entry(&j->e[i], &copy[n]);
     qsort(copy, n, sizeof *copy, by_seq);
     for (size_t i = 0; i < n; i++) {
-        const struct weft_journal_entry *d = &copy[i];
+        const struct seen *d = &copy[i];
         struct weft_coll_sig sig = { d->kind, d->root, d->count, d->dtype, d->op };
         char what[96];
         if (d->state == JOURNAL_REFUSED)
@@ -179,9 +175,12 @@ static void write_all(FILE *f, struct weft_coll *cc, const char *reason)
         json_str(f, what);
         fprintf(f, ",\"nb\":%d,\"state\":\"%s\",\"start_us\":%lld", d->nb, state_name[d->state],
                 (long long)d->t_start_us);
+        /* A call that succeeded reads no clock at its end: no end time. */
+        if (d->state == JOURNAL_FAILED || d->state == JOURNAL_REFUSED)
+            fprintf(f, ",\"end_us\":%lld", (long long)d->t_end_us);
         if (d->state != JOURNAL_STARTED)
-            fprintf(f, ",\"end_us\":%lld,\"rc\":%d,\"error\":\"%s\"", (long long)d->t_end_us, d->rc,
-                    weft_err_str(d->rc));
+            fprintf(f, ",\"rc\":%d,\"error\":\"%s\"", d->state == JOURNAL_DONE ? 0 : d->rc,
+                    weft_err_str(d->state == JOURNAL_DONE ? 0 : d->rc));
         fputs("}\n", f);
     }
     free(copy);
