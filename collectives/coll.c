@@ -287,6 +287,13 @@ void weft_coll_refused(struct weft_coll *cc, const char *fn)
         weft_journal_refused(cc->journal, seq, fn);
     coll_node_refused(cc, seq);
     weft_p2p_coll_failed(cc->p2p, seq, WEFT_ERR_MISMATCH, text);
+    /* A peer that made this call may have announced a large send to this
+     * rank, which no receive here will ever take: the call's lanes refuse
+     * it (the sender's request completes with the refusal), and one pass
+     * answers what arrived already -- the caller may not call into weft
+     * again for a while. What arrives later is answered at the next pass. */
+    weft_p2p_refuse_call(cc->p2p, weft_tag_coll, seq, WEFT_TAG_COLL_PHASES, WEFT_ERR_MISMATCH);
+    (void)weft_p2p_poll_health(cc->p2p);
 }
 
 static int coll_run(struct weft_coll *cc, const struct weft_coll_args *a)

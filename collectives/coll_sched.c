@@ -187,6 +187,9 @@ static void op_withdraw(struct weft_coll_op *op, int err)
     for (size_t i = 0; i < op->nsteps; i++)
         if (op->steps[i].kind == WEFT_SCHED_RECV)
             weft_p2p_refuse_lane(op->p2p, op->steps[i].peer, op->tag(op->seq, op->steps[i].phase), err);
+    /* One pass answers the announcements already here: the caller may
+     * not call into weft again for a while after its call failed. */
+    (void)weft_p2p_poll_health(op->p2p);
 }
 
 /* The op cannot go on because of something decided elsewhere (a rank
@@ -517,6 +520,13 @@ int weft_coll_op_wait(struct weft_coll_op *op)
         }
         struct weft_sched_step *s = &op->steps[t];
         struct weft_request *r = s->req;
+        /* An op that failed already (a peer refused this call, say) waits
+         * only for what is bound to a peer; its verdict stays the last
+         * error, whatever those requests' own timeouts say. */
+        const int failed = op->err != WEFT_SUCCESS;
+        struct weft_error verdict;
+        if (failed)
+            weft_error_get(op->core, &verdict);
         int wrc = weft_p2p_wait_done_until(r, op->what, &op->epoch);
         if (wrc == WEFT_P2P_FAULT) {
             op_check_fault(op);
@@ -532,6 +542,8 @@ int weft_coll_op_wait(struct weft_coll_op *op)
             s->state = STEP_DONE;
             op_fail(op, rc2 != WEFT_SUCCESS ? rc2 : wrc, s, done_verb(s), st.bytes);
         }
+        if (failed)
+            weft_error_put(op->core, &verdict);
     }
     rc = op->err;
     op_free(op);

@@ -20,12 +20,14 @@ function(weft_add_revoke_entry name case op config labels)
     set(pass "REVOKE-ALL-OK 4 ranks")
   elseif(case STREQUAL "exclude" OR case STREQUAL "kill" OR case STREQUAL "stop")
     set(pass "REVOKE-ALL-OK 3 ranks")
+  else()   # skip, argerr: rank 2 lives and is kept
+    set(pass "REVOKE-ALL-OK 4 ranks")
   endif()
   add_test(NAME ${name}
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${WEFT_MPIEXEC_FLAGS}
             --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
             ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_revoke> ${MPIEXEC_POSTFLAGS})
-  if(case STREQUAL "stop")
+  if(case STREQUAL "stop" OR case STREQUAL "skip")
     list(APPEND labels sleepy)   # most of it is waiting out WEFT_TIMEOUT with the CPUs idle
   endif()
   list(APPEND labels mpi faults np4 ${config})
@@ -47,9 +49,19 @@ foreach(config shm tcp vnodes2)
   # and stop entries above are its allreduce row, run by CI. Its result is
   # in docs/testing.md ("The fault matrix").
   foreach(case kill stop)
-    foreach(op iallreduce allgather bcast reduce alltoall barrier p2p)
+    foreach(op iallreduce allgather bcast reduce alltoall barrier p2p split)
       weft_add_revoke_entry(verdicts_${case}_${op}_np4_${config} ${case} ${op} ${config} verdicts_matrix)
     endforeach()
+  endforeach()
+  # A live rank that skips the call, or refuses it by its own argument
+  # check. Not p2p: a ring's other pairs complete, so the rank two hops
+  # away goes on into a next round nobody joins (not a verdict on rank 2).
+  # The barrier has no argument to refuse.
+  foreach(op allreduce iallreduce allgather bcast reduce alltoall barrier split)
+    weft_add_revoke_entry(verdicts_skip_${op}_np4_${config} skip ${op} ${config} verdicts_matrix)
+    if(NOT op STREQUAL "barrier")
+      weft_add_revoke_entry(verdicts_argerr_${op}_np4_${config} argerr ${op} ${config} verdicts_matrix)
+    endif()
   endforeach()
 endforeach()
 

@@ -18,13 +18,22 @@
  *         their 3-rank comm without waiting WEFT_TIMEOUT for rank 3.
  * kill    Rank 2 SIGKILLs itself before its 6th allreduce of a loop.
  * stop    Rank 2 SIGSTOPs itself there (rank 0 SIGKILLs it at the end).
+ * skip    Rank 2 lives but skips that call (it waits in MPI_Barrier).
+ * argerr  Rank 2 makes that call with an argument its own check refuses
+ *         (an unknown dtype, a NULL buffer, a root out of range, a NULL
+ *         newcomm): it gets WEFT_ERR_INVALID_ARG at once.
  *         WEFT_REVOKE_OP picks the loop's operation (default allreduce;
  *         iallreduce, allgather, bcast, reduce, alltoall, barrier, p2p:
- *         a ring of sends and receives): the matrix of revoke.cmake.
- *         The survivors' allreduce must fail naming rank 2; each then calls
- *         weft_comm_shrink and must get a comm of 3 ranks -- old ranks 0, 1
- *         and 3, now 0, 1, 2 -- whose allreduce is exact; the time from the
- *         failed call to the new comm is printed.
+ *         a ring of sends and receives; split: weft_comm_split and the new
+ *         comm's destroy): the matrix of revoke.cmake.
+ *         Every other rank's call must fail naming rank 2 within
+ *         WEFT_TIMEOUT + 2 s of the fault. Then each calls weft_comm_shrink:
+ *         after kill and stop it must give a comm of 3 ranks -- old ranks 0,
+ *         1 and 3, now 0, 1, 2 -- after skip and argerr (rank 2 lives and
+ *         calls the shrink too) one of all 4; its allreduce must be exact.
+ *         After argerr the old comm must first still work: the refused call
+ *         took its number on every rank, so an allreduce on it is exact.
+ *         The time from the failed call to the new comm is printed.
  * Every rank judges itself; the new comm's rank 0 prints REVOKE-ALL-OK once
  * the new comm's allreduce of every rank's verdict says all passed (in the
  * kill/stop cases MPI_Finalize would wait for the dead rank: _exit). Any
@@ -35,6 +44,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -94,15 +104,17 @@ bool allreduce_exact(weft_comm_t *c, const std::vector<int> &old_ranks, int mine
     std::vector<int32_t> in(count, mine + 1), out(count, -1);
     int rc = weft_allreduce(c, in.data(), out.data(), count, WEFT_INT32, WEFT_SUM);
     if (rc != WEFT_SUCCESS) {
-        std::printf("rank %d: allreduce on the new comm: %s\n", g_rank, last(c).c_str());
+        std::printf("rank %d: allreduce_exact: %s\n", g_rank, last(c).c_str());
         return false;
     }
     int32_t want = 0;
     for (int r : old_ranks)
         want += r + 1;
     for (size_t i = 0; i < count; i++)
-        if (out[i] != want)
+        if (out[i] != want) {
+            std::printf("rank %d: allreduce_exact: element %zu is %d, not %d\n", g_rank, i, (int)out[i], (int)want);
             return false;
+        }
     return true;
 }
 
@@ -264,6 +276,11 @@ int one_op(weft_comm_t *c, const std::string &op, int rank, int size, std::vecto
         return weft_alltoall(c, in.data(), out.data(), n / size * sizeof(int32_t));
     if (op == "barrier")
         return weft_barrier(c);
+    if (op == "split") {   /* a comm creation, and the new comm's destroy */
+        weft_comm_t *nc = nullptr;
+        int rc = weft_comm_split(c, 0, rank, &nc);
+        return rc != WEFT_SUCCESS ? rc : weft_comm_destroy(nc);
+    }
     if (op == "p2p") {   /* to rank + 1, from rank - 1 */
         weft_request_t *r[2] = {nullptr, nullptr};
         int rc = weft_irecv(c, out.data(), n * sizeof(int32_t), (rank + size - 1) % size, 9, &r[0]);
@@ -272,32 +289,96 @@ int one_op(weft_comm_t *c, const std::string &op, int rank, int size, std::vecto
         int w = weft_waitall(r[1] ? 2 : 1, r, nullptr);
         return rc != WEFT_SUCCESS ? rc : w;
     }
-    fail("WEFT_REVOKE_OP=" + op + ": allreduce, iallreduce, allgather, bcast, reduce, alltoall, barrier or p2p");
+    fail("WEFT_REVOKE_OP=" + op + ": allreduce, iallreduce, allgather, bcast, reduce, alltoall, barrier, split or p2p");
 }
 
-void case_fail(weft_comm_t *c, int rank, bool stop, const std::vector<int> &pids)
+/* The same operation as one_op, with an argument the caller's own check
+ * refuses before anything moves (fault argerr). The barrier has none. */
+int one_op_refused(weft_comm_t *c, const std::string &op, int size, std::vector<int32_t> &in,
+                   std::vector<int32_t> &out)
+{
+    const size_t n = in.size();
+    const weft_dtype_t bad_dtype = static_cast<weft_dtype_t>(97);
+    if (op == "allreduce")
+        return weft_allreduce(c, in.data(), out.data(), n, bad_dtype, WEFT_SUM);
+    if (op == "iallreduce") {
+        weft_request_t *req = nullptr;
+        return weft_iallreduce(c, in.data(), out.data(), n, bad_dtype, WEFT_SUM, &req);
+    }
+    if (op == "allgather")
+        return weft_allgather(c, in.data(), nullptr, n / size * sizeof(int32_t));
+    if (op == "bcast")
+        return weft_bcast(c, in.data(), n * sizeof(int32_t), -1);
+    if (op == "reduce")
+        return weft_reduce(c, in.data(), out.data(), n, WEFT_INT32, WEFT_SUM, size);
+    if (op == "alltoall")
+        return weft_alltoall(c, nullptr, out.data(), n / size * sizeof(int32_t));
+    if (op == "split")
+        return weft_comm_split(c, 0, 0, nullptr);
+    fail("WEFT_REVOKE_CASE=argerr: no refused form of WEFT_REVOKE_OP=" + op);
+}
+
+void case_fail(weft_comm_t *c, int rank, const std::string &fault, const std::vector<int> &pids)
 {
     const char *env_op = std::getenv("WEFT_REVOKE_OP");
     const std::string op = env_op ? env_op : "allreduce";
+    const bool dies = fault == "kill" || fault == "stop";
+    const int size = weft_comm_size(c);
     std::vector<int32_t> in(1 << 16, rank), out(1 << 16);
     int rc = WEFT_SUCCESS;
-    double t_fail = 0;
-    g_stage = "the loop the victim dies in";
+    double t_fail = 0, t_fault = 0, t_call = 0;
+    const char *env_timeout = std::getenv("WEFT_TIMEOUT");
+    const double limit = (env_timeout ? std::atof(env_timeout) : 60.0) + 2.0;
+    g_stage = "the loop the fault happens in";
     for (int i = 0; i < 1000 && rc == WEFT_SUCCESS; i++) {
         if (rank == kVictim && i == 5) {
             /* The wall clock (one host: the survivors' too), for the
              * fault-to-verdict times of docs/testing.md. */
             std::printf("REVOKE-FAULT t=%.6f\n", wall_s());
             std::fflush(stdout);
-            raise(stop ? SIGSTOP : SIGKILL);
+            t_fault = now_s();
+            if (dies)
+                raise(fault == "stop" ? SIGSTOP : SIGKILL);
+            if (fault == "skip")
+                break;
+            rc = one_op_refused(c, op, size, in, out);
+            check(rc == WEFT_ERR_INVALID_ARG, "the refused " + op + " returned " + std::to_string(rc) + " (" +
+                                                  last(c) + ")");
+            break;
         }
-        rc = one_op(c, op, rank, weft_comm_size(c), in, out);
+        t_call = now_s();
+        rc = one_op(c, op, rank, size, in, out);
         t_fail = now_s();
     }
-    std::printf("REVOKE-VERDICT rank %d t=%.6f\n", rank, wall_s());
-    check(rc != WEFT_SUCCESS, "the " + op + " loop never failed");
-    check(last(c).find("rank 2") != std::string::npos, "the failure does not name rank 2: " + last(c));
-    std::printf("rank %d: %s failed: %s\n", rank, op.c_str(), last(c).c_str());
+    if (rank != kVictim) {
+        std::printf("REVOKE-VERDICT rank %d t=%.6f\n", rank, wall_s());
+        check(rc != WEFT_SUCCESS, "the " + op + " loop never failed");
+        check(last(c).find("rank 2") != std::string::npos, "the failure does not name rank 2: " + last(c));
+        /* From the failed call's start: no later than from the fault. */
+        check(t_fail - t_call <= limit, "the failed " + op + " returned " + std::to_string(t_fail - t_call) +
+                                            " s after it started (WEFT_TIMEOUT + 2 s: " + std::to_string(limit) + ")");
+        std::printf("rank %d: %s failed: %s\n", rank, op.c_str(), last(c).c_str());
+    }
+    std::vector<int> expect;   /* the new comm's members, as old ranks */
+    for (int r = 0; r < size; r++)
+        if (r != kVictim || !dies)
+            expect.push_back(r);
+    if (!dies) {
+        /* Rank 2 lives: everyone out of the failed call before the next. */
+        g_stage = "MPI_Barrier after the fault";
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank == kVictim)
+            t_fail = t_fault;
+    }
+    if (fault == "argerr") {
+        /* The refused call took its number on rank 2 too: the old comm's
+         * next collective matches on every rank, and is exact. */
+        g_stage = "an allreduce on the old comm after the refused call";
+        check(allreduce_exact(c, expect, rank), "the old comm's allreduce after the refused call is not exact");
+        /* The shrink revokes the old comm: a rank out of this allreduce
+         * first would end a slower rank's part of it. */
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
 
     g_stage = "weft_comm_shrink";
     weft_comm_t *nc = nullptr;
@@ -305,20 +386,17 @@ void case_fail(weft_comm_t *c, int rank, bool stop, const std::vector<int> &pids
     check(rc == WEFT_SUCCESS && nc != nullptr, "weft_comm_shrink: " + last(c));
     std::printf("rank %d: weft_comm_shrink gave rank %d of %d, %.3f s after the failed call\n", rank,
                 weft_comm_rank(nc), weft_comm_size(nc), now_s() - t_fail);
-    const int size = weft_comm_size(c);
-    std::vector<int> survivors;
-    for (int r = 0; r < size; r++)
-        if (r != kVictim)
-            survivors.push_back(r);
-    check(weft_comm_size(nc) == size - 1 && weft_comm_rank(nc) == (rank < kVictim ? rank : rank - 1),
-          "the new comm's size or rank");
-    check(allreduce_exact(nc, survivors, rank), "the new comm's allreduce is not exact");
+    const int new_rank = static_cast<int>(std::find(expect.begin(), expect.end(), rank) - expect.begin());
+    check(weft_comm_size(nc) == (int)expect.size() && weft_comm_rank(nc) == new_rank,
+          "the new comm's size or rank: rank " + std::to_string(weft_comm_rank(nc)) + " of " +
+              std::to_string(weft_comm_size(nc)));
+    check(allreduce_exact(nc, expect, rank), "the new comm's allreduce is not exact");
     check(weft_barrier(c) == WEFT_ERR_REVOKED, "the old comm after the shrink: " + last(c));
     all_ok(nc);
     g_stage = "destroy";
-    weft_comm_destroy(c);   /* a rank failed: its code says so; it must only end */
+    weft_comm_destroy(c);   /* a rank may have failed: its code says so; it must only end */
     check(weft_comm_destroy(nc) == WEFT_SUCCESS, std::string("destroying the new comm: ") + weft_last_error());
-    if (stop && rank == 0)
+    if (fault == "stop" && rank == 0)
         kill(pids[kVictim], SIGKILL);
 }
 
@@ -333,8 +411,8 @@ int main(int argc, char **argv)
     g_rank = rank;
     const char *env = std::getenv("WEFT_REVOKE_CASE");
     const std::string which = env ? env : "revoke";
-    if (size != 4 && !(size > 4 && (which == "kill" || which == "stop")))
-        fail("needs 4 ranks (kill and stop: 4 or more, by hand)");
+    if (size != 4 && !(size > 4 && which != "revoke" && which != "exclude"))
+        fail("needs 4 ranks (kill, stop, skip, argerr: 4 or more, by hand)");
     std::vector<int> pids(size);
     int pid = (int)getpid();
     MPI_Allgather(&pid, 1, MPI_INT, pids.data(), 1, MPI_INT, MPI_COMM_WORLD);
@@ -351,9 +429,9 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 0;
     }
-    if (which != "kill" && which != "stop")
-        fail("WEFT_REVOKE_CASE=" + which + ": revoke, exclude, kill or stop");
-    case_fail(c, rank, which == "stop", pids);
+    if (which != "kill" && which != "stop" && which != "skip" && which != "argerr")
+        fail("WEFT_REVOKE_CASE=" + which + ": revoke, exclude, kill, stop, skip or argerr");
+    case_fail(c, rank, which, pids);
     std::fflush(stdout);
     _exit(0);   /* MPI_Finalize would wait for the dead rank */
 }

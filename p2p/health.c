@@ -521,6 +521,13 @@ void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr
         c->code = h->status > WEFT_SUCCESS && h->status <= WEFT_ERR_LAST ? h->status : WEFT_ERR_INTERNAL;
         c->from = pp->peer;
         snprintf(c->text, sizeof(c->text), "%s", t);
+        /* Passed on once to every other peer: the rank that decided it may
+         * have no link yet to some (pairs connect at their first message)
+         * and may not call into weft again for a while; a rank that has
+         * one still carries the news. */
+        for (int i = 0; i < p->size; i++)
+            if (i != pp->peer && !p->pipes[i].failed)
+                notice_send(p, i, WEFT_NOTICE_COLL_FAILED, (int)(int64_t)h->addr, c->code, c->seq, c->text);
         weft_p2p_fault_epoch_bump(p);   /* wakes collectives waiting on it */
         break;
     }
