@@ -294,6 +294,7 @@ void weft_coll_refused(struct weft_coll *cc, const char *fn)
      * again for a while. What arrives later is answered at the next pass. */
     weft_p2p_refuse_call(cc->p2p, weft_tag_coll, seq, WEFT_TAG_COLL_PHASES, WEFT_ERR_MISMATCH);
     (void)weft_p2p_poll_health(cc->p2p);
+    (void)weft_p2p_flush(cc->p2p, FAILURE_FLUSH_S);
 }
 
 static int coll_run(struct weft_coll *cc, const struct weft_coll_args *a)

@@ -21,6 +21,10 @@ enum { STEP_NEW = 0, STEP_ISSUED, STEP_DONE };
 
 static void op_withdraw(struct weft_coll_op *op, int err);
 
+/* How long a failed op waits for a live peer to answer an announcement
+ * (weft_coll_op_wait): a peer in weft answers within a progress pass. */
+#define LEAVE_S 0.5
+
 size_t weft_sched_add(struct weft_sched_build *b, int kind, int num, void *buf, const void *src, size_t bytes,
                       int peer, int phase, int dep, unsigned flags)
 {
@@ -71,7 +75,8 @@ static void op_fail(struct weft_coll_op *op, int err, const struct weft_sched_st
                              op->what, s->num, verb, bytes, s->peer, weft_err_str(err), cause);
     /* Decided here (a peer alive but not serving, a mismatch seen by the
      * sender): the other ranks' waits in this call end now too. A rank
-     * failure was announced by p2p already. */
+     * failure was announced by p2p already. (A verdict of the census,
+     * p2p/health.c, went out as this call's notice where it was made.) */
     if ((err == WEFT_ERR_TIMEOUT || err == WEFT_ERR_MISMATCH) && !weft_p2p_any_failed(op->p2p)) {
         char text[240], line[1024];
         weft_error_get(op->core, &last);
@@ -435,6 +440,8 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct 
     op->nsteps = n;
     op->next = 0;
     op->lo = 0;
+    op->left = 0;
+    op->leave_until = 0;
     op->scratch = host_scratch ? (char *)op + head : NULL;
     if (call->scratch_dev && call->scratch_bytes > 0) {
         if (call->prep && call->prep->scratch) {
@@ -520,13 +527,29 @@ int weft_coll_op_wait(struct weft_coll_op *op)
         }
         struct weft_sched_step *s = &op->steps[t];
         struct weft_request *r = s->req;
-        /* An op that failed already (a peer refused this call, say) waits
-         * only for what is bound to a peer; its verdict stays the last
-         * error, whatever those requests' own timeouts say. */
-        const int failed = op->err != WEFT_SUCCESS;
-        struct weft_error verdict;
-        if (failed)
+        if (op->err != WEFT_SUCCESS) {
+            /* An op that failed already (a peer refused this call, say)
+             * waits only for what is bound to a peer; its verdict stays the
+             * last error, whatever those requests' own timeouts say. An
+             * announced send its peer has not answered within LEAVE_S of the
+             * failure is left: the peer is not in weft on this comm (it is
+             * behind, or skipped this call) and cannot answer before it
+             * calls again -- which it may do only after this rank returns
+             * (an MPI_Barrier, say). The request stays with its pipe, and
+             * the op's memory with it (op->left). */
+            struct weft_error verdict;
             weft_error_get(op->core, &verdict);
+            if (op->leave_until == 0)
+                op->leave_until = weft_now() + LEAVE_S;   /* one grace per op, not per request */
+            double bound = op->leave_until - weft_now();
+            if (!weft_p2p_done(r) && !weft_p2p_wait_announced(r, bound > 0 ? bound : 0, op->what)) {
+                s->req = NULL;
+                s->state = STEP_DONE;
+                op->left++;
+            }
+            weft_error_put(op->core, &verdict);
+            continue;
+        }
         int wrc = weft_p2p_wait_done_until(r, op->what, &op->epoch);
         if (wrc == WEFT_P2P_FAULT) {
             op_check_fault(op);
@@ -542,11 +565,15 @@ int weft_coll_op_wait(struct weft_coll_op *op)
             s->state = STEP_DONE;
             op_fail(op, rc2 != WEFT_SUCCESS ? rc2 : wrc, s, done_verb(s), st.bytes);
         }
-        if (failed)
-            weft_error_put(op->core, &verdict);
     }
     rc = op->err;
-    op_free(op);
+    if (rc != WEFT_SUCCESS)
+        (void)weft_p2p_flush(op->p2p, FAILURE_FLUSH_S);   /* the notices out before the caller leaves weft */
+    if (op->left == 0)
+        op_free(op);
+    else   /* a request left to its pipe may still send from its scratch: freed with the comm (device
+            * scratch and staging, a GPU op's, are not returned: the comm's caches may be gone by then) */
+        weft_p2p_keep(op->p2p, op);
     return rc;
 }
 

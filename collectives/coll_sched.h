@@ -47,6 +47,12 @@ struct weft_request;
 
 enum weft_sched_kind { WEFT_SCHED_SEND = 1, WEFT_SCHED_RECV, WEFT_SCHED_COPY, WEFT_SCHED_REDUCE };
 
+/* How long a rank whose collective failed (or that refused one) keeps
+ * progressing, at most, to get the failure notices out before it returns
+ * (weft_p2p_flush): a rank that then waits outside weft (MPI_Barrier)
+ * would otherwise hold them until its next call. */
+#define FAILURE_FLUSH_S 0.1
+
 #define WEFT_SCHED_NODEP (-1)   /* issued as soon as its turn comes */
 #define WEFT_SCHED_FENCE (-2)   /* issued once every earlier step completed */
 
@@ -114,6 +120,9 @@ struct weft_coll_op {
     size_t                  next;    /* next step to issue */
     size_t                  lo;      /* every step before lo is complete */
     void                   *scratch; /* scratch_bytes, in the op's allocation */
+    int                     left;    /* requests left to their pipes after a failure: the op is
+                                        kept until the comm goes (they may still send from its scratch) */
+    double                  leave_until; /* after a failure: when unanswered announcements are left */
     struct weft_sched_step  steps[];
 };
 

@@ -10,7 +10,10 @@
  * calls), which writes their journals. Then rank 0 runs weft-trace on the
  * directory, before any destroy, and checks that it read 4 journals and
  * says exactly that rank 2 is behind: it never called the fourth allreduce,
- * which ranks 0, 1 and 3 called. The journals' own lines are checked too:
+ * which ranks 0, 1 and 3 called. Before that, each survivor's own error must
+ * name rank 2 as the rank not in the call (on the message path the census of
+ * agreed verdicts, p2p/health.c), within WEFT_TIMEOUT + 2 s.
+ * The journals' own lines are checked too:
  * rank 0's header says it was written at an error and names the timeout,
  * rank 2's that weft_comm_dump wrote it. Prints TRACE-OK or TRACE-FAIL.
  */
@@ -100,8 +103,19 @@ int main(int argc, char **argv)
         std::this_thread::sleep_for(std::chrono::milliseconds(3500));
         dog.join();
     } else {
+        auto t0 = std::chrono::steady_clock::now();
         int rc = weft_allreduce(c, in.data(), out.data(), in.size(), WEFT_INT32, WEFT_SUM);
+        double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         check(rc != WEFT_SUCCESS, "the fourth allreduce passed without rank 2");
+        /* Every survivor names rank 2 itself, not the live peer its own
+         * receive waited for: on the message path the census (p2p/health.c:
+         * rank 2 did not answer, it is outside weft), on the node-local
+         * path the segment's flags. Within WEFT_TIMEOUT (2 s) + 2 s. */
+        const std::string e = weft_comm_last_error(c);
+        std::printf("rank %d: the fourth allreduce failed after %.2f s: %s\n", rank, took, e.c_str());
+        check(e.find("rank 2 is not in it") != std::string::npos || e.find("rank 2 (alive") != std::string::npos,
+              "the failure does not name rank 2 as the one not in the call: " + e);
+        check(took <= 4.0, "the failure took " + std::to_string(took) + " s (WEFT_TIMEOUT=2, + 2 s)");
     }
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 0) {

@@ -69,6 +69,13 @@ struct weft_p2p {
      * stalled collective receive is told (NOTICE COLL_ASK/HEAD). */
     struct weft_p2p_check    coll_head;
     int                      coll_head_set;
+    /* The census of a stalled collective (p2p/health.c, agreed verdicts):
+     * the call asked about and when (census_at 0: none yet). */
+    uint32_t                 census_call;
+    double                   census_at;
+    /* Memory requests left to their pipes may still read (a failed
+     * collective's op: weft_p2p_keep), freed after the transports. */
+    struct weft_p2p_kept { struct weft_p2p_kept *next; void *mem; } *kept;
     weft_p2p_check_describe_fn describe_check;
 
     struct weft_engine      *engine;     /* who drives progress (p2p/engine.c) */

@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <time.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -368,6 +369,130 @@ static const char *req_verb(const struct weft_request *r)
     }
 }
 
+/* ---- agreed verdicts: the census of a stalled collective ----
+ *
+ * A collective's request that reached WEFT_TIMEOUT with its peer alive and
+ * no rank failed cannot tell whom to blame from its own pipe: its peer is
+ * often a live rank in the same call, itself waiting for the one that is
+ * behind. So the rank asks every other rank which collective it is in
+ * (NOTICE COLL_ASK: the notice path, no data lane), and judges their
+ * answers when the request's grace ends:
+ *
+ *   answer                          verdict
+ *   an older call, or none          it has not called this one (behind)
+ *   this call, another operation    the ranks called different operations
+ *   none within the grace           probed: died or stopped -> declared
+ *                                   failed as any failed rank; running ->
+ *                                   outside weft on this comm, so not in
+ *                                   this call either
+ *   this call or a later one, all   no rank is behind: the old message
+ *                                   (the peer is alive, did not serve it)
+ *
+ * Every waiting rank asks the same ranks and hears the same answers, and
+ * the first verdict also goes to every rank as the call's failure notice
+ * (census_decided), so the survivors all name the same ranks. */
+
+static void census_start(struct weft_p2p *p, uint32_t call, double now)
+{
+    if (p->census_at > 0 && p->census_call == call && now - p->census_at < GRACE_S)
+        return;   /* asked already, for another request of this call */
+    p->census_call = call;
+    p->census_at = now;
+    for (int i = 0; i < p->size; i++) {
+        struct weft_peer_pipe *pp = &p->pipes[i];
+        if (i == p->rank || pp->failed || pp->broken)
+            continue;
+        pp->asked_at = now;
+        notice_send(p, i, WEFT_NOTICE_COLL_ASK, p->rank, WEFT_SUCCESS, call, "");
+    }
+}
+
+static void append(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void append(char *out, size_t n, const char *fmt, ...)
+{
+    size_t used = strlen(out);
+    if (used + 1 >= n)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(out + used, n - used, fmt, ap);
+    va_end(ap);
+}
+
+/* At the end of r's grace, with its census asked: 0 when no rank is behind
+ * or elsewhere (the caller words the old timeout); a rank found dead or
+ * stopped is declared failed (p->fault_rank then says so, return 0);
+ * else 1 with *code and the verdict in out. Ranks outside weft come first
+ * (the likely cause: the others behind may wait for them), then ranks
+ * behind that answered, then ranks in the call with another operation --
+ * a notice carries only the first WEFT_WIRE_NOTICE_TEXT_MAX bytes. */
+static int census_judge(struct weft_p2p *p, const struct weft_request *r, double now, char *out, size_t n,
+                        int *code)
+{
+    const uint32_t call = weft_p2p_check_call(&r->check);
+    char mine[200], theirs[200], why[200];
+    int behind = 0, other = 0;
+
+    if (p->census_at <= 0 || p->census_call != call)
+        return 0;
+    describe_head(p, &r->check, mine, sizeof mine);
+    snprintf(out, n, "%s cannot complete:", mine);
+    for (int pass = 0; pass < 3; pass++)
+        for (int i = 0; i < p->size; i++) {
+            struct weft_peer_pipe *pp = &p->pipes[i];
+            if (i == p->rank || pp->failed || pp->broken)
+                continue;
+            const int answered = pp->head_state != 0 && pp->head_at >= p->census_at;
+            const char *sep = behind + other ? ";" : "";
+            if (!answered && pass == 0) {
+                int live = probe(p, i, now, why, sizeof why);
+                if (live != LIVE_ALIVE) {
+                    weft_health_declare(p, i, live == LIVE_DEAD ? WEFT_ERR_TRANSPORT : WEFT_ERR_TIMEOUT, why, 0);
+                    return 0;   /* a failed rank: its verdict, on every rank */
+                }
+                append(out, n, "%s rank %d is not in it (asked, it did not answer within %.1f s: %s; so it makes "
+                       "no weft call on this comm)", sep, i, now - p->census_at, why);
+                behind++;
+            } else if (answered && pass == 1 && pp->head_state == 2) {
+                append(out, n, "%s rank %d has not called it (asked, it has started no collective on this comm)",
+                       sep, i);
+                behind++;
+            } else if (answered && pass == 1 && pp->head_state == 1 &&
+                       (int32_t)(weft_p2p_check_call(&pp->head) - call) < 0) {
+                describe_head(p, &pp->head, theirs, sizeof theirs);
+                append(out, n, "%s rank %d has not called it (asked, its newest collective is %s)", sep, i, theirs);
+                behind++;
+            } else if (answered && pass == 2 && pp->head_state == 1 && weft_p2p_check_call(&pp->head) == call &&
+                       memcmp(&pp->head, &r->check, sizeof pp->head) != 0) {
+                describe_head(p, &pp->head, theirs, sizeof theirs);
+                append(out, n, "%s rank %d is in it with another operation, %s", sep, i, theirs);
+                other++;
+            }
+        }
+    if (behind + other == 0)
+        return 0;
+    *code = other && !behind ? WEFT_ERR_MISMATCH : WEFT_ERR_TIMEOUT;
+    return 1;
+}
+
+/* This rank's census decided that call cannot complete: the verdict is
+ * the call's failure note here (first word stands, as a peer's would) and
+ * goes to every rank; the fault epoch wakes the collective, which fails
+ * with it, withdraws, and leaves what only a rank outside weft could
+ * answer (collectives/coll_sched.c). */
+static void census_decided(struct weft_p2p *p, uint32_t call, int code, const char *verdict)
+{
+    struct weft_coll_note *c = &p->cnotes[call % WEFT_TAG_COLL_SLOTS];
+    if (c->from >= 0 && c->seq == call)
+        return;   /* a peer's word came first: it stands */
+    c->seq = call;
+    c->code = code;
+    c->from = p->rank;
+    snprintf(c->text, sizeof c->text, "%s", verdict);
+    weft_health_coll_failed(p, call, code, verdict);
+    weft_p2p_fault_epoch_bump(p);
+}
+
 int weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, double idle, const char *what)
 {
     struct weft_peer_pipe *pp = r->pipe;
@@ -386,10 +511,28 @@ int weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, do
     }
     if (p->fault_rank < 0 && r->grace_until == 0) {
         r->grace_until = now + GRACE_S;
+        if (r->checked)
+            census_start(p, weft_p2p_check_call(&r->check), now);
         return 0;
     }
     if (p->fault_rank < 0 && now < r->grace_until)
         return 0;
+    /* A collective's request, its call not yet known failed: the census
+     * names who is not in it. (Once it failed, the collective withdraws
+     * its requests; one still waited for -- data moving -- is judged as
+     * below.) */
+    if (p->fault_rank < 0 && r->checked && weft_health_coll_note(p, weft_p2p_check_call(&r->check)) == NULL) {
+        const uint32_t call = weft_p2p_check_call(&r->check);
+        char verdict[WEFT_WIRE_NOTICE_TEXT_MAX];
+        if (census_judge(p, r, now, verdict, sizeof verdict, &code)) {
+            WEFT_INFO(p->rank, "%s: %s; found when this rank's %s peer %d tag %d (%zu B over %s) made no progress "
+                      "for %.1f s", what, verdict, req_verb(r), peer, r->tag, r->bytes, weft_pipe_tp_name(pp), idle);
+            census_decided(p, call, code, verdict);
+            return 0;
+        }
+        if (p->fault_rank >= 0)
+            return 0;   /* the census found a rank dead or stopped: the next look words it */
+    }
     if (p->fault_rank >= 0 && r->type == WEFT_REQ_SEND && r->state == WEFT_REQ_POSTED) {
         /* Announced to a live peer, unanswered, while another rank failed:
          * the peer's call fails over that rank too, and then refuses this

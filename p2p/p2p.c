@@ -729,7 +729,10 @@ int weft_p2p_fault(struct weft_p2p *p, uint32_t coll_seq, char *why, size_t whyl
             snprintf(why, whylen, "%s", p->revoke_why);
     } else if (c != NULL) {
         code = c->code;
-        snprintf(why, whylen, "%s (reported by rank %d)", c->text, c->from);
+        if (c->from == p->rank)   /* this rank's own census decided it */
+            snprintf(why, whylen, "%s", c->text);
+        else
+            snprintf(why, whylen, "%s (reported by rank %d)", c->text, c->from);
     } else if (p->fault_rank >= 0) {
         code = p->fault_code;
         snprintf(why, whylen, "%s", p->fault_why);
@@ -857,6 +860,38 @@ int weft_p2p_wait(struct weft_request *r, weft_status_t *status)
     rc = finish(r, status);
     pthread_mutex_unlock(&p->lock);
     return rc;
+}
+
+int weft_p2p_wait_announced(struct weft_request *r, double bound_s, const char *what)
+{
+    struct weft_p2p *p = r->p2p;
+    int left = 0;
+
+    pthread_mutex_lock(&p->lock);
+    const double until = weft_now() + bound_s;
+    while (r->state != WEFT_REQ_DONE) {
+        if (r->type != WEFT_REQ_SEND || r->state != WEFT_REQ_POSTED || r->pipe->broken) {
+            /* Data moving, or not yet out: the usual wait (bounded by
+             * WEFT_TIMEOUT, which breaks its pipe). */
+            (void)weft_p2p_progress_wait(p, &r, 1, what);
+            break;
+        }
+        if (weft_p2p_progress(p) > 0)
+            continue;
+        double now = weft_now();
+        weft_health_tick(p, now);   /* a peer that dies meanwhile breaks its pipe: r completes */
+        if (r->state == WEFT_REQ_DONE || r->pipe->broken)
+            continue;
+        if (now >= until) {
+            left = 1;
+            break;
+        }
+        pthread_mutex_unlock(&p->lock);
+        weft_nap_us(500);
+        pthread_mutex_lock(&p->lock);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return !left;
 }
 
 int weft_p2p_wait_done(struct weft_request *r, const char *what)

@@ -177,6 +177,12 @@ void weft_p2p_abort(struct weft_p2p *p);
  * health (heartbeats; a dead peer's requests fail). Takes the lock.
  * Returns the number of events. */
 int  weft_p2p_poll_health(struct weft_p2p *p);
+/* Progress until nothing outbound is queued here (the pipes' queues, the
+ * transports' buffers: frames waiting for room, a connection still being
+ * made), at most bound_s. For a rank about to leave weft after a failure:
+ * the notices it sent or passed on reach the others now, not at its next
+ * call (over tcp a frame can wait for room or a connection). 1: flushed. */
+int  weft_p2p_flush(struct weft_p2p *p, double bound_s);
 
 /* The largest message on peer's pipe that goes eagerly on a library lane
  * (negative tag); fixed once the comm is connected. */
@@ -188,6 +194,17 @@ int  weft_p2p_done(const struct weft_request *r);
  * breaks: r completes with WEFT_ERR_TIMEOUT); does not free r. WEFT_SUCCESS
  * or WEFT_ERR_TIMEOUT. what names the caller in the timeout message. */
 int  weft_p2p_wait_done(struct weft_request *r, const char *what);
+/* A request of a collective that failed already, still bound to its peer:
+ * waits for it, an announced send (RTS out, unanswered) to a live peer at
+ * most bound_s. 1: r completed. 0: still unanswered -- the peer is outside
+ * weft on this comm (behind, or it skipped the call); the caller leaves r
+ * to its pipe, never frees it nor the memory it sends from (the peer
+ * answers when it next calls weft on the comm: a refusing FIN, as its same
+ * call fails on the failure notice; or a revoke's refusal). */
+int  weft_p2p_wait_announced(struct weft_request *r, double bound_s, const char *what);
+/* mem (malloc'd) is freed with the comm, after its transports: a request
+ * left to its pipe (weft_p2p_wait_announced) may still send from it. */
+void weft_p2p_keep(struct weft_p2p *p, void *mem);
 
 /* The core context the p2p context was made with; the p2p context of a request. */
 struct weft_core *weft_p2p_core(struct weft_p2p *p);

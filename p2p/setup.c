@@ -386,6 +386,24 @@ static int anything_busy(struct weft_p2p *p)
     return 0;
 }
 
+int weft_p2p_flush(struct weft_p2p *p, double bound_s)
+{
+    pthread_mutex_lock(&p->lock);
+    const double until = weft_now() + bound_s;
+    int busy;
+    while ((busy = anything_busy(p)) != 0) {
+        if (weft_p2p_progress(p) > 0)
+            continue;
+        if (weft_now() >= until)
+            break;
+        pthread_mutex_unlock(&p->lock);
+        weft_nap_us(200);
+        pthread_mutex_lock(&p->lock);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return !busy;
+}
+
 void weft_p2p_detach(struct weft_p2p *p)
 {
     pthread_mutex_lock(&p->lock);
@@ -546,6 +564,24 @@ void weft_p2p_destroy(struct weft_p2p *p)
         free(p->pipes);
     }
     weft_req_pool_fini(p);
+    while (p->kept) {   /* nothing can read it now: the transports are gone */
+        struct weft_p2p_kept *k = p->kept;
+        p->kept = k->next;
+        free(k->mem);
+        free(k);
+    }
     pthread_mutex_destroy(&p->lock);
     free(p);
+}
+
+void weft_p2p_keep(struct weft_p2p *p, void *mem)
+{
+    struct weft_p2p_kept *k = malloc(sizeof *k);
+    if (k == NULL)
+        return;   /* no memory for the record: mem stays allocated (a leak, never a use after free) */
+    k->mem = mem;
+    pthread_mutex_lock(&p->lock);
+    k->next = p->kept;
+    p->kept = k;
+    pthread_mutex_unlock(&p->lock);
 }
