@@ -199,7 +199,12 @@ static void op_withdraw(struct weft_coll_op *op, int err)
 
 /* The op cannot go on because of something decided elsewhere (a rank
  * failed, another rank saw this call mismatch, abort). */
-static int op_check_fault(struct weft_coll_op *op)
+static const char *done_verb(const struct weft_sched_step *s);
+
+/* waited: the step whose request the caller was waiting on, or NULL. When
+ * this rank's own census decided the call (p2p/health.c), the verdict is
+ * worded from that step, as any step failure is. */
+static int op_check_fault_at(struct weft_coll_op *op, const struct weft_sched_step *waited)
 {
     char why[512];
     uint64_t e = weft_p2p_fault_epoch(op->p2p);
@@ -211,9 +216,18 @@ static int op_check_fault(struct weft_coll_op *op)
     int code = weft_p2p_fault(op->p2p, op->seq, why, sizeof why);
     if (code == WEFT_SUCCESS)
         return 0;
-    op->err = weft_set_error(op->core, code, "%s: %s", op->what, why);
+    if (waited != NULL && weft_p2p_coll_decided_here(op->p2p, op->seq))
+        op->err = weft_set_error(op->core, code, "%s step %d: %s of %zu B with peer %d stalled: %s", op->what,
+                                 waited->num, done_verb(waited), waited->bytes, waited->peer, why);
+    else
+        op->err = weft_set_error(op->core, code, "%s: %s", op->what, why);
     op_withdraw(op, code);
     return 1;
+}
+
+static int op_check_fault(struct weft_coll_op *op)
+{
+    return op_check_fault_at(op, NULL);
 }
 
 /* A receive met a message of another call: a stale one (an earlier call
@@ -552,7 +566,7 @@ int weft_coll_op_wait(struct weft_coll_op *op)
         }
         int wrc = weft_p2p_wait_done_until(r, op->what, &op->epoch);
         if (wrc == WEFT_P2P_FAULT) {
-            op_check_fault(op);
+            op_check_fault_at(op, s);
             continue;
         }
         if (wrc != WEFT_SUCCESS && !weft_p2p_done(r)) {

@@ -318,7 +318,7 @@ TEST_F(Allgather, StepFailureNamesAlgorithmAndStep)
         EXPECT_NE(err.find("peer 1"), std::string::npos) << err;
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    /* The comm's pipe to the peer is broken now; it is not used again. */
+    /* The call failed; the comm is not used again. */
     EXPECT_EQ(weft_comm_destroy(c2), WEFT_SUCCESS);
 }
 

@@ -16,7 +16,11 @@
  * the failed one report the failed rank, not the live one, and no pipe
  * between live ranks breaks. A live peer that does not serve a request gets
  * a grace period (a notice about a third rank may be on its way), then the
- * request alone fails with WEFT_ERR_TIMEOUT; its pipe stays usable.
+ * request alone fails with WEFT_ERR_TIMEOUT; its pipe stays usable --
+ * unless it belongs to a collective: then, during that grace, the rank asks
+ * every rank which call it is in (the census, health.c), and a rank behind,
+ * outside weft, or in the call with another operation is named as the
+ * call's verdict, which every rank is told (agreed verdicts).
  *
  * Messages name the failed rank as "rank N failed: why" (detected by / as
  * reported by rank M), the form docs/troubleshooting.md explains.

@@ -744,6 +744,15 @@ int weft_p2p_fault(struct weft_p2p *p, uint32_t coll_seq, char *why, size_t whyl
     return code;
 }
 
+int weft_p2p_coll_decided_here(struct weft_p2p *p, uint32_t seq)
+{
+    pthread_mutex_lock(&p->lock);
+    const struct weft_coll_note *c = weft_health_coll_note(p, seq);
+    int here = c != NULL && c->from == p->rank;
+    pthread_mutex_unlock(&p->lock);
+    return here;
+}
+
 void weft_p2p_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text)
 {
     pthread_mutex_lock(&p->lock);

@@ -160,6 +160,9 @@ void weft_p2p_coll_started(struct weft_p2p *p, const struct weft_p2p_check *c);
 int  weft_p2p_peer_stuck(struct weft_p2p *p, int peer, char *why, size_t n);
 /* Collective seq failed here (code, text): tell every live peer. */
 void weft_p2p_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text);
+/* Whether collective seq's failure note is this rank's own verdict (its
+ * census decided it, p2p/health.c) rather than a peer's notice. */
+int  weft_p2p_coll_decided_here(struct weft_p2p *p, uint32_t seq);
 /* weft_comm_revoke on this rank: any thread, idempotent (p2p/health.h,
  * weft_health_revoke). */
 void weft_p2p_revoke(struct weft_p2p *p);
