@@ -475,6 +475,23 @@ static int census_judge(struct weft_p2p *p, const struct weft_request *r, double
     return 1;
 }
 
+/* Whether this rank's census of call heard every live rank answer from
+ * that call or a later one (no rank is missing: the stall is a link). */
+static int census_all_in(const struct weft_p2p *p, uint32_t call)
+{
+    if (p->census_at <= 0 || p->census_call != call)
+        return 0;
+    for (int i = 0; i < p->size; i++) {
+        const struct weft_peer_pipe *pp = &p->pipes[i];
+        if (i == p->rank || pp->failed || pp->broken)
+            continue;
+        if (pp->head_state != 1 || pp->head_at < p->census_at ||
+            (int32_t)(weft_p2p_check_call(&pp->head) - call) < 0)
+            return 0;
+    }
+    return 1;
+}
+
 /* This rank's census decided that call cannot complete: the verdict is
  * the call's failure note here (first word stands, as a peer's would) and
  * goes to every rank; the fault epoch wakes the collective, which fails
@@ -556,6 +573,9 @@ int weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, do
     } else {
         char head[300];
         head_words(p, r, head, sizeof head);
+        if (r->checked && census_all_in(p, weft_p2p_check_call(&r->check)))
+            snprintf(head + strlen(head), sizeof head - strlen(head), "; asked, every rank is in this call or past "
+                     "it: the link between rank %d and rank %d stalled while both live", peer, p->rank);
         code = WEFT_ERR_TIMEOUT;
         weft_set_error(p->core, code, "%s: %s peer %d tag %d (%zu B over %s) made no progress for %.1f s; peer "
                        "%d is alive (%s) but did not serve it (WEFT_TIMEOUT=%g)%s", what, req_verb(r), peer, r->tag,
