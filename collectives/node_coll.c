@@ -593,6 +593,8 @@ static int flag_ok(struct node_call *k, int r, enum node_flag f, uint32_t want)
     struct weft_p2p_check head;
     if (head_read(c, &head) != 0)
         return 0;
+    if (weft_p2p_check_call(&head) == k->seq)   /* made this call, on the message path, as another operation */
+        return node_mismatch(k, r, &head, "called"), -1;
     char h[160];
     describe(&head, h, sizeof h);
     weft_set_error(k->cc->core, WEFT_ERR_MISMATCH,

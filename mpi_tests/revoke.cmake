@@ -71,6 +71,20 @@ foreach(config shm tcp vnodes2)
     if(NOT op STREQUAL "barrier")
       weft_add_revoke_entry(verdicts_argerr_${op}_np4_${config} argerr ${op} ${config} verdicts_matrix)
     endif()
+    # The same call number with another operation: another kind (rank 2
+    # calls a barrier; an allreduce where the others barrier), half the
+    # size, another root, another dtype of the same size, another op.
+    weft_add_revoke_entry(verdicts_kind_${op}_np4_${config} kind ${op} ${config} verdicts_matrix)
+    if(NOT op STREQUAL "barrier" AND NOT op STREQUAL "split")
+      weft_add_revoke_entry(verdicts_size_${op}_np4_${config} size ${op} ${config} verdicts_matrix)
+    endif()
+    if(op STREQUAL "bcast" OR op STREQUAL "reduce")
+      weft_add_revoke_entry(verdicts_root_${op}_np4_${config} root ${op} ${config} verdicts_matrix)
+    endif()
+    if(op STREQUAL "allreduce" OR op STREQUAL "iallreduce" OR op STREQUAL "reduce")
+      weft_add_revoke_entry(verdicts_dtype_${op}_np4_${config} dtype ${op} ${config} verdicts_matrix)
+      weft_add_revoke_entry(verdicts_op_${op}_np4_${config} op ${op} ${config} verdicts_matrix)
+    endif()
   endforeach()
 endforeach()
 

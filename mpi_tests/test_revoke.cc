@@ -22,6 +22,11 @@
  * argerr  Rank 2 makes that call with an argument its own check refuses
  *         (an unknown dtype, a NULL buffer, a root out of range, a NULL
  *         newcomm): it gets WEFT_ERR_INVALID_ARG at once.
+ * size, kind, root  Rank 2 makes that call with valid arguments but another
+ *         operation: half the size; a barrier (an allreduce where the
+ *         others barrier); root 1 where the others use root 0 (bcast,
+ *         reduce); uint32 where the others reduce int32 (dtype), max where
+ *         they sum (op). Its own call must fail too.
  *         WEFT_REVOKE_OP picks the loop's operation (default allreduce;
  *         iallreduce, allgather, bcast, reduce, alltoall, barrier, p2p:
  *         a ring of sends and receives; split: weft_comm_split and the new
@@ -318,6 +323,59 @@ int one_op_refused(weft_comm_t *c, const std::string &op, int size, std::vector<
     fail("WEFT_REVOKE_CASE=argerr: no refused form of WEFT_REVOKE_OP=" + op);
 }
 
+/* The same call number with another operation than the others' (faults
+ * size, kind, root, dtype, op): valid arguments, so it is made, and it cannot match.
+ * size: half the count (or bytes); kind: a barrier where the others call
+ * op (an allreduce of one element where they call a barrier); root: root
+ * 1 where they use root 0. */
+int one_op_mismatched(weft_comm_t *c, const std::string &op, const std::string &fault, int size,
+                      std::vector<int32_t> &in, std::vector<int32_t> &out)
+{
+    const size_t n = in.size();
+    if (fault == "kind") {
+        if (op == "barrier")
+            return weft_allreduce(c, in.data(), out.data(), 1, WEFT_INT32, WEFT_SUM);
+        return weft_barrier(c);
+    }
+    if (fault == "dtype" || fault == "op") {   /* the same bytes: uint32 for int32; max for sum */
+        const weft_dtype_t dt = fault == "dtype" ? WEFT_UINT32 : WEFT_INT32;
+        const weft_op_t o = fault == "op" ? WEFT_MAX : WEFT_SUM;
+        if (op == "allreduce")
+            return weft_allreduce(c, in.data(), out.data(), n, dt, o);
+        if (op == "iallreduce") {
+            weft_request_t *req = nullptr;
+            int rc = weft_iallreduce(c, in.data(), out.data(), n, dt, o, &req);
+            return rc != WEFT_SUCCESS ? rc : weft_wait(req, nullptr);
+        }
+        if (op == "reduce")
+            return weft_reduce(c, in.data(), out.data(), n, dt, o, 0);
+        fail("WEFT_REVOKE_CASE=" + fault + ": WEFT_REVOKE_OP=" + op + " has no " + fault);
+    }
+    if (fault == "root") {
+        if (op == "bcast")
+            return weft_bcast(c, in.data(), n * sizeof(int32_t), 1);
+        if (op == "reduce")
+            return weft_reduce(c, in.data(), out.data(), n, WEFT_INT32, WEFT_SUM, 1);
+        fail("WEFT_REVOKE_CASE=root: WEFT_REVOKE_OP=" + op + " has no root");
+    }
+    if (op == "allreduce")
+        return weft_allreduce(c, in.data(), out.data(), n / 2, WEFT_INT32, WEFT_SUM);
+    if (op == "iallreduce") {
+        weft_request_t *req = nullptr;
+        int rc = weft_iallreduce(c, in.data(), out.data(), n / 2, WEFT_INT32, WEFT_SUM, &req);
+        return rc != WEFT_SUCCESS ? rc : weft_wait(req, nullptr);
+    }
+    if (op == "allgather")
+        return weft_allgather(c, in.data(), out.data(), n / size * sizeof(int32_t) / 2);
+    if (op == "bcast")
+        return weft_bcast(c, in.data(), n * sizeof(int32_t) / 2, 0);
+    if (op == "reduce")
+        return weft_reduce(c, in.data(), out.data(), n / 2, WEFT_INT32, WEFT_SUM, 0);
+    if (op == "alltoall")
+        return weft_alltoall(c, in.data(), out.data(), n / size * sizeof(int32_t) / 2);
+    fail("WEFT_REVOKE_CASE=size: WEFT_REVOKE_OP=" + op + " has no size");
+}
+
 void case_fail(weft_comm_t *c, int rank, const std::string &fault, const std::vector<int> &pids)
 {
     const char *env_op = std::getenv("WEFT_REVOKE_OP");
@@ -343,6 +401,15 @@ void case_fail(weft_comm_t *c, int rank, const std::string &fault, const std::ve
                 raise(fault == "stop" ? SIGSTOP : SIGKILL);
             if (fault == "skip")
                 break;
+            if (fault == "size" || fault == "kind" || fault == "root" || fault == "dtype" || fault == "op") {
+                /* Its own call fails too (the others' messages meet it, or
+                 * the census finds them in another operation). */
+                rc = one_op_mismatched(c, op, fault, size, in, out);
+                check(rc != WEFT_SUCCESS, "rank 2's mismatched " + op + " (" + fault + ") succeeded");
+                std::printf("rank %d: its mismatched %s (%s) failed: %s\n", rank, op.c_str(), fault.c_str(),
+                            last(c).c_str());
+                break;
+            }
             rc = one_op_refused(c, op, size, in, out);
             check(rc == WEFT_ERR_INVALID_ARG, "the refused " + op + " returned " + std::to_string(rc) + " (" +
                                                   last(c) + ")");
@@ -373,8 +440,8 @@ void case_fail(weft_comm_t *c, int rank, const std::string &fault, const std::ve
         if (rank == kVictim)
             t_fail = t_fault;
     }
-    if (fault == "argerr") {
-        /* The refused call took its number on rank 2 too: when every rank
+    if (fault != "kill" && fault != "stop" && fault != "skip") {
+        /* The refused (or mismatched) call took its number on rank 2 too: when every rank
          * failed that call, the old comm's next collective matches on every
          * rank, and is exact. A rank whose own part of it needed nothing of
          * rank 2's (a bcast's root, and over tcp its ring neighbour, whose
@@ -434,7 +501,7 @@ int main(int argc, char **argv)
     const char *env = std::getenv("WEFT_REVOKE_CASE");
     const std::string which = env ? env : "revoke";
     if (size != 4 && !(size > 4 && which != "revoke" && which != "exclude"))
-        fail("needs 4 ranks (kill, stop, skip, argerr: 4 or more, by hand)");
+        fail("needs 4 ranks (the fault cases: 4 or more, by hand)");
     std::vector<int> pids(size);
     int pid = (int)getpid();
     MPI_Allgather(&pid, 1, MPI_INT, pids.data(), 1, MPI_INT, MPI_COMM_WORLD);
@@ -451,8 +518,9 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 0;
     }
-    if (which != "kill" && which != "stop" && which != "skip" && which != "argerr")
-        fail("WEFT_REVOKE_CASE=" + which + ": revoke, exclude, kill, stop, skip or argerr");
+    if (which != "kill" && which != "stop" && which != "skip" && which != "argerr" && which != "size" &&
+        which != "kind" && which != "root" && which != "dtype" && which != "op")
+        fail("WEFT_REVOKE_CASE=" + which + ": revoke, exclude, kill, stop, skip, argerr, size, kind, root, dtype or op");
     case_fail(c, rank, which, pids);
     std::fflush(stdout);
     _exit(0);   /* MPI_Finalize would wait for the dead rank */
