@@ -51,6 +51,17 @@ foreach(config shm tcp vnodes2)
   if(config STREQUAL "vnodes2")
     weft_add_revoke_entry(revoke_skip_np4_${config} skip allreduce ${config} verdicts)
   endif()
+  # The same on a comm split from the world one (ranks reversed): the
+  # verdicts name rank 2 and its number in the parent (matrix label; kill
+  # over shm, under a second, is CI's, label verdicts).
+  foreach(case kill skip)
+    set(label verdicts_matrix)
+    if(case STREQUAL "kill" AND config STREQUAL "shm")
+      set(label verdicts)
+    endif()
+    weft_add_revoke_entry(verdicts_${case}_onsplit_np4_${config} ${case} allreduce ${config} ${label})
+    set_property(TEST verdicts_${case}_onsplit_np4_${config} APPEND PROPERTY ENVIRONMENT "WEFT_REVOKE_SPLIT=1")
+  endforeach()
   # The fault matrix (label verdicts_matrix, which scripts/test leaves out:
   # ~3 min): kill and stop x every other operation of the loop. The kill
   # and stop entries above are its allreduce row, run by CI. Its result is

@@ -39,6 +39,9 @@
  *         After argerr the old comm must first still work: the refused call
  *         took its number on every rank, so an allreduce on it is exact.
  *         The time from the failed call to the new comm is printed.
+ * WEFT_REVOKE_SPLIT=1 (kill, skip): the loop runs on a comm split from the
+ * world one with the ranks reversed, whose rank 2 is world rank 1: every
+ * survivor's error must name it as "rank 2 (parent rank 1)".
  * Every rank judges itself; the new comm's rank 0 prints REVOKE-ALL-OK once
  * the new comm's allreduce of every rank's verdict says all passed (in the
  * kill/stop cases MPI_Finalize would wait for the dead rank: _exit). Any
@@ -376,6 +379,10 @@ int one_op_mismatched(weft_comm_t *c, const std::string &op, const std::string &
     fail("WEFT_REVOKE_CASE=size: WEFT_REVOKE_OP=" + op + " has no size");
 }
 
+/* How a survivor's failure must name the victim (WEFT_REVOKE_SPLIT: with
+ * its number in the parent comm too). */
+std::string g_victim_name = "rank 2";
+
 void case_fail(weft_comm_t *c, int rank, const std::string &fault, const std::vector<int> &pids)
 {
     const char *env_op = std::getenv("WEFT_REVOKE_OP");
@@ -423,7 +430,8 @@ void case_fail(weft_comm_t *c, int rank, const std::string &fault, const std::ve
     if (rank != kVictim) {
         std::printf("REVOKE-VERDICT rank %d t=%.6f\n", rank, wall_s());
         check(rc != WEFT_SUCCESS, "the " + op + " loop never failed");
-        check(last(c).find("rank 2") != std::string::npos, "the failure does not name rank 2: " + last(c));
+        check(last(c).find(g_victim_name) != std::string::npos,
+              "the failure does not name " + g_victim_name + ": " + last(c));
         /* From the failed call's start: no later than from the fault. */
         check(t_fail - t_call <= limit, "the failed " + op + " returned " + std::to_string(t_fail - t_call) +
                                             " s after it started (WEFT_TIMEOUT + 2 s: " + std::to_string(limit) + ")");
@@ -521,7 +529,24 @@ int main(int argc, char **argv)
     if (which != "kill" && which != "stop" && which != "skip" && which != "argerr" && which != "size" &&
         which != "kind" && which != "root" && which != "dtype" && which != "op")
         fail("WEFT_REVOKE_CASE=" + which + ": revoke, exclude, kill, stop, skip, argerr, size, kind, root, dtype or op");
-    case_fail(c, rank, which, pids);
+    if (std::getenv("WEFT_REVOKE_SPLIT") != nullptr) {
+        /* On a comm split from the world one with the ranks reversed: its
+         * rank 2 is world rank size - 3, and the verdicts name both. */
+        if (which != "kill" && which != "skip")
+            fail("WEFT_REVOKE_SPLIT: kill or skip");
+        weft_comm_t *sc = nullptr;
+        g_stage = "weft_comm_split (ranks reversed)";
+        check(weft_comm_split(c, 0, size - 1 - rank, &sc) == WEFT_SUCCESS && sc != nullptr,
+              std::string("split: ") + weft_last_error());
+        check(weft_comm_rank(sc) == size - 1 - rank, "the reversed split's rank");
+        g_victim_name = "rank 2 (parent rank " + std::to_string(size - 1 - kVictim) + ")";
+        std::vector<int> spids(size);
+        for (int r = 0; r < size; r++)
+            spids[size - 1 - r] = pids[r];
+        case_fail(sc, size - 1 - rank, which, spids);
+    } else {
+        case_fail(c, rank, which, pids);
+    }
     std::fflush(stdout);
     _exit(0);   /* MPI_Finalize would wait for the dead rank */
 }

@@ -237,17 +237,19 @@ void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why
     pp->failed = 1;
     p->nfailed++;
     weft_p2p_fault_epoch_bump(p);
+    char pw[32];
+    weft_parent_words(p->core, rank, pw, sizeof pw);
     if (from_notice)
         snprintf(text, sizeof(text), "%s", why);
     else
         snprintf(text, sizeof(text), "%s (detected by rank %d)", why, p->rank);
-    snprintf(pp->fail_why, sizeof(pp->fail_why), "rank %d failed: %s", rank, text);
+    snprintf(pp->fail_why, sizeof(pp->fail_why), "rank %d%s failed: %s", rank, pw, text);
     if (p->fault_rank < 0) {
         p->fault_rank = rank;
         p->fault_code = code;
-        snprintf(p->fault_why, sizeof(p->fault_why), "rank %d failed: %s", rank, text);
+        snprintf(p->fault_why, sizeof(p->fault_why), "rank %d%s failed: %s", rank, pw, text);
     }
-    weft_set_error(p->core, code, "rank %d failed: %s", rank, text);
+    weft_set_error(p->core, code, "rank %d%s failed: %s", rank, pw, text);
     if (!from_notice)
         for (int i = 0; i < p->size; i++)
             if (i != rank && !p->pipes[i].failed)
@@ -444,28 +446,31 @@ static int census_judge(struct weft_p2p *p, const struct weft_request *r, double
                 continue;
             const int answered = pp->head_state != 0 && pp->head_at >= p->census_at;
             const char *sep = behind + other ? ";" : "";
+            char pw[32];
+            weft_parent_words(p->core, i, pw, sizeof pw);
             if (!answered && pass == 0) {
                 int live = probe(p, i, now, why, sizeof why);
                 if (live != LIVE_ALIVE) {
                     weft_health_declare(p, i, live == LIVE_DEAD ? WEFT_ERR_TRANSPORT : WEFT_ERR_TIMEOUT, why, 0);
                     return 0;   /* a failed rank: its verdict, on every rank */
                 }
-                append(out, n, "%s rank %d is not in it (asked, it did not answer within %.1f s: %s; so it makes "
-                       "no weft call on this comm)", sep, i, now - p->census_at, why);
+                append(out, n, "%s rank %d%s is not in it (asked, it did not answer within %.1f s: %s; so it makes "
+                       "no weft call on this comm)", sep, i, pw, now - p->census_at, why);
                 behind++;
             } else if (answered && pass == 1 && pp->head_state == 2) {
-                append(out, n, "%s rank %d has not called it (asked, it has started no collective on this comm)",
-                       sep, i);
+                append(out, n, "%s rank %d%s has not called it (asked, it has started no collective on this "
+                       "comm)", sep, i, pw);
                 behind++;
             } else if (answered && pass == 1 && pp->head_state == 1 &&
                        (int32_t)(weft_p2p_check_call(&pp->head) - call) < 0) {
                 describe_head(p, &pp->head, theirs, sizeof theirs);
-                append(out, n, "%s rank %d has not called it (asked, its newest collective is %s)", sep, i, theirs);
+                append(out, n, "%s rank %d%s has not called it (asked, its newest collective is %s)", sep, i, pw,
+                       theirs);
                 behind++;
             } else if (answered && pass == 2 && pp->head_state == 1 && weft_p2p_check_call(&pp->head) == call &&
                        memcmp(&pp->head, &r->check, sizeof pp->head) != 0) {
                 describe_head(p, &pp->head, theirs, sizeof theirs);
-                append(out, n, "%s rank %d is in it with another operation, %s", sep, i, theirs);
+                append(out, n, "%s rank %d%s is in it with another operation, %s", sep, i, pw, theirs);
                 other++;
             }
         }

@@ -83,7 +83,7 @@ struct weft_peer_pipe {
     int                      pid, pidfd;   /* same-host peers: their process (pidfd -1: none) */
     int                      same_host;
     int                      failed;       /* the peer is known failed (died, stopped, silent, aborted) */
-    char                     fail_why[WEFT_WIRE_NOTICE_TEXT_MAX + 32]; /* "rank N failed: why" once failed */
+    char                     fail_why[WEFT_WIRE_NOTICE_TEXT_MAX + 64]; /* "rank N failed: why" once failed */
     uint32_t                 stage_lane_next; /* next staged-transfer lane index (receiver side) */
     /* The peer's newest collective, as it answered our last COLL_ASK
      * (p2p/health.c): head_state 0 no answer yet, 1 head holds it, 2 it

@@ -760,6 +760,8 @@ int weft_comm_split_all(struct weft_comm *parent, int color, int key, const stru
     else
         rc = weft_comm_assemble("weft_comm_split", make_split_boot, &m, merged, out);
     weft_settings_free(merged);
+    if (rc == WEFT_SUCCESS && *out != NULL)
+        weft_core_set_parent(&(*out)->core, m.members, m.size);   /* texts name the parent's numbers too */
     if (rc != WEFT_SUCCESS) {
         /* The new comm is gone and its text is this thread's
          * (weft_last_error); the parent's last error says it too, since

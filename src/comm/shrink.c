@@ -282,6 +282,8 @@ int weft_comm_shrink_all(struct weft_comm *c, const int *exclude, int nexclude, 
 
     /* 3. The new comm. */
     rc = weft_comm_assemble("weft_comm_shrink", make_shrink_boot, &mk, c->core.settings, out);
+    if (rc == WEFT_SUCCESS && *out != NULL)
+        weft_core_set_parent(&(*out)->core, mk.members, mk.size);   /* texts name the old comm's numbers too */
     if (rc != WEFT_SUCCESS) {
         struct weft_error inner, e = { .code = rc, .rank = me, .peer = -1, .op = "weft_comm_shrink" };
         char reason[640];

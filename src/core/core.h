@@ -47,6 +47,10 @@ struct weft_core {
     int                  leaving;        /* destroy's last exchange is under way: a peer's orderly
                                           * close is its goodbye, not a failure (atomic access) */
 
+    int                 *parent_of;      /* [size]: each rank's number in the comm this one was split or
+                                          * shrunk from, for error texts; NULL: none (atomic access: set
+                                          * once, right after creation) */
+
     pthread_mutex_t      err_lock;       /* guards err only */
     struct weft_error    err;            /* the comm's last error (weft_comm_last_error formats it) */
 };
@@ -54,6 +58,13 @@ struct weft_core {
 /* Initialises the lock and an empty last error; fini destroys the lock. */
 void weft_core_init(struct weft_core *core, int rank, int size);
 void weft_core_fini(struct weft_core *core);
+/* The new comm's ranks as its parent numbers them (members[new rank]:
+ * weft_comm_split, weft_comm_shrink): error texts then name both. A copy is
+ * kept; no memory: texts name the comm's numbers alone. */
+void weft_core_set_parent(struct weft_core *core, const int *members, int n);
+/* " (parent rank 5)" for rank r of a comm made from another by split or
+ * shrink, else "": written into buf (n bytes), which is returned. */
+const char *weft_parent_words(const struct weft_core *core, int r, char *buf, size_t n);
 
 /* Monotonic seconds. */
 static inline double weft_now(void)

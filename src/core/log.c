@@ -95,11 +95,33 @@ void weft_core_init(struct weft_core *core, int rank, int size)
     core->err.rank = rank;
     core->err.peer = -1;
     core->settings = NULL;
+    core->parent_of = NULL;
     pthread_mutex_init(&core->err_lock, NULL);
+}
+
+void weft_core_set_parent(struct weft_core *core, const int *members, int n)
+{
+    int *copy = n == core->size ? malloc((size_t)n * sizeof(*copy)) : NULL;
+    if (copy == NULL)
+        return;
+    memcpy(copy, members, (size_t)n * sizeof(*copy));
+    int *old = __atomic_exchange_n(&core->parent_of, copy, __ATOMIC_ACQ_REL);
+    free(old);   /* set once in practice; a second set replaces the first */
+}
+
+const char *weft_parent_words(const struct weft_core *core, int r, char *buf, size_t n)
+{
+    const int *of = core ? __atomic_load_n(&core->parent_of, __ATOMIC_ACQUIRE) : NULL;
+    if (of != NULL && r >= 0 && r < core->size)
+        snprintf(buf, n, " (parent rank %d)", of[r]);
+    else if (n > 0)
+        buf[0] = '\0';
+    return buf;
 }
 
 void weft_core_fini(struct weft_core *core)
 {
+    free(__atomic_exchange_n(&core->parent_of, NULL, __ATOMIC_ACQ_REL));
     weft_settings_free(core->settings);
     core->settings = NULL;
     pthread_mutex_destroy(&core->err_lock);
