@@ -24,6 +24,9 @@ static void op_withdraw(struct weft_coll_op *op, int err);
 /* How long a failed op waits for a live peer to answer an announcement
  * (weft_coll_op_wait): a peer in weft answers within a progress pass. */
 #define LEAVE_S 0.5
+/* How long a send the peer refused as a mismatch waits for that peer's
+ * notice (op_fail): it is sent right after the refusal. */
+#define NOTE_WAIT_S 0.5
 
 size_t weft_sched_add(struct weft_sched_build *b, int kind, int num, void *buf, const void *src, size_t bytes,
                       int peer, int phase, int dep, unsigned flags)
@@ -63,9 +66,26 @@ static void op_fail(struct weft_coll_op *op, int err, const struct weft_sched_st
      * elsewhere (a peer refusing this call's messages): say that, not which
      * step noticed first. */
     int fc = weft_p2p_fault(op->p2p, op->seq, cause, sizeof cause);
+    /* A send the peer refused as a mismatch (its receive met this call's
+     * message and found another operation there, or it refused the call
+     * on its own arguments): the peer decided, and its notice -- naming
+     * both calls -- is on its way, maybe behind the refusal. Wait for it
+     * (bounded) rather than tell every rank a verdict without the peer's
+     * words. */
+    if (fc == WEFT_SUCCESS && err == WEFT_ERR_MISMATCH && s->kind == WEFT_SCHED_SEND)
+        fc = weft_p2p_await_note(op->p2p, op->seq, NOTE_WAIT_S, cause, sizeof cause);
     if (fc != WEFT_SUCCESS) {
         op->err = weft_set_error(op->core, fc, "%s: %s", op->what, cause);
         op_withdraw(op, fc);
+        return;
+    }
+    if (err == WEFT_ERR_MISMATCH && s->kind == WEFT_SCHED_SEND) {
+        /* No notice came: say what is known, and leave the telling to the
+         * rank that decided. */
+        op->err = weft_set_error(op->core, err, "%s step %d: rank %d refused this call's message of %zu B: its same "
+                                 "call is another operation (its notice naming both did not come within %.1f s)",
+                                 op->what, s->num, s->peer, bytes, NOTE_WAIT_S);
+        op_withdraw(op, err);
         return;
     }
     struct weft_error last;

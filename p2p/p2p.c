@@ -744,6 +744,25 @@ int weft_p2p_fault(struct weft_p2p *p, uint32_t coll_seq, char *why, size_t whyl
     return code;
 }
 
+int weft_p2p_await_note(struct weft_p2p *p, uint32_t seq, double bound_s, char *why, size_t whylen)
+{
+    pthread_mutex_lock(&p->lock);
+    const double until = weft_now() + bound_s;
+    while (weft_health_coll_note(p, seq) == NULL && p->fault_rank < 0 && !revoked(p)) {
+        if (weft_p2p_progress(p) > 0)
+            continue;
+        double now = weft_now();
+        if (now >= until)
+            break;
+        weft_health_tick(p, now);
+        pthread_mutex_unlock(&p->lock);
+        weft_nap_us(200);
+        pthread_mutex_lock(&p->lock);
+    }
+    pthread_mutex_unlock(&p->lock);
+    return weft_p2p_fault(p, seq, why, whylen);
+}
+
 int weft_p2p_coll_decided_here(struct weft_p2p *p, uint32_t seq)
 {
     pthread_mutex_lock(&p->lock);

@@ -163,6 +163,9 @@ void weft_p2p_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char
 /* Whether collective seq's failure note is this rank's own verdict (its
  * census decided it, p2p/health.c) rather than a peer's notice. */
 int  weft_p2p_coll_decided_here(struct weft_p2p *p, uint32_t seq);
+/* Progress until collective seq has a failure note (a peer's notice) or
+ * another fault shows, at most bound_s; then weft_p2p_fault(seq). */
+int  weft_p2p_await_note(struct weft_p2p *p, uint32_t seq, double bound_s, char *why, size_t whylen);
 /* weft_comm_revoke on this rank: any thread, idempotent (p2p/health.h,
  * weft_health_revoke). */
 void weft_p2p_revoke(struct weft_p2p *p);
