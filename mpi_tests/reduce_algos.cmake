@@ -27,7 +27,9 @@ weft_add_mpi_suite(NAME reduce_algos_rndv BINARY weft_mpi_reduce_algos NPS 3 4 C
                    LABELS "coll;reduce" ENV ${WEFT_RA_REDUCED} WEFT_SHM_EAGER=0 WEFT_SHM_COLL_EAGER=0 TIMEOUT 300)
 weft_add_mpi_suite(NAME reduce_algos BINARY weft_mpi_reduce_algos NPS 4 5 CONFIGS vnodes2
                    GTEST_FILTER ${WEFT_RA_HIER} LABELS "coll;reduce" ENV ${WEFT_RA_REDUCED} TIMEOUT 300)
-weft_add_mpi_suite(NAME reduce_algos_vnodes3 BINARY weft_mpi_reduce_algos NPS 5 CONFIGS default
+# np 4 too (nodes of 2, 1, 1): the sanitizer pass leaves np 5 out (.ci/run),
+# and this is the only three-node run of the hierarchical reductions.
+weft_add_mpi_suite(NAME reduce_algos_vnodes3 BINARY weft_mpi_reduce_algos NPS 4 5 CONFIGS default
                    GTEST_FILTER ${WEFT_RA_HIER} LABELS "coll;reduce;vnodes3"
                    ENV ${WEFT_RA_REDUCED} WEFT_VIRTUAL_NODES=3 TIMEOUT 300)
 weft_add_mpi_suite(NAME reduce_algos BINARY weft_mpi_reduce_algos NPS 3 CONFIGS tcp
