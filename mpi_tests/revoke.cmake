@@ -13,6 +13,15 @@
 add_executable(weft_mpi_revoke ${WEFT_MPI_TESTS_DIR}/test_revoke.cc)
 target_link_libraries(weft_mpi_revoke PRIVATE weft MPI::MPI_CXX Threads::Threads)
 target_compile_options(weft_mpi_revoke PRIVATE ${WEFT_C_WARNINGS})
+# The same source with op `stream` (an allreduce on a CUDA stream): linked to
+# the emulated CUDA runtime, which weft loads too (WEFT_CUDA_LIB). Emu builds only.
+if(WEFT_TEST_EMU_CUDA)
+  add_executable(weft_mpi_revoke_stream ${WEFT_MPI_TESTS_DIR}/test_revoke.cc)
+  target_include_directories(weft_mpi_revoke_stream PRIVATE ${PROJECT_SOURCE_DIR}/tests/emu/cuda)
+  target_link_libraries(weft_mpi_revoke_stream PRIVATE weft weft_emu_cuda MPI::MPI_CXX Threads::Threads)
+  target_compile_options(weft_mpi_revoke_stream PRIVATE ${WEFT_C_WARNINGS})
+  target_compile_definitions(weft_mpi_revoke_stream PRIVATE WEFT_REVOKE_CUDA=1)
+endif()
 # One np 4 entry: name, case, loop operation, config, labels (a list).
 function(weft_add_revoke_entry name case op config labels)
   weft_mpi_config_env(${config} config_env)

@@ -49,8 +49,16 @@
  */
 #include <mpi.h>
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
+#ifdef WEFT_REVOKE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -261,6 +269,216 @@ void case_exclude(weft_comm_t *c, int rank)
     check(d == WEFT_SUCCESS, "destroying the revoked comm: " + std::to_string(d) + " " + weft_last_error());
 }
 
+/* The text of the last failure of an operation that reports through a
+ * callback (a message pipe's) or not on the comm (weft_comm_init): what
+ * the survivors' check reads instead of weft_comm_last_error. */
+std::string g_why;
+
+/* Op pipe: each rank writes one 256 KiB message on a message pipe to
+ * rank + 1 and reads one from rank - 1 (pipes opened once, id 21), moving
+ * them with weft_progress until both are called back. The first error a
+ * callback reports is the result, its text in g_why. */
+struct PipeRound {
+    weft_comm_t *c = nullptr;
+    weft_pipe_t *to_next = nullptr, *from_prev = nullptr;
+    void *dst = nullptr;
+    size_t dst_bytes = 0;
+    int writes_done = 0, reads_done = 0, err = WEFT_SUCCESS;
+};
+
+void pipe_note(PipeRound *r, int err, const char *why)
+{
+    if (err != WEFT_SUCCESS && r->err == WEFT_SUCCESS) {
+        r->err = err;
+        g_why = why ? why : "";
+    }
+}
+
+int pipe_op(weft_comm_t *c, int rank, int size, std::vector<int32_t> &in, std::vector<int32_t> &out)
+{
+    static PipeRound r;
+    if (r.to_next == nullptr) {
+        r.c = c;
+        int rc = weft_pipe_open(c, (rank + 1) % size, 21, &r.to_next);
+        if (rc == WEFT_SUCCESS)
+            rc = weft_pipe_open(c, (rank + size - 1) % size, 21, &r.from_prev);
+        if (rc != WEFT_SUCCESS)
+            return rc;
+    }
+    r.writes_done = r.reads_done = 0;
+    r.dst = out.data();
+    r.dst_bytes = out.size() * sizeof(int32_t);
+    weft_pipe_payload_t pl = {in.data(), in.size() * sizeof(int32_t), nullptr, 0};
+    weft_pipe_message_t msg = {nullptr, 0, 1, &pl, 0, nullptr};
+    int rc = weft_pipe_write(
+        r.to_next, &msg,
+        [](weft_pipe_t *, int err, const char *why, void *arg) {
+            auto *rr = static_cast<PipeRound *>(arg);
+            pipe_note(rr, err, why);
+            rr->writes_done = 1;
+        },
+        &r);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    rc = weft_pipe_read_descriptor(
+        r.from_prev,
+        [](weft_pipe_t *p, int err, const char *why, const weft_pipe_descriptor_t *d, void *arg) {
+            auto *rr = static_cast<PipeRound *>(arg);
+            if (err != WEFT_SUCCESS || d->num_payloads != 1 || d->payloads[0].bytes > rr->dst_bytes) {
+                pipe_note(rr, err != WEFT_SUCCESS ? err : WEFT_ERR_INTERNAL,
+                          err != WEFT_SUCCESS ? why : "the test's descriptor is not one payload of 256 KiB");
+                rr->reads_done = 1;
+                return;
+            }
+            weft_pipe_buffer_t b = {rr->dst, rr->dst_bytes};
+            weft_pipe_allocation_t a = {1, &b, 0, nullptr};
+            int rrc = weft_pipe_read(
+                p, &a,
+                [](weft_pipe_t *, int err2, const char *why2, void *arg2) {
+                    auto *r2 = static_cast<PipeRound *>(arg2);
+                    pipe_note(r2, err2, why2);
+                    r2->reads_done = 1;
+                },
+                rr);
+            if (rrc != WEFT_SUCCESS) {
+                pipe_note(rr, rrc, weft_comm_last_error(rr->c));
+                rr->reads_done = 1;
+            }
+        },
+        &r);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    /* Until both ends of this round are called back: weft must end them
+     * (the watchdog fails the test otherwise). An error ends the round at
+     * once: the other side's callback may wait for a peer that is gone. */
+    while (!(r.writes_done && r.reads_done) && r.err == WEFT_SUCCESS) {
+        rc = weft_progress(c);
+        if (rc != WEFT_SUCCESS && r.err == WEFT_SUCCESS) {
+            g_why = last(c);
+            return rc;
+        }
+    }
+    return r.err;
+}
+
+/* Op init: a new comm of all ranks by weft_comm_init (rank 0 makes the
+ * unique id and sends it to each rank with MPI_Send: no MPI collective,
+ * which would wait for a dead rank), and its destroy. */
+int init_op(int rank, int size)
+{
+    weft_unique_id_t id;
+    if (rank == 0) {
+        if (weft_get_unique_id(&id) != WEFT_SUCCESS)
+            fail(std::string("weft_get_unique_id: ") + weft_last_error());
+        for (int r = 1; r < size; r++)
+            MPI_Send(&id, sizeof id, MPI_BYTE, r, 77, MPI_COMM_WORLD);
+    } else {
+        MPI_Recv(&id, sizeof id, MPI_BYTE, 0, 77, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
+    weft_comm_t *nc = nullptr;
+    int rc = weft_comm_init(&id, size, rank, &nc);
+    if (rc != WEFT_SUCCESS) {
+        g_why = weft_last_error() ? weft_last_error() : "";
+        return rc;
+    }
+    rc = weft_comm_destroy(nc);
+    if (rc != WEFT_SUCCESS)
+        g_why = weft_last_error() ? weft_last_error() : "";
+    return rc;
+}
+
+#ifdef WEFT_REVOKE_CUDA
+/* Op stream: an allreduce on a CUDA stream (the emulated runtime), in
+ * device memory; its failure shows once the stream is done, as the comm's
+ * async error (weft_comm_last_error says why). */
+int stream_op(weft_comm_t *c, size_t n)
+{
+    static cudaStream_t s;
+    static void *din = nullptr, *dout = nullptr;
+    if (din == nullptr) {
+        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
+            cudaMalloc(&din, n * sizeof(int32_t)) != cudaSuccess || cudaMalloc(&dout, n * sizeof(int32_t)) != cudaSuccess)
+            fail("the stream op's CUDA setup (WEFT_CUDA_LIB must be the emulator the test links)");
+    }
+    int rc = weft_allreduce_on_stream(c, din, dout, n, WEFT_INT32, WEFT_SUM, s);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    if (cudaStreamSynchronize(s) != cudaSuccess)
+        fail("cudaStreamSynchronize failed");
+    return weft_comm_async_error(c);
+}
+#endif
+
+/* Fault link: this process's TCP connections, as "local|peer" endpoint
+ * pairs ("a.b.c.d:port"), with their descriptors (every socket in
+ * /proc/self/fd that has a peer). */
+std::string endpoint(const sockaddr_storage &a)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (a.ss_family == AF_INET) {
+        const auto *v4 = reinterpret_cast<const sockaddr_in *>(&a);
+        inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
+        port = ntohs(v4->sin_port);
+    } else if (a.ss_family == AF_INET6) {
+        const auto *v6 = reinterpret_cast<const sockaddr_in6 *>(&a);
+        inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
+        port = ntohs(v6->sin6_port);
+    }
+    return std::string(host) + ":" + std::to_string(port);
+}
+
+struct TcpConn { int fd; std::string local, peer; };
+
+std::vector<TcpConn> tcp_connections()
+{
+    std::vector<TcpConn> v;
+    DIR *d = opendir("/proc/self/fd");
+    if (d == nullptr)
+        return v;
+    while (dirent *e = readdir(d)) {
+        const int fd = std::atoi(e->d_name);
+        struct stat st;
+        if (e->d_name[0] == '.' || fd == dirfd(d) || fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode))
+            continue;
+        sockaddr_storage l{}, p{};
+        socklen_t ll = sizeof l, pl = sizeof p;
+        int type = 0;
+        socklen_t tl = sizeof type;
+        if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM ||
+            getsockname(fd, reinterpret_cast<sockaddr *>(&l), &ll) != 0 ||
+            getpeername(fd, reinterpret_cast<sockaddr *>(&p), &pl) != 0 ||
+            (l.ss_family != AF_INET && l.ss_family != AF_INET6))
+            continue;
+        v.push_back({fd, endpoint(l), endpoint(p)});
+    }
+    closedir(d);
+    return v;
+}
+
+/* Every rank calls this at the same point: rank `partner` tells the
+ * others its connections' local endpoints, and rank `victim` shuts down
+ * each of its connections whose far end is one of them -- the link
+ * between the two breaks (both sides see it closed) while both processes
+ * live on. Returns how many connections it shut down (victim only). */
+int break_link(int rank, int victim, int partner)
+{
+    std::string mine;
+    if (rank == partner)
+        for (const TcpConn &t : tcp_connections())
+            mine += t.local + "\n";
+    int len = (int)mine.size();
+    MPI_Bcast(&len, 1, MPI_INT, partner, MPI_COMM_WORLD);
+    mine.resize(len);
+    MPI_Bcast(&mine[0], len, MPI_CHAR, partner, MPI_COMM_WORLD);
+    int cut = 0;
+    if (rank == victim)
+        for (const TcpConn &t : tcp_connections())
+            if (mine.find(t.peer + "\n") != std::string::npos && shutdown(t.fd, SHUT_RDWR) == 0)
+                cut++;
+    return cut;
+}
+
 /* One operation of the loop the victim dies in (WEFT_REVOKE_OP): a
  * collective, a non-blocking one, or a ring of sends and receives. */
 int one_op(weft_comm_t *c, const std::string &op, int rank, int size, std::vector<int32_t> &in,
@@ -297,7 +515,16 @@ int one_op(weft_comm_t *c, const std::string &op, int rank, int size, std::vecto
         int w = weft_waitall(r[1] ? 2 : 1, r, nullptr);
         return rc != WEFT_SUCCESS ? rc : w;
     }
-    fail("WEFT_REVOKE_OP=" + op + ": allreduce, iallreduce, allgather, bcast, reduce, alltoall, barrier, split or p2p");
+    if (op == "pipe")
+        return pipe_op(c, rank, size, in, out);
+    if (op == "init")
+        return init_op(rank, size);
+#ifdef WEFT_REVOKE_CUDA
+    if (op == "stream")
+        return stream_op(c, in.size());
+#endif
+    fail("WEFT_REVOKE_OP=" + op + ": allreduce, iallreduce, allgather, bcast, reduce, alltoall, barrier, split, p2p, "
+         "pipe, init or (weft_mpi_revoke_stream) stream");
 }
 
 /* The same operation as one_op, with an argument the caller's own check
@@ -383,6 +610,15 @@ int one_op_mismatched(weft_comm_t *c, const std::string &op, const std::string &
  * its number in the parent comm too). */
 std::string g_victim_name = "rank 2";
 
+/* Fault link: the rank whose link to rank 2 breaks (WEFT_REVOKE_LINK_PEER,
+ * default 1; on two virtual nodes 0, the other node's leader, which the
+ * message path's collectives use). */
+int link_peer()
+{
+    const char *e = std::getenv("WEFT_REVOKE_LINK_PEER");
+    return e ? std::atoi(e) : 1;
+}
+
 void case_fail(weft_comm_t *c, int rank, const std::string &fault, const std::vector<int> &pids)
 {
     const char *env_op = std::getenv("WEFT_REVOKE_OP");
@@ -404,6 +640,19 @@ void case_fail(weft_comm_t *c, int rank, const std::string &fault, const std::ve
             std::fflush(stdout);
             t_fault = now_s();
             failed_at = i;
+            if (fault == "link") {
+                /* Rank 1's and rank 2's link breaks; all four go on with
+                 * the loop (rank 2 may complete this call when nothing of
+                 * it needed the link any more: then its next one fails). */
+                const int cut = break_link(rank, kVictim, link_peer());
+                std::printf("rank %d: shut down %d connection(s) to rank %d\n", rank, cut, link_peer());
+                check(cut > 0, "no TCP connection to rank " + std::to_string(link_peer()) +
+                                   " to break (it must reach rank 2 over tcp, and this operation use that link)");
+                t_call = now_s();
+                rc = one_op(c, op, rank, size, in, out);
+                t_fail = now_s();
+                continue;
+            }
             if (dies)
                 raise(fault == "stop" ? SIGSTOP : SIGKILL);
             if (fault == "skip")
@@ -422,24 +671,36 @@ void case_fail(weft_comm_t *c, int rank, const std::string &fault, const std::ve
                                                   last(c) + ")");
             break;
         }
+        if (fault == "link" && i == 5)
+            break_link(rank, kVictim, link_peer());
         t_call = now_s();
         rc = one_op(c, op, rank, size, in, out);
         t_fail = now_s();
         failed_at = i;
     }
+    if (rank == kVictim && fault == "link") {
+        const std::string why = g_why.empty() ? last(c) : g_why;
+        const std::string peer = "rank " + std::to_string(link_peer());
+        check(rc != WEFT_SUCCESS && why.find(peer) != std::string::npos,
+              "rank 2's failure after its link to " + peer + " broke does not name it: " + why);
+        check(t_fail - t_call <= limit, "rank 2's failed " + op + " returned " + std::to_string(t_fail - t_call) + " s after it started");
+        std::printf("rank %d: %s failed: %s\n", rank, op.c_str(), why.c_str());
+    }
     if (rank != kVictim) {
         std::printf("REVOKE-VERDICT rank %d t=%.6f\n", rank, wall_s());
         check(rc != WEFT_SUCCESS, "the " + op + " loop never failed");
-        check(last(c).find(g_victim_name) != std::string::npos,
-              "the failure does not name " + g_victim_name + ": " + last(c));
+        const std::string why = g_why.empty() ? last(c) : g_why;
+        check(why.find(g_victim_name) != std::string::npos, "the failure does not name " + g_victim_name + ": " + why);
         /* From the failed call's start: no later than from the fault. */
         check(t_fail - t_call <= limit, "the failed " + op + " returned " + std::to_string(t_fail - t_call) +
                                             " s after it started (WEFT_TIMEOUT + 2 s: " + std::to_string(limit) + ")");
-        std::printf("rank %d: %s failed: %s\n", rank, op.c_str(), last(c).c_str());
+        std::printf("rank %d: %s failed: %s\n", rank, op.c_str(), why.c_str());
     }
+    /* After a broken link the shrink leaves its higher rank out: rank 2. */
+    const bool leaves = dies || fault == "link";
     std::vector<int> expect;   /* the new comm's members, as old ranks */
     for (int r = 0; r < size; r++)
-        if (r != kVictim || !dies)
+        if (r != kVictim || !leaves)
             expect.push_back(r);
     if (!dies) {
         /* Rank 2 lives: everyone out of the failed call before the next. */
@@ -448,7 +709,7 @@ void case_fail(weft_comm_t *c, int rank, const std::string &fault, const std::ve
         if (rank == kVictim)
             t_fail = t_fault;
     }
-    if (fault != "kill" && fault != "stop" && fault != "skip") {
+    if (fault != "kill" && fault != "stop" && fault != "skip" && fault != "link") {
         /* The refused (or mismatched) call took its number on rank 2 too: when every rank
          * failed that call, the old comm's next collective matches on every
          * rank, and is exact. A rank whose own part of it needed nothing of
@@ -480,6 +741,14 @@ void case_fail(weft_comm_t *c, int rank, const std::string &fault, const std::ve
     g_stage = "weft_comm_shrink";
     weft_comm_t *nc = nullptr;
     rc = weft_comm_shrink(c, &nc);
+    if (leaves && rank == kVictim) {
+        /* It lives, and learns it is out (fault link). */
+        check(rc == WEFT_ERR_REVOKED && nc == nullptr && last(c).find("leaves") != std::string::npos,
+              "rank 2's shrink after its link broke: " + std::to_string(rc) + " " + last(c));
+        std::printf("rank %d: weft_comm_shrink: %s\n", rank, last(c).c_str());
+        weft_comm_destroy(c);
+        return;
+    }
     check(rc == WEFT_SUCCESS && nc != nullptr, "weft_comm_shrink: " + last(c));
     std::printf("rank %d: weft_comm_shrink gave rank %d of %d, %.3f s after the failed call\n", rank,
                 weft_comm_rank(nc), weft_comm_size(nc), now_s() - t_fail);
@@ -527,8 +796,9 @@ int main(int argc, char **argv)
         return 0;
     }
     if (which != "kill" && which != "stop" && which != "skip" && which != "argerr" && which != "size" &&
-        which != "kind" && which != "root" && which != "dtype" && which != "op")
-        fail("WEFT_REVOKE_CASE=" + which + ": revoke, exclude, kill, stop, skip, argerr, size, kind, root, dtype or op");
+        which != "kind" && which != "root" && which != "dtype" && which != "op" && which != "link")
+        fail("WEFT_REVOKE_CASE=" + which + ": revoke, exclude, kill, stop, skip, argerr, size, kind, root, dtype, op "
+             "or link");
     if (std::getenv("WEFT_REVOKE_SPLIT") != nullptr) {
         /* On a comm split from the world one with the ranks reversed: its
          * rank 2 is world rank size - 3, and the verdicts name both. */

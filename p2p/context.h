@@ -54,6 +54,7 @@ struct weft_p2p {
     int                      fault_rank;        /* the first rank known failed, -1: none */
     int                      fault_code;
     char                     fault_why[384];    /* "rank 2 failed: ..." */
+    int                      link_a, link_b;    /* the first link known broken between live ranks (a < b), -1: none */
     double                   health_at;         /* last health pass */
     char                     revoke_why[320];   /* "the comm was revoked by rank N...", once core->revoked */
     /* Collectives that failed elsewhere (NOTICE COLL_FAILED), one slot per

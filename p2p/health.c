@@ -257,6 +257,47 @@ void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why
     weft_pipe_break(pp, code);
 }
 
+/* The link between ranks a and b broke while both processes live (this
+ * rank is one of them, or a notice said so). The comm's collectives
+ * cannot run as they are: like a failed rank, it faults the comm, with a
+ * text every rank words alike, and weft_comm_shrink leaves the higher
+ * rank of the two out (src/comm/shrink.c): a rule both ends apply alone.
+ * tp: the transport's name. An end tells every other rank. */
+static void link_down(struct weft_p2p *p, int a, int b, int code, const char *tp, int tell)
+{
+    char text[WEFT_WIRE_NOTICE_TEXT_MAX], pa[32], pb[32];
+    if (a > b) {
+        int t = a;
+        a = b;
+        b = t;
+    }
+    if (p->link_a == a && p->link_b == b)
+        return;   /* known: the other end's notice, or ours came back */
+    weft_parent_words(p->core, a, pa, sizeof pa);
+    weft_parent_words(p->core, b, pb, sizeof pb);
+    snprintf(text, sizeof text, "the %s link between rank %d%s and rank %d%s broke while both processes live "
+             "(weft_comm_shrink leaves rank %d out)", tp, a, pa, b, pb, b);
+    if (p->link_a < 0) {
+        p->link_a = a;
+        p->link_b = b;
+    }
+    if (a == p->rank || b == p->rank)   /* the pipe's own failure says it too */
+        snprintf(p->pipes[a == p->rank ? b : a].fail_why, sizeof p->pipes[0].fail_why, "%s", text);
+    if (p->fault_rank < 0) {
+        p->fault_rank = b;
+        p->fault_code = code;
+        snprintf(p->fault_why, sizeof(p->fault_why), "%s", text);
+    }
+    weft_set_error(p->core, code, "%s", text);
+    weft_p2p_fault_epoch_bump(p);
+    if (tell) {
+        const int other = a == p->rank ? b : a;
+        for (int i = 0; i < p->size; i++)
+            if (i != other && !p->pipes[i].failed)
+                notice_send(p, i, WEFT_NOTICE_LINK_DOWN, other, code, 0, tp);
+    }
+}
+
 #define LINK_DEATH_WAIT_MS 1000
 
 void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char *why)
@@ -281,13 +322,28 @@ void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char 
             st = process_gone(pp) ? 'X' : proc_state(pp->pid);
         }
         if (st != 0 && st != 'Z' && st != 'X') {
-            weft_set_error(p->core, code, "peer %d: %s (its process %d still runs: only this link is down)", rank,
-                           why, pp->pid);
+            WEFT_WARN(p->rank, "peer %d: %s (its process %d still runs: only this link is down)", rank, why,
+                      pp->pid);
+            pp->link_down = 1;
             weft_pipe_break(pp, code);
+            link_down(p, p->rank, rank, code, weft_pipe_tp_name(pp), 1);
             return;
         }
     }
     weft_health_declare(p, rank, code, why, 0);
+}
+
+void weft_health_settle(struct weft_p2p *p, int peer, int code)
+{
+    struct weft_peer_pipe *pp = &p->pipes[peer];
+    char why[512], text[256];
+    if (pp->broken || peer == p->rank)
+        return;
+    /* The transport recorded what it saw; keep it. */
+    weft_error_last_reason(p->core, text, sizeof(text));
+    snprintf(why, sizeof(why), "its %s link to this rank failed (%s): %s", weft_pipe_tp_name(pp), weft_err_str(code),
+             text);
+    weft_health_link_failed(p, peer, code, why);
 }
 
 /* How often a stalled collective receive asks its peer again. */
@@ -639,6 +695,19 @@ void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr
     case WEFT_NOTICE_ABORTED:
         weft_health_declare(p, pp->peer, WEFT_ERR_ABORTED, "it called weft_comm_abort", 1);
         break;
+    case WEFT_NOTICE_LINK_DOWN: {
+        /* A peer's words: a rank in range, not the sender, and a
+         * transport name of letters and digits, else ignored. */
+        int about = (int)(int64_t)h->addr;
+        int ok = about >= 0 && about < p->size && about != pp->peer && t[0] != '\0' && strlen(t) < 16;
+        for (const char *q = t; ok && *q; q++)
+            ok = (*q >= 'a' && *q <= 'z') || (*q >= '0' && *q <= '9') || *q == '_';
+        if (ok)
+            link_down(p, pp->peer, about, h->status > WEFT_SUCCESS && h->status <= WEFT_ERR_LAST ? h->status
+                                                                                               : WEFT_ERR_TRANSPORT,
+                      t, 0);
+        break;
+    }
     case WEFT_NOTICE_REVOKED: {
         int by = (int)(int64_t)h->addr;
         if (by < 0 || by >= p->size)

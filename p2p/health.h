@@ -51,6 +51,12 @@ void weft_health_watch_processes(struct weft_p2p *p);
  * pipe breaks (a link failure, the others are not told). Otherwise the
  * peer is declared failed (died, or a remote peer that closed on us). */
 void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char *why);
+/* The pipe to peer failed (code): decide now, once, whether the peer
+ * failed or only the link did (weft_health_link_failed), with the
+ * transport's recorded text as the cause. The transport calls it (its
+ * peer_failed upcall), and so does a request that ended with a transport
+ * error before the transport did, so its caller's text can say which. */
+void weft_health_settle(struct weft_p2p *p, int peer, int code);
 /* rank failed (code, why): break its pipe, tell the others (unless the
  * news came from a notice), bump p->fault_epoch (weft_p2p_fault_epoch_bump). */
 void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why, int from_notice);

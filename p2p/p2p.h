@@ -175,6 +175,9 @@ int  weft_p2p_revoked(struct weft_p2p *p, char *why, size_t whylen);
 /* Whether the pipe to peer is down (peer failed, or the link broke), and
  * why ("rank N failed: ..."); 0 while it works. */
 int  weft_p2p_peer_down(struct weft_p2p *p, int peer, char *why, size_t whylen);
+/* Whether this rank's link to peer broke while the peer's process ran
+ * (p2p/health.c): a link failure, not a failed peer. */
+int  weft_p2p_link_down(struct weft_p2p *p, int peer);
 /* weft_comm_abort: any thread. */
 void weft_p2p_abort(struct weft_p2p *p);
 

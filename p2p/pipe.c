@@ -520,7 +520,7 @@ int weft_pipe_isend(struct weft_peer_pipe *p, const void *buf, size_t bytes, int
 
     if (p->broken)
         return weft_set_error(core, p->broken, "send to peer %d tag %d: the pipe over %s failed earlier (%s)",
-                              p->peer, tag, weft_pipe_tp_name(p), p->failed ? p->fail_why : weft_err_str(p->broken));
+                              p->peer, tag, weft_pipe_tp_name(p), p->failed || p->link_down ? p->fail_why : weft_err_str(p->broken));
     r = req_new(p, WEFT_REQ_SEND, (void *)buf, bytes, tag, mem_kind, device, check);
     if (r == NULL)
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory for a request", p->peer,
@@ -765,7 +765,7 @@ static int irecv_(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, in
 
     if (p->broken)
         return weft_set_error(core, p->broken, "recv from peer %d tag %d: the pipe over %s failed earlier (%s)",
-                              p->peer, tag, weft_pipe_tp_name(p), p->failed ? p->fail_why : weft_err_str(p->broken));
+                              p->peer, tag, weft_pipe_tp_name(p), p->failed || p->link_down ? p->fail_why : weft_err_str(p->broken));
     r = req_new(p, WEFT_REQ_RECV, buf, bytes, tag, mem_kind, device, check);
     l = r ? lane_get(p, tag, 1) : NULL;
     if (l == NULL) {
@@ -1065,6 +1065,7 @@ int weft_pipe_cancel(struct weft_request *r, int err)
 {
     if (r->state == WEFT_REQ_DONE)
         return 1;
+    r->withdrawn = 1;   /* kept only when it completes here (below) */
     if (r->type == WEFT_REQ_RECV && r->state == WEFT_REQ_POSTED && weft_list_linked(&r->link)) {
         /* Still in its lane's posted list: nothing of the peer's is bound to it. */
         weft_list_del(&r->link);
@@ -1109,6 +1110,16 @@ void weft_pipe_break(struct weft_peer_pipe *p, int err)
 
     if (p->broken)
         return;
+    if (err == WEFT_ERR_TRANSPORT && !p->failed && !p->link_down && p->peer != p->p2p->rank &&
+        !__atomic_load_n(&p->p2p->core->leaving, __ATOMIC_ACQUIRE)) {
+        /* A transport error this side met first (a send that failed):
+         * decide now whether the peer failed or only the link did
+         * (p2p/health.c; it breaks the pipe itself), so the requests
+         * failed below say which. */
+        weft_health_settle(p->p2p, p->peer, err);
+        if (p->broken)
+            return;
+    }
     p->broken = err ? err : WEFT_ERR_TRANSPORT;
     if (__atomic_load_n(&p->p2p->core->leaving, __ATOMIC_ACQUIRE))   /* destroy's goodbyes */
         WEFT_INFO(p->p2p->rank, "pipe to peer %d over %s closed (the comm is being destroyed)", p->peer,

@@ -83,6 +83,7 @@ struct weft_peer_pipe {
     int                      pid, pidfd;   /* same-host peers: their process (pidfd -1: none) */
     int                      same_host;
     int                      failed;       /* the peer is known failed (died, stopped, silent, aborted) */
+    int                      link_down;    /* broken while the peer's process ran: a link failure, not the peer's */
     char                     fail_why[WEFT_WIRE_NOTICE_TEXT_MAX + 64]; /* "rank N failed: why" once failed */
     uint32_t                 stage_lane_next; /* next staged-transfer lane index (receiver side) */
     /* The peer's newest collective, as it answered our last COLL_ASK

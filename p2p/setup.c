@@ -60,22 +60,11 @@ static void up_rndv_done(void *arg, struct weft_tp_xfer *x, int err)
         path->xfer_done(r->pipe, r, err);
 }
 
+/* The transport lost the peer (connection closed, completion error):
+ * every rank should know, not only those whose own link noticed. */
 static void up_peer_failed(void *arg, int peer, int err)
 {
-    struct weft_p2p *p = arg;
-    struct weft_peer_pipe *pp = &p->pipes[peer];
-    char why[512];
-    if (pp->broken)
-        return;
-    /* The transport lost the peer (connection closed, completion error):
-     * every rank should know, not only those whose own link noticed. */
-    /* The transport recorded what it saw; keep it. p2p/health.c tells a
-     * link failure (the peer still runs) from a failed peer. */
-    char text[256];
-    weft_error_last_reason(p->core, text, sizeof(text));
-    snprintf(why, sizeof(why), "its %s link to this rank failed (%s): %s", weft_pipe_tp_name(pp), weft_err_str(err),
-             text);
-    weft_health_link_failed(p, peer, err, why);
+    weft_health_settle(arg, peer, err);
 }
 
 static void up_on_data(void *arg, int peer)
@@ -102,6 +91,7 @@ int weft_p2p_create(struct weft_core *core, struct weft_p2p **out)
     p->up.peer_failed = up_peer_failed;
     p->up.on_data = up_on_data;
     p->fault_rank = -1;
+    p->link_a = p->link_b = -1;
     for (int i = 0; i < WEFT_TAG_COLL_SLOTS; i++)
         p->cnotes[i].from = -1;   /* no note */
     p->table_slot = -1;

@@ -61,7 +61,10 @@ enum weft_wire_notice {
     WEFT_NOTICE_COLL_HEAD   = 5,
     /* The comm is revoked (weft_comm_revoke): addr = the rank that revoked
      * it; every rank that learns it tells all the others once. */
-    WEFT_NOTICE_REVOKED     = 6
+    WEFT_NOTICE_REVOKED     = 6,
+    /* The sender's link to rank addr broke while both processes live
+     * (p2p/health.c, link_down); text = the transport's name. */
+    WEFT_NOTICE_LINK_DOWN   = 7
 };
 #define WEFT_WIRE_NOTICE_TEXT_MAX 240
 

@@ -231,15 +231,33 @@ int weft_comm_shrink_all(struct weft_comm *c, const int *exclude, int nexclude, 
         a.said_by[exclude[i]] = -1;
         snprintf(a.why[exclude[i]], sizeof a.why[exclude[i]], "excluded by the caller");
     }
-    for (int r = 0; r < n; r++)
-        if (r != me && !has(mine, r) && weft_p2p_peer_down(c->p2p, r, a.why[r], sizeof a.why[r])) {
+    for (int r = 0; r < n; r++) {
+        if (r == me || has(mine, r))
+            continue;
+        if (weft_p2p_link_down(c->p2p, r)) {
+            /* Both live, the link between them broke: the higher rank of
+             * the two leaves. Its other end decides the same alone. */
+            const int out = r > me ? r : me;
+            if (!has(mine, out)) {
+                add(mine, out);
+                a.said_by[out] = -1;
+                snprintf(a.why[out], sizeof a.why[out], "the link between rank %d and rank %d broke while both "
+                         "processes live (of the two, the higher rank leaves)", me < r ? me : r, out);
+            }
+        } else if (weft_p2p_peer_down(c->p2p, r, a.why[r], sizeof a.why[r])) {
             add(mine, r);
             a.said_by[r] = -1;
         }
-    for (a.round = 0; changed && a.round <= (uint32_t)n + 1; a.round++)
+    }
+    /* A rank that finds itself in the set leaves after the round it
+     * learned it in: its last message reached every rank it could reach,
+     * and whoever told it told every rank outside its own set too, so no
+     * rank waits for it in the next round. */
+    for (a.round = 0; changed && a.round <= (uint32_t)n + 1 && (a.round == 0 || !has(mine, me));
+         a.round++)
         run_round(&a, &changed);
     list_ranks(mine, n, list, sizeof list);
-    if (changed) {
+    if (changed && !has(mine, me)) {
         rc = weft_set_error(&c->core, WEFT_ERR_TIMEOUT, "weft_comm_shrink: the surviving ranks did not agree on "
                             "the failed ones within %u rounds (this rank counts %s failed); ranks kept failing "
                             "during the agreement: call weft_comm_shrink again", a.round, list[0] ? list : "none");
@@ -247,9 +265,13 @@ int weft_comm_shrink_all(struct weft_comm *c, const int *exclude, int nexclude, 
     }
     if (has(mine, me)) {
         int by = a.said_by[me];
-        rc = weft_set_error(&c->core, WEFT_ERR_REVOKED, "weft_comm_shrink: the other ranks count this rank (rank "
-                            "%d) failed (rank %d put it in the failed set: it did not hear from this rank in time, "
-                            "or a link to it is down); it is not in the new comm", me, by);
+        if (by < 0)
+            rc = weft_set_error(&c->core, WEFT_ERR_REVOKED, "weft_comm_shrink: this rank (rank %d) leaves: %s; it is "
+                                "not in the new comm", me, a.why[me]);
+        else
+            rc = weft_set_error(&c->core, WEFT_ERR_REVOKED, "weft_comm_shrink: the other ranks count this rank (rank "
+                                "%d) failed (rank %d put it in the failed set: it did not hear from this rank in "
+                                "time, or a link to it is down); it is not in the new comm", me, by);
         goto out;
     }
     for (int r = 0; r < n; r++)
