@@ -62,6 +62,7 @@
 #include <time.h>
 
 #include "coll.h"
+#include "coll_sched.h"
 #include "core.h"
 #include "cudawrap.h"
 #include "list.h"
@@ -591,11 +592,17 @@ static int op_progress(struct weft_stream *S, struct sop *op, int block)
         rc = weft_p2p_test_signal(op->req, &done, &st, &signaled);
         if (done)
             op->req = NULL;
+        else   /* polling is waiting too: the request's own clock (WEFT_TIMEOUT, the health checks) */
+            weft_p2p_watch(op->req, kind_name(op->kind, op->coll.kind));
     } else if (op->cop) {
-        if (block)
+        if (block) {
             rc = weft_coll_op_wait(op->cop);
-        else
+        } else {
             rc = weft_coll_op_test(op->cop, &done);
+            struct weft_request *oldest = done ? NULL : weft_sched_oldest(op->cop);
+            if (oldest)   /* as for weft_test of a non-blocking collective (coll_nb.c) */
+                weft_p2p_watch(oldest, kind_name(op->kind, op->coll.kind));
+        }
         if (done)
             op->cop = NULL;
     }
