@@ -23,12 +23,24 @@ if(WEFT_TEST_EMU_CUDA)
   target_compile_definitions(weft_mpi_revoke_stream PRIVATE WEFT_REVOKE_CUDA=1)
 endif()
 # One np 4 entry: name, case, loop operation, config, labels (a list).
+# Op stream runs the emulated-CUDA build of the binary.
 function(weft_add_revoke_entry name case op config labels)
   weft_mpi_config_env(${config} config_env)
   set(ranks "4")
+  set(binary weft_mpi_revoke)
+  # Fault link: rank 2's tcp link to rank 1 breaks; on two virtual nodes
+  # to rank 0, the other node's leader (the message path's collectives).
+  set(link_peer 1)
+  if(config STREQUAL "vnodes2")
+    set(link_peer 0)
+  endif()
+  if(op STREQUAL "stream")
+    set(binary weft_mpi_revoke_stream)
+    list(APPEND config_env WEFT_CUDA_LIB=$<TARGET_FILE:weft_emu_cuda>)
+  endif()
   if(case STREQUAL "revoke")
     set(pass "REVOKE-ALL-OK 4 ranks")
-  elseif(case STREQUAL "exclude" OR case STREQUAL "kill" OR case STREQUAL "stop")
+  elseif(case STREQUAL "exclude" OR case STREQUAL "kill" OR case STREQUAL "stop" OR case STREQUAL "link")
     set(pass "REVOKE-ALL-OK 3 ranks")
   else()   # skip, argerr: rank 2 lives and is kept
     set(pass "REVOKE-ALL-OK 4 ranks")
@@ -36,13 +48,16 @@ function(weft_add_revoke_entry name case op config labels)
   add_test(NAME ${name}
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${ranks} ${WEFT_MPIEXEC_FLAGS}
             --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0
-            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:weft_mpi_revoke> ${MPIEXEC_POSTFLAGS})
+            ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${binary}> ${MPIEXEC_POSTFLAGS})
   if(case STREQUAL "stop" OR case STREQUAL "skip")
     list(APPEND labels sleepy)   # most of it is waiting out WEFT_TIMEOUT with the CPUs idle
   endif()
+  if(op STREQUAL "stream")
+    list(APPEND labels emu device)
+  endif()
   list(APPEND labels mpi faults np4 ${config})
   set_tests_properties(${name} PROPERTIES
-    ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=5;WEFT_REVOKE_CASE=${case};WEFT_REVOKE_OP=${op}"
+    ENVIRONMENT "${WEFT_MPI_TEST_COMMON_ENV};${config_env};WEFT_TIMEOUT=5;WEFT_REVOKE_CASE=${case};WEFT_REVOKE_OP=${op};WEFT_REVOKE_LINK_PEER=${link_peer}"
     PASS_REGULAR_EXPRESSION "${pass}"
     FAIL_REGULAR_EXPRESSION "REVOKE-FAIL"
     TIMEOUT 90
@@ -106,6 +121,39 @@ foreach(config shm tcp vnodes2)
       weft_add_revoke_entry(verdicts_op_${op}_np4_${config} op ${op} ${config} verdicts_matrix)
     endif()
   endforeach()
+  # Message pipes (a ring of 256 KiB messages), creation by weft_comm_init
+  # (the unique id sent by MPI_Send), and an allreduce on a CUDA stream
+  # (the emulated runtime): a rank that dies or stops; a live rank that
+  # skips the creation or the stream call (not the pipes: as for p2p, a
+  # ring's other pairs complete and the rank two hops away goes on into a
+  # round nobody joins).
+  foreach(case kill stop skip)
+    set(ops init)
+    if(NOT case STREQUAL "skip")
+      list(APPEND ops pipe)
+    endif()
+    if(WEFT_TEST_EMU_CUDA)
+      list(APPEND ops stream)
+    endif()
+    foreach(op ${ops})
+      weft_add_revoke_entry(verdicts_${case}_${op}_np4_${config} ${case} ${op} ${config} verdicts_matrix)
+    endforeach()
+  endforeach()
+  # A link that breaks while both ranks live (rank 2 shuts its tcp
+  # connections to one rank down): every rank names the link, and the
+  # shrink leaves rank 2 out (the higher of the two). Not over shm (one
+  # host's memory: no link to break short of a process's death); not p2p
+  # and pipes (a ring: see above); not split (its bootstrap's own texts).
+  # The allreduce over tcp is CI's (label verdicts, ~2 s).
+  if(NOT config STREQUAL "shm")
+    foreach(op allreduce iallreduce allgather bcast reduce alltoall barrier)
+      set(label verdicts_matrix)
+      if(op STREQUAL "allreduce" AND config STREQUAL "tcp")
+        set(label verdicts)
+      endif()
+      weft_add_revoke_entry(verdicts_link_${op}_np4_${config} link ${op} ${config} ${label})
+    endforeach()
+  endif()
 endforeach()
 
 # The flight recorder (mpi_tests/test_trace.cc): WEFT_TRACE journals and
