@@ -324,9 +324,16 @@ void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char 
         if (st != 0 && st != 'Z' && st != 'X') {
             WEFT_WARN(p->rank, "peer %d: %s (its process %d still runs: only this link is down)", rank, why,
                       pp->pid);
-            pp->link_down = 1;
+            /* The comm's first fault, or this end of the link that is:
+             * a link failure of its own. A pipe between live ranks that
+             * breaks after another fault is taken down by it (a transfer
+             * given up when the call failed): only this pipe is down. */
+            const int lo = rank < p->rank ? rank : p->rank, hi = rank < p->rank ? p->rank : rank;
+            if (p->fault_rank < 0 || (p->link_a == lo && p->link_b == hi))
+                pp->link_down = 1;
             weft_pipe_break(pp, code);
-            link_down(p, p->rank, rank, code, weft_pipe_tp_name(pp), 1);
+            if (pp->link_down)
+                link_down(p, p->rank, rank, code, weft_pipe_tp_name(pp), 1);
             return;
         }
     }

@@ -249,6 +249,14 @@ int weft_comm_shrink_all(struct weft_comm *c, const int *exclude, int nexclude, 
             a.said_by[r] = -1;
         }
     }
+    if (has(mine, me)) {
+        /* This rank leaves (its link to a live rank broke, and it is the
+         * higher of the two): what it sees of the others after that is no
+         * one's failure but its own (pipes taken down with the failed
+         * call), so it accuses no one. */
+        memset(mine, 0, a.setb);
+        add(mine, me);
+    }
     /* A rank that finds itself in the set leaves after the round it
      * learned it in: its last message reached every rank it could reach,
      * and whoever told it told every rank outside its own set too, so no
