@@ -6,7 +6,9 @@
 # (weft_comm_shrink_excluding leaves out a live rank at once), kill and
 # stop (rank 2 SIGKILLs / SIGSTOPs itself mid-loop: the survivors' shrink
 # gives a comm of 3 whose allreduce is exact), and skip on vnodes2 (rank 2
-# lives and skips an allreduce: every survivor names it, all 4 shrink). The binary has its own main;
+# lives and skips an allreduce: every survivor names it, all 4 shrink),
+# and link over tcp (rank 2's link to rank 1 breaks while both live: every
+# rank names the link, the shrink leaves rank 2 out). The binary has its own main;
 # the new comm's rank 0 prints REVOKE-ALL-OK once every rank passed.
 # Recovery on for kill/stop (the survivors outlive rank 2); mpirun's exit
 # code says nothing there, so the entries judge by the lines.

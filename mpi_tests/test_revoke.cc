@@ -27,13 +27,23 @@
  *         others barrier); root 1 where the others use root 0 (bcast,
  *         reduce); uint32 where the others reduce int32 (dtype), max where
  *         they sum (op). Its own call must fail too.
+ * link    Rank 2 shuts down its tcp connections to rank WEFT_REVOKE_LINK_PEER
+ *         (default 1): both live on and go on with the loop. Every rank's
+ *         call must fail (rank 2's may complete when nothing of it needed
+ *         the link any more: then its next one) naming the link; the
+ *         shrink leaves rank 2 out (the higher rank of the two), and rank
+ *         2's own weft_comm_shrink must say it leaves.
  *         WEFT_REVOKE_OP picks the loop's operation (default allreduce;
  *         iallreduce, allgather, bcast, reduce, alltoall, barrier, p2p:
  *         a ring of sends and receives; split: weft_comm_split and the new
- *         comm's destroy): the matrix of revoke.cmake.
+ *         comm's destroy; pipe: a ring of 256 KiB message-pipe messages;
+ *         init: weft_comm_init of all ranks and its destroy; stream, in
+ *         weft_mpi_revoke_stream only: weft_allreduce_on_stream on the
+ *         emulated CUDA runtime, its failure read as the comm's async
+ *         error): the matrix of revoke.cmake.
  *         Every other rank's call must fail naming rank 2 within
- *         WEFT_TIMEOUT + 2 s of the fault. Then each calls weft_comm_shrink:
- *         after kill and stop it must give a comm of 3 ranks -- old ranks 0,
+ *         WEFT_TIMEOUT + 2 s of its start. Then each calls weft_comm_shrink:
+ *         after kill, stop and link it must give a comm of 3 ranks -- old ranks 0,
  *         1 and 3, now 0, 1, 2 -- after skip and argerr (rank 2 lives and
  *         calls the shrink too) one of all 4; its allreduce must be exact.
  *         After argerr the old comm must first still work: the refused call
