@@ -128,9 +128,11 @@ int weft_coll_init(struct weft_coll *cc, struct weft_p2p *p2p, struct weft_core 
         return weft_set_error(core, WEFT_ERR_INVALID_ARG, "collectives: an unknown algorithm name in the config");
     if (core->size > 1) {
         cc->journal = calloc(1, sizeof *cc->journal);
-        if (cc->journal == NULL)
+        cc->sjournal = calloc(1, sizeof *cc->sjournal);
+        if (cc->journal == NULL || cc->sjournal == NULL)
             return weft_set_error(core, WEFT_ERR_NO_MEMORY, "collectives: no memory for the operation journal");
         weft_journal_init(cc->journal);
+        weft_journal_init_beside(cc->sjournal, cc->journal);
     }
     if (coll_topo_build(cc, node) != 0)
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "collectives: no memory for the node layout of %d ranks",
@@ -156,6 +158,7 @@ void weft_coll_fini(struct weft_coll *cc)
     free(cc->node_ranks);
     free(cc->shapes);
     free(cc->journal);
+    free(cc->sjournal);
     coll_node_fini(cc);
     coll_stage_fini(cc);
     coll_nb_fini(cc);

@@ -98,6 +98,7 @@ struct weft_journal;
 struct weft_coll {
     struct weft_p2p        *p2p;
     struct weft_journal    *journal;   /* the last calls (journal.h); NULL for one rank */
+    struct weft_journal    *sjournal;  /* the last stream-ordered collectives (their own numbers), beside it */
     struct weft_core       *core;      /* rank, size, cfg, errors */
     uint32_t                seq;       /* collectives started (tags of internal lanes) */
     int                     ag_algo;   /* WEFT_ALLGATHER_ALGO mapped to the algorithm (0: selector) */

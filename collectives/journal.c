@@ -11,7 +11,9 @@
  * Times are microseconds of a coarse clock (a few ms steps) from the
  * comm's creation; a failed or refused call also has end_us (one that
  * succeeded reads no clock at its end); next_call is the number the next
- * collective will take.
+ * collective will take. Then the stream-ordered collectives' lines, their
+ * own numbers, oldest first, each with "stream":1 (state "started": queued
+ * or running, not yet complete on its stream).
  */
 #include "journal.h"
 
@@ -46,6 +48,13 @@ void weft_journal_init(struct weft_journal *j)
     j->t0_us = weft_journal_now_us();
     j->wall0_ms = (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000;
     j->ordinal = __atomic_fetch_add(&g_ordinal, 1u, __ATOMIC_RELAXED);
+}
+
+void weft_journal_init_beside(struct weft_journal *j, const struct weft_journal *main)
+{
+    j->t0_us = main->t0_us;
+    j->wall0_ms = main->wall0_ms;
+    j->ordinal = main->ordinal;
 }
 
 void weft_journal_failed(struct weft_journal *j, uint32_t seq, int rc)
@@ -132,6 +141,8 @@ static int read_entry(const struct weft_journal_entry *s, struct seen *d)
     return d->state <= JOURNAL_REFUSED;
 }
 
+static void write_calls(FILE *f, const struct weft_journal *j, struct seen *copy, int stream);
+
 static void write_all(FILE *f, struct weft_coll *cc, const char *reason)
 {
     struct weft_journal *j = cc->journal;
@@ -139,7 +150,6 @@ static void write_all(FILE *f, struct weft_coll *cc, const char *reason)
     struct weft_error e;
     struct timeval tv;
     char host[256] = "?", last[1100];
-    size_t n = 0;
 
     gettimeofday(&tv, NULL);
     gethostname(host, sizeof host - 1);
@@ -160,6 +170,17 @@ static void write_all(FILE *f, struct weft_coll *cc, const char *reason)
     fputs("}\n", f);
     if (copy == NULL)
         return;
+    write_calls(f, j, copy, 0);
+    if (cc->sjournal)
+        write_calls(f, cc->sjournal, copy, 1);
+    free(copy);
+}
+
+/* One line per entry of ring j still there, oldest first (copy: room for
+ * the ring); stream: the stream-ordered ring (its lines say so). */
+static void write_calls(FILE *f, const struct weft_journal *j, struct seen *copy, int stream)
+{
+    size_t n = 0;
     for (size_t i = 0; i < WEFT_JOURNAL_LEN; i++)
         n += (size_t)read_entry(&j->e[i], &copy[n]);
     qsort(copy, n, sizeof *copy, by_seq);
@@ -171,7 +192,7 @@ static void write_all(FILE *f, struct weft_coll *cc, const char *reason)
             snprintf(what, sizeof what, "%s (refused on this rank's arguments)", d->fn ? d->fn : "a collective");
         else
             weft_coll_sig_describe(&sig, what, sizeof what);
-        fprintf(f, "{\"call\":%u,\"what\":", d->seq);
+        fprintf(f, stream ? "{\"call\":%u,\"stream\":1,\"what\":" : "{\"call\":%u,\"what\":", d->seq);
         json_str(f, what);
         fprintf(f, ",\"nb\":%d,\"state\":\"%s\",\"start_us\":%lld", d->nb, state_name[d->state],
                 (long long)d->t_start_us);
@@ -183,7 +204,6 @@ static void write_all(FILE *f, struct weft_coll *cc, const char *reason)
                     weft_err_str(d->state == JOURNAL_DONE ? 0 : d->rc));
         fputs("}\n", f);
     }
-    free(copy);
 }
 
 int weft_journal_write(struct weft_coll *cc, const char *reason, int to_stderr)

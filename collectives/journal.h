@@ -13,7 +13,9 @@
  * written to <dir>/weft-trace.<comm>.r<rank>.jsonl, JSON lines, at a
  * collective's failure, at destroy, and by weft_comm_dump (any thread);
  * tools/weft-trace merges the ranks' files and says who is behind.
- * Stream-ordered collectives are not in it yet.
+ * Stream-ordered collectives (src/stream) have a ring of their own beside
+ * it (struct weft_coll's sjournal), numbered in their own call order, and
+ * go to the same file marked "stream":1.
  */
 #ifndef WEFT_JOURNAL_H
 #define WEFT_JOURNAL_H
@@ -49,6 +51,9 @@ struct weft_journal {
 
 /* Sets j up (zeroed by the caller's calloc or memset). */
 void weft_journal_init(struct weft_journal *j);
+/* Sets j up as a second ring of main's comm (the stream-ordered
+ * collectives): the same clock, the same file. */
+void weft_journal_init_beside(struct weft_journal *j, const struct weft_journal *main);
 int64_t weft_journal_now_us(void);   /* the coarse clock */
 
 /* A call with number seq starts (nb: non-blocking). Inline, one clock read

@@ -19,6 +19,8 @@
  * start of weft_comm_destroy; run them with --gtest_also_run_disabled_tests.
  */
 #include <cuda_runtime_api.h>
+#include <dirent.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -27,6 +29,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -606,6 +610,73 @@ TEST_F(StreamTest, AsyncErrorReportedByNextCall)
 }
 
 /* (g): argument errors, checked before anything is queued. */
+/* The flight recorder (collectives/journal.h): stream-ordered collectives
+ * are in the comm's journal, numbered apart from the others ("stream":1
+ * lines), done once their stream went on. A comm of its own, made with
+ * WEFT_TRACE pointing at a fresh directory; weft_comm_dump writes each
+ * rank's file. */
+TEST_F(StreamTest, JournalHoldsStreamCollectives)
+{
+    char dir[64] = "";
+    if (rank == 0) {
+        std::strcpy(dir, "/tmp/weft-stream-trace.XXXXXX");
+        if (mkdtemp(dir) == nullptr)
+            dir[0] = '\0';
+    }
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    ASSERT_NE(dir[0], '\0') << "mkdtemp on rank 0";
+    setenv("WEFT_TRACE", dir, 1);
+    weft_comm_t *c = nullptr;
+    int rc = weft_comm_create(MPI_COMM_WORLD, &c);
+    unsetenv("WEFT_TRACE");
+    ASSERT_EQ(rc, WEFT_SUCCESS) << weft_last_error();
+    {
+        Stream s;
+        Dev in(64 * sizeof(float)), out(64 * sizeof(float));
+        ASSERT_TRUE(in.p && out.p);
+        ASSERT_EQ(cudaMemset(in.p, 0, 64 * sizeof(float)), cudaSuccess);
+        ASSERT_EQ(weft_allreduce_on_stream(c, in.p, out.p, 64, WEFT_FLOAT32, WEFT_SUM, s.s), WEFT_SUCCESS)
+            << weft_comm_last_error(c);
+        ASSERT_EQ(weft_bcast_on_stream(c, out.p, 256, 0, s.s), WEFT_SUCCESS) << weft_comm_last_error(c);
+        ASSERT_EQ(weft_barrier(c), WEFT_SUCCESS) << weft_comm_last_error(c);   /* the other numbering's call 0 */
+        ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+    }
+    ASSERT_EQ(weft_comm_dump(c), WEFT_SUCCESS) << weft_comm_last_error(c);
+    /* This rank's file: weft-trace.<comm>.r<rank>.jsonl. */
+    std::string text, suffix = ".r" + std::to_string(rank) + ".jsonl", name;
+    if (DIR *d = opendir(dir)) {
+        while (dirent *e = readdir(d)) {
+            std::string n = e->d_name;
+            if (n.size() > suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
+                name = n;
+        }
+        closedir(d);
+    }
+    ASSERT_FALSE(name.empty()) << "no journal of rank " << rank << " in " << dir;
+    std::ifstream f(std::string(dir) + "/" + name);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+    auto line_with = [&](const std::string &what) {
+        size_t at = text.find(what);
+        if (at == std::string::npos)
+            return std::string();
+        size_t end = text.find('\n', at);
+        return text.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    };
+    const std::string ar = line_with("{\"call\":0,\"stream\":1,\"what\":\"allreduce(64 x float32, sum)\"");
+    const std::string bc = line_with("{\"call\":1,\"stream\":1,\"what\":\"bcast(256 B, root 0)\"");
+    const std::string ba = line_with("{\"call\":0,\"what\":\"barrier\"");
+    EXPECT_NE(ar.find("\"state\":\"done\""), std::string::npos) << "the stream allreduce's line: " << text;
+    EXPECT_NE(bc.find("\"state\":\"done\""), std::string::npos) << "the stream bcast's line: " << text;
+    EXPECT_NE(ba.find("\"state\":\"done\""), std::string::npos) << "the barrier's line: " << text;
+    EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS) << weft_last_error();
+    std::remove((std::string(dir) + "/" + name).c_str());
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0)
+        rmdir(dir);
+}
+
 TEST_F(StreamTest, ArgumentErrors)
 {
     Stream s;

@@ -63,6 +63,7 @@
 
 #include "coll.h"
 #include "coll_sched.h"
+#include "journal.h"
 #include "core.h"
 #include "cudawrap.h"
 #include "list.h"
@@ -610,6 +611,11 @@ static int op_progress(struct weft_stream *S, struct sop *op, int block)
         return 0;
     if (rc != WEFT_SUCCESS && op->err == WEFT_SUCCESS)
         op->err = rc;
+    if (op->kind == SOP_COLL && S->cc->sjournal) {
+        weft_journal_end(S->cc->sjournal, op->ag_seq, op->err);
+        if (op->err != WEFT_SUCCESS && !op->reported && S->core->cfg.trace_dir[0])
+            (void)weft_journal_write(S->cc, "error", 0);   /* the failing rank writes first */
+    }
     /* The error is on record before the stream may go on (the slot below,
      * or the counter in publish): whoever synchronises the stream and then
      * asks (weft_comm_async_error) sees it. */
@@ -1016,8 +1022,12 @@ static int submit(struct gop *ops, size_t n, const char *fn)
             struct sop *op = b->ops[i];
             struct sstream *ss = op->ss;
             op->seq = ++ss->next_seq;
-            if (op->kind == SOP_COLL)
+            if (op->kind == SOP_COLL) {
                 op->ag_seq = S->ag_seq++;
+                if (S->cc->sjournal)   /* the flight recorder: queued now, ends when its stream may go on */
+                    weft_journal_start(S->cc->sjournal, op->ag_seq, op->coll.kind, op->coll.root, op->coll.dtype,
+                                       op->coll.op, (uint64_t)op->coll.count, 1);
+            }
             if (op->kind == SOP_RECV && signal_eligible(S, op) &&
                 weft_signals_take(S->core, &op->sig_slot, &op->sig_value, &op->sig_addr) == 0)
                 op->sig = 1;

@@ -22,8 +22,10 @@ def journal(d, rank, size, calls, reason="error", comm=0):
             f.write(json.dumps(c) + "\n")
 
 
-def call(n, what, state="done"):
+def call(n, what, state="done", stream=False):
     c = {"call": n, "what": what, "nb": 0, "state": state, "start_us": n * 1000}
+    if stream:   # a stream-ordered collective: numbered apart (journal.c)
+        c.update(stream=1, nb=1)
     if state == "done":   # weft writes no end time for a call that succeeded
         c.update(rc=0, error="success")
     elif state != "started":
@@ -66,5 +68,17 @@ case("stalled link",
 case("all well",
      lambda d: [journal(d, r, 2, [call(0, AR), call(1, BC)], reason="weft_comm_destroy") for r in range(2)],
      ["verdict: nothing wrong in the journals"], ["is behind", "different"])
+# Stream-ordered collectives have numbers of their own: equal heads in both
+# numberings are fine; a rank one stream call behind is named as such.
+case("stream calls beside the others",
+     lambda d: [journal(d, r, 2, [call(0, AR), call(1, BC), call(0, AR, stream=True)], reason="weft_comm_destroy")
+                for r in range(2)],
+     ["verdict: nothing wrong in the journals"], ["is behind", "different"])
+case("stream behind",
+     lambda d: [journal(d, r, 3, [call(0, AR), call(0, AR, stream=True)] +
+                       ([call(1, AR, "started", stream=True)] if r != 1 else [])) for r in range(3)],
+     ["rank 1 is behind: it never called stream call #1 allreduce(8 x int32, sum), which ranks 0 and 2 called "
+      "(still in it); its newest stream call is #0", "newest stream call #1"],
+     ["never called #1", "different collectives"])
 case("empty directory", lambda d: None, ["no weft-trace.*.r*.jsonl"], rc=2)
 sys.exit(1 if failures else 0)
