@@ -54,8 +54,9 @@ void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char 
 /* The pipe to peer failed (code): decide now, once, whether the peer
  * failed or only the link did (weft_health_link_failed), with the
  * transport's recorded text as the cause. The transport calls it (its
- * peer_failed upcall), and so does a request that ended with a transport
- * error before the transport did, so its caller's text can say which. */
+ * peer_failed upcall), and so does weft_pipe_break for a transport error
+ * this side met first (a send that failed), so the requests it fails say
+ * which. */
 void weft_health_settle(struct weft_p2p *p, int peer, int code);
 /* rank failed (code, why): break its pipe, tell the others (unless the
  * news came from a notice), bump p->fault_epoch (weft_p2p_fault_epoch_bump). */

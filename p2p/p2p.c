@@ -357,17 +357,6 @@ static struct weft_request *handle_lock(weft_request_t *h, struct weft_p2p **pp,
 static int finish(struct weft_request *r, weft_status_t *status)
 {
     int err = r->status.error;
-    struct weft_peer_pipe *pp = r->pipe;
-    if (err == WEFT_ERR_TRANSPORT && !r->withdrawn && pp != NULL && !pp->broken && pp->peer != r->p2p->rank &&
-        (r->type == WEFT_REQ_SEND || r->type == WEFT_REQ_RECV)) {
-        /* The transport failed this request before it reported the pipe:
-         * decide now whether the peer or only the link failed, and say
-         * which (the transport's words stay in the log). */
-        weft_health_settle(r->p2p, pp->peer, err);
-        if (pp->failed || pp->link_down)
-            weft_set_error(r->p2p->core, err, "%s peer %d tag %d: %s", r->type == WEFT_REQ_SEND ? "send to" :
-                           "recv from", pp->peer, r->tag, pp->fail_why);
-    }
     if (status)
         *status = r->status;
     weft_req_free(r);

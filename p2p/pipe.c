@@ -1065,7 +1065,6 @@ int weft_pipe_cancel(struct weft_request *r, int err)
 {
     if (r->state == WEFT_REQ_DONE)
         return 1;
-    r->withdrawn = 1;   /* kept only when it completes here (below) */
     if (r->type == WEFT_REQ_RECV && r->state == WEFT_REQ_POSTED && weft_list_linked(&r->link)) {
         /* Still in its lane's posted list: nothing of the peer's is bound to it. */
         weft_list_del(&r->link);

@@ -52,7 +52,6 @@ struct weft_request {
     unsigned char        user;     /* handed to the user as a handle (weft_isend/weft_irecv) */
     unsigned char        claimed;  /* inside a weft_waitall (a second copy there is refused) */
     unsigned char        checked;  /* carries a collective fingerprint (check below) */
-    unsigned char        withdrawn;/* ended by weft_pipe_cancel (its call gave up), not by its transport */
     unsigned char        discard;  /* a receive that drops its message whatever its size (the
                                       message pipes' discards): never a truncation, no data moved */
     uint64_t             activity; /* the pipe's activity count when last seen (per-request timeout) */
