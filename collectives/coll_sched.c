@@ -14,6 +14,7 @@
 #include "log.h"
 #include "p2p.h"
 #include "reduce_kernel.h"
+#include "tags.h"
 #include "coll_impl.h"
 #include "weft.h"
 
@@ -65,7 +66,7 @@ static void op_fail(struct weft_coll_op *op, int err, const struct weft_sched_st
     /* A step that failed because a rank failed, or because the call failed
      * elsewhere (a peer refusing this call's messages): say that, not which
      * step noticed first. */
-    int fc = weft_p2p_fault(op->p2p, op->seq, cause, sizeof cause);
+    int fc = weft_p2p_fault(op->p2p, op->key, cause, sizeof cause);
     /* A send the peer refused as a mismatch (its receive met this call's
      * message and found another operation there, or it refused the call
      * on its own arguments): the peer decided, and its notice -- naming
@@ -73,7 +74,7 @@ static void op_fail(struct weft_coll_op *op, int err, const struct weft_sched_st
      * (bounded) rather than tell every rank a verdict without the peer's
      * words. */
     if (fc == WEFT_SUCCESS && err == WEFT_ERR_MISMATCH && s->kind == WEFT_SCHED_SEND)
-        fc = weft_p2p_await_note(op->p2p, op->seq, NOTE_WAIT_S, cause, sizeof cause);
+        fc = weft_p2p_await_note(op->p2p, op->key, NOTE_WAIT_S, cause, sizeof cause);
     if (fc != WEFT_SUCCESS) {
         op->err = weft_set_error(op->core, fc, "%s: %s", op->what, cause);
         op_withdraw(op, fc);
@@ -102,7 +103,7 @@ static void op_fail(struct weft_coll_op *op, int err, const struct weft_sched_st
         weft_error_get(op->core, &last);
         weft_error_format(&last, 1, line, sizeof line);
         snprintf(text, sizeof text, "rank %d: %.200s", op->core->rank, line);
-        weft_p2p_coll_failed(op->p2p, op->seq, err, text);
+        weft_p2p_coll_failed(op->p2p, op->key, err, text);
     }
     op_withdraw(op, err);
 }
@@ -177,7 +178,7 @@ struct weft_p2p_check weft_sched_sig_check(const struct weft_coll_sig *sig, uint
 static void check_sig(const struct weft_p2p_check *c, struct weft_coll_sig *sig, uint32_t *seq)
 {
     *seq = (uint32_t)(c->w[0] >> 32);
-    sig->kind = (int)(uint16_t)c->w[0];
+    sig->kind = (int)((uint16_t)c->w[0] & ~WEFT_P2P_CHECK_STREAM);
     sig->op = (int)(uint8_t)(c->w[0] >> 16) - 1;
     sig->dtype = (int)(uint8_t)(c->w[0] >> 24) - 1;
     sig->root = (int)(int64_t)c->w[1];
@@ -233,10 +234,10 @@ static int op_check_fault_at(struct weft_coll_op *op, const struct weft_sched_st
     op->epoch = e;
     if (op->err != WEFT_SUCCESS)
         return 1;
-    int code = weft_p2p_fault(op->p2p, op->seq, why, sizeof why);
+    int code = weft_p2p_fault(op->p2p, op->key, why, sizeof why);
     if (code == WEFT_SUCCESS)
         return 0;
-    if (waited != NULL && weft_p2p_coll_decided_here(op->p2p, op->seq))
+    if (waited != NULL && weft_p2p_coll_decided_here(op->p2p, op->key))
         op->err = weft_set_error(op->core, code, "%s step %d: %s of %zu B with peer %d stalled: %s", op->what,
                                  waited->num, done_verb(waited), waited->bytes, waited->peer, why);
     else
@@ -274,7 +275,7 @@ static int op_mismatch(struct weft_coll_op *op, const struct weft_sched_step *s,
                  their_seq, op->seq);
     snprintf(text, sizeof text, "rank %d called %s, rank %d called %s", op->core->rank, mine_s, s->peer, theirs_s);
     op->err = weft_set_error(op->core, WEFT_ERR_MISMATCH, "%s: collective mismatch: %s", op->what, text);
-    weft_p2p_coll_failed(op->p2p, op->seq, WEFT_ERR_MISMATCH, text);
+    weft_p2p_coll_failed(op->p2p, op->key, WEFT_ERR_MISMATCH, text);
     op_withdraw(op, WEFT_ERR_MISMATCH);
     return 0;
 }
@@ -464,6 +465,12 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct 
     op->err = WEFT_SUCCESS;
     op->sig = call->sig;
     op->check = weft_sched_sig_check(&call->sig, call->seq);
+    /* The stream engine's collectives are numbered apart (their own lanes,
+     * weft_tag_scoll): their fingerprints and verdicts say so (p2p.h). */
+    const int stream = weft_tag_is_scoll(call->tag(call->seq, 0));
+    if (stream)
+        op->check.w[0] |= WEFT_P2P_CHECK_STREAM;
+    op->key = weft_p2p_call_key(call->seq, stream);
     op->nranks = call->nranks > 0 ? call->nranks : 1;
     op->dev = call->scratch_dev;
     op->scratch_dev = NULL;

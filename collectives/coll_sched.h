@@ -106,6 +106,8 @@ struct weft_coll_op {
     const char             *what;    /* "allgather ring", "bcast binomial", ... */
     weft_coll_tag_fn        tag;
     uint32_t                seq;     /* the call's sequence number (its lanes) */
+    uint64_t                key;     /* seq with its numbering (stream-ordered or not): what failure
+                                        notes go by (weft_p2p_call_key) */
     int                     err;     /* first failure; WEFT_SUCCESS so far */
     struct weft_coll_sig    sig;
     struct weft_p2p_check   check;   /* sig + seq as it travels */

@@ -677,6 +677,45 @@ TEST_F(StreamTest, JournalHoldsStreamCollectives)
         rmdir(dir);
 }
 
+/* Stream-ordered collectives are numbered apart from the others: a failed
+ * stream call's verdict (here a mismatch: rank 0 reduces 64 elements, the
+ * others 32, as the comm's 9th stream collective) is the failure note of
+ * that stream call, and must not fail the other numbering's call of the
+ * same number (once both went by one number, and the stream note made a
+ * barrier fail as a mismatch). A comm of its own; then 16 barriers, which
+ * pass whichever number the comm's own calls started them at. */
+TEST_F(StreamTest, StreamVerdictStaysInItsNumbering)
+{
+    weft_comm_t *c = nullptr;
+    ASSERT_EQ(weft_comm_create(MPI_COMM_WORLD, &c), WEFT_SUCCESS) << weft_last_error();
+    {
+        Stream s;
+        Dev in(64 * sizeof(float)), out(64 * sizeof(float));
+        ASSERT_TRUE(in.p && out.p);
+        ASSERT_EQ(cudaMemset(in.p, 0, 64 * sizeof(float)), cudaSuccess);
+        for (int i = 0; i < 8; i++)
+            ASSERT_EQ(weft_allreduce_on_stream(c, in.p, out.p, 64, WEFT_FLOAT32, WEFT_SUM, s.s), WEFT_SUCCESS)
+                << weft_comm_last_error(c);
+        ASSERT_EQ(weft_allreduce_on_stream(c, in.p, out.p, rank == 0 ? 64 : 32, WEFT_FLOAT32, WEFT_SUM, s.s),
+                  WEFT_SUCCESS) << weft_comm_last_error(c);
+        ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+    }
+    const int async = weft_comm_async_error(c);
+    const std::string why = weft_comm_last_error(c) ? weft_comm_last_error(c) : "";
+    int any = async == WEFT_ERR_MISMATCH, all = 0;
+    MPI_Allreduce(&any, &all, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    EXPECT_EQ(all, 1) << "no rank saw the stream allreduce's mismatch";
+    if (async != WEFT_SUCCESS) {
+        EXPECT_NE(why.find("stream"), std::string::npos) << why;
+    }
+    MPI_Barrier(MPI_COMM_WORLD);   /* every note of the failed stream call is out */
+    for (int i = 0; i < 16; i++)
+        ASSERT_EQ(weft_barrier(c), WEFT_SUCCESS) << "barrier " << i << ": " << weft_comm_last_error(c);
+    /* Destroy reports the stream failure no stream call took (api.md). */
+    const int d = weft_comm_destroy(c);
+    EXPECT_TRUE(d == WEFT_SUCCESS || d == async) << d << ": " << weft_last_error();
+}
+
 TEST_F(StreamTest, ArgumentErrors)
 {
     Stream s;

@@ -62,7 +62,7 @@ struct weft_p2p {
      * only once call seq is over here), the first word of each kept: many
      * ranks reporting the same call (each refused it) cannot push out the
      * note of a call still waiting. from < 0: empty. */
-    struct weft_coll_note { uint32_t seq; int code; int from; char text[WEFT_WIRE_NOTICE_TEXT_MAX]; }
+    struct weft_coll_note { uint64_t seq; /* the call key */ int code; int from; char text[WEFT_WIRE_NOTICE_TEXT_MAX]; }
                              cnotes[WEFT_TAG_COLL_SLOTS];
     size_t                   user_reqs;         /* requests handed out as handles, not yet freed */
     /* The newest collective this rank started: the fingerprint of its
@@ -70,9 +70,11 @@ struct weft_p2p {
      * stalled collective receive is told (NOTICE COLL_ASK/HEAD). */
     struct weft_p2p_check    coll_head;
     int                      coll_head_set;
+    struct weft_p2p_check    scoll_head;        /* the same for the stream-ordered collectives' numbering */
+    int                      scoll_head_set;
     /* The census of a stalled collective (p2p/health.c, agreed verdicts):
      * the call asked about and when (census_at 0: none yet). */
-    uint32_t                 census_call;
+    uint64_t                 census_call;       /* a call key (p2p.h) */
     double                   census_at;
     /* Memory requests left to their pipes may still read (a failed
      * collective's op: weft_p2p_keep), freed after the transports. */

@@ -140,7 +140,7 @@ static int probe(struct weft_p2p *p, int peer, double now, char *why, size_t n)
     return LIVE_ALIVE;
 }
 
-static void notice_send(struct weft_p2p *p, int to, int kind, int about, int code, uint32_t seq, const char *text)
+static void notice_send(struct weft_p2p *p, int to, int kind, int about, int code, uint64_t seq, const char *text)
 {
     struct weft_peer_pipe *pp = &p->pipes[to];
     struct weft_wire_hdr h;
@@ -356,13 +356,22 @@ void weft_health_settle(struct weft_p2p *p, int peer, int code)
 /* How often a stalled collective receive asks its peer again. */
 #define ASK_PERIOD_S 1.0
 
-/* "call 7 (reduce(4 x int32, sum, root 1))" */
+/* "call 7 (reduce(4 x int32, sum, root 1))"; "stream call 3 (...)" for the
+ * stream-ordered collectives' numbering. */
 static void describe_head(const struct weft_p2p *p, const struct weft_p2p_check *c, char *out, size_t n)
 {
     char what[160] = "";
     if (p->describe_check)
         p->describe_check(c, what, sizeof what);
-    snprintf(out, n, what[0] ? "call %u (%s)" : "call %u", weft_p2p_check_call(c), what);
+    snprintf(out, n, what[0] ? "%scall %u (%s)" : "%scall %u", weft_p2p_check_stream(c) ? "stream " : "",
+             weft_p2p_check_call(c), what);
+}
+
+/* Whether a peer's answered head is of r's numbering (the answer to a
+ * COLL_ASK comes from the head of the space asked about). */
+static int same_space(const struct weft_p2p_check *a, const struct weft_p2p_check *b)
+{
+    return weft_p2p_check_stream(a) == weft_p2p_check_stream(b);
 }
 
 /* What the peer of r answered about its newest collective, in words for a
@@ -373,7 +382,8 @@ static void head_words(const struct weft_p2p *p, const struct weft_request *r, c
     char theirs[200];
 
     out[0] = '\0';
-    if (!r->checked || r->asked_at == 0 || pp->head_at < r->asked_at || pp->head_state == 0)
+    if (!r->checked || r->asked_at == 0 || pp->head_at < r->asked_at || pp->head_state == 0 ||
+        (pp->head_state == 1 && !same_space(&pp->head, &r->check)))
         return;
     if (pp->head_state == 2) {
         snprintf(out, n, "; asked, peer %d says it has started no collective on this comm", pp->peer);
@@ -399,7 +409,7 @@ int weft_health_coll_suspect(struct weft_p2p *p, struct weft_request *r, double 
         pp->failed)
         return 0;
     if (r->asked_at != 0 && pp->head_at >= r->asked_at && pp->head_state == 1 &&
-        weft_p2p_check_call(&pp->head) == weft_p2p_check_call(&r->check) &&
+        weft_p2p_check_key(&pp->head) == weft_p2p_check_key(&r->check) &&
         memcmp(&pp->head, &r->check, sizeof(pp->head)) != 0) {
         char mine[200], theirs[200];
         describe_head(p, &r->check, mine, sizeof mine);
@@ -420,7 +430,7 @@ int weft_health_coll_suspect(struct weft_p2p *p, struct weft_request *r, double 
         return 0;
     r->asked_at = now;
     pp->asked_at = now;
-    notice_send(p, peer, WEFT_NOTICE_COLL_ASK, p->rank, WEFT_SUCCESS, weft_p2p_check_call(&r->check), "");
+    notice_send(p, peer, WEFT_NOTICE_COLL_ASK, p->rank, WEFT_SUCCESS, weft_p2p_check_key(&r->check), "");
     return 0;
 }
 
@@ -457,7 +467,7 @@ static const char *req_verb(const struct weft_request *r)
  * the first verdict also goes to every rank as the call's failure notice
  * (census_decided), so the survivors all name the same ranks. */
 
-static void census_start(struct weft_p2p *p, uint32_t call, double now)
+static void census_start(struct weft_p2p *p, uint64_t call, double now)
 {
     if (p->census_at > 0 && p->census_call == call && now - p->census_at < GRACE_S)
         return;   /* asked already, for another request of this call */
@@ -494,7 +504,8 @@ static void append(char *out, size_t n, const char *fmt, ...)
 static int census_judge(struct weft_p2p *p, const struct weft_request *r, double now, char *out, size_t n,
                         int *code)
 {
-    const uint32_t call = weft_p2p_check_call(&r->check);
+    const uint64_t call = weft_p2p_check_key(&r->check);
+    const uint32_t num = weft_p2p_check_call(&r->check);
     char mine[200], theirs[200], why[200];
     int behind = 0, other = 0;
 
@@ -507,7 +518,8 @@ static int census_judge(struct weft_p2p *p, const struct weft_request *r, double
             struct weft_peer_pipe *pp = &p->pipes[i];
             if (i == p->rank || pp->failed || pp->broken)
                 continue;
-            const int answered = pp->head_state != 0 && pp->head_at >= p->census_at;
+            const int answered = pp->head_state != 0 && pp->head_at >= p->census_at &&
+                                 (pp->head_state == 2 || same_space(&pp->head, &r->check));
             const char *sep = behind + other ? ";" : "";
             char pw[32];
             weft_parent_words(p->core, i, pw, sizeof pw);
@@ -525,12 +537,12 @@ static int census_judge(struct weft_p2p *p, const struct weft_request *r, double
                        "comm)", sep, i, pw);
                 behind++;
             } else if (answered && pass == 1 && pp->head_state == 1 &&
-                       (int32_t)(weft_p2p_check_call(&pp->head) - call) < 0) {
+                       (int32_t)(weft_p2p_check_call(&pp->head) - num) < 0) {
                 describe_head(p, &pp->head, theirs, sizeof theirs);
                 append(out, n, "%s rank %d%s has not called it (asked, its newest collective is %s)", sep, i, pw,
                        theirs);
                 behind++;
-            } else if (answered && pass == 2 && pp->head_state == 1 && weft_p2p_check_call(&pp->head) == call &&
+            } else if (answered && pass == 2 && pp->head_state == 1 && weft_p2p_check_key(&pp->head) == call &&
                        memcmp(&pp->head, &r->check, sizeof pp->head) != 0) {
                 describe_head(p, &pp->head, theirs, sizeof theirs);
                 append(out, n, "%s rank %d%s is in it with another operation, %s", sep, i, pw, theirs);
@@ -545,16 +557,17 @@ static int census_judge(struct weft_p2p *p, const struct weft_request *r, double
 
 /* Whether this rank's census of call heard every live rank answer from
  * that call or a later one (no rank is missing: the stall is a link). */
-static int census_all_in(const struct weft_p2p *p, uint32_t call)
+static int census_all_in(const struct weft_p2p *p, uint64_t call)
 {
     if (p->census_at <= 0 || p->census_call != call)
         return 0;
+    const int stream = (int)(call >> 32);
     for (int i = 0; i < p->size; i++) {
         const struct weft_peer_pipe *pp = &p->pipes[i];
         if (i == p->rank || pp->failed || pp->broken)
             continue;
-        if (pp->head_state != 1 || pp->head_at < p->census_at ||
-            (int32_t)(weft_p2p_check_call(&pp->head) - call) < 0)
+        if (pp->head_state != 1 || pp->head_at < p->census_at || weft_p2p_check_stream(&pp->head) != stream ||
+            (int32_t)(weft_p2p_check_call(&pp->head) - (uint32_t)call) < 0)
             return 0;
     }
     return 1;
@@ -565,9 +578,9 @@ static int census_all_in(const struct weft_p2p *p, uint32_t call)
  * goes to every rank; the fault epoch wakes the collective, which fails
  * with it, withdraws, and leaves what only a rank outside weft could
  * answer (collectives/coll_sched.c). */
-static void census_decided(struct weft_p2p *p, uint32_t call, int code, const char *verdict)
+static void census_decided(struct weft_p2p *p, uint64_t call, int code, const char *verdict)
 {
-    struct weft_coll_note *c = &p->cnotes[call % WEFT_TAG_COLL_SLOTS];
+    struct weft_coll_note *c = &p->cnotes[(uint32_t)call % WEFT_TAG_COLL_SLOTS];
     if (c->from >= 0 && c->seq == call)
         return;   /* a peer's word came first: it stands */
     c->seq = call;
@@ -597,7 +610,7 @@ int weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, do
     if (p->fault_rank < 0 && r->grace_until == 0) {
         r->grace_until = now + GRACE_S;
         if (r->checked)
-            census_start(p, weft_p2p_check_call(&r->check), now);
+            census_start(p, weft_p2p_check_key(&r->check), now);
         return 0;
     }
     if (p->fault_rank < 0 && now < r->grace_until)
@@ -606,8 +619,8 @@ int weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, do
      * names who is not in it. (Once it failed, the collective withdraws
      * its requests; one still waited for -- data moving -- is judged as
      * below.) */
-    if (p->fault_rank < 0 && r->checked && weft_health_coll_note(p, weft_p2p_check_call(&r->check)) == NULL) {
-        const uint32_t call = weft_p2p_check_call(&r->check);
+    if (p->fault_rank < 0 && r->checked && weft_health_coll_note(p, weft_p2p_check_key(&r->check)) == NULL) {
+        const uint64_t call = weft_p2p_check_key(&r->check);
         char verdict[WEFT_WIRE_NOTICE_TEXT_MAX];
         if (census_judge(p, r, now, verdict, sizeof verdict, &code)) {
             WEFT_INFO(p->rank, "%s: %s; found when this rank's %s peer %d tag %d (%zu B over %s) made no progress "
@@ -641,7 +654,7 @@ int weft_health_stuck(struct weft_p2p *p, struct weft_request *r, double now, do
     } else {
         char head[300];
         head_words(p, r, head, sizeof head);
-        if (r->checked && census_all_in(p, weft_p2p_check_call(&r->check)))
+        if (r->checked && census_all_in(p, weft_p2p_check_key(&r->check)))
             snprintf(head + strlen(head), sizeof head - strlen(head), "; asked, every rank is in this call or past "
                      "it: the link between rank %d and rank %d stalled while both live", peer, p->rank);
         code = WEFT_ERR_TIMEOUT;
@@ -723,11 +736,14 @@ void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr
         break;
     }
     case WEFT_NOTICE_COLL_ASK: {
-        /* The peer's collective receive from us stalls: our newest call. */
+        /* The peer's collective receive from us stalls: our newest call of
+         * the numbering it asks about (seq: its call key, p2p.h). */
         char words[64] = "none";
-        if (p->coll_head_set)
-            snprintf(words, sizeof words, "%llx %llx %llx", (unsigned long long)p->coll_head.w[0],
-                     (unsigned long long)p->coll_head.w[1], (unsigned long long)p->coll_head.w[2]);
+        const int stream = (int)(h->seq >> 32 & 1);
+        const struct weft_p2p_check *head = stream ? &p->scoll_head : &p->coll_head;
+        if (stream ? p->scoll_head_set : p->coll_head_set)
+            snprintf(words, sizeof words, "%llx %llx %llx", (unsigned long long)head->w[0],
+                     (unsigned long long)head->w[1], (unsigned long long)head->w[2]);
         notice_send(p, pp->peer, WEFT_NOTICE_COLL_HEAD, p->rank, WEFT_SUCCESS, h->seq, words);
         break;
     }
@@ -757,10 +773,11 @@ void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr
         break;
     }
     case WEFT_NOTICE_COLL_FAILED: {
+        /* seq: the call key (p2p.h), its numbering above the number. */
         struct weft_coll_note *c = &p->cnotes[(uint32_t)h->seq % WEFT_TAG_COLL_SLOTS];
-        if (c->from >= 0 && c->seq == (uint32_t)h->seq)
+        if (c->from >= 0 && c->seq == h->seq)
             break;   /* this call was reported already: the first word stands */
-        c->seq = (uint32_t)h->seq;
+        c->seq = h->seq;
         /* A peer's number: a code no weft call returns is not passed on. */
         c->code = h->status > WEFT_SUCCESS && h->status <= WEFT_ERR_LAST ? h->status : WEFT_ERR_INTERNAL;
         c->from = pp->peer;
@@ -809,15 +826,15 @@ void weft_health_revoke(struct weft_p2p *p, int by, const char *why)
     weft_p2p_fault_epoch_bump(p);   /* collectives in flight end (weft_p2p_fault) */
 }
 
-void weft_health_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text)
+void weft_health_coll_failed(struct weft_p2p *p, uint64_t seq, int code, const char *text)
 {
     for (int i = 0; i < p->size; i++)
         if (!p->pipes[i].failed)
             notice_send(p, i, WEFT_NOTICE_COLL_FAILED, p->rank, code, seq, text);
 }
 
-const struct weft_coll_note *weft_health_coll_note(const struct weft_p2p *p, uint32_t seq)
+const struct weft_coll_note *weft_health_coll_note(const struct weft_p2p *p, uint64_t seq)
 {
-    const struct weft_coll_note *c = &p->cnotes[seq % WEFT_TAG_COLL_SLOTS];
+    const struct weft_coll_note *c = &p->cnotes[(uint32_t)seq % WEFT_TAG_COLL_SLOTS];
     return c->from >= 0 && c->seq == seq ? c : NULL;
 }

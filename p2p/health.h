@@ -83,9 +83,10 @@ void weft_health_abort(struct weft_p2p *p);
  * notice): once per rank, tell every live peer, end what waits on the
  * application's lanes (weft_pipe_revoke), bump the fault epoch. */
 void weft_health_revoke(struct weft_p2p *p, int by, const char *why);
-/* A collective (seq) failed here with code: tell every live peer. */
-void weft_health_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text);
-/* The notice about collective seq from another rank, or NULL. */
-const struct weft_coll_note *weft_health_coll_note(const struct weft_p2p *p, uint32_t seq);
+/* A collective (seq: its call key, p2p.h) failed here with code: tell
+ * every live peer. */
+void weft_health_coll_failed(struct weft_p2p *p, uint64_t seq, int code, const char *text);
+/* The notice about collective seq (a call key) from another rank, or NULL. */
+const struct weft_coll_note *weft_health_coll_note(const struct weft_p2p *p, uint64_t seq);
 
 #endif

@@ -62,6 +62,19 @@ static int revoked_error(struct weft_p2p *p, const char *fn)
     return weft_set_error(p->core, WEFT_ERR_REVOKED, "%s: %s", fn, p->revoke_why);
 }
 
+/* c is the newest call of its numbering this rank is in, unless a newer
+ * one is (call numbers only grow, modulo 2^32). Lock held. */
+static void note_head(struct weft_p2p *p, const struct weft_p2p_check *c)
+{
+    const int stream = weft_p2p_check_stream(c);
+    struct weft_p2p_check *head = stream ? &p->scoll_head : &p->coll_head;
+    int *set = stream ? &p->scoll_head_set : &p->coll_head_set;
+    if (!*set || (int32_t)(weft_p2p_check_call(c) - weft_p2p_check_call(head)) >= 0) {
+        *head = *c;
+        *set = 1;
+    }
+}
+
 /* Inlined into each caller: send, check and user are constants there, and
  * weft_isend/weft_irecv lose a call and its branches (a small message's
  * path is short enough for that to show). */
@@ -85,14 +98,9 @@ start_locked(struct weft_p2p *p, int send, void *buf, size_t bytes, int peer, in
                   : weft_pipe_irecv(&p->pipes[peer], buf, bytes, tag, kind, dev, check, &r);
     if (rc == WEFT_SUCCESS && user)
         r->user = 1;
-    /* The newest collective call this rank is in (what COLL_ASK answers):
-     * call numbers only grow, modulo 2^32. */
-    if (rc == WEFT_SUCCESS && check != NULL &&
-        (!p->coll_head_set ||
-         (int32_t)(weft_p2p_check_call(check) - weft_p2p_check_call(&p->coll_head)) >= 0)) {
-        p->coll_head = *check;
-        p->coll_head_set = 1;
-    }
+    /* The newest collective call this rank is in (what COLL_ASK answers). */
+    if (rc == WEFT_SUCCESS && check != NULL)
+        note_head(p, check);
     pthread_mutex_unlock(&p->lock);
     if (rc == WEFT_SUCCESS)
         *req = r;
@@ -102,10 +110,7 @@ start_locked(struct weft_p2p *p, int send, void *buf, size_t bytes, int peer, in
 void weft_p2p_coll_started(struct weft_p2p *p, const struct weft_p2p_check *c)
 {
     pthread_mutex_lock(&p->lock);
-    if (!p->coll_head_set || (int32_t)(weft_p2p_check_call(c) - weft_p2p_check_call(&p->coll_head)) >= 0) {
-        p->coll_head = *c;
-        p->coll_head_set = 1;
-    }
+    note_head(p, c);
     pthread_mutex_unlock(&p->lock);
 }
 
@@ -709,7 +714,7 @@ uint64_t weft_p2p_fault_epoch(struct weft_p2p *p)
     return __atomic_load_n(&p->fault_epoch, __ATOMIC_ACQUIRE);
 }
 
-int weft_p2p_fault(struct weft_p2p *p, uint32_t coll_seq, char *why, size_t whylen)
+int weft_p2p_fault(struct weft_p2p *p, uint64_t call, char *why, size_t whylen)
 {
     int code = WEFT_SUCCESS;
     /* Every fault this reports (a peer's notice, a declared rank) bumped
@@ -718,7 +723,7 @@ int weft_p2p_fault(struct weft_p2p *p, uint32_t coll_seq, char *why, size_t whyl
     if (weft_p2p_fault_epoch(p) == 0 && !aborted(p))
         return WEFT_SUCCESS;
     pthread_mutex_lock(&p->lock);
-    const struct weft_coll_note *c = weft_health_coll_note(p, coll_seq);
+    const struct weft_coll_note *c = weft_health_coll_note(p, call);
     if (revoked(p)) {
         /* What every pending call returns; what was failing before, too. */
         code = WEFT_ERR_REVOKED;
@@ -744,11 +749,11 @@ int weft_p2p_fault(struct weft_p2p *p, uint32_t coll_seq, char *why, size_t whyl
     return code;
 }
 
-int weft_p2p_await_note(struct weft_p2p *p, uint32_t seq, double bound_s, char *why, size_t whylen)
+int weft_p2p_await_note(struct weft_p2p *p, uint64_t call, double bound_s, char *why, size_t whylen)
 {
     pthread_mutex_lock(&p->lock);
     const double until = weft_now() + bound_s;
-    while (weft_health_coll_note(p, seq) == NULL && p->fault_rank < 0 && !revoked(p)) {
+    while (weft_health_coll_note(p, call) == NULL && p->fault_rank < 0 && !revoked(p)) {
         if (weft_p2p_progress(p) > 0)
             continue;
         double now = weft_now();
@@ -760,22 +765,22 @@ int weft_p2p_await_note(struct weft_p2p *p, uint32_t seq, double bound_s, char *
         pthread_mutex_lock(&p->lock);
     }
     pthread_mutex_unlock(&p->lock);
-    return weft_p2p_fault(p, seq, why, whylen);
+    return weft_p2p_fault(p, call, why, whylen);
 }
 
-int weft_p2p_coll_decided_here(struct weft_p2p *p, uint32_t seq)
+int weft_p2p_coll_decided_here(struct weft_p2p *p, uint64_t call)
 {
     pthread_mutex_lock(&p->lock);
-    const struct weft_coll_note *c = weft_health_coll_note(p, seq);
+    const struct weft_coll_note *c = weft_health_coll_note(p, call);
     int here = c != NULL && c->from == p->rank;
     pthread_mutex_unlock(&p->lock);
     return here;
 }
 
-void weft_p2p_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text)
+void weft_p2p_coll_failed(struct weft_p2p *p, uint64_t call, int code, const char *text)
 {
     pthread_mutex_lock(&p->lock);
-    weft_health_coll_failed(p, seq, code, text);
+    weft_health_coll_failed(p, call, code, text);
     pthread_mutex_unlock(&p->lock);
 }
 

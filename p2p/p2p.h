@@ -32,6 +32,27 @@ static inline uint32_t weft_p2p_check_call(const struct weft_p2p_check *c)
     return (uint32_t)(c->w[0] >> 32);
 }
 
+/* Collectives are numbered in two spaces, each in call order: the blocking
+ * and non-blocking calls, and the stream-ordered ones (src/stream). A
+ * fingerprint of the second has WEFT_P2P_CHECK_STREAM in its kind field (the
+ * low 16 bits of w[0]). A call key -- what failure notes, the census and
+ * COLL_ASK go by -- is the call number with its space above it, so a
+ * stream call's verdict never lands on the other space's call of the same
+ * number. */
+#define WEFT_P2P_CHECK_STREAM 0x8000u
+static inline int weft_p2p_check_stream(const struct weft_p2p_check *c)
+{
+    return (c->w[0] & WEFT_P2P_CHECK_STREAM) != 0;
+}
+static inline uint64_t weft_p2p_call_key(uint32_t call, int stream)
+{
+    return (uint64_t)(stream != 0) << 32 | call;
+}
+static inline uint64_t weft_p2p_check_key(const struct weft_p2p_check *c)
+{
+    return weft_p2p_call_key(weft_p2p_check_call(c), weft_p2p_check_stream(c));
+}
+
 /* Starts a send/receive on the pipe to peer. The buffer's memory kind (host
  * or CUDA device) is looked up here; device memory on a comm without CUDA
  * is refused with WEFT_ERR_UNSUPPORTED. fn names the public call in errors. */
@@ -147,7 +168,7 @@ int  weft_p2p_wait_done_until(struct weft_request *r, const char *what, const ui
 uint64_t weft_p2p_fault_epoch(struct weft_p2p *p);
 /* Why the comm cannot run collective coll_seq: a notice about that call
  * from another rank, a failed rank, or abort; WEFT_SUCCESS: none. */
-int  weft_p2p_fault(struct weft_p2p *p, uint32_t coll_seq, char *why, size_t whylen);
+int  weft_p2p_fault(struct weft_p2p *p, uint64_t call, char *why, size_t whylen);
 /* A collective that sends no checked message (the node-local ones,
  * collectives/node_coll.c) is this rank's newest call: what a peer asking
  * about a stalled collective receive is told (NOTICE COLL_ASK). */
@@ -158,14 +179,15 @@ void weft_p2p_coll_started(struct weft_p2p *p, const struct weft_p2p_check *c);
  * broken, every peer told) and the code returned; a live one: WEFT_SUCCESS.
  * why says which (the probe's words). */
 int  weft_p2p_peer_stuck(struct weft_p2p *p, int peer, char *why, size_t n);
-/* Collective seq failed here (code, text): tell every live peer. */
-void weft_p2p_coll_failed(struct weft_p2p *p, uint32_t seq, int code, const char *text);
+/* Collective call (a call key, weft_p2p_call_key; a plain call number is
+ * one) failed here (code, text): tell every live peer. */
+void weft_p2p_coll_failed(struct weft_p2p *p, uint64_t call, int code, const char *text);
 /* Whether collective seq's failure note is this rank's own verdict (its
  * census decided it, p2p/health.c) rather than a peer's notice. */
-int  weft_p2p_coll_decided_here(struct weft_p2p *p, uint32_t seq);
+int  weft_p2p_coll_decided_here(struct weft_p2p *p, uint64_t call);
 /* Progress until collective seq has a failure note (a peer's notice) or
  * another fault shows, at most bound_s; then weft_p2p_fault(seq). */
-int  weft_p2p_await_note(struct weft_p2p *p, uint32_t seq, double bound_s, char *why, size_t whylen);
+int  weft_p2p_await_note(struct weft_p2p *p, uint64_t call, double bound_s, char *why, size_t whylen);
 /* weft_comm_revoke on this rank: any thread, idempotent (p2p/health.h,
  * weft_health_revoke). */
 void weft_p2p_revoke(struct weft_p2p *p);

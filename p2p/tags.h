@@ -113,6 +113,15 @@ static inline int weft_tag_scoll(unsigned slot, int phase)
     return -(WEFT_TAG_SCOLL_BASE + (int)(slot % WEFT_TAG_COLL_SLOTS) * WEFT_TAG_COLL_PHASES + phase);
 }
 
+/* Whether tag is a lane of the stream engine's collectives (weft_tag_scoll):
+ * by value, since a static inline function's address differs between
+ * translation units. */
+static inline int weft_tag_is_scoll(int tag)
+{
+    long long t = -(long long)tag;
+    return t >= WEFT_TAG_SCOLL_BASE && t < WEFT_TAG_SCOLL_BASE + WEFT_TAG_COLL_COUNT;
+}
+
 static inline int weft_tag_stage(unsigned k)
 {
     return -(int)(WEFT_TAG_STAGE_BASE + (k % WEFT_TAG_STAGE_COUNT));
