@@ -55,6 +55,11 @@ struct weft_p2p {
     int                      fault_code;
     char                     fault_why[384];    /* "rank 2 failed: ..." */
     int                      link_a, link_b;    /* the first link known broken between live ranks (a < b), -1: none */
+    /* Every link known broken between live ranks (this rank's own, and
+     * those the other ranks announced), a < b: what weft_comm_shrink
+     * decides from (weft_p2p_known_links). */
+    int                      nlinks;
+    int                      links[WEFT_P2P_LINKS_MAX][2];
     double                   health_at;         /* last health pass */
     char                     revoke_why[320];   /* "the comm was revoked by rank N...", once core->revoked */
     /* Collectives that failed elsewhere (NOTICE COLL_FAILED), one slot per

@@ -260,10 +260,12 @@ void weft_health_declare(struct weft_p2p *p, int rank, int code, const char *why
 /* The link between ranks a and b broke while both processes live (this
  * rank is one of them, or a notice said so). The comm's collectives
  * cannot run as they are: like a failed rank, it faults the comm, with a
- * text every rank words alike, and weft_comm_shrink leaves the higher
- * rank of the two out (src/comm/shrink.c): a rule both ends apply alone.
- * tp: the transport's name. An end tells every other rank. */
-static void link_down(struct weft_p2p *p, int a, int b, int code, const char *tp, int tell)
+ * text every rank words alike; every rank keeps the link, and
+ * weft_comm_shrink leaves out, from all the links known, the rank with
+ * the most of them (src/comm/shrink.c).
+ * tp: the transport's name. An end (seen: what its transport saw, which
+ * its own texts keep after the common words) tells every other rank. */
+static void link_down(struct weft_p2p *p, int a, int b, int code, const char *tp, const char *seen)
 {
     char text[WEFT_WIRE_NOTICE_TEXT_MAX], pa[32], pb[32];
     if (a > b) {
@@ -271,26 +273,34 @@ static void link_down(struct weft_p2p *p, int a, int b, int code, const char *tp
         a = b;
         b = t;
     }
-    if (p->link_a == a && p->link_b == b)
-        return;   /* known: the other end's notice, or ours came back */
+    for (int i = 0; i < p->nlinks; i++)
+        if (p->links[i][0] == a && p->links[i][1] == b)
+            return;   /* known: the other end's notice, or ours came back */
+    if (p->nlinks < WEFT_P2P_LINKS_MAX) {
+        p->links[p->nlinks][0] = a;
+        p->links[p->nlinks][1] = b;
+        p->nlinks++;
+    }
     weft_parent_words(p->core, a, pa, sizeof pa);
     weft_parent_words(p->core, b, pb, sizeof pb);
-    snprintf(text, sizeof text, "the %s link between rank %d%s and rank %d%s broke while both processes live "
-             "(weft_comm_shrink leaves rank %d out)", tp, a, pa, b, pb, b);
+    snprintf(text, sizeof text, "the %s link between rank %d%s and rank %d%s broke while both processes live", tp, a,
+             pa, b, pb);
     if (p->link_a < 0) {
         p->link_a = a;
         p->link_b = b;
     }
-    if (a == p->rank || b == p->rank)   /* the pipe's own failure says it too */
-        snprintf(p->pipes[a == p->rank ? b : a].fail_why, sizeof p->pipes[0].fail_why, "%s", text);
+    if (a == p->rank || b == p->rank)   /* the pipe's own failure says it too, with what was seen here */
+        snprintf(p->pipes[a == p->rank ? b : a].fail_why, sizeof p->pipes[0].fail_why, "%s%s%s", text,
+                 seen ? "; this rank saw: " : "", seen ? seen : "");
     if (p->fault_rank < 0) {
         p->fault_rank = b;
         p->fault_code = code;
         snprintf(p->fault_why, sizeof(p->fault_why), "%s", text);
     }
-    weft_set_error(p->core, code, "%s", text);
+    if (seen)   /* (a notice's link is news for later calls: fault_why, not this rank's current error) */
+        weft_set_error(p->core, code, "%s; this rank saw: %s", text, seen);
     weft_p2p_fault_epoch_bump(p);
-    if (tell) {
+    if (seen) {
         const int other = a == p->rank ? b : a;
         for (int i = 0; i < p->size; i++)
             if (i != other && !p->pipes[i].failed)
@@ -322,18 +332,13 @@ void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char 
             st = process_gone(pp) ? 'X' : proc_state(pp->pid);
         }
         if (st != 0 && st != 'Z' && st != 'X') {
-            WEFT_WARN(p->rank, "peer %d: %s (its process %d still runs: only this link is down)", rank, why,
-                      pp->pid);
-            /* The comm's first fault, or this end of the link that is:
-             * a link failure of its own. A pipe between live ranks that
-             * breaks after another fault is taken down by it (a transfer
-             * given up when the call failed): only this pipe is down. */
-            const int lo = rank < p->rank ? rank : p->rank, hi = rank < p->rank ? p->rank : rank;
-            if (p->fault_rank < 0 || (p->link_a == lo && p->link_b == hi))
-                pp->link_down = 1;
+            /* A link failure, not the peer's: every rank learns of it (a
+             * pipe that breaks after another fault -- a transfer given up
+             * when the call failed -- too: the shrink must leave one of
+             * its ranks out, since the new comm uses the old pipes). */
+            pp->link_down = 1;
             weft_pipe_break(pp, code);
-            if (pp->link_down)
-                link_down(p, p->rank, rank, code, weft_pipe_tp_name(pp), 1);
+            link_down(p, p->rank, rank, code, weft_pipe_tp_name(pp), why);
             return;
         }
     }
@@ -725,7 +730,7 @@ void weft_health_on_notice(struct weft_peer_pipe *pp, const struct weft_wire_hdr
         if (ok)
             link_down(p, pp->peer, about, h->status > WEFT_SUCCESS && h->status <= WEFT_ERR_LAST ? h->status
                                                                                                : WEFT_ERR_TRANSPORT,
-                      t, 0);
+                      t, NULL);
         break;
     }
     case WEFT_NOTICE_REVOKED: {

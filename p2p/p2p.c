@@ -822,6 +822,18 @@ int weft_p2p_link_down(struct weft_p2p *p, int peer)
     return down;
 }
 
+int weft_p2p_known_links(struct weft_p2p *p, int (*pairs)[2], int max)
+{
+    pthread_mutex_lock(&p->lock);
+    int n = p->nlinks < max ? p->nlinks : max;
+    for (int i = 0; i < n; i++) {
+        pairs[i][0] = p->links[i][0];
+        pairs[i][1] = p->links[i][1];
+    }
+    pthread_mutex_unlock(&p->lock);
+    return n;
+}
+
 void weft_p2p_abort(struct weft_p2p *p)
 {
     __atomic_store_n(&p->core->aborted, 1, __ATOMIC_RELEASE);

@@ -200,6 +200,11 @@ int  weft_p2p_peer_down(struct weft_p2p *p, int peer, char *why, size_t whylen);
 /* Whether this rank's link to peer broke while the peer's process ran
  * (p2p/health.c): a link failure, not a failed peer. */
 int  weft_p2p_link_down(struct weft_p2p *p, int peer);
+/* The links known broken between live ranks (this rank's, and those other
+ * ranks announced): up to max pairs (a < b) into pairs; returns how many.
+ * A comm keeps at most WEFT_P2P_LINKS_MAX. */
+#define WEFT_P2P_LINKS_MAX 64
+int  weft_p2p_known_links(struct weft_p2p *p, int (*pairs)[2], int max);
 /* weft_comm_abort: any thread. */
 void weft_p2p_abort(struct weft_p2p *p);
 

@@ -86,6 +86,46 @@ static void count_failed(struct agree *a, int r, int by, const char *why)
         snprintf(a->why[r], sizeof a->why[r], "%s", why);
 }
 
+/* Links broken between live ranks (every rank learns of each, p2p/health.c):
+ * the new comm is made over the old pipes, so no broken one may stay
+ * between two of its ranks. Of the links among ranks not yet out, the
+ * rank on the most leaves (a tie: the higher rank), until none is left --
+ * one rank for one link, the rank that lost its network for several. A
+ * function of the known links alone, so the ranks that know the same
+ * links decide the same; the rounds join what differs. */
+static void leave_for_links(struct agree *a)
+{
+    int pairs[WEFT_P2P_LINKS_MAX][2];
+    const int nl = weft_p2p_known_links(a->c->p2p, pairs, WEFT_P2P_LINKS_MAX);
+    unsigned char *mine = own_set(a);
+    int *deg = calloc((size_t)a->n, sizeof *deg);
+    if (deg == NULL || nl == 0) {
+        free(deg);
+        return;
+    }
+    for (;;) {
+        int best = -1;
+        memset(deg, 0, (size_t)a->n * sizeof *deg);
+        for (int i = 0; i < nl; i++) {
+            const int x = pairs[i][0], y = pairs[i][1];
+            if (x < 0 || y < 0 || x >= a->n || y >= a->n || has(mine, x) || has(mine, y))
+                continue;
+            deg[x]++;
+            deg[y]++;
+        }
+        for (int r = 0; r < a->n; r++)
+            if (deg[r] > 0 && (best < 0 || deg[r] >= deg[best]))
+                best = r;
+        if (best < 0)
+            break;
+        add(mine, best);
+        a->said_by[best] = -1;
+        snprintf(a->why[best], sizeof a->why[best], "%d of the links known broken between live ranks end at it "
+                 "(the rank on the most leaves; a tie: the higher rank)", deg[best]);
+    }
+    free(deg);
+}
+
 /* One round: send the own set to every rank outside it, take theirs.
  * *changed: some set that came differs from the own, or the own grew. */
 static int run_round(struct agree *a, int *changed)
@@ -231,24 +271,13 @@ int weft_comm_shrink_all(struct weft_comm *c, const int *exclude, int nexclude, 
         a.said_by[exclude[i]] = -1;
         snprintf(a.why[exclude[i]], sizeof a.why[exclude[i]], "excluded by the caller");
     }
-    for (int r = 0; r < n; r++) {
-        if (r == me || has(mine, r))
-            continue;
-        if (weft_p2p_link_down(c->p2p, r)) {
-            /* Both live, the link between them broke: the higher rank of
-             * the two leaves. Its other end decides the same alone. */
-            const int out = r > me ? r : me;
-            if (!has(mine, out)) {
-                add(mine, out);
-                a.said_by[out] = -1;
-                snprintf(a.why[out], sizeof a.why[out], "the link between rank %d and rank %d broke while both "
-                         "processes live (of the two, the higher rank leaves)", me < r ? me : r, out);
-            }
-        } else if (weft_p2p_peer_down(c->p2p, r, a.why[r], sizeof a.why[r])) {
+    for (int r = 0; r < n; r++)
+        if (r != me && !has(mine, r) && !weft_p2p_link_down(c->p2p, r) &&
+            weft_p2p_peer_down(c->p2p, r, a.why[r], sizeof a.why[r])) {
             add(mine, r);
             a.said_by[r] = -1;
         }
-    }
+    leave_for_links(&a);
     if (has(mine, me)) {
         /* This rank leaves (its link to a live rank broke, and it is the
          * higher of the two): what it sees of the others after that is no
