@@ -143,7 +143,7 @@ foreach(config shm tcp vnodes2)
   endforeach()
   # A link that breaks while both ranks live (rank 2 shuts its tcp
   # connections to one rank down): every rank names the link, and the
-  # shrink leaves rank 2 out (the higher of the two). Not over shm (one
+  # shrink leaves rank 2 out (of one link, the higher rank). Not over shm (one
   # host's memory: no link to break short of a process's death); not p2p
   # and pipes (a ring: see above); not split (its bootstrap's own texts).
   # The allreduce over tcp is CI's (label verdicts, ~2 s).

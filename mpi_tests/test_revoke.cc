@@ -31,7 +31,7 @@
  *         (default 1): both live on and go on with the loop. Every rank's
  *         call must fail (rank 2's may complete when nothing of it needed
  *         the link any more: then its next one) naming the link; the
- *         shrink leaves rank 2 out (the higher rank of the two), and rank
+ *         shrink leaves rank 2 out (of one broken link, the higher rank), and rank
  *         2's own weft_comm_shrink must say it leaves.
  *         WEFT_REVOKE_OP picks the loop's operation (default allreduce;
  *         iallreduce, allgather, bcast, reduce, alltoall, barrier, p2p:
@@ -706,7 +706,7 @@ void case_fail(weft_comm_t *c, int rank, const std::string &fault, const std::ve
                                             " s after it started (WEFT_TIMEOUT + 2 s: " + std::to_string(limit) + ")");
         std::printf("rank %d: %s failed: %s\n", rank, op.c_str(), why.c_str());
     }
-    /* After a broken link the shrink leaves its higher rank out: rank 2. */
+    /* After one broken link the shrink leaves its higher rank out: rank 2. */
     const bool leaves = dies || fault == "link";
     std::vector<int> expect;   /* the new comm's members, as old ranks */
     for (int r = 0; r < size; r++)
