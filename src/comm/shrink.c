@@ -8,8 +8,10 @@
  * 2. Agree on the failed set, in rounds over the internal lane
  *    WEFT_TAG_SHRINK (p2p/tags.h). Each rank starts from the ranks whose
  *    pipe is down here (a rank declared failed: died, stopped, aborted,
- *    silent; or a link that broke) and those the caller excluded
- *    (weft_comm_shrink_excluding). In a round it sends its set to every
+ *    silent), those the caller excluded (weft_comm_shrink_excluding), and
+ *    for the links known broken between live ranks, the ranks that cover
+ *    them (leave_for_links; a rank that is one of them leaves after its
+ *    first round). In a round it sends its set to every
  *    rank not in it and receives theirs; a rank that cannot be reached or
  *    does not answer within WEFT_TIMEOUT joins the set. The next set is the
  *    union of what came. A round in which every set that came equals the
