@@ -54,7 +54,6 @@ struct weft_p2p {
     int                      fault_rank;        /* the first rank known failed, -1: none */
     int                      fault_code;
     char                     fault_why[384];    /* "rank 2 failed: ..." */
-    int                      link_a, link_b;    /* the first link known broken between live ranks (a < b), -1: none */
     /* Every link known broken between live ranks (this rank's own, and
      * those the other ranks announced), a < b: what weft_comm_shrink
      * decides from (weft_p2p_known_links). */

@@ -285,10 +285,6 @@ static void link_down(struct weft_p2p *p, int a, int b, int code, const char *tp
     weft_parent_words(p->core, b, pb, sizeof pb);
     snprintf(text, sizeof text, "the %s link between rank %d%s and rank %d%s broke while both processes live", tp, a,
              pa, b, pb);
-    if (p->link_a < 0) {
-        p->link_a = a;
-        p->link_b = b;
-    }
     if (a == p->rank || b == p->rank)   /* the pipe's own failure says it too, with what was seen here */
         snprintf(p->pipes[a == p->rank ? b : a].fail_why, sizeof p->pipes[0].fail_why, "%s%s%s", text,
                  seen ? "; this rank saw: " : "", seen ? seen : "");

@@ -47,8 +47,9 @@ void weft_health_tick(struct weft_p2p *p, double now);
  * (destroy's final barrier: a peer that finished it closes its sockets). */
 void weft_health_watch_processes(struct weft_p2p *p);
 /* A transport lost its link to rank (connection closed, work request
- * failed). A same-host peer whose process still runs is alive: only this
- * pipe breaks (a link failure, the others are not told). Otherwise the
+ * failed). A same-host peer whose process still runs is alive: the pipe
+ * breaks, and the link failure faults the comm on every rank (NOTICE
+ * LINK_DOWN; weft_comm_shrink leaves a rank of it out). Otherwise the
  * peer is declared failed (died, or a remote peer that closed on us). */
 void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char *why);
 /* The pipe to peer failed (code): decide now, once, whether the peer

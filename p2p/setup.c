@@ -91,7 +91,6 @@ int weft_p2p_create(struct weft_core *core, struct weft_p2p **out)
     p->up.peer_failed = up_peer_failed;
     p->up.on_data = up_on_data;
     p->fault_rank = -1;
-    p->link_a = p->link_b = -1;
     for (int i = 0; i < WEFT_TAG_COLL_SLOTS; i++)
         p->cnotes[i].from = -1;   /* no note */
     p->table_slot = -1;
