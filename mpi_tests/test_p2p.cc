@@ -439,6 +439,67 @@ TEST_F(P2P, TenThousandOutstandingIsends)
     EXPECT_EQ(bad, 0);
 }
 
+/* A stream of rendezvous messages from one peer (a window of isends, not
+ * a ping-pong): below 256 KiB the shm receiver times pulling them by CMA
+ * against the sender pushing them through the ring and takes the faster
+ * (p2p/transport/shm/shm_cma.c, WEFT_SHM_STREAM). Whatever it picks, a
+ * size class's first stream messages are one pull and then a run of
+ * pushes, so with the receives posted first and every announcement in
+ * the ring before the receiver looks, both ways run, mixed, here: every
+ * message must arrive exact and in order. The info line says the choice
+ * was made -- where it must be (shm with CMA between the pair, a core per
+ * rank, host memory) and nowhere else. */
+TEST_F(P2P, StreamOfRendezvousMessages)
+{
+    weft_comm_t *c = nullptr;
+    ASSERT_EQ(create_with(MPI_COMM_WORLD, {{"WEFT_DEBUG", "info"}}, &c), WEFT_SUCCESS) << last_error();
+    /* two size classes, odd sizes, each far more than one pull and one run */
+    const size_t sizes[] = {9000 + 3, (64u << 10) + 5};
+    const int per_size = scaled(40);
+    std::vector<TestBuf> outs, ins;
+    std::vector<weft_request_t *> recvs, sends;
+    for (size_t k = 0; k < 2; k++)
+        for (int i = 0; i < per_size; i++) {
+            outs.push_back(patterned(sizes[k], rank, (int)k, (uint64_t)i));
+            ins.push_back(recv_buffer(sizes[k]));
+            ASSERT_TRUE(outs.back().ok() && ins.back().ok()) << outs.back().error() << ins.back().error();
+        }
+    recvs.resize(outs.size());
+    sends.resize(outs.size());
+    for (size_t j = 0; j < ins.size(); j++)
+        ASSERT_EQ(weft_irecv(c, ins[j].data(), ins[j].size(), left(), (int)(j / per_size), &recvs[j]),
+                  WEFT_SUCCESS)
+            << weft_comm_last_error(c);
+    MPI_Barrier(MPI_COMM_WORLD);
+    for (size_t j = 0; j < outs.size(); j++)
+        ASSERT_EQ(weft_isend(c, outs[j].data(), outs[j].size(), right(), (int)(j / per_size), &sends[j]),
+                  WEFT_SUCCESS)
+            << weft_comm_last_error(c);
+    /* every announcement is out before any receiver looks at its ring */
+    MPI_Barrier(MPI_COMM_WORLD);
+    int rc_r = WEFT_ERR_INTERNAL, rc_s = WEFT_ERR_INTERNAL;
+    std::string log = capture_stderr([&] {
+        rc_r = weft_waitall(recvs.size(), recvs.data(), nullptr);
+        rc_s = weft_waitall(sends.size(), sends.data(), nullptr);
+    });
+    ASSERT_EQ(rc_r, WEFT_SUCCESS) << weft_comm_last_error(c);
+    ASSERT_EQ(rc_s, WEFT_SUCCESS) << weft_comm_last_error(c);
+    for (size_t j = 0; j < ins.size(); j++) {
+        EXPECT_TRUE(ins[j].HasPattern(ins[j].size(), left(), (int)(j / per_size), j % per_size)) << "message " << j;
+        EXPECT_TRUE(ins[j].sentinel_intact()) << "message " << j;
+    }
+    const std::string tp = env_or("WEFT_TRANSPORTS", "");
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    const bool expected = (tp.empty() || tp.find("shm") != std::string::npos) &&
+                          std::atoi(env_or("WEFT_VIRTUAL_NODES", "0")) <= 1 &&
+                          std::string(env_or("WEFT_SHM_CMA", "1")) != "0" &&
+                          std::string(env_or("WEFT_SHM_STREAM", "1")) != "0" &&
+                          cpus > 0 && size <= cpus && test_mem_kind() == MemKind::Host && left() != rank;
+    const std::string said = "peer " + std::to_string(left()) + " sends a stream of rendezvous messages";
+    EXPECT_EQ(log.find(said) != std::string::npos, expected) << "rank " << rank << "'s log:\n" << log;
+    EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
+}
+
 /* Buffers at every misalignment, sender and receiver misaligned differently. */
 TEST_F(P2P, UnalignedBuffers)
 {

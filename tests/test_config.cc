@@ -110,6 +110,7 @@ const std::vector<std::pair<std::string, std::string>> &numeric_variables()
 {
     static const std::vector<std::pair<std::string, std::string>> v = {
         {"WEFT_TIMEOUT", "5"},          {"WEFT_VIRTUAL_NODES", "2"},       {"WEFT_SHM_CMA", "1"},
+        {"WEFT_SHM_STREAM", "1"},
         {"WEFT_SHM_EAGER", "1024"},     {"WEFT_SHM_COLL_EAGER", "1024"},   {"WEFT_SHM_RING_KB", "1024"},
         {"WEFT_SHM_CHUNK_KB", "64"},    {"WEFT_SHM_CMA_MIN_KB", "64"},     {"WEFT_TCP_STREAMS", "2"},
         {"WEFT_TCP_EAGER", "1024"},     {"WEFT_TCP_CHUNK_KB", "64"},       {"WEFT_SELF_EAGER", "1024"},
@@ -140,6 +141,7 @@ TEST(Config, Defaults)
     EXPECT_STREQ(cfg.cuda_lib, "libcudart.so");
     EXPECT_EQ(cfg.virtual_nodes, 0);
     EXPECT_EQ(cfg.shm_cma, 1);
+    EXPECT_EQ(cfg.shm_stream, 1);
     EXPECT_EQ(cfg.tcp_streams, 4);
     EXPECT_STREQ(cfg.tcp_if, "");
     EXPECT_GT(cfg.shm_eager_limit, 0u);
@@ -296,6 +298,7 @@ TEST(Config, ZeroAcceptedWhereMeaningful)
 {
     EXPECT_EQ(load_ok({{"WEFT_VIRTUAL_NODES", "0"}}).virtual_nodes, 0);      /* off */
     EXPECT_EQ(load_ok({{"WEFT_SHM_CMA", "0"}}).shm_cma, 0);                  /* bounce buffers only */
+    EXPECT_EQ(load_ok({{"WEFT_SHM_STREAM", "0"}}).shm_stream, 0);            /* streams pulled too */
     EXPECT_EQ(load_ok({{"WEFT_SHM_EAGER", "0"}}).shm_eager_limit, 0u);       /* every message rendezvous */
     EXPECT_EQ(load_ok({{"WEFT_SHM_COLL_EAGER", "0"}}).shm_coll_eager, 0u);
     EXPECT_EQ(load_ok({{"WEFT_SHM_CMA_MIN_KB", "0"}}).shm_cma_min, 0u);      /* CMA from any size */
@@ -394,6 +397,7 @@ TEST(Config, MalformedValuesNameTheVariable)
         {"WEFT_TRANSPORTS", "shm;tcp"}, {"WEFT_TRANSPORTS", "shm,,x"},   {"WEFT_TRANSPORTS", ""},
         {"WEFT_VIRTUAL_NODES", "-2"},   {"WEFT_VIRTUAL_NODES", "two"},   {"WEFT_VIRTUAL_NODES", "2x"},
         {"WEFT_SHM_CMA", "2"},          {"WEFT_SHM_CMA", "yes"},         {"WEFT_SHM_CMA", ""},
+        {"WEFT_SHM_STREAM", "2"},       {"WEFT_SHM_STREAM", "on"},
         {"WEFT_SHM_EAGER", "-5"},       {"WEFT_SHM_EAGER", "12q"},       {"WEFT_SHM_EAGER", "1kk"},
         {"WEFT_SHM_EAGER", "2g"},       {"WEFT_SHM_RING_KB", "1"},       {"WEFT_SHM_RING_KB", "x"},
         {"WEFT_SHM_CHUNK_KB", "0"},     {"WEFT_SHM_CMA_MIN_KB", "lots"}, {"WEFT_TCP_STREAMS", "0"},
@@ -580,7 +584,8 @@ TEST(Config, AgreedSettings)
     }
     /* Per-host and per-rank settings are not compared. */
     for (const char *local : {"WEFT_TIMEOUT", "WEFT_DEBUG", "WEFT_TCP_IF", "WEFT_TOPO_XML", "WEFT_IBVERBS_LIB",
-                              "WEFT_CUDA_LIB", "WEFT_IB_HCA", "WEFT_SPIN_US", "WEFT_SHM_CMA"})
+                              "WEFT_CUDA_LIB", "WEFT_IB_HCA", "WEFT_SPIN_US", "WEFT_SHM_CMA",
+                              "WEFT_SHM_STREAM"})
         EXPECT_FALSE(names.count(local)) << local << " may differ between ranks";
 }
 

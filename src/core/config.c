@@ -360,6 +360,7 @@ static int refuse(char *err, size_t errlen, const char *name, const char *value,
 static const struct { const char *name; size_t off; long lo, hi; const char *expected; } ints[] = {
     { "WEFT_VIRTUAL_NODES",   F(virtual_nodes),    0, 1 << 20,  "an integer in [0, 1048576], 0 = off" },
     { "WEFT_SHM_CMA",         F(shm_cma),          0, 1,        "0 or 1" },
+    { "WEFT_SHM_STREAM",      F(shm_stream),       0, 1,        "0 or 1" },
     { "WEFT_TCP_STREAMS",     F(tcp_streams),      1, 64,       NULL },
     { "WEFT_SPIN_US",         F(spin_us),          0, 10000000, "microseconds in [0, 10000000]" },
     { "WEFT_PROGRESS_THREAD", F(progress_thread),  0, 1,        "0 or 1" },
@@ -451,6 +452,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     cfg->shm_budget       = (size_t)64 << 20;
     cfg->shm_chunk        = 64 << 10;
     cfg->shm_cma_min      = 0;
+    cfg->shm_stream       = 1;
     /* 64 KiB a rank: up to there one shared-memory round beat the
      * schedules of messages at 2, 4 and 8 ranks on the 2-core machine
      * (docs/benchmarks.md, "Node-local collectives"; at 2 ranks single-copy

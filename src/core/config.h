@@ -25,6 +25,8 @@ struct weft_config {
     size_t   shm_budget;       /* WEFT_SHM_BUDGET_MB: bytes of rings this rank's lanes may grow to; 0 = they never grow */
     size_t   shm_chunk;        /* WEFT_SHM_CHUNK_KB: bounce-buffer chunk of the pipelined copy */
     size_t   shm_cma_min;      /* WEFT_SHM_CMA_MIN_KB: receiver uses CMA from this size up */
+    int      shm_stream;       /* WEFT_SHM_STREAM: 1 = a receiver lets a streaming sender push
+                                  messages below 256 KiB through the ring instead of pulling by CMA */
     size_t   node_coll_bytes;  /* WEFT_NODE_COLL_KB: each rank's slot in a comm's node-local collective
                                   segment (collectives/node_coll.c), the largest contribution those
                                   collectives take; 0 = off (every collective a schedule of messages) */

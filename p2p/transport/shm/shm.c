@@ -128,6 +128,7 @@ struct shm_xfer {
     uint64_t          key;    /* the receiver's key: DATA records carry it */
     size_t            done;   /* bytes pushed / received so far */
     int               sent;   /* push: a record went out (a 0-byte message still sends one) */
+    int               timed;  /* expect: its pieces' arrival times count for the push's speed */
 };
 WEFT_TP_PRIV_FITS(struct shm_xfer);
 
@@ -999,6 +1000,15 @@ static void on_data(struct shm_state *st, struct shm_peer *peer, const struct sh
     }
     if (d->len)
         memcpy((char *)x->buf + d->offset, d + 1, d->len);
+    if (d->len >= SHM_RATE_MIN) {
+        /* the push's speed for the stream choice (shm_cma.c): time between
+         * pieces arriving back to back -- the sender's copy in, the
+         * handshakes and this copy out together, not this copy alone */
+        double now = weft_now();
+        if (sx->timed && peer->piece_t > 0 && now - peer->piece_t < SHM_RATE_GAP)
+            shm_cost_note(&peer->push_cost[shm_rate_class(x->bytes)], d->len, now - peer->piece_t);
+        peer->piece_t = now;
+    }
     sx->done += d->len;
     if (st->env->up->on_data)
         st->env->up->on_data(st->env->up->arg, peer->rank);
@@ -1006,6 +1016,11 @@ static void on_data(struct shm_state *st, struct shm_peer *peer, const struct sh
         weft_queue_pop(&peer->expects_q);
         st->env->up->rndv_done(st->env->up->arg, x, WEFT_SUCCESS);
     }
+}
+
+int weft_shm_more_queued(struct shm_peer *peer)
+{
+    return peer->in != NULL && shm_ring_more_inl(peer->in);
 }
 
 /* Consumes up to the budget of records from peer's inbound ring. A record
@@ -1176,6 +1191,8 @@ static int shm_rndv_expect(void *ctx, int rank, struct weft_tp_xfer *x, const st
     sx->key = ++peer->expect_seq;
     memcpy(key, &sx->key, SHM_KEY_BYTES);
     *keylen = SHM_KEY_BYTES;
+    sx->timed = peer->expect_timed;
+    peer->expect_timed = 0;
     weft_queue_push(&peer->expects_q, &sx->node);
     return WEFT_SUCCESS;
 }

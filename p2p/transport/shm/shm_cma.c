@@ -288,6 +288,48 @@ static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *bu
     return 0;
 }
 
+/* A message of a stream (the sender already sent more behind it: a window
+ * of sends, not a ping-pong), below SHM_SPLIT_MIN: pull it (one
+ * process_vm_readv on this core, while the sender's core idles), or let
+ * the sender push it through the ring (it is in weft: it just sent more),
+ * the sender copying message k+1 in while this rank copies message k out?
+ * Two copies on two cores against one: the push wins where moving freshly
+ * written cache lines between cores is fast and loses where it is slow --
+ * on the 2-core reference VM that speed changes 5x from one minute to the
+ * next (docs/benchmarks.md, "Shared memory: streams below 256 KiB"). So
+ * both ways are timed as they run, per size class: a pull by its own
+ * call, a push by the gaps between its pieces arriving (shm.c, on_data);
+ * the push is taken when it costs under half the pull (the pull's time
+ * leaves out the handshake it still needs), and every SHM_STREAM_PROBE-th
+ * message starts a run of SHM_STREAM_PROBE_RUN the other way to keep both
+ * current. A size class's first stream messages are one pull, then a run
+ * of pushes. A lone message (a push's copy in and copy out would be
+ * serial) and a node with more ranks than cores (the sender may not run)
+ * are always pulled. */
+#define SHM_STREAM_PROBE 1024u
+#define SHM_STREAM_PROBE_RUN 12u
+static int stream_push(struct shm_peer *peer, size_t bytes)
+{
+    unsigned c = shm_rate_class(bytes);
+    peer->expect_timed = 0;
+    if (peer->pull_cost[c] <= 0)
+        return 0;                                  /* time a pull first */
+    int push = peer->push_cost[c] > 0 && 2 * peer->push_cost[c] < peer->pull_cost[c];
+    if (peer->probe_left == 0 && (peer->push_cost[c] <= 0 || ++peer->stream_n % SHM_STREAM_PROBE == 0))
+        peer->probe_left = SHM_STREAM_PROBE_RUN;   /* a run the other way (or the push's first) */
+    if (peer->probe_left > 0) {
+        unsigned pos = SHM_STREAM_PROBE_RUN - peer->probe_left--;
+        push = !push;
+        /* a run of pushes among pulls: its first pieces waited in the ring
+         * while this rank pulled (they would look fast), its last are
+         * copied out after the pulls that follow (slow): time the middle */
+        peer->expect_timed = push && pos >= 3 && pos + 3 < SHM_STREAM_PROBE_RUN;
+    } else {
+        peer->expect_timed = push;
+    }
+    return push;
+}
+
 int weft_shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct weft_tp_src *src)
 {
     struct shm_state *st = ctx;
@@ -299,11 +341,30 @@ int weft_shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct 
         return WEFT_EAGAIN;
 
     size_t total = x->bytes;
+    if (total < SHM_SPLIT_MIN && !core->oversubscribed && core->cfg.shm_stream && weft_shm_more_queued(peer) &&
+        stream_push(peer, total)) {
+        if (!peer->stream_told) {
+            peer->stream_told = 1;
+            WEFT_INFO(core->rank, "shm: peer %d sends a stream of rendezvous messages: below %zu KiB this rank "
+                      "times pulling them by CMA against the peer pushing them through the ring, and takes "
+                      "the faster (WEFT_SHM_STREAM=0: always pull)", peer->rank, SHM_SPLIT_MIN >> 10);
+        }
+        return WEFT_EAGAIN;
+    }
     /* Sharing needs a core for the sender; with more ranks than cores it
      * would only make us wait for a preempted sender's piece. */
-    int e = total >= SHM_SPLIT_MIN && !core->oversubscribed
-                ? cma_pull_shared(st, peer, x->buf, src->addr, total)
-                : cma_copy(peer->pid, 0, x->buf, src->addr, total);
+    int e;
+    if (total >= SHM_SPLIT_MIN && !core->oversubscribed) {
+        e = cma_pull_shared(st, peer, x->buf, src->addr, total);
+    } else if (total >= SHM_RATE_MIN) {
+        double t0 = weft_now();
+        e = cma_copy(peer->pid, 0, x->buf, src->addr, total);
+        if (e == 0)
+            shm_cost_note(&peer->pull_cost[shm_rate_class(total)], total, weft_now() - t0);
+        peer->piece_t = 0;   /* the next pushed piece's gap would count this pull */
+    } else {
+        e = cma_copy(peer->pid, 0, x->buf, src->addr, total);
+    }
     if (e == 0) {
         peer->cma_used = 1;
         return WEFT_SUCCESS;

@@ -84,11 +84,54 @@ struct shm_help_slot {
 };
 _Static_assert(sizeof(struct shm_help_slot) == 128, "help slot is two cache lines");
 
+/* ---- the stream choice's costs (shm_cma.c decides, shm.c times pushes) ---- */
+
+/* Pieces at least this big are timed for push_cost / pull_cost: smaller
+ * ones are mostly per-call cost, not copying. */
+#define SHM_RATE_MIN ((size_t)8 << 10)
+
+/* Costs are kept per message size, by powers of two from SHM_RATE_MIN:
+ * a pull's fixed cost weighs less on a bigger message, and a size a
+ * program switches to starts from what that size did, not another's. */
+#define SHM_RATE_CLASSES 6
+static inline unsigned shm_rate_class(size_t bytes)
+{
+    unsigned c = 0;
+    for (size_t b = bytes / SHM_RATE_MIN; b > 1 && c + 1 < SHM_RATE_CLASSES; b >>= 1)
+        c++;
+    return c;
+}
+
+/* Pushed pieces further apart than this (s) did not come back to back:
+ * the gap says nothing of the push's speed. */
+#define SHM_RATE_GAP 1e-3
+
+/* Folds `bytes` that took `dt` seconds into *cost, an average of seconds
+ * per byte (time per byte, not bytes per time: a burst of pieces copied
+ * out back to back must not outweigh the wait before it). */
+static inline void shm_cost_note(double *cost, size_t bytes, double dt)
+{
+    if (dt <= 0 || bytes == 0)
+        return;
+    double c = dt / (double)bytes;
+    *cost = *cost > 0 ? *cost + (c - *cost) / 8 : c;
+}
+
 struct shm_peer {
     int                   rank;
     pid_t                 pid;
     int                   cma_ok;       /* pulls from this peer work */
     int                   cma_used;     /* a pull has succeeded */
+    int                   stream_told;  /* the info line on this peer's stream was written */
+    /* The stream choice (shm_cma.c, stream_push): what a byte of a message
+     * from this peer costs (s/byte, averaged; 0: not timed yet) pushed
+     * through the ring (arrival gaps, shm.c) and pulled by CMA. */
+    double                push_cost[SHM_RATE_CLASSES];   /* per message size class (shm_rate_class) */
+    double                pull_cost[SHM_RATE_CLASSES];
+    double                piece_t;      /* when the last pushed piece arrived (0: a pull came since) */
+    int                   expect_timed; /* the next rndv_expect's pieces are timed (stream_push says) */
+    unsigned              probe_left;   /* messages left in a run the other way */
+    unsigned              stream_n;     /* stream messages decided (probe runs start every SHM_STREAM_PROBE-th) */
     int                   aborted;      /* abort_peer: the pipe broke; help no more, drop its data */
     int                   listed;       /* on the state's live list */
     struct shm_ring      *in;           /* peer -> me: the peer's lane (NULL until it knocked) */
@@ -159,6 +202,11 @@ static inline void wake_sleepers(struct shm_home_hdr *h)
     if (__builtin_expect(atomic_load_explicit(&h->sleepers, memory_order_relaxed) != 0, 0))
         weft_shm_ring_doorbell(h);
 }
+
+/* Whether the peer's inbound ring holds records behind the one being
+ * handled (drain_inbound's peek; the whole ring when none is): the peer
+ * has already sent more -- a stream, not a lone message (shm.c). */
+int weft_shm_more_queued(struct shm_peer *peer);
 
 /* A peer's blob, copied out (the card area promises no alignment). */
 static inline struct shm_card read_card(const struct shm_state *st, int rank)

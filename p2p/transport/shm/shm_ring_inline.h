@@ -181,6 +181,14 @@ static inline int shm_ring_ready_inl(struct shm_ring *r)
     return (w & SHM_RING_HDR_VALID) && (uint32_t)(w >> 32) == (uint32_t)(tail / SHM_RING_ALIGN);
 }
 
+/* Consumer: whether records were committed behind the one peeked last
+ * (behind the tail when none is peeked). */
+static inline int shm_ring_more_inl(struct shm_ring *r)
+{
+    uint64_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+    return atomic_load_explicit(&r->head, memory_order_acquire) > tail + r->peeked_size;
+}
+
 /* Either side: nothing committed that the consumer has not released. */
 static inline int shm_ring_empty_inl(struct shm_ring *r)
 {
