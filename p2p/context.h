@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include "core.h"
+#include "payload.h"
 #include "pipe.h"
 #include "request.h"
 #include "tags.h"
@@ -40,6 +41,7 @@ struct weft_p2p {
     int                      nused;
     struct weft_tp_upcalls   up;
     struct weft_req_pool     reqs;
+    struct weft_payload_cache payloads;  /* unexpected and queued payloads (p2p/payload.h) */
     struct stage_state      *stage;      /* staged device transfers (p2p/stage.c) */
     size_t                   path_ops;   /* transfers the rendezvous paths drive themselves: their
                                             progress hooks run only while this is nonzero */

@@ -143,15 +143,15 @@ int weft_pipe_init(struct weft_p2p *p2p, struct weft_peer_pipe *p, int peer)
     return WEFT_SUCCESS;
 }
 
-static void unexpected_free(struct weft_unexpected *u)
+static void unexpected_free(struct weft_peer_pipe *p, struct weft_unexpected *u)
 {
-    free(u->payload);
+    weft_payload_put(&p->p2p->payloads, u->payload, u->hdr.bytes);
     free(u);
 }
 
-static void outbound_free(struct weft_outbound *o)
+static void outbound_free(struct weft_peer_pipe *p, struct weft_outbound *o)
 {
-    free(o->payload);
+    weft_payload_put(&p->p2p->payloads, o->payload, o->len);
     free(o);
 }
 
@@ -163,7 +163,7 @@ void weft_pipe_fini(struct weft_peer_pipe *p)
                 struct weft_lane *l = weft_container_of(n, struct weft_lane, hash);
                 struct weft_qnode *q;
                 while ((q = weft_queue_pop(&l->unexp)) != NULL)
-                    unexpected_free(weft_container_of(q, struct weft_unexpected, qn));
+                    unexpected_free(p, weft_container_of(q, struct weft_unexpected, qn));
                 free(l);
             }
         }
@@ -173,7 +173,7 @@ void weft_pipe_fini(struct weft_peer_pipe *p)
     }
     struct weft_qnode *q;
     while ((q = weft_queue_pop(&p->out)) != NULL)
-        outbound_free(weft_container_of(q, struct weft_outbound, qn));
+        outbound_free(p, weft_container_of(q, struct weft_outbound, qn));
 }
 
 /* ------------------------------------------------------------ completion */
@@ -430,7 +430,7 @@ void weft_pipe_send_ctrl(struct weft_peer_pipe *p, const struct weft_wire_hdr *h
     }
     o = calloc(1, sizeof(*o));
     if (o && len) {
-        o->payload = malloc(len);
+        o->payload = weft_payload_get(&p->p2p->payloads, len);
         if (o->payload)
             memcpy(o->payload, payload, len);
         o->len = len;
@@ -473,11 +473,11 @@ int weft_pipe_flush(struct weft_peer_pipe *p)
         if (rc != WEFT_SUCCESS) {
             if (o->req)
                 weft_pipe_complete(o->req, rc);
-            outbound_free(o);
+            outbound_free(p, o);
             weft_pipe_break(p, rc);
             return n;
         }
-        outbound_free(o);
+        outbound_free(p, o);
         n++;
     }
     return n;
@@ -782,7 +782,7 @@ static int irecv_(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, in
     if (!weft_queue_empty(&l->unexp)) {
         struct weft_unexpected *u = weft_container_of(weft_queue_pop(&l->unexp), struct weft_unexpected, qn);
         match_msg(p, r, &u->hdr, &u->check, u->payload);
-        unexpected_free(u);
+        unexpected_free(p, u);
     } else {
         weft_list_add_tail(&l->posted, &r->link);
     }
@@ -794,7 +794,7 @@ static void unexpected_add(struct weft_peer_pipe *p, struct weft_lane *l, const 
 {
     struct weft_unexpected *u = calloc(1, sizeof(*u));
     if (u && len) {
-        u->payload = malloc(len);
+        u->payload = weft_payload_get(&p->p2p->payloads, len);
         if (u->payload)
             memcpy(u->payload, payload, len);
     }
@@ -866,7 +866,7 @@ void weft_pipe_lane_refuse(struct weft_peer_pipe *p, int tag, int err)
     while ((q = weft_queue_pop(&l->unexp)) != NULL) {
         struct weft_unexpected *u = weft_container_of(q, struct weft_unexpected, qn);
         refuse_msg(p, l, &u->hdr);
-        unexpected_free(u);
+        unexpected_free(p, u);
     }
 }
 
@@ -1143,7 +1143,7 @@ void weft_pipe_break(struct weft_peer_pipe *p, int err)
         p->p2p->out_queued--;
         if (o->req)
             weft_pipe_complete(o->req, p->broken);
-        outbound_free(o);
+        outbound_free(p, o);
     }
     for (size_t i = 0; i < p->nbuckets; i++)
         weft_list_for_each(ln, &p->buckets[i]) {

@@ -553,6 +553,7 @@ void weft_p2p_destroy(struct weft_p2p *p)
         free(p->pipes);
     }
     weft_req_pool_fini(p);
+    weft_payload_cache_fini(&p->payloads);
     while (p->kept) {   /* nothing can read it now: the transports are gone */
         struct weft_p2p_kept *k = p->kept;
         p->kept = k->next;
