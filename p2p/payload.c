@@ -18,7 +18,7 @@ static int payload_class(size_t len)
 }
 
 /* Buffers kept in class k: WEFT_PAYLOAD_DEPTH, but no more than 1 MiB of
- * them from 256 KiB up (4 of 256 KiB, 2 of 512 KiB, 1 of 1 MiB). */
+ * them (16 of 64 KiB ... 1 of 1 MiB). */
 static unsigned payload_depth(int k)
 {
     size_t bytes = (size_t)1 << (WEFT_PAYLOAD_MIN_SHIFT + k);

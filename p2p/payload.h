@@ -13,9 +13,9 @@
  * instead of 45-60, nearly all of it in page faults under unexpected_add's
  * copy (perf -e page-faults; glibc told never to trim: 52-61 us). So
  * buffers of more than 2 KiB up to 1 MiB come from per-size-class free
- * lists (powers of two from 4 KiB, a few kept per class: about 5 MiB at
- * most per comm, and only in the sizes it used); others go to malloc as
- * before.
+ * lists (powers of two from 4 KiB; up to 32 buffers and 1 MiB kept per
+ * class: about 7 MiB at most per comm, and only in the sizes it used);
+ * others go to malloc as before.
  *
  * Not thread-safe: the caller holds the p2p lock (as all of pipe.c does).
  */
@@ -26,7 +26,11 @@
 
 #define WEFT_PAYLOAD_MIN_SHIFT 12   /* 4 KiB: smaller buffers are malloc's own business */
 #define WEFT_PAYLOAD_CLASSES   9    /* 4 KiB .. 1 MiB */
-#define WEFT_PAYLOAD_DEPTH     8    /* most buffers kept per class (fewer from 256 KiB up) */
+#define WEFT_PAYLOAD_DEPTH     32   /* most buffers kept per class (fewer from 64 KiB up) */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 struct weft_payload_cache {
     void    *free[WEFT_PAYLOAD_CLASSES][WEFT_PAYLOAD_DEPTH];
@@ -41,5 +45,9 @@ void weft_payload_put(struct weft_payload_cache *c, void *buf, size_t len);
 
 /* Frees every kept buffer. */
 void weft_payload_cache_fini(struct weft_payload_cache *c);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
