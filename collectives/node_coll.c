@@ -173,10 +173,15 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
         return 1;
     case WEFT_COLL_BCAST:
         /* Two ranks: from 64 KiB one single-copy message beats the two
-         * copies through the segment (docs/benchmarks.md). */
+         * copies through the segment (docs/benchmarks.md). From three, a
+         * bcast may fill a whole big buffer, every rank's slot of it
+         * (bcast_area): only the root writes. At 4 ranks 128-256 KiB took
+         * 20-40 us this way, 46-129 us as a binomial tree of messages and
+         * 30-87 us in Open MPI (docs/benchmarks.md, "Node-local
+         * collectives"). */
         if (P == 2 && a->count > (32u << 10))
             return 0;
-        return a->count > 0 && a->count <= S ? a->count : 0;
+        return a->count > 0 && a->count <= S * P ? a->count : 0;
     case WEFT_COLL_GATHER:
         return a->count > 0 && a->count <= S ? a->count : 0;
     case WEFT_COLL_ALLGATHER:
@@ -821,6 +826,16 @@ static void *result_buf(struct node_call *k, void *user)
     return k->cc->core->cuda ? k->n->scratch : user;
 }
 
+/* Where a bcast's message goes: the root's slot, or, above a slot, the
+ * whole big buffer from slot 0 (the P slots are contiguous). The others'
+ * slots are free for it: no rank writes its slot in a bcast, and every
+ * rank's next write to this buffer waits, as always (node_slot_free),
+ * until every rank is done with this call. */
+static char *bcast_area(struct node_call *k, const struct weft_coll_args *a)
+{
+    return a->count > k->n->slot ? slot_of(k->n, k->b, 0) : slot_of(k->n, k->b, a->root);
+}
+
 static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t need)
 {
     struct weft_core *core = k->cc->core;
@@ -842,7 +857,7 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
 
     case WEFT_COLL_BCAST:
         if (me == a->root) {
-            if ((rc = node_copy(core, mine, a->recvbuf, a->count, "bcast")) != WEFT_SUCCESS)
+            if ((rc = node_copy(core, bcast_area(k, a), a->recvbuf, a->count, "bcast")) != WEFT_SUCCESS)
                 return rc;
             node_arrive(k);
             return WEFT_SUCCESS;
@@ -850,7 +865,7 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
         node_arrive(k);
         if ((rc = node_wait(k, a->root, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
             return rc;
-        return node_copy(core, a->recvbuf, slot_of(n, k->b, a->root), a->count, "bcast");
+        return node_copy(core, a->recvbuf, bcast_area(k, a), a->count, "bcast");
 
     case WEFT_COLL_SCATTER:
         if (me == a->root) {
