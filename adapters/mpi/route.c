@@ -265,7 +265,7 @@ static int node_takes(enum wmpi_coll coll, size_t bytes, int nranks, size_t node
      * ranks 128-256 KiB took 20-40 us there against 30-87 in Open MPI,
      * docs/benchmarks.md). */
     if (coll == WMPI_BCAST)
-        return bytes / (size_t)nranks <= node_bytes;
+        return bytes <= node_bytes * (size_t)nranks;
     return bytes <= node_bytes;
 }
 
