@@ -295,8 +295,8 @@ static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *bu
  * the sender copying message k+1 in while this rank copies message k out?
  * Two copies on two cores against one: the push wins where moving freshly
  * written cache lines between cores is fast and loses where it is slow --
- * on the 2-core reference VM that speed changes 5x from one minute to the
- * next (docs/benchmarks.md, "Shared memory: streams below 256 KiB"). So
+ * on the 2-core reference VM that speed changes about 5x from second to
+ * second (docs/benchmarks.md, "Shared memory: streams below 256 KiB"). So
  * both ways are timed as they run, per size class: a pull by its own
  * call, a push by the gaps between its pieces arriving (shm.c, on_data);
  * the push is taken when it costs under half the pull (the pull's time
