@@ -63,6 +63,11 @@ set(extra_flags "")
 if(SANITIZE)
   # An ASan-instrumented libweft.so needs the ASan runtime loaded first.
   set(extra_flags "-fsanitize=address,undefined")
+  # The consumer is built as a user's program, without the test programs'
+  # dlclose that keeps Open MPI's components mapped (cmake/asan_keep_dso.c):
+  # LeakSanitizer needs the slow unwinder for its stacks to reach libmpi
+  # and match scripts/lsan.supp.
+  set(ENV{ASAN_OPTIONS} "$ENV{ASAN_OPTIONS}:fast_unwind_on_malloc=0")
 endif()
 
 # 1. find_package(weft): shared and static flavours.
