@@ -4,11 +4,18 @@
  * WEFT_REDUCE_ALGO forcing (cc->red_algo). recvbuf is used at the root
  * only (NULL elsewhere is fine) and no rank's sendbuf is ever written.
  *
- * Selector threshold (a first guess from the cost model in allreduce.c,
- * to be replaced by measurements in docs/benchmarks.md): the tree costs
- * log2(n) (latency + whole vector), the ring n-1 latencies and about twice
- * (n-1)/n of the vector at the root; the tree wins up to ~32 KiB at 4..8
- * ranks.
+ * Selector (measured, docs/benchmarks.md "Reduce: tree or ring"): the
+ * root of the tree receives and reduces log2(n) whole vectors, the ring's
+ * root about (n-1)/n of one plus the gathered blocks, after 2(n-1)
+ * latencies: with latency a and reduce cost g per byte the ring wins once
+ * S g (log2(n) - 1) exceeds ~2(n-1) a -- some hundreds of KiB at 4..8
+ * ranks with a core each, not the 32 KiB first guessed. Measured on 2
+ * cores (ranks interleaved with Open MPI's in the same rounds): the tree
+ * took 0.65-0.9 of the ring's time from 128 KiB to 512 KiB at np 3, 4 and
+ * 8, and at np 2 up to 4 MiB (where the "ring" is a reduce-scatter of two
+ * halves and a gather: two more latencies, no less work at the root);
+ * at 1 MiB np 8 the ring was 10% ahead. So: the tree up to 512 KiB, and
+ * at every size on two ranks.
  */
 #include <string.h>
 #include "coll_reduce_algo.h"
@@ -19,7 +26,7 @@
 #include "reduce_kernel.h"
 #include "weft.h"
 
-#define WEFT_RED_TREE_MAX (32u * 1024u)   /* bytes: binomial tree up to here */
+#define WEFT_RED_TREE_MAX (512u * 1024u)  /* bytes: binomial tree up to here (two ranks: always) */
 
 /* Children a rank can have in a binomial tree over an int rank count. */
 #define RED_MAX_CHILDREN 32
@@ -196,7 +203,7 @@ int coll_reduce_start(struct weft_coll *cc, const struct weft_coll_args *ca, wef
         return WEFT_SUCCESS;
     }
     if (!forced)
-        algo = bytes <= WEFT_RED_TREE_MAX ? WEFT_RED_BINOMIAL : WEFT_RED_RING;
+        algo = n == 2 || bytes <= WEFT_RED_TREE_MAX ? WEFT_RED_BINOMIAL : WEFT_RED_RING;
     coll_reduce_log_shape(cc, WEFT_COLL_REDUCE, count, ca->dtype, ca->op, algo, weft_reduce_algo_names[algo], forced);
 
     struct weft_sched_call call;

@@ -481,6 +481,57 @@ TEST_P(ReduceAlgo, MatchesReference)
                 }
 }
 
+/* The reduce selector (collectives/reduce.c): the binomial tree up to
+ * 512 KiB, and at every size on two ranks; the ring above 512 KiB from
+ * three ranks. Read from each rank's WEFT_DEBUG=info line for the shape
+ * (set by the reduce_select entries), with the results checked at the
+ * root. Above WEFT_NODE_COLL_KB, so the calls go as messages. */
+class ReduceSelector : public ReduceAlgos {};
+
+TEST_F(ReduceSelector, TreeUpTo512KiBAndAlwaysOnTwoRanks)
+{
+    const char *dbg = std::getenv("WEFT_DEBUG");
+    if (!dbg || std::string(dbg) != "info")
+        GTEST_SKIP() << "needs WEFT_DEBUG=info";
+    if (size == 1)
+        GTEST_SKIP() << "one rank: nothing is selected";
+    AlgoComm comm("WEFT_REDUCE_ALGO", "auto");
+    ASSERT_EQ(comm.rc(), WEFT_SUCCESS);
+    const size_t at_limit = (512u << 10) / sizeof(float), above = at_limit + 1;
+    const int root = size - 1;
+    std::vector<float> in(above), out(above);
+    for (size_t i = 0; i < above; i++)
+        in[i] = (float)(rank + 1) * (float)(i % 7);
+    int rc[2] = {-1, -1};
+    std::string log = capture_stderr([&] {
+        rc[0] = weft_reduce(comm.get(), in.data(), out.data(), at_limit, WEFT_FLOAT32, WEFT_SUM, root);
+        rc[1] = weft_reduce(comm.get(), in.data(), out.data(), above, WEFT_FLOAT32, WEFT_SUM, root);
+    });
+    ASSERT_EQ(rc[0], WEFT_SUCCESS) << weft_comm_last_error(comm.get());
+    ASSERT_EQ(rc[1], WEFT_SUCCESS) << weft_comm_last_error(comm.get());
+    if (rank == root) {
+        /* Small integers: exact in float32 in any order. */
+        const float ranks_sum = (float)size * (float)(size + 1) / 2.0f;
+        size_t bad = 0;
+        for (size_t i = 0; i < above; i++)
+            bad += out[i] != ranks_sum * (float)(i % 7);
+        EXPECT_EQ(bad, 0u) << "wrong elements at the root";
+    }
+    auto choice = [&](size_t count) {
+        std::string head = "reduce " + std::to_string(count) + " elements of float32";
+        std::istringstream lines(log);
+        for (std::string line; std::getline(lines, line);)
+            if (line.find(head + ",") != std::string::npos && line.find("(selector)") != std::string::npos)
+                return line;
+        return std::string();
+    };
+    std::string at = choice(at_limit), over = choice(above);
+    EXPECT_NE(at.find(": binomial (selector)"), std::string::npos) << "512 KiB goes by the tree:\n" << log;
+    const char *want = size == 2 ? ": binomial (selector)" : ": ring (selector)";
+    EXPECT_NE(over.find(want), std::string::npos)
+        << "512 KiB + 4 B at " << size << " ranks: expected" << want << "\n" << log;
+}
+
 } // namespace
 
 INSTANTIATE_TEST_SUITE_P(Algos, AllreduceAlgo, ::testing::Values("ring", "rd", "rabenseifner", "hier", "auto"));
