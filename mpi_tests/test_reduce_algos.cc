@@ -26,6 +26,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -483,12 +484,14 @@ TEST_P(ReduceAlgo, MatchesReference)
 
 /* The reduce selector (collectives/reduce.c): the binomial tree up to
  * 512 KiB, and at every size on two ranks; the ring above 512 KiB from
- * three ranks. Read from each rank's WEFT_DEBUG=info line for the shape
+ * three ranks. And where the node-local segment stops (node_coll.c, one
+ * node over shm): at 32 KiB on two ranks, at WEFT_NODE_COLL_KB (64 KiB)
+ * from three. Read from each rank's WEFT_DEBUG=info line for the shape
  * (set by the reduce_select entries), with the results checked at the
- * root. Above WEFT_NODE_COLL_KB, so the calls go as messages. */
+ * root. */
 class ReduceSelector : public ReduceAlgos {};
 
-TEST_F(ReduceSelector, TreeUpTo512KiBAndAlwaysOnTwoRanks)
+TEST_F(ReduceSelector, TreeUpTo512KiBAlwaysOnTwoRanksSegmentTo32KiBOnTwo)
 {
     const char *dbg = std::getenv("WEFT_DEBUG");
     if (!dbg || std::string(dbg) != "info")
@@ -498,24 +501,27 @@ TEST_F(ReduceSelector, TreeUpTo512KiBAndAlwaysOnTwoRanks)
     AlgoComm comm("WEFT_REDUCE_ALGO", "auto");
     ASSERT_EQ(comm.rc(), WEFT_SUCCESS);
     const size_t at_limit = (512u << 10) / sizeof(float), above = at_limit + 1;
+    const size_t node2 = (32u << 10) / sizeof(float);   /* the segment's end on two ranks */
+    const size_t counts[4] = {node2, node2 + 1, at_limit, above};
     const int root = size - 1;
     std::vector<float> in(above), out(above);
     for (size_t i = 0; i < above; i++)
         in[i] = (float)(rank + 1) * (float)(i % 7);
-    int rc[2] = {-1, -1};
+    int rc[4] = {-1, -1, -1, -1};
+    size_t bad[4] = {0, 0, 0, 0};
+    /* Small integers: exact in float32 in any order. */
+    const float ranks_sum = (float)size * (float)(size + 1) / 2.0f;
     std::string log = capture_stderr([&] {
-        rc[0] = weft_reduce(comm.get(), in.data(), out.data(), at_limit, WEFT_FLOAT32, WEFT_SUM, root);
-        rc[1] = weft_reduce(comm.get(), in.data(), out.data(), above, WEFT_FLOAT32, WEFT_SUM, root);
+        for (int k = 0; k < 4; k++) {
+            std::fill(out.begin(), out.end(), -1.0f);
+            rc[k] = weft_reduce(comm.get(), in.data(), out.data(), counts[k], WEFT_FLOAT32, WEFT_SUM, root);
+            for (size_t i = 0; rank == root && i < counts[k]; i++)
+                bad[k] += out[i] != ranks_sum * (float)(i % 7);
+        }
     });
-    ASSERT_EQ(rc[0], WEFT_SUCCESS) << weft_comm_last_error(comm.get());
-    ASSERT_EQ(rc[1], WEFT_SUCCESS) << weft_comm_last_error(comm.get());
-    if (rank == root) {
-        /* Small integers: exact in float32 in any order. */
-        const float ranks_sum = (float)size * (float)(size + 1) / 2.0f;
-        size_t bad = 0;
-        for (size_t i = 0; i < above; i++)
-            bad += out[i] != ranks_sum * (float)(i % 7);
-        EXPECT_EQ(bad, 0u) << "wrong elements at the root";
+    for (int k = 0; k < 4; k++) {
+        ASSERT_EQ(rc[k], WEFT_SUCCESS) << counts[k] << " elements: " << weft_comm_last_error(comm.get());
+        EXPECT_EQ(bad[k], 0u) << counts[k] << " elements: wrong elements at the root";
     }
     auto choice = [&](size_t count) {
         std::string head = "reduce " + std::to_string(count) + " elements of float32";
@@ -525,6 +531,10 @@ TEST_F(ReduceSelector, TreeUpTo512KiBAndAlwaysOnTwoRanks)
                 return line;
         return std::string();
     };
+    const char *node = ": node-local shared memory (selector)";
+    EXPECT_NE(choice(node2).find(node), std::string::npos) << "32 KiB: the segment\n" << log;
+    EXPECT_NE(choice(node2 + 1).find(size == 2 ? ": binomial (selector)" : node), std::string::npos)
+        << "32 KiB + 4 B at " << size << " ranks\n" << log;
     std::string at = choice(at_limit), over = choice(above);
     EXPECT_NE(at.find(": binomial (selector)"), std::string::npos) << "512 KiB goes by the tree:\n" << log;
     const char *want = size == 2 ? ": binomial (selector)" : ": ring (selector)";
