@@ -24,6 +24,7 @@
 #include "devcopy.h"
 #include "log.h"
 #include "reduce_kernel.h"
+#include "tags.h"
 #include "weft.h"
 
 #define WEFT_RED_TREE_MAX (512u * 1024u)  /* bytes: binomial tree up to here (two ranks: always) */
@@ -93,6 +94,9 @@ static size_t tree_scratch(const struct red_args *a)
  * Schedule: the RECVs of piece 0; per piece q: the RECVs of piece q+1, the
  * wait for the SEND of piece q-2, the REDUCE per child (dep: its RECV; the
  * last at the root with F_AVG), the SEND up. A leaf only sends its pieces.
+ * Everything up goes on the lane WEFT_TAG_COLL_PHASE_TO_ROOT: above the
+ * user eager limit by rendezvous, so a leaf does not run calls ahead of
+ * its parent (p2p/tags.h).
  */
 struct tree_args_state {
     int rq[2][RED_MAX_CHILDREN];
@@ -107,7 +111,8 @@ static void tree_post(struct weft_sched_build *b, const struct red_args *a, cons
     for (int ci = 0; ci < nc; ci++)
         st->rq[q & 1][ci] = (int)weft_sched_recv(
             b, ci + 1, weft_sched_scratch(b, acc_bytes + ((q & 1) * (size_t)nc + (size_t)ci) * pe),
-            min_sz(pe, total - off), children[ci], 0, WEFT_SCHED_NODEP, WEFT_SCHED_F_RECEIVE);
+            min_sz(pe, total - off), children[ci], WEFT_TAG_COLL_PHASE_TO_ROOT, WEFT_SCHED_NODEP,
+            WEFT_SCHED_F_RECEIVE);
 }
 
 static void build_binomial(struct weft_sched_build *b, const void *args)
@@ -121,7 +126,8 @@ static void build_binomial(struct weft_sched_build *b, const void *args)
 
     if (nc == 0) {
         for (size_t off = 0; off < total; off += pe)
-            weft_sched_send(b, 0, a->send + off, min_sz(pe, total - off), parent, 0, WEFT_SCHED_NODEP);
+            weft_sched_send(b, 0, a->send + off, min_sz(pe, total - off), parent, WEFT_TAG_COLL_PHASE_TO_ROOT,
+                            WEFT_SCHED_NODEP);
         return;
     }
     tree_post(b, a, children, nc, 0, nq, acc_bytes, &st);
@@ -143,7 +149,7 @@ static void build_binomial(struct weft_sched_build *b, const void *args)
                               (parent < 0 && ci == nc - 1) ? WEFT_SCHED_F_AVG : 0);
         }
         if (parent >= 0)
-            sq[q & 1] = (int)weft_sched_send(b, 0, dst, len, parent, 0, WEFT_SCHED_NODEP);
+            sq[q & 1] = (int)weft_sched_send(b, 0, dst, len, parent, WEFT_TAG_COLL_PHASE_TO_ROOT, WEFT_SCHED_NODEP);
     }
 }
 

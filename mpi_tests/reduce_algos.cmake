@@ -16,7 +16,8 @@
 #                         look at nodes)
 #   np 3                  tcp, reduced
 #   np 2, 3               shm, WEFT_DEBUG=info: the reduce selector's choice
-#                         on both sides of its 512 KiB threshold
+#                         on both sides of its thresholds; a reduce's partial
+#                         sums wait for the root (rendezvous)
 weft_add_mpi_test_binary(weft_mpi_reduce_algos test_reduce_algos.cc)
 
 set(WEFT_RA_REDUCED WEFT_TEST_SIZES=reduced)
@@ -37,4 +38,4 @@ weft_add_mpi_suite(NAME reduce_algos_vnodes3 BINARY weft_mpi_reduce_algos NPS 4 
 weft_add_mpi_suite(NAME reduce_algos BINARY weft_mpi_reduce_algos NPS 3 CONFIGS tcp
                    LABELS "coll;reduce" ENV ${WEFT_RA_REDUCED} TIMEOUT 300)
 weft_add_mpi_suite(NAME reduce_select BINARY weft_mpi_reduce_algos NPS 2 3 CONFIGS shm
-                   GTEST_FILTER "ReduceSelector.*" LABELS "coll;reduce" ENV WEFT_DEBUG=info TIMEOUT 120)
+                   GTEST_FILTER "ReduceSelector.*:ReduceToRoot.*" LABELS "coll;reduce" ENV WEFT_DEBUG=info TIMEOUT 120)

@@ -35,6 +35,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "weft.h"
 #include "weft_mpi_test.h"
 
@@ -540,6 +542,44 @@ TEST_F(ReduceSelector, TreeUpTo512KiBAlwaysOnTwoRanksSegmentTo32KiBOnTwo)
     const char *want = size == 2 ? ": binomial (selector)" : ": ring (selector)";
     EXPECT_NE(over.find(want), std::string::npos)
         << "512 KiB + 4 B at " << size << " ranks: expected" << want << "\n" << log;
+}
+
+/* A reduce's partial sums go to the root by rendezvous above the user
+ * eager limit (p2p/tags.h, WEFT_TAG_COLL_PHASE_TO_ROOT), not eagerly up
+ * to the collectives' larger one: a rank's 32 KiB reduce does not
+ * complete before the root has joined the call (as an eager message it
+ * did at once, and a loop of reduces ran calls ahead of the root, every
+ * piece copied twice more). Over shm (user eager limit 4 KiB, the
+ * collectives' 32 KiB); the root joins 300 ms late, the others must have
+ * waited at least 150 ms of it. The binomial tree is forced (as messages,
+ * not the node-local segment), in the default 256 KiB pieces. */
+class ReduceToRoot : public ReduceAlgos {};
+
+TEST_F(ReduceToRoot, PartialSumsWaitForTheRoot)
+{
+    if (std::string(env_or("WEFT_TRANSPORTS", "")) != "shm")
+        GTEST_SKIP() << "the eager limits named are shm's";
+    if (size == 1)
+        GTEST_SKIP() << "one rank: nothing is sent";
+    weft_comm_t *c = nullptr;
+    ASSERT_EQ(create_with(MPI_COMM_WORLD, {{"WEFT_REDUCE_ALGO", "binomial"}}, &c), WEFT_SUCCESS);
+    const size_t count = (32u << 10) / sizeof(int32_t);
+    std::vector<int32_t> in(count, rank + 1), out(count, 0);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    if (rank == 0)
+        usleep(300 * 1000);
+    int rc = weft_reduce(c, in.data(), out.data(), count, WEFT_INT32, WEFT_SUM, 0);
+    double waited = MPI_Wtime() - t0;
+    EXPECT_EQ(rc, WEFT_SUCCESS) << weft_comm_last_error(c);
+    if (rank == 0) {
+        EXPECT_EQ(out[0], size * (size + 1) / 2);
+        EXPECT_EQ(out[count - 1], size * (size + 1) / 2);
+    } else {
+        EXPECT_GE(waited, 0.150) << "rank " << rank << "'s reduce completed " << waited * 1e3
+                                 << " ms after the barrier, before the root joined at 300 ms";
+    }
+    EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS);
 }
 
 } // namespace

@@ -527,11 +527,15 @@ int weft_pipe_isend(struct weft_peer_pipe *p, const void *buf, size_t bytes, int
                               tag);
     r->seq = p->send_seq++;
     /* The library's lanes go eagerly further (collectives' blocks are
-     * always received at once); a message pipe's buffers are the
+     * mostly received at once); a message pipe's buffers are the
      * application's and wait for the reader's read: above the user limit,
      * an eager copy would wait unmatched and fill the flow-control window,
-     * while a rendezvous moves it once, straight into the read's buffer. */
-    r->rndv = bytes > (tag < 0 && !weft_tag_is_msgpipe_data(tag) ? p->eager_limit_internal : p->eager_limit);
+     * while a rendezvous moves it once, straight into the read's buffer.
+     * So do a reduce's partial sums on their way to a root that may be
+     * calls behind (p2p/tags.h, WEFT_TAG_COLL_PHASE_TO_ROOT). */
+    r->rndv = bytes > (tag < 0 && !weft_tag_is_msgpipe_data(tag) && !weft_tag_is_coll_to_root(tag)
+                           ? p->eager_limit_internal
+                           : p->eager_limit);
 
     if (!weft_queue_empty(&p->out)) {
         /* behind earlier frames: queued below */

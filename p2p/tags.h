@@ -113,6 +113,25 @@ static inline int weft_tag_scoll(unsigned slot, int phase)
     return -(WEFT_TAG_SCOLL_BASE + (int)(slot % WEFT_TAG_COLL_SLOTS) * WEFT_TAG_COLL_PHASES + phase);
 }
 
+/* The last phase of every call's lanes carries data towards a root that
+ * has not necessarily posted its receive yet: a binomial reduce's partial
+ * sums (collectives/reduce.c). Its messages take the eager limit of user
+ * messages, not the larger one of the library's lanes (p2p/pipe.c): in a
+ * loop of reduces a leaf's eager sends complete at once, so it runs calls
+ * ahead, every piece arrives unexpected and is copied twice more; as a
+ * rendezvous the leaf waits for the root and the piece is copied once
+ * (np 2, 32 KiB: 6-8 us instead of 18-21; docs/benchmarks.md, "Reduce:
+ * tree or ring"). The barrier's zero-byte messages may use this phase
+ * too (round % PHASES beyond 2^15 ranks): they are eager at any limit. */
+#define WEFT_TAG_COLL_PHASE_TO_ROOT (WEFT_TAG_COLL_PHASES - 1)
+
+static inline int weft_tag_is_coll_to_root(int tag)
+{
+    long long t = -(long long)tag;
+    return t >= WEFT_TAG_COLL_BASE && t < WEFT_TAG_SCOLL_BASE + WEFT_TAG_COLL_COUNT &&
+           (t - WEFT_TAG_COLL_BASE) % WEFT_TAG_COLL_PHASES == WEFT_TAG_COLL_PHASE_TO_ROOT;
+}
+
 /* Whether tag is a lane of the stream engine's collectives (weft_tag_scoll):
  * by value, since a static inline function's address differs between
  * translation units. */
