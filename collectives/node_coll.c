@@ -1012,9 +1012,45 @@ static void node_log_shape(struct weft_coll *cc, const struct weft_coll_args *a,
     coll_log_shape_once(cc, a->kind, a->count, -1, what, algo, 0);
 }
 
+static int node_run_one(struct weft_coll *cc, const struct weft_coll_args *a, size_t need, int *handled);
+
+/* A bcast above a whole big buffer (P x slot) from 3 ranks on goes
+ * through the segment in pieces of P x slot, each its own node-local call
+ * (its own collective number and fingerprint): consecutive calls take the
+ * two big buffers in turn, so the root fills the next piece while the
+ * others copy the last one out. 0: not in pieces. Only the arguments and
+ * the agreed settings decide, so every rank splits alike. */
+static size_t bcast_piece(const struct weft_coll *cc, const struct weft_coll_args *a)
+{
+    size_t S = weft_coll_node_bytes(cc), P = (size_t)cc->core->size;
+    if (a->kind != WEFT_COLL_BCAST || S == 0 || P < 3 || a->count <= S * P)
+        return 0;
+    return S * P;
+}
+
 int coll_node_run(struct weft_coll *cc, const struct weft_coll_args *a, int *handled)
 {
-    size_t need = node_fits(cc, a);
+    size_t piece = bcast_piece(cc, a);
+    *handled = 0;
+    if (piece == 0)
+        return node_run_one(cc, a, node_fits(cc, a), handled);
+    /* The first piece may find the segment off (set-up refused on some
+     * rank): then *handled stays 0 on every rank and the whole call goes
+     * as messages; after it, every piece is handled here. */
+    int rc = WEFT_SUCCESS;
+    for (size_t off = 0; off < a->count && rc == WEFT_SUCCESS; off += piece) {
+        struct weft_coll_args pa = *a;
+        pa.recvbuf = (char *)a->recvbuf + off;
+        pa.count = a->count - off < piece ? a->count - off : piece;
+        rc = node_run_one(cc, &pa, pa.count, handled);
+        if (!*handled)
+            return rc;
+    }
+    return rc;
+}
+
+static int node_run_one(struct weft_coll *cc, const struct weft_coll_args *a, size_t need, int *handled)
+{
     *handled = 0;
     if (need == 0)
         return WEFT_SUCCESS;

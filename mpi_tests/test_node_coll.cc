@@ -188,10 +188,12 @@ TEST(NodeColl, MixedSequence)
     /* Element counts (int32) of each side of every limit: small buffers up
      * to 1 KiB a rank, one round up to 2 KiB, sliced up to the slot,
      * messages above -- but a bcast from 3 ranks fills up to every slot of
-     * a big buffer (P slots), so it has its own limit further up. */
+     * a big buffer (P slots), so it has its own limit further up, and
+     * above it goes in pieces of P slots (two and a part here). */
     const std::vector<size_t> counts = {1, 3, 255, 256, 257, 511, 512, 513, 1000, 256 * P, 256 * P + 1,
                                         kSlot / 4 / P, kSlot / 4 - 1, kSlot / 4, kSlot / 4 + 1, 20000,
-                                        kSlot / 4 * 2 + 3, kSlot / 4 * P, kSlot / 4 * P + 1};
+                                        kSlot / 4 * 2 + 3, kSlot / 4 * P, kSlot / 4 * P + 1,
+                                        kSlot / 4 * P * 2 + 5};
     std::mt19937 gen(12345);   /* the same sequence on every rank */
     std::vector<int32_t> send, recv, want;
     int bad = 0;

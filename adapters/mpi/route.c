@@ -261,11 +261,12 @@ static int node_takes(enum wmpi_coll coll, size_t bytes, int nranks, size_t node
         return 0;
     /* What weft's own rule (collectives/node_coll.c) sends to the segment:
      * an allgather's block and a reduction's vector up to node_bytes, a
-     * bcast's message up to a whole big buffer (nranks x node_bytes: at 4
-     * ranks 128-256 KiB took 20-40 us there against 30-87 in Open MPI,
-     * docs/benchmarks.md). */
+     * bcast's message at any size (up to a whole big buffer, nranks x
+     * node_bytes, in one call, above it in pieces of that: at 4 ranks
+     * 128-256 KiB took 20-45 us there against 30-87 in Open MPI, 512 KiB-8
+     * MiB about half Open MPI's time, docs/benchmarks.md). */
     if (coll == WMPI_BCAST)
-        return bytes <= node_bytes * (size_t)nranks;
+        return 1;
     return bytes <= node_bytes;
 }
 

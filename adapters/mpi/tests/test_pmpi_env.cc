@@ -164,16 +164,18 @@ TEST_F(PmpiDefaults, SmallCallsToMpiLargeToWeft)
         EXPECT_EQ(counts_now()[W_BCAST] - before_bcast, node && size >= 4 ? 1L : 0L) << "a 16 KiB bcast";
     }
     /* A 128 KiB bcast: above a rank's slot, within the whole big buffer
-     * from 4 ranks (ranks x WEFT_NODE_COLL_KB, node_coll.c): weft's. */
-    {
-        std::vector<unsigned char> a(128 << 10), b(128 << 10);
+     * from 4 ranks (ranks x WEFT_NODE_COLL_KB, node_coll.c): weft's. And
+     * 1 MiB + 3 B: above the whole big buffer, in pieces of it: weft's
+     * too. */
+    for (size_t bytes : {(size_t)128 << 10, ((size_t)1 << 20) + 3}) {
+        std::vector<unsigned char> a(bytes), b(bytes);
         fill_bytes(a.data(), a.size(), 50 + rank);
         b = a;
         const long before_bcast = counts_now()[W_BCAST];
         MPI_Bcast(a.data(), (int)a.size(), MPI_BYTE, size - 1, MPI_COMM_WORLD);
         PMPI_Bcast(b.data(), (int)b.size(), MPI_BYTE, size - 1, MPI_COMM_WORLD);
-        EXPECT_TRUE(SameBytes(a.data(), b.data(), a.size())) << "MPI_Bcast of 128 KiB";
-        EXPECT_EQ(counts_now()[W_BCAST] - before_bcast, node && size >= 4 ? 1L : 0L) << "a 128 KiB bcast";
+        EXPECT_TRUE(SameBytes(a.data(), b.data(), a.size())) << "MPI_Bcast of " << bytes << " B";
+        EXPECT_EQ(counts_now()[W_BCAST] - before_bcast, node && size >= 4 ? 1L : 0L) << "a bcast of " << bytes << " B";
     }
     const long barrier_before = counts_now()[W_BARRIER];
     EXPECT_EQ(MPI_Barrier(MPI_COMM_WORLD), MPI_SUCCESS);
