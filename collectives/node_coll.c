@@ -32,6 +32,10 @@
  *   elements into res[b], publishes sliced = s, and all copy res[b] out
  *   once every slice is there (the reduction work split P ways).
  *
+ * A bcast from 3 ranks may fill a whole big buffer (all P slots: only the
+ * root writes); above that it comes here in pieces of P slots, each a call
+ * of its own number (bcast_piece), the two big buffers in turn.
+ *
  * Which calls come here is decided from the call's arguments and the comm's
  * agreed settings only (node_fits), so every rank decides alike. A rank
  * that refuses a call on its own arguments, or fails before its part is
