@@ -8,6 +8,8 @@
 # "Reduce: tree or ring", came from
 #   scripts/perf/reduce_algos.sh --np 2 --rounds 8
 #   scripts/perf/reduce_algos.sh --np 4 --rounds 5   (and --np 3 / 8, -e 1M)
+# WEFT_VIRTUAL_NODES in the environment is passed to weft's jobs (two
+# virtual nodes: TCP between them; Open MPI's column stays on shm).
 #
 # usage: scripts/perf/reduce_algos.sh [--build DIR] [--np N] [--rounds R]
 #                                     [-b SIZE] [-e SIZE] [--variants "mpi binomial ring"]
@@ -36,7 +38,7 @@ echo "# $(date -u '+%F %T UTC'), $(nproc) cores, np $np, $rounds rounds, weft $(
 for r in $(seq 1 "$rounds"); do
     for v in $variants; do
         env=()
-        [ "$v" = mpi ] || env=(-x LD_PRELOAD="$drop" -x WEFT_MPI_MIN_BYTES=0 -x WEFT_REDUCE_ALGO="$v")
+        [ "$v" = mpi ] || env=(-x LD_PRELOAD="$drop" -x WEFT_MPI_MIN_BYTES=0 -x WEFT_REDUCE_ALGO="$v" -x WEFT_VIRTUAL_NODES)
         mpirun -np "$np" --oversubscribe --bind-to none "${env[@]}" "$perf" -c reduce -b "$lo" -e "$hi" -r 5 2>/dev/null |
             grep '^reduce ' | sed "s/^/$r $v /" >> "$out" || echo "# round $r, $v failed" >&2
     done
