@@ -23,6 +23,7 @@
  * only for powers of two: on other counts its fold moves the whole vector
  * twice more. hier when the comm spans several nodes, some with several
  * ranks, from the rd threshold up (below it rd's log2(n) messages win).
+ * Two ranks have a rule of their own, measured (ar_select).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -302,9 +303,19 @@ static int hier_applies(const struct weft_coll *cc)
     return cc->nnodes > 1 && cc->nnodes < cc->core->size;
 }
 
+/* Two ranks (measured, docs/benchmarks.md "Allreduce at two ranks"): rd
+ * -- one exchange of the whole vector, both reducing it at once -- took
+ * 20-31 us at 128 KiB against Rabenseifner's 33-80 (its halving and
+ * doubling are two exchanges of halves, whose latency the second core
+ * does not hide) and the ring's 24-30; from 256 KiB the ring is level
+ * with rd, from 1 MiB ahead. So rd up to 128 KiB, the ring above. */
+#define WEFT_AR_RD_MAX_2 (128u * 1024u)
+
 static int ar_select(const struct weft_coll *cc, size_t bytes)
 {
     int n = cc->core->size;
+    if (n == 2)
+        return bytes <= WEFT_AR_RD_MAX_2 ? WEFT_AR_RD : WEFT_AR_RING;
     if (bytes <= WEFT_AR_RD_MAX)
         return WEFT_AR_RD;
     if (hier_applies(cc))

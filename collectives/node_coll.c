@@ -199,14 +199,16 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
         if ((a->kind == WEFT_COLL_ALLREDUCE ? cc->ar_algo : cc->red_algo) != 0)
             return 0;
         es = weft_dtype_size(a->dtype);
-        /* Two ranks, reduce: as bcast, above 32 KiB the one rank's vector
-         * goes to the root as one single-copy message. Measured 8 rounds
+        /* Two ranks: as bcast, above 32 KiB a reduction goes as messages
+         * (one single-copy message each way). Measured 8 rounds of reduce
          * (docs/benchmarks.md, "Reduce: tree or ring"): 64 KiB through the
          * segment took 10-11 us in 5 rounds and 38-40 in 3 (the machine's
          * slow cross-core phases hit the second copy), the message 10-14
          * in all 8 (Open MPI 11-12); at 32 KiB the segment wins even in
-         * slow rounds (2.5-20 us against 12-28 as an eager message). */
-        if (a->kind == WEFT_COLL_REDUCE && P == 2 && es && a->count > (32u << 10) / es)
+         * slow rounds (2.5-20 us against 12-28 as an eager message).
+         * allreduce, 6 rounds ("Allreduce at two ranks"): 64 KiB 7-15 us
+         * and 45 in 2 rounds against rd's 10-13 in all 6. */
+        if (P == 2 && es && a->count > (32u << 10) / es)
             return 0;
         return es && a->count > 0 && a->count <= S / es ? a->count * es : 0;
     case WEFT_COLL_REDUCE_SCATTER:

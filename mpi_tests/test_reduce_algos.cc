@@ -544,6 +544,59 @@ TEST_F(ReduceSelector, TreeUpTo512KiBAlwaysOnTwoRanksSegmentTo32KiBOnTwo)
         << "512 KiB + 4 B at " << size << " ranks: expected" << want << "\n" << log;
 }
 
+/* The allreduce selector on two ranks (collectives/allreduce.c,
+ * ar_select): the node-local segment up to 32 KiB (one node over shm),
+ * recursive doubling up to 128 KiB, the ring above; from three ranks the
+ * segment keeps its 64 KiB. Read from the WEFT_DEBUG=info lines as above,
+ * results checked on every rank. */
+TEST_F(ReduceSelector, AllreduceOnTwoRanks)
+{
+    const char *dbg = std::getenv("WEFT_DEBUG");
+    if (!dbg || std::string(dbg) != "info")
+        GTEST_SKIP() << "needs WEFT_DEBUG=info";
+    if (size == 1)
+        GTEST_SKIP() << "one rank: nothing is selected";
+    AlgoComm comm("WEFT_ALLREDUCE_ALGO", "auto");
+    ASSERT_EQ(comm.rc(), WEFT_SUCCESS);
+    const size_t k32 = (32u << 10) / 4, k128 = (128u << 10) / 4;
+    const size_t counts[4] = {k32, k32 + 1, k128, k128 + 1};
+    std::vector<int32_t> in(k128 + 1), out(k128 + 1);
+    for (size_t i = 0; i < in.size(); i++)
+        in[i] = (rank + 1) * (int32_t)(i % 11);
+    int rc[4] = {-1, -1, -1, -1};
+    size_t bad[4] = {0, 0, 0, 0};
+    const int32_t ranks_sum = size * (size + 1) / 2;
+    std::string log = capture_stderr([&] {
+        for (int k = 0; k < 4; k++) {
+            std::fill(out.begin(), out.end(), -1);
+            rc[k] = weft_allreduce(comm.get(), in.data(), out.data(), counts[k], WEFT_INT32, WEFT_SUM);
+            for (size_t i = 0; i < counts[k]; i++)
+                bad[k] += out[i] != ranks_sum * (int32_t)(i % 11);
+        }
+    });
+    for (int k = 0; k < 4; k++) {
+        ASSERT_EQ(rc[k], WEFT_SUCCESS) << counts[k] << " elements: " << weft_comm_last_error(comm.get());
+        EXPECT_EQ(bad[k], 0u) << counts[k] << " elements: wrong elements";
+    }
+    auto choice = [&](size_t count) {
+        std::string head = "allreduce " + std::to_string(count) + " elements of int32,";
+        std::istringstream lines(log);
+        for (std::string line; std::getline(lines, line);)
+            if (line.find(head) != std::string::npos && line.find("(selector)") != std::string::npos)
+                return line;
+        return std::string();
+    };
+    const char *node = ": node-local shared memory";
+    EXPECT_NE(choice(k32).find(node), std::string::npos) << "32 KiB: the segment\n" << log;
+    if (size == 2) {
+        EXPECT_NE(choice(k32 + 1).find(": rd (selector)"), std::string::npos) << "32 KiB + 4 B\n" << log;
+        EXPECT_NE(choice(k128).find(": rd (selector)"), std::string::npos) << "128 KiB\n" << log;
+        EXPECT_NE(choice(k128 + 1).find(": ring (selector)"), std::string::npos) << "128 KiB + 4 B\n" << log;
+    } else {
+        EXPECT_NE(choice(k32 + 1).find(node), std::string::npos) << "32 KiB + 4 B at " << size << " ranks\n" << log;
+    }
+}
+
 /* A reduce's partial sums go to the root by rendezvous above the user
  * eager limit (p2p/tags.h, WEFT_TAG_COLL_PHASE_TO_ROOT), not eagerly up
  * to the collectives' larger one: a rank's 32 KiB reduce does not
