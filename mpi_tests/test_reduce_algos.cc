@@ -491,15 +491,31 @@ TEST_P(ReduceAlgo, MatchesReference)
  * from three. Read from each rank's WEFT_DEBUG=info line for the shape
  * (set by the reduce_select entries), with the results checked at the
  * root. */
-class ReduceSelector : public ReduceAlgos {};
+class ReduceSelector : public ReduceAlgos {
+protected:
+    void SetUp() override
+    {
+        ReduceAlgos::SetUp();
+        const char *dbg = std::getenv("WEFT_DEBUG");
+        if (!dbg || std::string(dbg) != "info")
+            GTEST_SKIP() << "needs WEFT_DEBUG=info";
+        if (size == 1)
+            GTEST_SKIP() << "one rank: nothing is selected";
+    }
+    /* The selector's info line for the shape that starts with head
+     * ("reduce 8192 elements of float32"), or "". */
+    static std::string shape_line(const std::string &log, const std::string &head)
+    {
+        std::istringstream lines(log);
+        for (std::string line; std::getline(lines, line);)
+            if (line.find(head + ",") != std::string::npos && line.find("(selector)") != std::string::npos)
+                return line;
+        return std::string();
+    }
+};
 
 TEST_F(ReduceSelector, TreeUpTo512KiBAlwaysOnTwoRanksSegmentTo32KiBOnTwo)
 {
-    const char *dbg = std::getenv("WEFT_DEBUG");
-    if (!dbg || std::string(dbg) != "info")
-        GTEST_SKIP() << "needs WEFT_DEBUG=info";
-    if (size == 1)
-        GTEST_SKIP() << "one rank: nothing is selected";
     AlgoComm comm("WEFT_REDUCE_ALGO", "auto");
     ASSERT_EQ(comm.rc(), WEFT_SUCCESS);
     const size_t at_limit = (512u << 10) / sizeof(float), above = at_limit + 1;
@@ -526,12 +542,7 @@ TEST_F(ReduceSelector, TreeUpTo512KiBAlwaysOnTwoRanksSegmentTo32KiBOnTwo)
         EXPECT_EQ(bad[k], 0u) << counts[k] << " elements: wrong elements at the root";
     }
     auto choice = [&](size_t count) {
-        std::string head = "reduce " + std::to_string(count) + " elements of float32";
-        std::istringstream lines(log);
-        for (std::string line; std::getline(lines, line);)
-            if (line.find(head + ",") != std::string::npos && line.find("(selector)") != std::string::npos)
-                return line;
-        return std::string();
+        return shape_line(log, "reduce " + std::to_string(count) + " elements of float32");
     };
     const char *node = ": node-local shared memory (selector)";
     EXPECT_NE(choice(node2).find(node), std::string::npos) << "32 KiB: the segment\n" << log;
@@ -551,11 +562,6 @@ TEST_F(ReduceSelector, TreeUpTo512KiBAlwaysOnTwoRanksSegmentTo32KiBOnTwo)
  * results checked on every rank. */
 TEST_F(ReduceSelector, AllreduceOnTwoRanks)
 {
-    const char *dbg = std::getenv("WEFT_DEBUG");
-    if (!dbg || std::string(dbg) != "info")
-        GTEST_SKIP() << "needs WEFT_DEBUG=info";
-    if (size == 1)
-        GTEST_SKIP() << "one rank: nothing is selected";
     AlgoComm comm("WEFT_ALLREDUCE_ALGO", "auto");
     ASSERT_EQ(comm.rc(), WEFT_SUCCESS);
     const size_t k32 = (32u << 10) / 4, k128 = (128u << 10) / 4;
@@ -579,12 +585,7 @@ TEST_F(ReduceSelector, AllreduceOnTwoRanks)
         EXPECT_EQ(bad[k], 0u) << counts[k] << " elements: wrong elements";
     }
     auto choice = [&](size_t count) {
-        std::string head = "allreduce " + std::to_string(count) + " elements of int32,";
-        std::istringstream lines(log);
-        for (std::string line; std::getline(lines, line);)
-            if (line.find(head) != std::string::npos && line.find("(selector)") != std::string::npos)
-                return line;
-        return std::string();
+        return shape_line(log, "allreduce " + std::to_string(count) + " elements of int32");
     };
     const char *node = ": node-local shared memory";
     EXPECT_NE(choice(k32).find(node), std::string::npos) << "32 KiB: the segment\n" << log;
