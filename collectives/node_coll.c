@@ -89,6 +89,9 @@
 #define NODE_NBUF   (NODE_NSMALL + 2)
 /* Polls of the flags before a wait reads the clock (not oversubscribed). */
 #define NODE_PRESPIN 128
+/* Two ranks: a bcast or a reduction above this goes as messages -- one
+ * single-copy message beats the segment's two copies (node_fits). */
+#define NODE_PAIR_MAX (32u << 10)
 #define NODE_CTRL_USED  (8 * 4 + 3 * 8 + NODE_NBUF * 3 * 8)
 #define NODE_CTRL_BYTES ((NODE_CTRL_USED + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE)
 
@@ -183,7 +186,7 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
          * 20-40 us this way, 46-129 us as a binomial tree of messages and
          * 30-87 us in Open MPI (docs/benchmarks.md, "Node-local
          * collectives"). */
-        if (P == 2 && a->count > (32u << 10))
+        if (P == 2 && a->count > NODE_PAIR_MAX)
             return 0;
         return a->count > 0 && a->count <= S * P ? a->count : 0;
     case WEFT_COLL_GATHER:
@@ -208,7 +211,7 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
          * slow rounds (2.5-20 us against 12-28 as an eager message).
          * allreduce, 6 rounds ("Allreduce at two ranks"): 64 KiB 7-15 us
          * and 45 in 2 rounds against rd's 10-13 in all 6. */
-        if (P == 2 && es && a->count > (32u << 10) / es)
+        if (P == 2 && es && a->count > NODE_PAIR_MAX / es)
             return 0;
         return es && a->count > 0 && a->count <= S / es ? a->count * es : 0;
     case WEFT_COLL_REDUCE_SCATTER:
@@ -1037,7 +1040,6 @@ static size_t bcast_piece(const struct weft_coll *cc, const struct weft_coll_arg
 int coll_node_run(struct weft_coll *cc, const struct weft_coll_args *a, int *handled)
 {
     size_t piece = bcast_piece(cc, a);
-    *handled = 0;
     if (piece == 0)
         return node_run_one(cc, a, node_fits(cc, a), handled);
     /* The first piece may find the segment off (set-up refused on some
