@@ -32,7 +32,14 @@ struct stage_state;
 struct weft_p2p {
     struct weft_core        *core;
     int                      table_slot; /* entry in the handle table (request.c), -1: none */
-    pthread_mutex_t          lock;       /* guards everything here and in the transports */
+    pthread_mutex_t          lock;       /* guards everything here and in the transports: taken
+                                            through weft_p2p_lock, below, never directly */
+    /* WEFT_THREADS=serialized and no thread of weft's drives this comm: the
+     * program's threads call in one at a time, ordered by the program, so
+     * `lock` is not taken (weft_p2p_lock). Set at create; cleared, once
+     * and for good, by the application's thread that starts the comm's
+     * progress thread, before it starts it (weft_p2p_threads_coming). */
+    int                      nolock;
     int                      rank, size;
     struct weft_peer_pipe        *pipes;      /* [size]; pipes[rank] is the self pipe */
     struct weft_p2p_tp       tps[WEFT_P2P_MAX_TRANSPORTS];   /* registry order */
@@ -99,6 +106,22 @@ struct weft_p2p {
 static inline void weft_p2p_fault_epoch_bump(struct weft_p2p *p)
 {
     __atomic_store_n(&p->fault_epoch, p->fault_epoch + 1, __ATOMIC_RELEASE);
+}
+
+/* The lock of everything in p (and its transports). Uncontended, a
+ * mutex costs two atomic read-modify-writes and ~60 instructions a pair,
+ * taken several times per message -- 15% of the small-message path's
+ * instructions (scripts/perf/self_pair.c); with nolock they are gone. */
+static inline void weft_p2p_lock(struct weft_p2p *p)
+{
+    if (!p->nolock)
+        pthread_mutex_lock(&p->lock);
+}
+
+static inline void weft_p2p_unlock(struct weft_p2p *p)
+{
+    if (!p->nolock)
+        pthread_mutex_unlock(&p->lock);
 }
 
 /* One progress pass: every transport in use, the rendezvous paths, queued

@@ -254,14 +254,14 @@ static void sleep_in_transport(struct weft_p2p *p, int timeout_ms)
     if (p->waiters > 1 || sleepers > 1)
         timeout_ms = 1;
 
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     if (wakeless)
         weft_nap_us(100);   /* completions arrive without a knock: nap briefly and poll again */
     else if (sleeper)
         sleeper->tp->sleep(sleeper->ctx, timeout_ms);
     else
         weft_nap_us(200);   /* self only: nothing can knock */
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
 }
 
 void weft_engine_idle_step(struct weft_p2p *p, struct weft_backoff *b, int max_ms)
@@ -270,9 +270,9 @@ void weft_engine_idle_step(struct weft_p2p *p, struct weft_backoff *b, int max_m
         weft_backoff_idle(b, weft_now(), 0);
         return;
     }
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     sleep_in_transport(p, max_ms);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
 }
 
 /* ---- the application's waits ---- */
@@ -413,21 +413,21 @@ int weft_p2p_progress_wait_until(struct weft_p2p *p, struct weft_request **reqs,
         switch (weft_backoff_phase(&bo, now)) {
         case WEFT_BACKOFF_SPIN:
             /* Spin, but let other threads of this process at the lock. */
-            pthread_mutex_unlock(&p->lock);
-            pthread_mutex_lock(&p->lock);
+            weft_p2p_unlock(p);
+            weft_p2p_lock(p);
             break;
         case WEFT_BACKOFF_YIELD:
             /* Idle: the clients' work (non-blocking collectives, the
              * application's wait hook, at its own pace). */
-            pthread_mutex_unlock(&p->lock);
+            weft_p2p_unlock(p);
             weft_engine_run_waits(p->engine, now, 1);
             weft_yield();
-            pthread_mutex_lock(&p->lock);
+            weft_p2p_lock(p);
             break;
         case WEFT_BACKOFF_SLEEP:
-            pthread_mutex_unlock(&p->lock);
+            weft_p2p_unlock(p);
             weft_engine_run_waits(p->engine, now, 1);
-            pthread_mutex_lock(&p->lock);
+            weft_p2p_lock(p);
             wait_sleep(p);
             break;
         }
@@ -456,13 +456,13 @@ static int want_in_thread(const struct weft_engine *e, const struct engine_slot 
 static int pipes_pass(struct weft_p2p *p, int *busy)
 {
     int n = 0;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     if (p->waiters == 0) {
         n = weft_p2p_progress(p);
         weft_health_tick(p, weft_now());
     }
     *busy = p->user_reqs > 0 || p->out_queued > 0 || p->path_ops > 0;
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return n;
 }
 
@@ -540,9 +540,9 @@ static void *engine_main(void *arg)
             /* Spin, yield, or nap up to what the clients allow. */
             weft_backoff_idle(&bo, now, wakeless_us > 0 ? wakeless_us : 1000);
         } else {
-            pthread_mutex_lock(&p->lock);
+            weft_p2p_lock(p);
             sleep_in_transport(p, ENGINE_THREAD_SLEEP_MS);
-            pthread_mutex_unlock(&p->lock);
+            weft_p2p_unlock(p);
         }
         pthread_mutex_lock(&e->mu);
     }
@@ -550,8 +550,19 @@ static void *engine_main(void *arg)
     return NULL;
 }
 
+/* mu held. Called by an application thread inside a weft call that
+ * does not hold p->lock (the stream-ordered calls' first submission;
+ * create with WEFT_PROGRESS_THREAD=1, where nolock was never set): from
+ * here on two threads reach p, so a WEFT_THREADS=serialized comm takes
+ * its lock again -- for good, and before the thread exists. */
 static int thread_start_locked(struct weft_engine *e)
 {
+    struct weft_p2p *p = e->p2p;
+    if (p->nolock) {
+        p->nolock = 0;
+        WEFT_INFO(p->rank, "WEFT_THREADS=serialized: the comm's stream-ordered calls start its progress thread; "
+                           "its calls take the lock from now on");
+    }
     e->stop = 0;
     int err = pthread_create(&e->thread, NULL, engine_main, e);
     if (err != 0)

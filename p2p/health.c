@@ -677,13 +677,13 @@ int weft_p2p_peer_stuck(struct weft_p2p *p, int peer, char *why, size_t n)
         snprintf(why, n, "not a peer");
         return WEFT_SUCCESS;
     }
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     int live = probe(p, peer, weft_now(), why, n);
     if (live != LIVE_ALIVE) {
         code = live == LIVE_DEAD ? WEFT_ERR_TRANSPORT : WEFT_ERR_TIMEOUT;
         weft_health_declare(p, peer, code, why, 0);
     }
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return code;
 }
 

@@ -88,7 +88,7 @@ start_locked(struct weft_p2p *p, int send, void *buf, size_t bytes, int peer, in
     int rc = weft_mem_classify(p->core, buf, bytes, peer, tag, fn, &kind, &dev);
     if (rc != WEFT_SUCCESS)
         return rc;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     if (aborted(p))
         rc = aborted_error(p, fn);
     else if (revoked(p) && weft_tag_revocable(tag))
@@ -101,7 +101,7 @@ start_locked(struct weft_p2p *p, int send, void *buf, size_t bytes, int peer, in
     /* The newest collective call this rank is in (what COLL_ASK answers). */
     if (rc == WEFT_SUCCESS && check != NULL)
         note_head(p, check);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     if (rc == WEFT_SUCCESS)
         *req = r;
     return rc;
@@ -109,16 +109,16 @@ start_locked(struct weft_p2p *p, int send, void *buf, size_t bytes, int peer, in
 
 void weft_p2p_coll_started(struct weft_p2p *p, const struct weft_p2p_check *c)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     note_head(p, c);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
 }
 
 void weft_p2p_set_check_describe(struct weft_p2p *p, weft_p2p_check_describe_fn fn)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     p->describe_check = fn;
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
 }
 
 int weft_p2p_isend(struct weft_p2p *p, const void *buf, size_t bytes, int peer, int tag,
@@ -143,11 +143,11 @@ int weft_p2p_irecv_signal(struct weft_p2p *p, void *buf, size_t bytes, int peer,
     int rc = weft_mem_classify(p->core, buf, bytes, peer, tag, fn, &kind, &dev);
     if (rc != WEFT_SUCCESS)
         return rc;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     rc = aborted(p)                                    ? aborted_error(p, fn)
          : revoked(p) && weft_tag_revocable(tag)        ? revoked_error(p, fn)
                     : weft_pipe_irecv_signal(&p->pipes[peer], buf, bytes, tag, kind, dev, slot, value, &r);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     if (rc == WEFT_SUCCESS)
         *req = r;
     return rc;
@@ -169,7 +169,7 @@ void weft_p2p_prepare_device(struct weft_p2p *p)
     if (!p->core->cuda || __atomic_load_n(&p->device_prepared, __ATOMIC_ACQUIRE))
         return;
     size_t eager = 0;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     for (int i = 0; i < p->size; i++) {
         if (p->pipes[i].eager_limit > eager)
             eager = p->pipes[i].eager_limit;
@@ -179,18 +179,18 @@ void weft_p2p_prepare_device(struct weft_p2p *p)
     weft_stage_prepare(p);
     weft_devcopy_prepare_bounce(p->core, eager);
     __atomic_store_n(&p->device_prepared, 1, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
 }
 
 int weft_p2p_idiscard(struct weft_p2p *p, int peer, int tag, struct weft_request **req, const char *fn)
 {
     struct weft_request *r;
     int rc;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     rc = aborted(p)                             ? aborted_error(p, fn)
          : revoked(p) && weft_tag_revocable(tag) ? revoked_error(p, fn)
                                                  : weft_pipe_idiscard(&p->pipes[peer], tag, &r);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     if (rc == WEFT_SUCCESS)
         *req = r;
     return rc;
@@ -242,10 +242,10 @@ int weft_p2p_user_irecv(struct weft_p2p *p, void *buf, size_t bytes, int peer, i
 
 int weft_p2p_user_upper(struct weft_p2p *p, const struct weft_p2p_upper_ops *ops, void *arg, weft_request_t **h)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     struct weft_request *r = weft_req_alloc(p);
     if (r == NULL) {
-        pthread_mutex_unlock(&p->lock);
+        weft_p2p_unlock(p);
         return weft_set_error(p->core, WEFT_ERR_NO_MEMORY, "non-blocking collective: no memory for a request");
     }
     r->type = WEFT_REQ_UPPER;
@@ -256,7 +256,7 @@ int weft_p2p_user_upper(struct weft_p2p *p, const struct weft_p2p_upper_ops *ops
     r->status.peer = -1;
     r->status.tag = -1;
     *h = handle_of(r);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return WEFT_SUCCESS;
 }
 
@@ -300,10 +300,10 @@ struct weft_engine *weft_p2p_engine(struct weft_p2p *p)
 void weft_p2p_watch(struct weft_request *r, const char *what)
 {
     struct weft_p2p *p = r->p2p;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     if (r->state != WEFT_REQ_DONE)
         weft_p2p_watch_one(p, r, what);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
 }
 
 /* An UPPER request's callback returned its code: complete. Lock held. */
@@ -324,9 +324,9 @@ static int upper_test(struct weft_p2p *p, struct weft_request *r)
         return 1;
     if (!r->upper->test(r->upper_arg, &err))
         return 0;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     upper_done(r, err);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return 1;
 }
 
@@ -346,10 +346,10 @@ static struct weft_request *handle_lock(weft_request_t *h, struct weft_p2p **pp,
         bad_handle(NULL, fn, "request", h);
         return NULL;
     }
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     r = weft_req_handle_lookup(p, (uint64_t)(uintptr_t)h);
     if (r == NULL || r->claimed) {
-        pthread_mutex_unlock(&p->lock);
+        weft_p2p_unlock(p);
         bad_handle(p, fn, "request", h);
         return NULL;
     }
@@ -378,13 +378,13 @@ int weft_p2p_user_test(weft_request_t *h, int *done, weft_status_t *status)
     if (r->type == WEFT_REQ_UPPER) {
         /* Claimed while its callback runs without the lock. */
         r->claimed = 1;
-        pthread_mutex_unlock(&p->lock);
+        weft_p2p_unlock(p);
         *done = upper_test(p, r);
-        pthread_mutex_lock(&p->lock);
+        weft_p2p_lock(p);
         r->claimed = 0;
         if (*done)
             rc = finish(r, status);
-        pthread_mutex_unlock(&p->lock);
+        weft_p2p_unlock(p);
         return rc;
     }
     if (r->state != WEFT_REQ_DONE) {
@@ -395,7 +395,7 @@ int weft_p2p_user_test(weft_request_t *h, int *done, weft_status_t *status)
     *done = r->state == WEFT_REQ_DONE;
     if (*done)
         rc = finish(r, status);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     if (!*done)   /* a test loop progresses non-blocking collectives too */
         weft_engine_run_waits(p->engine, weft_now(), 0);
     return rc;
@@ -410,23 +410,23 @@ int weft_p2p_user_wait(weft_request_t *h, weft_status_t *status)
         return WEFT_ERR_INVALID_ARG;
     if (r->type == WEFT_REQ_UPPER) {
         r->claimed = 1;
-        pthread_mutex_unlock(&p->lock);
+        weft_p2p_unlock(p);
         if (r->state != WEFT_REQ_DONE) {
             int err = r->upper->wait(r->upper_arg);
-            pthread_mutex_lock(&p->lock);
+            weft_p2p_lock(p);
             upper_done(r, err);
         } else {
-            pthread_mutex_lock(&p->lock);
+            weft_p2p_lock(p);
         }
         r->claimed = 0;
         rc = finish(r, status);
-        pthread_mutex_unlock(&p->lock);
+        weft_p2p_unlock(p);
         return rc;
     }
     if (r->state != WEFT_REQ_DONE)
         weft_p2p_progress_wait(p, &r, 1, "weft_wait");
     rc = finish(r, status);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return rc;
 }
 
@@ -455,9 +455,9 @@ static int waitall_claim(size_t n, weft_request_t **hs, struct weft_request **rs
                     dup = 1;
                 if (rs[j] == NULL)
                     continue;
-                pthread_mutex_lock(&ps[j]->lock);
+                weft_p2p_lock(ps[j]);
                 rs[j]->claimed = 0;
-                pthread_mutex_unlock(&ps[j]->lock);
+                weft_p2p_unlock(ps[j]);
             }
             if (dup)
                 return weft_set_error(weft_req_handle_p2p((uint64_t)(uintptr_t)hs[i])->core, WEFT_ERR_INVALID_ARG,
@@ -469,7 +469,7 @@ static int waitall_claim(size_t n, weft_request_t **hs, struct weft_request **rs
         r->claimed = 1;
         rs[i] = r;
         ps[i] = p;
-        pthread_mutex_unlock(&p->lock);
+        weft_p2p_unlock(p);
     }
     return WEFT_SUCCESS;
 }
@@ -499,7 +499,7 @@ static int waitall_one_comm(size_t n, weft_request_t **hs, struct weft_request *
     }
     if (p == NULL)
         return 0;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     for (i = 0; i < n; i++) {
         rs[i] = NULL;
         if (hs[i] == NULL)
@@ -515,7 +515,7 @@ static int waitall_one_comm(size_t n, weft_request_t **hs, struct weft_request *
         for (size_t j = 0; j < i; j++)
             if (rs[j])
                 rs[j]->claimed = 0;
-        pthread_mutex_unlock(&p->lock);
+        weft_p2p_unlock(p);
         return 0;
     }
     weft_p2p_progress_wait(p, rs, n, "weft_waitall");
@@ -531,7 +531,7 @@ static int waitall_one_comm(size_t n, weft_request_t **hs, struct weft_request *
         if (err != WEFT_SUCCESS && first_err == WEFT_SUCCESS)
             first_err = err;
     }
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     *rc = first_err;
     return 1;
 }
@@ -587,9 +587,9 @@ int weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses
     if (uppers)
         several = 1;
     if (only != NULL && !several) {
-        pthread_mutex_lock(&only->lock);
+        weft_p2p_lock(only);
         weft_p2p_progress_wait(only, rs, n, "weft_waitall");
-        pthread_mutex_unlock(&only->lock);
+        weft_p2p_unlock(only);
     } else if (several) {
         struct weft_backoff bo;
         weft_backoff_init(&bo, ps_core(ps, n));
@@ -615,7 +615,7 @@ int weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses
                 if (seen)
                     continue;
                 struct weft_p2p *p = ps[i];
-                pthread_mutex_lock(&p->lock);
+                weft_p2p_lock(p);
                 events += weft_p2p_progress(p);
                 for (size_t j = i; j < n; j++)
                     if (ps[j] == p && rs[j]->type != WEFT_REQ_UPPER && rs[j]->state != WEFT_REQ_DONE) {
@@ -623,7 +623,7 @@ int weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses
                         if (rs[j]->state != WEFT_REQ_DONE)
                             pending++;
                     }
-                pthread_mutex_unlock(&p->lock);
+                weft_p2p_unlock(p);
             }
             if (pending == 0)
                 break;
@@ -649,9 +649,9 @@ int weft_p2p_user_waitall(size_t n, weft_request_t **hs, weft_status_t *statuses
         weft_status_t st = { 0, -1, -1, WEFT_SUCCESS };
         int err = WEFT_SUCCESS;
         if (rs[i]) {
-            pthread_mutex_lock(&ps[i]->lock);
+            weft_p2p_lock(ps[i]);
             err = finish(rs[i], &st);
-            pthread_mutex_unlock(&ps[i]->lock);
+            weft_p2p_unlock(ps[i]);
             hs[i] = NULL;
         }
         if (statuses)
@@ -671,27 +671,27 @@ out:
 int weft_p2p_cancel(struct weft_request *r, int err)
 {
     struct weft_p2p *p = r->p2p;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     int done = weft_pipe_cancel(r, err);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return done;
 }
 
 void weft_p2p_refuse_lane(struct weft_p2p *p, int peer, int tag, int err)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     weft_pipe_lane_refuse(&p->pipes[peer], tag, err);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
 }
 
 void weft_p2p_refuse_call(struct weft_p2p *p, int (*tag)(unsigned seq, int phase), uint32_t seq, int phases, int err)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     for (int peer = 0; peer < p->size; peer++)
         if (peer != p->rank)
             for (int ph = 0; ph < phases; ph++)
                 weft_pipe_lane_refuse(&p->pipes[peer], tag(seq, ph), err);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
 }
 
 int weft_p2p_wait_done_until(struct weft_request *r, const char *what, const uint64_t *stop_epoch)
@@ -699,10 +699,10 @@ int weft_p2p_wait_done_until(struct weft_request *r, const char *what, const uin
     struct weft_p2p *p = r->p2p;
     int rc = WEFT_SUCCESS;
 
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     if (r->state != WEFT_REQ_DONE)
         rc = weft_p2p_progress_wait_until(p, &r, 1, what, stop_epoch);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return rc;
 }
 
@@ -722,7 +722,7 @@ int weft_p2p_fault(struct weft_p2p *p, uint64_t call, char *why, size_t whylen)
      * no lock taken (the common case, on every collective's start). */
     if (weft_p2p_fault_epoch(p) == 0 && !aborted(p))
         return WEFT_SUCCESS;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     const struct weft_coll_note *c = weft_health_coll_note(p, call);
     if (revoked(p)) {
         /* What every pending call returns; what was failing before, too. */
@@ -745,13 +745,13 @@ int weft_p2p_fault(struct weft_p2p *p, uint64_t call, char *why, size_t whylen)
         code = WEFT_ERR_ABORTED;
         snprintf(why, whylen, "the comm was aborted (weft_comm_abort)");
     }
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return code;
 }
 
 int weft_p2p_await_note(struct weft_p2p *p, uint64_t call, double bound_s, char *why, size_t whylen)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     const double until = weft_now() + bound_s;
     while (weft_health_coll_note(p, call) == NULL && p->fault_rank < 0 && !revoked(p)) {
         if (weft_p2p_progress(p) > 0)
@@ -760,86 +760,86 @@ int weft_p2p_await_note(struct weft_p2p *p, uint64_t call, double bound_s, char 
         if (now >= until)
             break;
         weft_health_tick(p, now);
-        pthread_mutex_unlock(&p->lock);
+        weft_p2p_unlock(p);
         weft_nap_us(200);
-        pthread_mutex_lock(&p->lock);
+        weft_p2p_lock(p);
     }
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return weft_p2p_fault(p, call, why, whylen);
 }
 
 int weft_p2p_coll_decided_here(struct weft_p2p *p, uint64_t call)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     const struct weft_coll_note *c = weft_health_coll_note(p, call);
     int here = c != NULL && c->from == p->rank;
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return here;
 }
 
 void weft_p2p_coll_failed(struct weft_p2p *p, uint64_t call, int code, const char *text)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     weft_health_coll_failed(p, call, code, text);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
 }
 
 void weft_p2p_revoke(struct weft_p2p *p)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     /* The reason the comm was failing, if it was: every rank is told it. */
     weft_health_revoke(p, p->rank, p->fault_rank >= 0 ? p->fault_why : "");
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
 }
 
 int weft_p2p_revoked(struct weft_p2p *p, char *why, size_t whylen)
 {
     if (!revoked(p))
         return 0;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     snprintf(why, whylen, "%s", p->revoke_why);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return 1;
 }
 
 int weft_p2p_peer_down(struct weft_p2p *p, int peer, char *why, size_t whylen)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     const struct weft_peer_pipe *pp = &p->pipes[peer];
     int down = pp->broken != 0;
     if (down)
         snprintf(why, whylen, "%s", pp->failed || pp->link_down ? pp->fail_why : "the link to it is down");
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return down;
 }
 
 int weft_p2p_link_down(struct weft_p2p *p, int peer)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     const struct weft_peer_pipe *pp = &p->pipes[peer];
     int down = pp->link_down && !pp->failed;
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return down;
 }
 
 int weft_p2p_known_links(struct weft_p2p *p, int (*pairs)[2], int max)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     int n = p->nlinks < max ? p->nlinks : max;
     for (int i = 0; i < n; i++) {
         pairs[i][0] = p->links[i][0];
         pairs[i][1] = p->links[i][1];
     }
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return n;
 }
 
 void weft_p2p_abort(struct weft_p2p *p)
 {
     __atomic_store_n(&p->core->aborted, 1, __ATOMIC_RELEASE);
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     weft_health_abort(p);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
 }
 
 int weft_p2p_done(const struct weft_request *r)
@@ -847,9 +847,9 @@ int weft_p2p_done(const struct weft_request *r)
     /* Under the lock: the pipe layer moves a request through its states
      * with plain stores (TSan: an unlocked read races with them). */
     struct weft_p2p *p = r->p2p;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     int done = r->state == WEFT_REQ_DONE;
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return done;
 }
 
@@ -861,7 +861,7 @@ static int test_finish(struct weft_request *r, int *done, weft_status_t *status,
     struct weft_p2p *p = r->p2p;
     int rc = WEFT_SUCCESS;
 
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     if (r->state != WEFT_REQ_DONE)
         weft_p2p_progress(p);
     *done = r->state == WEFT_REQ_DONE;
@@ -874,7 +874,7 @@ static int test_finish(struct weft_request *r, int *done, weft_status_t *status,
             *signaled = r->type == WEFT_REQ_RECV && r->xfer.signal_done;
         rc = finish(r, status);
     }
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return rc;
 }
 
@@ -893,13 +893,13 @@ int weft_p2p_test(struct weft_request *r, int *done, weft_status_t *status)
     struct weft_p2p *p = r->p2p;
     int rc = WEFT_SUCCESS;
 
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     if (r->state != WEFT_REQ_DONE)
         weft_p2p_progress(p);
     *done = r->state == WEFT_REQ_DONE;
     if (*done)
         rc = finish(r, status);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return rc;
 }
 
@@ -908,11 +908,11 @@ int weft_p2p_wait(struct weft_request *r, weft_status_t *status)
     struct weft_p2p *p = r->p2p;
     int rc;
 
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     if (r->state != WEFT_REQ_DONE)
         weft_p2p_progress_wait(p, &r, 1, "weft_wait");
     rc = finish(r, status);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return rc;
 }
 
@@ -921,7 +921,7 @@ int weft_p2p_wait_announced(struct weft_request *r, double bound_s, const char *
     struct weft_p2p *p = r->p2p;
     int left = 0;
 
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     const double until = weft_now() + bound_s;
     while (r->state != WEFT_REQ_DONE) {
         if (r->type != WEFT_REQ_SEND || r->state != WEFT_REQ_POSTED || r->pipe->broken) {
@@ -940,11 +940,11 @@ int weft_p2p_wait_announced(struct weft_request *r, double bound_s, const char *
             left = 1;
             break;
         }
-        pthread_mutex_unlock(&p->lock);
+        weft_p2p_unlock(p);
         weft_nap_us(500);
-        pthread_mutex_lock(&p->lock);
+        weft_p2p_lock(p);
     }
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return !left;
 }
 
@@ -953,10 +953,10 @@ int weft_p2p_wait_done(struct weft_request *r, const char *what)
     struct weft_p2p *p = r->p2p;
     int rc = WEFT_SUCCESS;
 
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     if (r->state != WEFT_REQ_DONE)
         rc = weft_p2p_progress_wait(p, &r, 1, what);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return rc;
 }
 
@@ -979,7 +979,7 @@ int weft_p2p_waitall(size_t n, struct weft_request **reqs, weft_status_t *status
                 break;
         }
         if (p) {
-            pthread_mutex_lock(&p->lock);
+            weft_p2p_lock(p);
             weft_p2p_progress_wait(p, reqs + start, end - start, "weft_waitall");
         }
         for (size_t i = start; i < end; i++) {
@@ -995,7 +995,7 @@ int weft_p2p_waitall(size_t n, struct weft_request **reqs, weft_status_t *status
                 first_err = err;
         }
         if (p)
-            pthread_mutex_unlock(&p->lock);
+            weft_p2p_unlock(p);
         start = end;
     }
     return first_err;
@@ -1010,7 +1010,7 @@ static int blocking(struct weft_p2p *p, int send, void *buf, size_t bytes, int p
     int rc = weft_mem_classify(p->core, buf, bytes, peer, tag, fn, &kind, &dev);
     if (rc != WEFT_SUCCESS)
         return rc;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     rc = aborted(p)                             ? aborted_error(p, fn)
          : revoked(p) && weft_tag_revocable(tag) ? revoked_error(p, fn)
                                                  : start(p, send, buf, bytes, peer, tag, kind, dev, &r);
@@ -1019,7 +1019,7 @@ static int blocking(struct weft_p2p *p, int send, void *buf, size_t bytes, int p
             weft_p2p_progress_wait(p, &r, 1, fn);
         rc = finish(r, status);
     }
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return rc;
 }
 
@@ -1039,7 +1039,7 @@ int weft_p2p_mem_pin(struct weft_p2p *p, const void *buf, size_t bytes)
     char why[256];
     int rc = WEFT_SUCCESS;
 
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     for (int i = 0; i < p->ntps && rc == WEFT_SUCCESS; i++) {
         const struct weft_p2p_tp *t = &p->tps[i];
         if (t->ctx == NULL || t->tp->mem_pin == NULL)
@@ -1052,17 +1052,17 @@ int weft_p2p_mem_pin(struct weft_p2p *p, const void *buf, size_t bytes)
                                 (uintptr_t)buf, (uintptr_t)buf + bytes, bytes,
                                 why[0] != '\0' ? why : weft_err_str(rc));
     }
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return rc;
 }
 
 int weft_p2p_mem_unpin(struct weft_p2p *p, const void *buf, size_t bytes)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     for (int i = 0; i < p->ntps; i++)
         if (p->tps[i].ctx && p->tps[i].tp->mem_unpin)
             p->tps[i].tp->mem_unpin(p->tps[i].ctx, buf, bytes);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return WEFT_SUCCESS;
 }
 

@@ -41,11 +41,11 @@ int weft_p2p_progress(struct weft_p2p *p)
 
 int weft_p2p_poll_health(struct weft_p2p *p)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     int n = weft_p2p_progress(p);
     /* Heartbeats and the peers' health: what fails the requests of a
      * peer that died, with no waiter of ours to look at their clocks. */
     weft_health_tick(p, weft_now());
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return n;
 }

@@ -84,6 +84,9 @@ int weft_p2p_create(struct weft_core *core, struct weft_p2p **out)
     p->rank = core->rank;
     p->size = core->size;
     pthread_mutex_init(&p->lock, NULL);
+    /* With WEFT_PROGRESS_THREAD=1 a thread of weft's moves the pipes from
+     * the start: the lock stays. */
+    p->nolock = strcmp(core->cfg.threads, "serialized") == 0 && !core->cfg.progress_thread;
     weft_queue_init(&p->reqs.free);
     p->up.arg = p;
     p->up.on_ctrl = up_on_ctrl;
@@ -346,6 +349,11 @@ int weft_p2p_connect(struct weft_p2p *p, const unsigned char *cards, const struc
         const struct weft_card_hdr *mh = hdr_of(cards, me);
         WEFT_INFO(me, "comm of %d ranks on %d node(s)%s; this rank on host %s, node %d", p->size, core->num_nodes,
                   core->cfg.virtual_nodes ? " (WEFT_VIRTUAL_NODES)" : "", mh->hostname, mh->node);
+        if (strcmp(core->cfg.threads, "serialized") == 0)
+            WEFT_INFO(me, "%s", p->nolock ? "WEFT_THREADS=serialized: the comm's calls take no lock (the program "
+                                            "calls into it from one thread at a time)"
+                                          : "WEFT_THREADS=serialized has no effect: WEFT_PROGRESS_THREAD=1 moves the "
+                                            "comm's pipes from a thread of weft's, so its calls take the lock");
         for (int peer = 0; peer < p->size; peer++) {
             const struct weft_peer_pipe *pp = &p->pipes[peer];
             const struct weft_card_hdr *h = hdr_of(cards, peer);
@@ -377,7 +385,7 @@ static int anything_busy(struct weft_p2p *p)
 
 int weft_p2p_flush(struct weft_p2p *p, double bound_s)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     const double until = weft_now() + bound_s;
     int busy;
     while ((busy = anything_busy(p)) != 0) {
@@ -385,21 +393,21 @@ int weft_p2p_flush(struct weft_p2p *p, double bound_s)
             continue;
         if (weft_now() >= until)
             break;
-        pthread_mutex_unlock(&p->lock);
+        weft_p2p_unlock(p);
         weft_nap_us(200);
-        pthread_mutex_lock(&p->lock);
+        weft_p2p_lock(p);
     }
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return !busy;
 }
 
 void weft_p2p_detach(struct weft_p2p *p)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     for (int i = p->ntps; i-- > 0;)
         if (p->tps[i].ctx && p->tps[i].tp->detach)
             p->tps[i].tp->detach(p->tps[i].ctx);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
 }
 
 int weft_p2p_drain(struct weft_p2p *p)
@@ -410,7 +418,7 @@ int weft_p2p_drain(struct weft_p2p *p)
     int rc = WEFT_SUCCESS;
 
     weft_backoff_init(&bo, core);
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     while (anything_busy(p)) {
         if (weft_p2p_progress(p) > 0) {
             weft_backoff_busy(&bo);
@@ -421,9 +429,9 @@ int weft_p2p_drain(struct weft_p2p *p)
                                     weft_wait_bound(&core->cfg, WEFT_WAIT_DESTROY));
                 break;
             }
-            pthread_mutex_unlock(&p->lock);
+            weft_p2p_unlock(p);
             weft_backoff_idle(&bo, weft_now(), 50);
-            pthread_mutex_lock(&p->lock);
+            weft_p2p_lock(p);
         }
     }
     /* The user's requests still outstanding: failed and freed (their
@@ -457,7 +465,7 @@ int weft_p2p_drain(struct weft_p2p *p)
         if (p->pipes[i].ninflight)
             WEFT_WARN(p->rank, "weft_comm_destroy: %zu request(s) with peer %d still in flight",
                       p->pipes[i].ninflight, i);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return rc;
 }
 
@@ -469,7 +477,7 @@ int weft_p2p_survivor_barrier(struct weft_p2p *p)
 
     if (rs == NULL)
         return weft_set_error(p->core, WEFT_ERR_NO_MEMORY, "weft_comm_destroy: no memory for the final barrier");
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     /* Every live peer: a 0-byte message each way, twice. A peer that failed
      * meanwhile fails its pair of requests (bounded by WEFT_TIMEOUT). Two
      * rounds because a message may be a pair's first (lazy connections):
@@ -495,39 +503,39 @@ int weft_p2p_survivor_barrier(struct weft_p2p *p)
         for (size_t i = 0; i < n; i++)
             weft_req_free(rs[i]);
     }
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     free(rs);
     return rc;
 }
 
 int weft_p2p_any_failed(struct weft_p2p *p)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     int n = p->nfailed || __atomic_load_n(&p->core->aborted, __ATOMIC_ACQUIRE);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return n;
 }
 
 int weft_p2p_watch_processes(struct weft_p2p *p)
 {
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     weft_health_watch_processes(p);
     int n = p->nfailed || __atomic_load_n(&p->core->aborted, __ATOMIC_ACQUIRE);
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return n;
 }
 
 int weft_p2p_broken_links(struct weft_p2p *p, char *why, size_t n)
 {
     int count = 0, first = -1;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     for (int i = 0; i < p->size; i++)
         if (i != p->rank && p->pipes[i].broken && !p->pipes[i].failed && count++ == 0)
             first = i;
     if (count > 0 && why != NULL && n > 0)
         snprintf(why, n, "the link to peer %d is down (%s)%s", first, weft_err_str(p->pipes[first].broken),
                  count > 1 ? ", and others" : "");
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
     return count;
 }
 
@@ -570,8 +578,8 @@ void weft_p2p_keep(struct weft_p2p *p, void *mem)
     if (k == NULL)
         return;   /* no memory for the record: mem stays allocated (a leak, never a use after free) */
     k->mem = mem;
-    pthread_mutex_lock(&p->lock);
+    weft_p2p_lock(p);
     k->next = p->kept;
     p->kept = k;
-    pthread_mutex_unlock(&p->lock);
+    weft_p2p_unlock(p);
 }

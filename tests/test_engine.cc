@@ -11,7 +11,9 @@
 #include <pthread.h>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "weft.h"
@@ -24,6 +26,7 @@ extern "C" {
 #include "log.h"
 #include "p2p.h"
 }
+#include "p2p_lock_shim.h"
 
 namespace {
 
@@ -33,13 +36,14 @@ const char *no_env(const char *, void *) { return nullptr; }
 struct Ctx {
     struct weft_core core;
     struct weft_p2p *p2p = nullptr;
-    explicit Ctx(int progress_thread)
+    explicit Ctx(int progress_thread, const char *threads = "multiple")
     {
         std::memset(&core, 0, sizeof(core));
         weft_core_init(&core, 0, 1);
         char err[256] = "";
         EXPECT_EQ(WEFT_SUCCESS, weft_config_load(&core.cfg, no_env, nullptr, err, sizeof(err))) << err;
         core.cfg.progress_thread = progress_thread;
+        std::snprintf(core.cfg.threads, sizeof(core.cfg.threads), "%s", threads);
         EXPECT_EQ(WEFT_SUCCESS, weft_p2p_create(&core, &p2p)) << weft_error_line(&core);
     }
     ~Ctx()
@@ -254,6 +258,49 @@ struct weft_core core_with(int spin_us, int oversubscribed)
     core.cfg.spin_us = spin_us;
     core.oversubscribed = oversubscribed;
     return core;
+}
+
+/* Whether a call that takes the comm's lock (a progress pass) gets through
+ * from another thread while the mutex is held. */
+bool call_passes_held_lock(struct weft_p2p *p2p)
+{
+    std::atomic<bool> done{false};
+    test_p2p_hold_lock(p2p);
+    std::thread t([&] {
+        (void)weft_p2p_poll_health(p2p);
+        done = true;
+    });
+    bool passed = eventually([&] { return done.load(); }, 200);
+    test_p2p_release_lock(p2p);
+    t.join();
+    return passed;
+}
+
+TEST(Engine, SerializedCommTakesNoLockUntilItsProgressThreadStarts)
+{
+    Ctx c(0, "serialized");
+    EXPECT_TRUE(call_passes_held_lock(c.p2p)) << "WEFT_THREADS=serialized: a call waited for the comm's lock";
+
+    /* A client with no other driver (the stream-ordered calls) starts the
+     * progress thread: from then on two threads reach the comm. */
+    Probe p;
+    ASSERT_EQ(WEFT_SUCCESS, weft_engine_register(c.engine(), &needs_thread, &p));
+    EXPECT_FALSE(call_passes_held_lock(c.p2p)) << "the progress thread runs, yet a call took no lock";
+    weft_engine_unregister(c.engine(), &needs_thread, &p);
+    EXPECT_FALSE(call_passes_held_lock(c.p2p)) << "the lock is taken for good once the thread started";
+}
+
+TEST(Engine, CommsTakeTheLockByDefaultAndWithTheProgressThreadSetting)
+{
+    {
+        Ctx c(0);   /* WEFT_THREADS=multiple */
+        EXPECT_FALSE(call_passes_held_lock(c.p2p)) << "WEFT_THREADS=multiple: a call took no lock";
+    }
+    {
+        Ctx c(1, "serialized");   /* a thread of weft's moves the pipes from the start */
+        ASSERT_EQ(WEFT_SUCCESS, weft_engine_start(c.engine()));
+        EXPECT_FALSE(call_passes_held_lock(c.p2p)) << "WEFT_PROGRESS_THREAD=1 with serialized: a call took no lock";
+    }
 }
 
 TEST(Backoff, SpinThenYieldThenSleep)

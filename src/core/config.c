@@ -35,6 +35,7 @@ const char *const weft_allreduce_algo_names[] = { "auto", "ring", "rd", "rabense
 const char *const weft_reduce_scatter_algo_names[] = { "auto", "ring", "halving", NULL };
 const char *const weft_reduce_algo_names[] = { "auto", "binomial", "ring", NULL };
 const char *const weft_alltoall_algo_names[] = { "auto", "pairwise", "bruck", NULL };
+const char *const weft_threads_names[] = { "multiple", "serialized", NULL };
 
 /* WEFT_DEBUG names, indexed by enum weft_log_level. */
 static const char *const log_level_names[] = { "none", "warn", "info", "trace", NULL };
@@ -413,13 +414,14 @@ static const struct { const char *name; size_t off; size_t size; int empty_ok, s
       "the path of a directory, at most 255 characters" },
 };
 
-/* Algorithm names: variable, its list, field. */
+/* Named values (the algorithms, WEFT_THREADS): variable, its list, field. */
 static const struct { const char *name; const char *const *names; size_t off; } algos[] = {
     { "WEFT_ALLGATHER_ALGO",      weft_allgather_algo_names,      F(allgather_algo) },
     { "WEFT_ALLREDUCE_ALGO",      weft_allreduce_algo_names,      F(allreduce_algo) },
     { "WEFT_REDUCE_SCATTER_ALGO", weft_reduce_scatter_algo_names, F(reduce_scatter_algo) },
     { "WEFT_REDUCE_ALGO",         weft_reduce_algo_names,         F(reduce_algo) },
     { "WEFT_ALLTOALL_ALGO",       weft_alltoall_algo_names,       F(alltoall_algo) },
+    { "WEFT_THREADS",             weft_threads_names,             F(threads) },
 };
 
 /* ------------------------------------------------------------ load */
@@ -503,6 +505,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
      * stream waits on weft (those transfers are staged instead). */
     cfg->cuda_ipc_open_syncs = 1;
     strcpy(cfg->allgather_algo, "auto");
+    strcpy(cfg->threads, "multiple");
     /* 1 MiB ring chunks: docs/benchmarks.md ("## Allgather"). */
     cfg->allgather_chunk  = 1 << 20;
     strcpy(cfg->allreduce_algo, "auto");

@@ -45,6 +45,9 @@ struct weft_config {
     int      spin_us;          /* WEFT_SPIN_US: busy-poll time before a waiter yields/sleeps */
     int      progress_thread;  /* WEFT_PROGRESS_THREAD: 1 = the comm's message pipes get a progress thread
                                   that runs their callbacks; 0 = callbacks run in weft_progress */
+    char     threads[16];      /* WEFT_THREADS: multiple|serialized. serialized: the program calls into
+                                  the comm from one thread at a time (its own ordering between threads),
+                                  so the p2p layer takes no lock (p2p/context.h, weft_p2p_lock) */
     size_t   pipe_inline;      /* WEFT_PIPE_INLINE: host bytes of a message that travel inside its
                                   descriptor (p2p/msgpipe/msgpipe.c), capped by the pair's eager limit */
 
@@ -87,6 +90,7 @@ extern const char *const weft_allreduce_algo_names[];
 extern const char *const weft_reduce_scatter_algo_names[];
 extern const char *const weft_reduce_algo_names[];
 extern const char *const weft_alltoall_algo_names[];
+extern const char *const weft_threads_names[];
 
 /* Looks up a variable; returns NULL when unset. The process environment is the default. */
 typedef const char *(*weft_env_lookup_fn)(const char *name, void *ctx);
