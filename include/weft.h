@@ -8,7 +8,9 @@
  * where built and present) and makes no MPI call until weft_comm_destroy.
  *
  * Every call returns a WEFT_* code. weft_comm_last_error() says what failed,
- * on which rank and peer, and why. All calls are thread-safe.
+ * on which rank and peer, and why. All calls are thread-safe, unless a
+ * comm is made with WEFT_THREADS=serialized: the program then calls into
+ * that comm from one thread at a time (docs/api.md).
  */
 #ifndef WEFT_H
 #define WEFT_H
