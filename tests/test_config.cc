@@ -383,6 +383,17 @@ TEST(Config, NamesAndPaths)
               std::string::npos);
 }
 
+TEST(Config, Threads)
+{
+    EXPECT_STREQ(load_ok({}).threads, "multiple");
+    EXPECT_STREQ(load_ok({{"WEFT_THREADS", ""}}).threads, "multiple");
+    EXPECT_STREQ(load_ok({{"WEFT_THREADS", "serialized"}}).threads, "serialized");
+    EXPECT_STREQ(load_ok({{"WEFT_THREADS", "Serialized"}}).threads, "serialized");
+    EXPECT_TRUE(weft_config_reads("WEFT_THREADS")) << "a comm's own setting";
+    for (const char *bad : {"single", "serialised", "1", " serialized"})
+        EXPECT_NE(expect_rejected("WEFT_THREADS", bad).find("multiple or serialized"), std::string::npos) << bad;
+}
+
 TEST(Config, TimeoutZeroMeansNever)
 {
     EXPECT_EQ(load_ok({{"WEFT_TIMEOUT", "0"}}).timeout_s, 0.0);
