@@ -677,6 +677,56 @@ TEST_F(StreamTest, JournalHoldsStreamCollectives)
         rmdir(dir);
 }
 
+/* WEFT_THREADS=serialized: the comm takes no lock while only the
+ * program's thread calls in; its first stream-ordered call starts the
+ * comm's progress thread, which then moves the same pipes as the program's
+ * calls, so the comm must take its lock again from that call on
+ * (p2p/engine.c). Host collectives run here while the stream's allreduce
+ * waits behind a delay and then moves on the progress thread: under
+ * ThreadSanitizer (scripts/test) a comm that kept going without its lock
+ * races, and the results are checked everywhere. */
+TEST_F(StreamTest, SerializedCommTakesItsLockOnceStreamed)
+{
+    weft_setting_t set[] = {{"WEFT_THREADS", "serialized"}};
+    weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+    cfg.settings = set;
+    cfg.nsettings = 1;
+    weft_comm_t *c = nullptr;
+    ASSERT_EQ(weft_comm_create_config(MPI_COMM_WORLD, &cfg, &c), WEFT_SUCCESS) << weft_last_error();
+    const int n = 64;
+    std::vector<int32_t> h(n), r(n), got(n);
+    for (int i = 0; i < n; i++)
+        h[i] = rank + i;
+    auto check = [&](const std::vector<int32_t> &v, const char *what) {
+        for (int i = 0; i < n; i++)
+            if (v[i] != size * (size - 1) / 2 + size * i) {
+                ADD_FAILURE() << what << ": element " << i << " is " << v[i];
+                return;
+            }
+    };
+    ASSERT_EQ(weft_allreduce(c, h.data(), r.data(), n, WEFT_INT32, WEFT_SUM), WEFT_SUCCESS) << weft_comm_last_error(c);
+    check(r, "allreduce before any stream call");
+    {
+        Stream s;
+        Dev in(n * sizeof(int32_t)), out(n * sizeof(int32_t));
+        ASSERT_TRUE(in.p && out.p);
+        ASSERT_EQ(cudaMemcpy(in.p, h.data(), n * sizeof(int32_t), cudaMemcpyDefault), cudaSuccess);
+        ASSERT_EQ(weft_emu_cuda_stream_delay(s.s, 50 * 1000), cudaSuccess);
+        ASSERT_EQ(weft_allreduce_on_stream(c, in.p, out.p, n, WEFT_INT32, WEFT_SUM, s.s), WEFT_SUCCESS)
+            << weft_comm_last_error(c);
+        for (int k = 0; k < 40; k++) {
+            std::fill(r.begin(), r.end(), -1);
+            ASSERT_EQ(weft_allreduce(c, h.data(), r.data(), n, WEFT_INT32, WEFT_SUM), WEFT_SUCCESS)
+                << weft_comm_last_error(c);
+            check(r, "host allreduce beside the stream's");
+        }
+        ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(got.data(), out.p, n * sizeof(int32_t), cudaMemcpyDefault), cudaSuccess);
+        check(got, "stream allreduce");
+    }
+    EXPECT_EQ(weft_comm_destroy(c), WEFT_SUCCESS) << weft_last_error();
+}
+
 /* Stream-ordered collectives are numbered apart from the others: a failed
  * stream call's verdict (here a mismatch: rank 0 reduces 64 elements, the
  * others 32, as the comm's 9th stream collective) is the failure note of
