@@ -100,6 +100,25 @@ static void note(const char *fmt, ...)
     va_end(ap);
 }
 
+/* weft_var=value in the comms' settings (a later value replaces an
+ * earlier one). 0, or -1 when the list is full. */
+static int put(const char *weft_var, const char *value)
+{
+    for (size_t i = 0; i < g_nsettings; i++)
+        if (strcmp(g_names[i], weft_var) == 0) {
+            snprintf(g_values[i], sizeof(g_values[i]), "%s", value);
+            return 0;
+        }
+    if (g_nsettings >= NCCLW_MAX_SETTINGS)
+        return -1;
+    snprintf(g_names[g_nsettings], sizeof(g_names[0]), "%s", weft_var);
+    snprintf(g_values[g_nsettings], sizeof(g_values[0]), "%s", value);
+    g_settings[g_nsettings].name = g_names[g_nsettings];
+    g_settings[g_nsettings].value = g_values[g_nsettings];
+    g_nsettings++;
+    return 0;
+}
+
 /* weft_var=value in the comms' settings, unless the user set weft_var. */
 static void map_to(const char *nccl_var, const char *nccl_value, const char *weft_var, const char *value)
 {
@@ -108,20 +127,8 @@ static void map_to(const char *nccl_var, const char *nccl_value, const char *wef
         note("%s=%s ignored: %s=%s is set and wins", nccl_var, nccl_value, weft_var, user);
         return;
     }
-    for (size_t i = 0; i < g_nsettings; i++)
-        if (strcmp(g_names[i], weft_var) == 0) {
-            snprintf(g_values[i], sizeof(g_values[i]), "%s", value);   /* the later NCCL_* wins */
-            note("%s=%s -> %s=%s", nccl_var, nccl_value, weft_var, value);
-            return;
-        }
-    if (g_nsettings >= NCCLW_MAX_SETTINGS)
-        return;
-    snprintf(g_names[g_nsettings], sizeof(g_names[0]), "%s", weft_var);
-    snprintf(g_values[g_nsettings], sizeof(g_values[0]), "%s", value);
-    g_settings[g_nsettings].name = g_names[g_nsettings];
-    g_settings[g_nsettings].value = g_values[g_nsettings];
-    g_nsettings++;
-    note("%s=%s -> %s=%s", nccl_var, nccl_value, weft_var, value);
+    if (put(weft_var, value) == 0)   /* the later NCCL_* wins */
+        note("%s=%s -> %s=%s", nccl_var, nccl_value, weft_var, value);
 }
 
 size_t nccl_env_settings(const weft_setting_t **settings)
@@ -216,6 +223,14 @@ static void apply_once(void)
         map_to("NCCL_IB_RETRY_CNT", v, "WEFT_IB_RETRY_CNT", v);
     if ((v = getenv("NCCL_IB_QPS_PER_CONNECTION")) != NULL)
         map_to("NCCL_IB_QPS_PER_CONNECTION", v, "WEFT_IB_QPS_PER_PEER", v);
+
+    /* An NCCL communicator is called from several threads at once (a
+     * framework's watchdog polls ncclCommGetAsyncError and may call
+     * ncclCommAbort while another thread is inside a collective), so its
+     * weft comm keeps its lock whatever WEFT_THREADS says (docs/api.md). */
+    if ((v = getenv("WEFT_THREADS")) != NULL && strcasecmp(v, "multiple") != 0)
+        note("WEFT_THREADS=%s ignored: an NCCL communicator may be called from several threads at once", v);
+    (void)put("WEFT_THREADS", "multiple");
 
     for (char **e = environ; e && *e; e++) {
         const char *eq = strchr(*e, '=');

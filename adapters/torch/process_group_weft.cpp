@@ -384,12 +384,13 @@ ProcessGroupWeft::ProcessGroupWeft(const c10::intrusive_ptr<c10d::Store>& store,
   // setting (weft_config_t): the environment is never written.
   const char* user_timeout = std::getenv("WEFT_TIMEOUT");
   weftTimeout_ = user_timeout ? user_timeout : weftSeconds(timeout);
-  const weft_setting_t timeout_setting = {"WEFT_TIMEOUT", weftTimeout_.c_str()};
+  // torch calls a process group from several threads (the autograd
+  // engine's, a watchdog's, the caller's), so the comm keeps its lock
+  // whatever WEFT_THREADS says in the environment (docs/api.md).
+  const weft_setting_t settings[] = {{"WEFT_THREADS", "multiple"}, {"WEFT_TIMEOUT", weftTimeout_.c_str()}};
   weft_config_t config = WEFT_CONFIG_INITIALIZER;
-  if (user_timeout == nullptr) {
-    config.settings = &timeout_setting;
-    config.nsettings = 1;
-  }
+  config.settings = settings;
+  config.nsettings = user_timeout == nullptr ? 2 : 1;
 
   // Several groups may share a store (a re-init over the same file store):
   // each creation takes the next generation. Every rank adds before it joins

@@ -166,6 +166,12 @@ weft_nccl_env_test(shm_disable "weft.rank 1. INFO: peer 0: transport tcp"
                    NCCL_DEBUG=INFO NCCL_SHM_DISABLE=1)
 weft_nccl_env_test(ignored "NCCL INFO NCCL_P2P_DISABLE=1 ignored .no weft equivalent."
                    NCCL_DEBUG=INFO NCCL_P2P_DISABLE=1 WEFT_TRANSPORTS=shm)
+# An NCCL communicator keeps its lock whatever WEFT_THREADS says (env.c): the
+# note, and never weft's "take no lock" line (WEFT_DEBUG=info via NCCL_DEBUG).
+weft_nccl_env_test(threads_kept "NCCL INFO WEFT_THREADS=serialized ignored: an NCCL communicator may be called"
+                   NCCL_DEBUG=INFO WEFT_THREADS=serialized WEFT_TRANSPORTS=shm)
+set_tests_properties(nccl_env_threads_kept_np2 PROPERTIES
+                     FAIL_REGULAR_EXPRESSION "FAIL rank|FATAL rank|take no lock")
 
 # Fault entries: recovery on so rank 0 outlives rank 1; mpirun's exit code
 # says nothing then, so they are judged by rank 0's line.
