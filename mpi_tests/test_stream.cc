@@ -681,10 +681,11 @@ TEST_F(StreamTest, JournalHoldsStreamCollectives)
  * program's thread calls in; its first stream-ordered call starts the
  * comm's progress thread, which then moves the same pipes as the program's
  * calls, so the comm must take its lock again from that call on
- * (p2p/engine.c). Host collectives run here while the stream's allreduce
- * waits behind a delay and then moves on the progress thread: under
- * ThreadSanitizer (scripts/test) a comm that kept going without its lock
- * races, and the results are checked everywhere. */
+ * (p2p/engine.c). Host messages and collectives run here while the
+ * stream's allreduce waits behind a delay and then moves on the progress
+ * thread: under ThreadSanitizer (scripts/test) a comm that kept going
+ * without its lock races (checked: 37 races, then a hang), and the results
+ * are checked everywhere. */
 TEST_F(StreamTest, SerializedCommTakesItsLockOnceStreamed)
 {
     weft_setting_t set[] = {{"WEFT_THREADS", "serialized"}};
@@ -711,14 +712,27 @@ TEST_F(StreamTest, SerializedCommTakesItsLockOnceStreamed)
         Dev in(n * sizeof(int32_t)), out(n * sizeof(int32_t));
         ASSERT_TRUE(in.p && out.p);
         ASSERT_EQ(cudaMemcpy(in.p, h.data(), n * sizeof(int32_t), cudaMemcpyDefault), cudaSuccess);
-        ASSERT_EQ(weft_emu_cuda_stream_delay(s.s, 50 * 1000), cudaSuccess);
+        ASSERT_EQ(weft_emu_cuda_stream_delay(s.s, 5 * 1000), cudaSuccess);
         ASSERT_EQ(weft_allreduce_on_stream(c, in.p, out.p, n, WEFT_INT32, WEFT_SUM, s.s), WEFT_SUCCESS)
             << weft_comm_last_error(c);
-        for (int k = 0; k < 40; k++) {
-            std::fill(r.begin(), r.end(), -1);
-            ASSERT_EQ(weft_allreduce(c, h.data(), r.data(), n, WEFT_INT32, WEFT_SUM), WEFT_SUCCESS)
+        /* Messages with the partner (the pipes the stream's allreduce moves
+         * too) and now and then a host allreduce, while the stream's runs. */
+        const int peer = partner();
+        std::vector<int32_t> back(n);
+        for (int k = 0; k < 1000; k++) {
+            weft_request_t *q[2];
+            ASSERT_EQ(weft_irecv(c, back.data(), n * sizeof(int32_t), peer, 9, &q[0]), WEFT_SUCCESS)
                 << weft_comm_last_error(c);
-            check(r, "host allreduce beside the stream's");
+            ASSERT_EQ(weft_isend(c, h.data(), n * sizeof(int32_t), peer, 9, &q[1]), WEFT_SUCCESS)
+                << weft_comm_last_error(c);
+            ASSERT_EQ(weft_waitall(2, q, nullptr), WEFT_SUCCESS) << weft_comm_last_error(c);
+            ASSERT_EQ(back[n - 1], peer + n - 1) << "message " << k << " from rank " << peer;
+            if (k % 100 == 0) {
+                std::fill(r.begin(), r.end(), -1);
+                ASSERT_EQ(weft_allreduce(c, h.data(), r.data(), n, WEFT_INT32, WEFT_SUM), WEFT_SUCCESS)
+                    << weft_comm_last_error(c);
+                check(r, "host allreduce beside the stream's");
+            }
         }
         ASSERT_EQ(cudaStreamSynchronize(s.s), cudaSuccess);
         ASSERT_EQ(cudaMemcpy(got.data(), out.p, n * sizeof(int32_t), cudaMemcpyDefault), cudaSuccess);
