@@ -38,7 +38,7 @@ struct weft_p2p {
      * program's threads call in one at a time, ordered by the program, so
      * `lock` is not taken (weft_p2p_lock). Set at create; cleared, once
      * and for good, by the application's thread that starts the comm's
-     * progress thread, before it starts it (weft_p2p_threads_coming). */
+     * progress thread, before it starts it (thread_start_locked, engine.c). */
     int                      nolock;
     int                      rank, size;
     struct weft_peer_pipe        *pipes;      /* [size]; pipes[rank] is the self pipe */
