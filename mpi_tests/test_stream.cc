@@ -688,12 +688,8 @@ TEST_F(StreamTest, JournalHoldsStreamCollectives)
  * are checked everywhere. */
 TEST_F(StreamTest, SerializedCommTakesItsLockOnceStreamed)
 {
-    weft_setting_t set[] = {{"WEFT_THREADS", "serialized"}};
-    weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
-    cfg.settings = set;
-    cfg.nsettings = 1;
     weft_comm_t *c = nullptr;
-    ASSERT_EQ(weft_comm_create_config(MPI_COMM_WORLD, &cfg, &c), WEFT_SUCCESS) << weft_last_error();
+    ASSERT_EQ(WEFT_SUCCESS, create_comm_with("WEFT_THREADS", "serialized", &c)) << weft_last_error();
     const int n = 64;
     std::vector<int32_t> h(n), r(n), got(n);
     for (int i = 0; i < n; i++)

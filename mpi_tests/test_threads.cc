@@ -157,12 +157,8 @@ TEST_F(Threads, SenderThreadAndReceiverThreadOnOneTag)
  * program's back: the program's own ordering is all the comm needs. */
 TEST_F(Threads, SerializedCommHandedBetweenThreads)
 {
-    weft_setting_t set[] = {{"WEFT_THREADS", "serialized"}};
-    weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
-    cfg.settings = set;
-    cfg.nsettings = 1;
     weft_comm_t *sc = nullptr;
-    ASSERT_EQ(WEFT_SUCCESS, weft_comm_create_config(MPI_COMM_WORLD, &cfg, &sc)) << weft_last_error();
+    ASSERT_EQ(WEFT_SUCCESS, create_comm_with("WEFT_THREADS", "serialized", &sc)) << weft_last_error();
 
     const int rounds = size >= 8 ? 24 : 90, tag = 4, me = rank, n = size, l = left(), r = right();
     std::mutex mu;

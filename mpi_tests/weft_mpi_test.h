@@ -70,6 +70,17 @@ std::string capture_stderr(Fn fn)
     return ss.str();
 }
 
+/* weft_comm_create_config over MPI_COMM_WORLD with one setting of the
+ * comm's own (collective, like weft_comm_create). */
+inline int create_comm_with(const char *name, const char *value, weft_comm_t **out)
+{
+    weft_setting_t set[] = {{name, value}};
+    weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+    cfg.settings = set;
+    cfg.nsettings = 1;
+    return weft_comm_create_config(MPI_COMM_WORLD, &cfg, out);
+}
+
 inline int world_rank()
 {
     int r = -1;
