@@ -246,6 +246,23 @@ int wmpi_ready(void)
     return atomic_load(&state) == 1;
 }
 
+/* The weft comms' configuration: WEFT_THREADS=serialized when MPI runs
+ * below MPI_THREAD_MULTIPLE -- the program then calls MPI, and so this
+ * layer and weft, from one thread at a time, which is the promise that
+ * setting asks for (docs/api.md; the comm takes no lock) -- unless the
+ * user set WEFT_THREADS. NULL (the environment alone) otherwise. */
+static const weft_config_t *serialized_config(void)
+{
+    static const weft_setting_t serialized = {"WEFT_THREADS", "serialized"};
+    static weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+    int level = MPI_THREAD_MULTIPLE;
+    if (getenv("WEFT_THREADS") != NULL || PMPI_Query_thread(&level) != MPI_SUCCESS || level >= MPI_THREAD_MULTIPLE)
+        return NULL;
+    cfg.settings = &serialized;
+    cfg.nsettings = 1;
+    return &cfg;
+}
+
 /* Makes the weft comm of comm (every rank of comm is here). */
 static struct entry *make(MPI_Comm comm)
 {
@@ -255,7 +272,7 @@ static struct entry *make(MPI_Comm comm)
     const char *why = "no memory for the communicator's entry";
 
     if (e != NULL) {
-        rc = weft_comm_create(comm, &wc);
+        rc = weft_comm_create_config(comm, serialized_config(), &wc);
         why = weft_last_error();
     }
     ok = e != NULL && rc == WEFT_SUCCESS;

@@ -46,13 +46,18 @@ target_compile_options(weft_pmpi_fatal PRIVATE ${WEFT_C_WARNINGS})
 # Every intercepted call against PMPI, weft for every size > 0
 # (WEFT_MPI_MIN_BYTES=0), the exact weft calls counted; errors returned
 # with weft's class and text; MPI progress while weft waits.
-set(WEFT_PMPI_MAIN_FILTER "PmpiAll.*:PmpiErrors.*:PmpiProgress.*")
+set(WEFT_PMPI_MAIN_FILTER "PmpiAll.*:PmpiErrors.*:PmpiProgress.*:PmpiThreadLevel.*")
 weft_add_mpi_suite(NAME pmpi BINARY weft_pmpi_test NPS 1 2 3 4 CONFIGS shm tcp vnodes2
                    GTEST_FILTER ${WEFT_PMPI_MAIN_FILTER} LABELS pmpi
                    ENV WEFT_MPI_MIN_BYTES=0 WEFT_TIMEOUT=30 TIMEOUT 120)
 weft_add_mpi_suite(NAME pmpi BINARY weft_pmpi_test NPS 8 CONFIGS shm
                    GTEST_FILTER ${WEFT_PMPI_MAIN_FILTER} LABELS "pmpi;np8"
                    ENV WEFT_MPI_MIN_BYTES=0 WEFT_TIMEOUT=30 TIMEOUT 180)
+# The same at MPI_THREAD_SINGLE (mpi_main.cc): the drop-in's weft comms are
+# WEFT_THREADS=serialized, so every call above runs with no lock.
+weft_add_mpi_suite(NAME pmpi_serialized BINARY weft_pmpi_test NPS 2 4 CONFIGS shm
+                   GTEST_FILTER "PmpiAll.*:PmpiThreadLevel.*" LABELS pmpi
+                   ENV WEFT_MPI_MIN_BYTES=0 WEFT_TIMEOUT=30 WEFT_TEST_MPI_THREAD=single TIMEOUT 120)
 
 # Sizes on both sides of the built-in threshold on different ranks (issue
 # 28, item 5): weft's timeout with a reason on the large ranks, never a

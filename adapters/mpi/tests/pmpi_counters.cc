@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "pmpi_test.h"
@@ -24,7 +25,7 @@ std::atomic<long> counters[W_NCOUNTED];
 
 const char *const names[W_NCOUNTED] = {
     "weft_allgather", "weft_bcast",  "weft_barrier",     "weft_allreduce",    "weft_reduce",
-    "weft_reduce_scatter", "weft_alltoall", "weft_comm_create", "weft_comm_destroy",
+    "weft_reduce_scatter", "weft_alltoall", "weft_comm_create_config", "weft_comm_destroy",
 };
 
 void *real_sym(const char *name)
@@ -47,6 +48,29 @@ inline void count(Counted which)
 const char *counted_name(int which)
 {
     return which >= 0 && which < W_NCOUNTED ? names[which] : "?";
+}
+
+namespace {
+/* WEFT_THREADS in the configuration of the newest weft_comm_create_config
+ * ("" when none was given); comms may be made by several threads. */
+std::mutex create_mu;
+std::string create_threads;
+} // namespace
+
+void note_create_threads(const weft_config_t *cfg)
+{
+    std::string v;
+    for (size_t i = 0; cfg != nullptr && i < cfg->nsettings; i++)
+        if (std::string(cfg->settings[i].name) == "WEFT_THREADS")
+            v = cfg->settings[i].value;
+    std::lock_guard<std::mutex> g(create_mu);
+    create_threads = v;
+}
+
+std::string last_create_threads()
+{
+    std::lock_guard<std::mutex> g(create_mu);
+    return create_threads;
 }
 
 Counts counts_now()
@@ -130,10 +154,11 @@ int weft_alltoall(weft_comm_t *c, const void *s, void *r, size_t b)
     return REAL(weft_alltoall)(c, s, r, b);
 }
 
-int weft_comm_create(MPI_Comm m, weft_comm_t **out)
+int weft_comm_create_config(MPI_Comm m, const weft_config_t *cfg, weft_comm_t **out)
 {
     count(pmpitest::W_COMM_CREATE);
-    return REAL(weft_comm_create)(m, out);
+    pmpitest::note_create_threads(cfg);
+    return REAL(weft_comm_create_config)(m, cfg, out);
 }
 
 int weft_comm_destroy(weft_comm_t *c)

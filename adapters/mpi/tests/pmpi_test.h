@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "weft.h"
+
 namespace pmpitest {
 
 /* The weft calls the drop-in makes, counted in pmpi_counters.cc. */
@@ -66,6 +68,11 @@ struct Counts {
 };
 
 Counts counts_now();
+
+/* WEFT_THREADS as the drop-in passed it to its newest weft comm ("": not
+ * given, the environment decides). */
+void note_create_threads(const weft_config_t *cfg);
+std::string last_create_threads();
 
 /* "Since `before`, exactly these weft calls were made" (all others +0). */
 ::testing::AssertionResult CountsAre(const Counts &before, std::initializer_list<std::pair<Counted, long>> want);

@@ -485,7 +485,7 @@ void check_reduce_scatter_block(MPI_Comm comm, const RType &t, const ROp &op, in
 /* ---- a short run of every intercepted call on one communicator ---- */
 
 /* Every collective once, against PMPI; then the counts: each +1 where weft
- * serves comm, weft_comm_create +creates. */
+ * serves comm, weft_comm_create_config +creates. */
 void battery(MPI_Comm comm, long creates, uint64_t tag)
 {
     const int n = comm_size(comm), r = comm_rank(comm);

@@ -110,6 +110,37 @@ void expect_probe(const Counts &got, size_t bytes, Want want)
 
 } // namespace
 
+/* ---- the thread level ---- */
+
+/* Below MPI_THREAD_MULTIPLE the program calls MPI, and so the drop-in and
+ * weft, from one thread at a time: the drop-in makes its weft comms with
+ * WEFT_THREADS=serialized (no lock; docs/mpi.md), unless the user set
+ * WEFT_THREADS. At MPI_THREAD_MULTIPLE it passes no setting. Runs with the
+ * main suites (MPI at MPI_THREAD_MULTIPLE) and in pmpi_serialized_* (at
+ * MPI_THREAD_SINGLE, WEFT_TEST_MPI_THREAD=single: mpi_main.cc). */
+class PmpiThreadLevel : public PmpiTest {};
+
+TEST_F(PmpiThreadLevel, SerializedCommsBelowThreadMultiple)
+{
+    if (size < 2)
+        GTEST_SKIP() << "one rank: the drop-in makes no weft comm";
+    ASSERT_STREQ(std::getenv("WEFT_MPI_MIN_BYTES"), "0") << "this suite needs every size through weft";
+    int provided = MPI_THREAD_MULTIPLE;
+    ASSERT_EQ(PMPI_Query_thread(&provided), MPI_SUCCESS);
+    MPI_Comm c;
+    ASSERT_EQ(PMPI_Comm_dup(MPI_COMM_WORLD, &c), MPI_SUCCESS);
+    Counts before = counts_now();
+    int one = 1, sum = 0;
+    EXPECT_EQ(MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, c), MPI_SUCCESS);
+    EXPECT_EQ(sum, size);
+    EXPECT_TRUE(CountsAre(before, {{W_ALLREDUCE, 1}, {W_COMM_CREATE, 1}}));
+    const char *user = std::getenv("WEFT_THREADS");
+    const std::string want = user == nullptr && provided < MPI_THREAD_MULTIPLE ? "serialized" : "";
+    EXPECT_EQ(last_create_threads(), want) << "MPI thread level " << provided
+                                           << (user ? ", WEFT_THREADS set by the user" : "");
+    EXPECT_EQ(MPI_Comm_free(&c), MPI_SUCCESS);
+}
+
 /* ---- the built-in thresholds ---- */
 
 class PmpiDefaults : public PmpiTest {
