@@ -254,12 +254,10 @@ int wmpi_ready(void)
 static const weft_config_t *serialized_config(void)
 {
     static const weft_setting_t serialized = {"WEFT_THREADS", "serialized"};
-    static weft_config_t cfg = WEFT_CONFIG_INITIALIZER;
+    static const weft_config_t cfg = {sizeof(weft_config_t), WEFT_CONFIG_MAGIC, WEFT_CONFIG_VERSION, &serialized, 1};
     int level = MPI_THREAD_MULTIPLE;
     if (getenv("WEFT_THREADS") != NULL || PMPI_Query_thread(&level) != MPI_SUCCESS || level >= MPI_THREAD_MULTIPLE)
         return NULL;
-    cfg.settings = &serialized;
-    cfg.nsettings = 1;
     return &cfg;
 }
 
