@@ -35,8 +35,16 @@
  * length far below SSIZE_MAX and bounds the time between retries. */
 #define SHM_CMA_MAX_IOV ((size_t)1 << 30)
 
-/* Below this a single process_vm_readv is cheaper than sharing the work. */
-#define SHM_SPLIT_MIN ((size_t)256 << 10)
+/* From here a pull is shared: the sender, waiting for FIN (or sending
+ * more behind it), copies pieces of the same transfer while the receiver
+ * does, two cores at once. Below it one process_vm_readv on the
+ * receiver's core is as fast. Was 256 KiB; measured since (docs/benchmarks.md,
+ * "Shared pulls from 64 KiB"): a lone 64 KiB message takes 0.78x, 128 KiB
+ * 0.67x the time of one core's pull. */
+#define SHM_SPLIT_MIN ((size_t)64 << 10)
+/* Below this a message of a stream may be pushed through the ring instead
+ * of pulled (stream_push). */
+#define SHM_STREAM_MAX ((size_t)256 << 10)
 
 /* Lets peers pull from this process by CMA, when WEFT_SHM_CMA allows it. */
 void weft_shm_cma_allow_peers(const struct weft_core *core)
@@ -222,9 +230,13 @@ static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *bu
     const struct weft_config *cfg = &shm_core(st)->cfg;
     struct shm_help_slot *h = peer->help_in;
     /* a piece of ~1/8 of the message, 64 KiB .. 1 MiB: enough pieces for
-     * both sides to share, few enough that the syscalls do not show */
+     * both sides to share, few enough that the syscalls do not show; and
+     * at most half of it, so that a message below 128 KiB still has a
+     * piece for each side (the halves rounded to pages) */
     size_t piece = ((total / 8) + 4095) & ~(size_t)4095;
     piece = piece < ((size_t)64 << 10) ? (size_t)64 << 10 : piece > ((size_t)1 << 20) ? (size_t)1 << 20 : piece;
+    if (piece > total / 2)
+        piece = ((total / 2) + 4095) & ~(size_t)4095;
 
     uint64_t gen = (atomic_load_explicit(&h->claim, memory_order_relaxed) >> SHM_HELP_IDX_BITS) + 1;
     gen &= (UINT64_C(1) << (64 - SHM_HELP_IDX_BITS)) - 1;
@@ -289,8 +301,9 @@ static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *bu
 }
 
 /* A message of a stream (the sender already sent more behind it: a window
- * of sends, not a ping-pong), below SHM_SPLIT_MIN: pull it (one
- * process_vm_readv on this core, while the sender's core idles), or let
+ * of sends, not a ping-pong), below SHM_STREAM_MAX: pull it (from
+ * SHM_SPLIT_MIN shared with the sender, below one process_vm_readv on
+ * this core while the sender's core idles), or let
  * the sender push it through the ring (it is in weft: it just sent more),
  * the sender copying message k+1 in while this rank copies message k out?
  * Two copies on two cores against one: the push wins where moving freshly
@@ -341,29 +354,30 @@ int weft_shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct 
         return WEFT_EAGAIN;
 
     size_t total = x->bytes;
-    if (total < SHM_SPLIT_MIN && !core->oversubscribed && core->cfg.shm_stream && weft_shm_more_queued(peer) &&
+    if (total < SHM_STREAM_MAX && !core->oversubscribed && core->cfg.shm_stream && weft_shm_more_queued(peer) &&
         stream_push(peer, total)) {
         if (!peer->stream_told) {
             peer->stream_told = 1;
             WEFT_INFO(core->rank, "shm: peer %d sends a stream of rendezvous messages: below %zu KiB this rank "
                       "times pulling them by CMA against the peer pushing them through the ring, and takes "
-                      "the faster (WEFT_SHM_STREAM=0: always pull)", peer->rank, SHM_SPLIT_MIN >> 10);
+                      "the faster (WEFT_SHM_STREAM=0: always pull)", peer->rank, SHM_STREAM_MAX >> 10);
         }
         return WEFT_EAGAIN;
     }
+    /* a pull below SHM_STREAM_MAX is timed: stream_push weighs it against the push */
+    int timed = total >= SHM_RATE_MIN && total < SHM_STREAM_MAX;
+    double t0 = timed ? weft_now() : 0;
+    int e;
     /* Sharing needs a core for the sender; with more ranks than cores it
      * would only make us wait for a preempted sender's piece. */
-    int e;
-    if (total >= SHM_SPLIT_MIN && !core->oversubscribed) {
+    if (total >= SHM_SPLIT_MIN && !core->oversubscribed)
         e = cma_pull_shared(st, peer, x->buf, src->addr, total);
-    } else if (total >= SHM_RATE_MIN) {
-        double t0 = weft_now();
+    else
         e = cma_copy(peer->pid, 0, x->buf, src->addr, total);
+    if (timed) {
         if (e == 0)
             shm_cost_note(&peer->pull_cost[shm_rate_class(total)], total, weft_now() - t0);
         peer->piece_t = 0;   /* the next pushed piece's gap would count this pull */
-    } else {
-        e = cma_copy(peer->pid, 0, x->buf, src->addr, total);
     }
     if (e == 0) {
         peer->cma_used = 1;
