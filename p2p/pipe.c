@@ -200,6 +200,8 @@ static void inflight_remove(struct weft_peer_pipe *p, struct weft_request *r)
     if (weft_list_linked(&r->link)) {
         weft_list_del(&r->link);
         p->ninflight--;
+        if (r->type == WEFT_REQ_SEND && r->rndv)
+            p->rndv_sends--;
     }
 }
 
@@ -408,6 +410,7 @@ static int send_req_first(struct weft_peer_pipe *p, struct weft_request *r)
         r->state = WEFT_REQ_POSTED;
         weft_list_add_tail(&p->inflight, &r->link);
         p->ninflight++;
+        p->rndv_sends++;
     }
     return rc;
 }
@@ -1142,6 +1145,7 @@ void weft_pipe_break(struct weft_peer_pipe *p, int err)
     while ((n = weft_list_pop(&p->inflight)) != NULL)
         weft_pipe_complete(weft_container_of(n, struct weft_request, link), p->broken);
     p->ninflight = 0;
+    p->rndv_sends = 0;
     while ((q = weft_queue_pop(&p->out)) != NULL) {
         struct weft_outbound *o = weft_container_of(q, struct weft_outbound, qn);
         p->p2p->out_queued--;

@@ -66,6 +66,7 @@ struct weft_peer_pipe {
     struct weft_queue        out;          /* waiting for ctrl_send room, FIFO */
     struct weft_list         inflight;     /* sends/recvs waiting on the peer (for abort) */
     size_t                   ninflight;
+    size_t                   rndv_sends;   /* of them, sends announced by RTS: the peer moves their data */
 
     int                      broken;       /* WEFT_* code once the pipe failed, else 0 */
 

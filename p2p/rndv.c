@@ -93,6 +93,7 @@ static int native_recv_start(struct weft_peer_pipe *p, struct weft_request *r, c
     int rc = WEFT_EAGAIN;
 
     weft_rndv_src(rts, &src);
+    r->xfer.crossing = p->rndv_sends > 0;
     if (tp->rndv_get)
         rc = tp->rndv_get(p->carrier.ctx, p->peer, &r->xfer, &src);
     if (rc != WEFT_EAGAIN) {

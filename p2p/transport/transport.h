@@ -128,6 +128,11 @@ struct weft_tp_xfer {
      * signal_done (FIN flag SIGNALED). */
     uint32_t      signal_slot, signal_value;
     unsigned char signal_sent, signal_done;
+    /* A receive whose rank has rendezvous sends of its own to the peer
+     * outstanding (an exchange, messages crossing): the peer is likely
+     * busy moving those, not idle waiting for this one. A hint for
+     * rndv_get (shm shares a pull only with an idle sender). */
+    unsigned char crossing;
     WEFT_TP_ALIGN16 unsigned char priv[WEFT_TP_PRIV_BYTES];
 };
 #define WEFT_TP_PRIV(x, type) ((type *)(void *)(x)->priv)
