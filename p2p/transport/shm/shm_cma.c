@@ -35,12 +35,12 @@
  * length far below SSIZE_MAX and bounds the time between retries. */
 #define SHM_CMA_MAX_IOV ((size_t)1 << 30)
 
-/* From here a pull is shared: the sender, waiting for FIN (or sending
- * more behind it), copies pieces of the same transfer while the receiver
- * does, two cores at once. Below it one process_vm_readv on the
- * receiver's core is as fast. Was 256 KiB; measured since (docs/benchmarks.md,
- * "Shared pulls from 64 KiB"): a lone 64 KiB message takes 0.78x, 128 KiB
- * 0.67x the time of one core's pull. */
+/* From here a pull may be shared (weft_shm_rndv_get says when): the
+ * sender, waiting for FIN, copies pieces of the same transfer while the
+ * receiver does, two cores at once. Below it one process_vm_readv on the
+ * receiver's core is as fast. Was 256 KiB; measured since
+ * (docs/benchmarks.md, "Shared pulls from 64 KiB"): a lone 64 KiB message
+ * takes 0.8x, 128 KiB 0.7x the time of one core's pull. */
 #define SHM_SPLIT_MIN ((size_t)64 << 10)
 /* Below this a message of a stream may be pushed through the ring instead
  * of pulled (stream_push). */
@@ -288,10 +288,9 @@ static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *bu
         if (rest)
             break;
         /* A message of a few pieces whose sender took none while we
-         * copied one: it is busy (computing, or pulling a message of ours
-         * in an exchange); the rest in one call costs one call, piece by
-         * piece one per piece (a 64 KiB exchange at np 2: +14%). Larger
-         * messages go on piece by piece: a sender may still come. */
+         * copied one: it is busy elsewhere (computing, outside weft); the
+         * rest in one system call instead of one per piece. Larger
+         * messages go on piece by piece: the sender may still come. */
         rest = total < SHM_STREAM_MAX && help_claim_rest(h, taken, total, piece, &off, &len);
     }
     /* close: from here on the sender cannot claim; count what it holds */
@@ -328,9 +327,8 @@ static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *bu
 }
 
 /* A message of a stream (the sender already sent more behind it: a window
- * of sends, not a ping-pong), below SHM_STREAM_MAX: pull it (from
- * SHM_SPLIT_MIN shared with the sender, below one process_vm_readv on
- * this core while the sender's core idles), or let
+ * of sends, not a ping-pong), below SHM_STREAM_MAX: pull it (one
+ * process_vm_readv on this core, while the sender's core idles), or let
  * the sender push it through the ring (it is in weft: it just sent more),
  * the sender copying message k+1 in while this rank copies message k out?
  * Two copies on two cores against one: the push wins where moving freshly
@@ -381,8 +379,9 @@ int weft_shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct 
         return WEFT_EAGAIN;
 
     size_t total = x->bytes;
-    if (total < SHM_STREAM_MAX && !core->oversubscribed && core->cfg.shm_stream && weft_shm_more_queued(peer) &&
-        stream_push(peer, total)) {
+    int stream = total < SHM_STREAM_MAX && !core->oversubscribed && core->cfg.shm_stream &&
+                 weft_shm_more_queued(peer);
+    if (stream && stream_push(peer, total)) {
         if (!peer->stream_told) {
             peer->stream_told = 1;
             WEFT_INFO(core->rank, "shm: peer %d sends a stream of rendezvous messages: below %zu KiB this rank "
@@ -391,19 +390,22 @@ int weft_shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct 
         }
         return WEFT_EAGAIN;
     }
-    /* a pull below SHM_STREAM_MAX is timed: stream_push weighs it against the push */
-    int timed = total >= SHM_RATE_MIN && total < SHM_STREAM_MAX;
+    /* Shared with the sender, or one call on this core? Sharing needs a
+     * core for the sender: with more ranks than cores it would only make
+     * us wait for a preempted sender's piece. Below SHM_STREAM_MAX also a
+     * sender that is idle: not one to whom this rank has messages of its
+     * own on the way (an exchange: it is busy pulling those, and both
+     * sides would only pay the extra calls of a split, +20% for a 64 KiB
+     * exchange at np 2), and not one sending a stream (it is copying the
+     * next message in, or stream_push weighs this pull, one call, against
+     * the push). */
+    int shared = total >= SHM_SPLIT_MIN && !core->oversubscribed &&
+                 (total >= SHM_STREAM_MAX || (!x->crossing && !stream));
+    /* a single pull below SHM_STREAM_MAX is timed for stream_push */
+    int timed = !shared && total >= SHM_RATE_MIN && total < SHM_STREAM_MAX;
     double t0 = timed ? weft_now() : 0;
-    int e;
-    /* Sharing needs a core for the sender; with more ranks than cores it
-     * would only make us wait for a preempted sender's piece. And a sender
-     * to whom this rank has messages of its own on the way (an exchange)
-     * is busy pulling those: below SHM_STREAM_MAX both sides would only
-     * pay the extra calls of a split (a 64 KiB exchange at np 2: +20%). */
-    if (total >= SHM_SPLIT_MIN && !core->oversubscribed && (total >= SHM_STREAM_MAX || !x->crossing))
-        e = cma_pull_shared(st, peer, x->buf, src->addr, total);
-    else
-        e = cma_copy(peer->pid, 0, x->buf, src->addr, total);
+    int e = shared ? cma_pull_shared(st, peer, x->buf, src->addr, total)
+                   : cma_copy(peer->pid, 0, x->buf, src->addr, total);
     if (timed) {
         if (e == 0)
             shm_cost_note(&peer->pull_cost[shm_rate_class(total)], total, weft_now() - t0);
