@@ -327,8 +327,9 @@ static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *bu
 }
 
 /* A message of a stream (the sender already sent more behind it: a window
- * of sends, not a ping-pong), below SHM_STREAM_MAX: pull it (one
- * process_vm_readv on this core, while the sender's core idles), or let
+ * of sends, not a ping-pong), below SHM_STREAM_MAX: pull it (by one
+ * process_vm_readv on this core, from SHM_SPLIT_MIN shared with the
+ * sender, idle in its wait), or let
  * the sender push it through the ring (it is in weft: it just sent more),
  * the sender copying message k+1 in while this rank copies message k out?
  * Two copies on two cores against one: the push wins where moving freshly
@@ -393,16 +394,13 @@ int weft_shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct 
     /* Shared with the sender, or one call on this core? Sharing needs a
      * core for the sender: with more ranks than cores it would only make
      * us wait for a preempted sender's piece. Below SHM_STREAM_MAX also a
-     * sender that is idle: not one to whom this rank has messages of its
-     * own on the way (an exchange: it is busy pulling those, and both
-     * sides would only pay the extra calls of a split, +20% for a 64 KiB
-     * exchange at np 2), and not one sending a stream (it is copying the
-     * next message in, or stream_push weighs this pull, one call, against
-     * the push). */
-    int shared = total >= SHM_SPLIT_MIN && !core->oversubscribed &&
-                 (total >= SHM_STREAM_MAX || (!x->crossing && !stream));
-    /* a single pull below SHM_STREAM_MAX is timed for stream_push */
-    int timed = !shared && total >= SHM_RATE_MIN && total < SHM_STREAM_MAX;
+     * sender not busy with messages of this rank's: one to whom this rank
+     * has rendezvous sends of its own outstanding (an exchange) is pulling
+     * those, and both sides would only pay the extra calls of a split
+     * (+20% for a 64 KiB exchange at np 2). */
+    int shared = total >= SHM_SPLIT_MIN && !core->oversubscribed && (total >= SHM_STREAM_MAX || !x->crossing);
+    /* a pull below SHM_STREAM_MAX is timed: stream_push weighs it against the push */
+    int timed = total >= SHM_RATE_MIN && total < SHM_STREAM_MAX;
     double t0 = timed ? weft_now() : 0;
     int e = shared ? cma_pull_shared(st, peer, x->buf, src->addr, total)
                    : cma_copy(peer->pid, 0, x->buf, src->addr, total);
