@@ -79,6 +79,7 @@ print('| test | size | A weft us | B weft us | B/A | A weft/MPI | B weft/MPI |')
 print('|---|---:|---:|---:|---:|---:|---:|')
 for t, s in sorted({k[:2] for k in d}, key=lambda k: (k[0], size_key(k[1]))):
     ta, tb = med((t, s, 'A', 't')), med((t, s, 'B', 't'))
-    print('| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f |' % (t, s, ta, tb, tb / ta, med((t, s, 'A', 'r')),
-                                                          med((t, s, 'B', 'r'))))
+    fmt = lambda v: '-' if v != v else '%.2f' % v    # no MPI column (message pipes): '-'
+    print('| %s | %s | %.2f | %.2f | %.2f | %s | %s |' % (t, s, ta, tb, tb / ta, fmt(med((t, s, 'A', 'r'))),
+                                                      fmt(med((t, s, 'B', 'r')))))
 PY
