@@ -4,9 +4,11 @@
  *
  * The threshold comes from the measurements in docs/benchmarks.md ("## Bcast").
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include "coll_impl.h"
 #include "core.h"
+#include "log.h"
 #include "tags.h"
 #include "weft.h"
 
@@ -111,7 +113,13 @@ int coll_bcast_start(struct weft_coll *cc, const struct weft_coll_args *ca, weft
         .what = "bcast binomial", .sig = { WEFT_COLL_BCAST, a.root, a.bytes, -1, -1 }, .tag = tag, .seq = seq,
         .nranks = cc->core->size,
     };
-    if (a.bytes >= WEFT_BCAST_LARGE && cc->core->size > 2) {
+    int large = a.bytes >= WEFT_BCAST_LARGE && cc->core->size > 2;
+    if (weft_log_level() >= WEFT_LOG_INFO) {
+        char what[64];
+        snprintf(what, sizeof what, "bcast %zu B", a.bytes);
+        coll_log_shape_once(cc, WEFT_COLL_BCAST, a.bytes, large, what, large ? "scatter+ring" : "binomial", 0);
+    }
+    if (large) {
         call.what = "bcast scatter+ring";
         return weft_sched_start(cc->p2p, cc->core, &call, build_scatter_ring, &a, op);
     }

@@ -89,8 +89,9 @@
 #define NODE_NBUF   (NODE_NSMALL + 2)
 /* Polls of the flags before a wait reads the clock (not oversubscribed). */
 #define NODE_PRESPIN 128
-/* Two ranks: a bcast or a reduction above this goes as messages -- one
- * single-copy message beats the segment's two copies (node_fits). */
+/* Two ranks: a bcast, an allgather or a reduction above this goes as
+ * messages -- one single-copy message beats the segment's two copies
+ * (node_fits). */
 #define NODE_PAIR_MAX (32u << 10)
 #define NODE_CTRL_USED  (8 * 4 + 3 * 8 + NODE_NBUF * 3 * 8)
 #define NODE_CTRL_BYTES ((NODE_CTRL_USED + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE)
@@ -192,6 +193,14 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
     case WEFT_COLL_GATHER:
         return a->count > 0 && a->count <= S ? a->count : 0;
     case WEFT_COLL_ALLGATHER:
+        /* Two ranks: as bcast, above 32 KiB a rank one single-copy message
+         * each way. Measured 8 alternated rounds against the same calls
+         * forced to direct (docs/benchmarks.md, "Allgather at two ranks"):
+         * 64 KiB took 11.8-15.3 us through the segment in the machine's
+         * fast phases and 47-49 in its slow ones, as messages 10.0-13.2
+         * in both. */
+        if (P == 2 && a->count > NODE_PAIR_MAX)
+            return 0;
         return cc->ag_algo == 0 && a->count > 0 && a->count <= S ? a->count : 0;
     case WEFT_COLL_SCATTER:
         return a->count > 0 && a->count <= S / P ? a->count * P : 0;

@@ -133,6 +133,50 @@ TEST(NodeColl, Chosen)
     EXPECT_EQ(said, node_path_expected(size)) << "rank " << rank << "'s log:\n" << log;
 }
 
+/* Two ranks: a bcast, an allgather, an allreduce or a reduce above 32 KiB
+ * goes as messages (one single-copy message each way beats the segment's
+ * two copies: node_fits, NODE_PAIR_MAX), 32 KiB still through the
+ * segment; from three ranks both sizes go through the segment (the
+ * comm's own WEFT_NODE_COLL_KB=64: every call here fits). The shape lines
+ * say which path each call took; the results are checked too. */
+TEST(NodeColl, TwoRanksSendMessagesAbove32KiB)
+{
+    int rank = world_rank(), size = world_size();
+    Comm c(Settings{{"WEFT_DEBUG", "info"}, {"WEFT_NODE_COLL_KB", "64"}});
+    ASSERT_EQ(c.rc(), WEFT_SUCCESS);
+    for (size_t bytes : {size_t(32) << 10, size_t(64) << 10}) {
+        const size_t n = bytes / 4;
+        std::vector<int32_t> in(n, rank + 1), out(n, 0), all(n * (size_t)size, 0), b(n, rank == 0 ? 7 : 0);
+        int rc[4] = {WEFT_SUCCESS, WEFT_SUCCESS, WEFT_SUCCESS, WEFT_SUCCESS};
+        std::string log = capture_stderr([&] {
+            rc[0] = weft_bcast(c.get(), b.data(), bytes, 0);
+            rc[1] = weft_allgather(c.get(), in.data(), all.data(), bytes);
+            rc[2] = weft_allreduce(c.get(), in.data(), out.data(), n, WEFT_INT32, WEFT_SUM);
+            rc[3] = weft_reduce(c.get(), in.data(), out.data(), n, WEFT_INT32, WEFT_SUM, 0);
+        });
+        for (int i = 0; i < 4; i++)
+            ASSERT_EQ(rc[i], WEFT_SUCCESS) << "call " << i << ", " << bytes << " B: " << c.err();
+        EXPECT_EQ(b[n - 1], 7);
+        for (int r = 0; r < size; r++)
+            EXPECT_EQ(all[(size_t)r * n + n - 1], r + 1) << "allgather block " << r;
+        if (rank == 0) {
+            EXPECT_EQ(out[n - 1], size * (size + 1) / 2);
+        }
+        const bool segment = node_path_expected(size, true) && (size != 2 || bytes <= (size_t(32) << 10));
+        const std::string heads[] = {"bcast " + std::to_string(bytes) + " B x",
+                                     "allgather " + std::to_string(bytes) + " B per rank x",
+                                     "allreduce " + std::to_string(n) + " elements of int32, sum x",
+                                     "reduce " + std::to_string(n) + " elements of int32, sum"};
+        for (const std::string &h : heads) {
+            size_t at = log.find(h);
+            ASSERT_NE(at, std::string::npos) << "no shape line \"" << h << "\" on rank " << rank << ":\n" << log;
+            std::string line = log.substr(at, log.find('\n', at) - at);
+            EXPECT_EQ(line.find("node-local shared memory") != std::string::npos, segment)
+                << "np " << size << ", " << bytes << " B: " << line;
+        }
+    }
+}
+
 /* weft_comm_node_coll_bytes says what Chosen sees: the limit where the
  * node path is taken (WEFT_NODE_COLL_KB of the comm), 0 where it is not;
  * the same on every rank. */
