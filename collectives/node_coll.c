@@ -71,66 +71,25 @@
 #include "coll_reduce_algo.h"
 #include "reduce_kernel.h"
 #include "tags.h"
+#include "node_coll_impl.h"
 
 #define NODE_MAGIC 0x776566746e6f6465ull   /* "weftnode" */
-#define NODE_CACHE 64
 /* Up to this many bytes an allreduce is one round (every rank reduces the
  * whole vector); above it, each rank reduces a slice. Measured: see
  * docs/benchmarks.md, "Node-local collectives". */
 #define NODE_FLAT_MAX 2048
-/* Calls of at most NODE_SMALL bytes a rank use a ring of NODE_NSMALL small
- * buffers, the others two of WEFT_NODE_COLL_KB: a root that only writes
- * (bcast, scatter) or a rank that only contributes (reduce, gather) may
- * then run up to NODE_NSMALL small calls ahead of the slowest reader, as
- * eager messages let it -- with two buffers a bcast loop at 4 ranks on 2
- * cores switched cores at every call and ran 6x slower than as messages. */
-#define NODE_SMALL  1024
-#define NODE_NSMALL 64
-#define NODE_NBUF   (NODE_NSMALL + 2)
 /* Polls of the flags before a wait reads the clock (not oversubscribed). */
 #define NODE_PRESPIN 128
 /* Two ranks: a bcast, an allgather or a reduction above this goes as
  * messages -- one single-copy message beats the segment's two copies
  * (node_fits). */
 #define NODE_PAIR_MAX (32u << 10)
-#define NODE_CTRL_USED  (8 * 4 + 3 * 8 + NODE_NBUF * 3 * 8)
-#define NODE_CTRL_BYTES ((NODE_CTRL_USED + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE)
 
 struct node_hdr {
     uint64_t magic;
     uint64_t bytes;
     uint32_t nranks;
     uint32_t slot;
-};
-
-/* One rank's flags: written by that rank only. Values are collective
- * numbers + 1 (0: nothing yet), compared modulo 2^32. */
-struct node_ctrl {
-    _Atomic uint32_t arrive;      /* newest call whose data and fingerprint are out */
-    _Atomic uint32_t done;        /* newest call this rank no longer reads anything of */
-    _Atomic uint32_t sliced;      /* allreduce: newest call whose slice is in res */
-    _Atomic uint32_t head_ver;    /* seqlock of head: odd while written */
-    _Atomic uint32_t marked;      /* newest call this rank refused, or failed before its part was out */
-    int32_t          mark_code;   /* ... WEFT_SUCCESS: refused; else the failure */
-    int32_t          pid;
-    uint32_t         pad0;
-    _Atomic uint64_t head[3];     /* newest collective this rank started, on any path */
-    uint64_t         fp[NODE_NBUF][3]; /* fingerprint of the call that used buffer b */
-    char             pad[NODE_CTRL_BYTES - NODE_CTRL_USED];
-};
-_Static_assert(sizeof(struct node_ctrl) == NODE_CTRL_BYTES, "ctrl is whole cache lines");
-
-struct coll_node {
-    char             *base;
-    size_t            bytes;
-    struct node_ctrl *ctrl;
-    char             *small;      /* small buffer b < NODE_NSMALL, rank r: small + (b * P + r) * NODE_SMALL */
-    char             *data;       /* big buffer NODE_NSMALL + i: data + (i * P + r) * slot */
-    char             *res;        /* its sliced result: res + i * slot */
-    size_t            slot;
-    int               P, me;
-    uint32_t          last[NODE_NBUF]; /* the last call (+1) this rank ran on buffer b; 0: none */
-    void             *scratch;    /* host result of a reduction into a device buffer */
 };
 
 enum { NODE_UNTRIED = 0, NODE_ON = 1, NODE_OFF = -1 };
@@ -140,15 +99,6 @@ enum { NODE_UNTRIED = 0, NODE_ON = 1, NODE_OFF = -1 };
 #define MARK_REFUSED 0
 #define MARK_FAILED  0xffff
 
-
-static inline int after_eq(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 0; }
-
-static inline char *slot_of(struct coll_node *n, int b, int r)
-{
-    if (b < NODE_NSMALL)
-        return n->small + ((size_t)b * (size_t)n->P + (size_t)r) * NODE_SMALL;
-    return n->data + ((size_t)(b - NODE_NSMALL) * (size_t)n->P + (size_t)r) * n->slot;
-}
 
 /* ---------------------------------------------------------------- fit */
 
@@ -231,19 +181,28 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
     }
 }
 
-size_t weft_coll_node_bytes(const struct weft_coll *cc)
+size_t node_limit(const struct weft_coll *cc)
 {
     const struct weft_core *core = cc->core;
-    if (core->cfg.node_coll_bytes == 0 || core->size < 2 || cc->nnodes != 1 || cc->node_state == NODE_OFF ||
+    if (core->cfg.node_coll_bytes == 0 || core->size < 2 || cc->node_state == NODE_OFF ||
         !transports_allow_shm(core->cfg.transports))
         return 0;
     return core->cfg.node_coll_bytes;
 }
 
+/* Public (weft_comm_node_coll_bytes): what a call of a comm on one node may
+ * put through the segment. A comm across nodes says 0: its few calls that
+ * go through the nodes' segments (node_hier.c) are not the PMPI drop-in's
+ * concern, whose node-local rule is for comms of one node. */
+size_t weft_coll_node_bytes(const struct weft_coll *cc)
+{
+    return cc->nnodes == 1 ? node_limit(cc) : 0;
+}
+
 /* ---------------------------------------------------------------- setup */
 
 /* The signature a call's messages would carry (coll_sched.h). */
-static struct weft_coll_sig sig_of(const struct weft_coll_args *a)
+struct weft_coll_sig node_sig_of(const struct weft_coll_args *a)
 {
     int rooted = a->kind == WEFT_COLL_BCAST || a->kind == WEFT_COLL_REDUCE || a->kind == WEFT_COLL_GATHER ||
                  a->kind == WEFT_COLL_SCATTER;
@@ -267,6 +226,7 @@ static void node_unmap(struct coll_node *n)
     if (n->base)
         munmap(n->base, n->bytes);
     free(n->scratch);
+    free(n->ranks);
     free(n);
 }
 
@@ -286,8 +246,7 @@ static size_t node_seg_bytes(int P, size_t slot, size_t *ctrl_off, size_t *small
 }
 
 /* The leader makes and maps the segment; name filled. */
-static int node_create(struct weft_core *core, size_t bytes, char *name, size_t namelen, char **base, char *why,
-                       size_t whylen)
+static int node_create(int P, size_t bytes, char *name, size_t namelen, char **base, char *why, size_t whylen)
 {
     static _Atomic unsigned made;
     snprintf(name, namelen, "/weft-%d-node%u", (int)getpid(), atomic_fetch_add(&made, 1u));
@@ -315,7 +274,7 @@ static int node_create(struct weft_core *core, size_t bytes, char *name, size_t 
     }
     struct node_hdr *h = mem;
     h->bytes = bytes;
-    h->nranks = (uint32_t)core->size;
+    h->nranks = (uint32_t)P;
     h->magic = NODE_MAGIC;
     *base = mem;
     return 0;
@@ -355,7 +314,7 @@ static int node_exchange(struct weft_coll *cc, const struct weft_coll_args *user
                          size_t bytes)
 {
     struct weft_coll_op *op = NULL;
-    struct weft_coll_sig u = sig_of(user);
+    struct weft_coll_sig u = node_sig_of(user);
     struct weft_coll_sig sig = { WEFT_COLL_NODE_SETUP, u.root, ((uint64_t)u.kind << 48) | (u.param & ((1ull << 48) - 1)),
                                  u.dtype, u.op };
     uint32_t seq = coll_seq_next(cc);
@@ -367,43 +326,60 @@ static int node_exchange(struct weft_coll *cc, const struct weft_coll_args *user
     return rc != WEFT_SUCCESS ? rc : weft_coll_op_wait(op);
 }
 
-/* At the first call that fits, on every rank alike: rank 0 makes the
- * segment and says its name, the others map it, and all agree whether
- * every rank could; otherwise the comm stays on messages for good (one log
- * line says why). WEFT_SUCCESS either way; an error only when an exchange
- * itself failed (the call then fails with it). */
+/* At the first call that fits, on every rank alike: the lowest rank of
+ * each node makes its node's segment and says its name, the others of
+ * that node map it (a node of one rank maps private memory: its calls
+ * wait on nobody), and all ranks of the comm agree whether every rank
+ * could; otherwise the comm stays on messages for good (one log line says
+ * why). WEFT_SUCCESS either way; an error only when an exchange itself
+ * failed (the call then fails with it). */
 static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
 {
     struct weft_core *core = cc->core;
-    int P = core->size, me = core->rank;
+    int N = core->size, rank = core->rank, node = cc->node_of[rank];
+    const int *local = cc->node_ranks + cc->node_first[node];
+    int P = cc->node_first[node + 1] - cc->node_first[node], me = 0, maker = local[0];
+    while (local[me] != rank)
+        me++;
     size_t slot = (core->cfg.node_coll_bytes + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE;
     size_t ctrl_off, small_off, data_off, res_off;
     size_t bytes = node_seg_bytes(P, slot, &ctrl_off, &small_off, &data_off, &res_off);
-    struct node_offer mine, *all = calloc((size_t)P, sizeof *all);
+    struct node_offer mine, *all = calloc((size_t)N, sizeof *all);
     struct coll_node *n = calloc(1, sizeof *n);
+    int *ranks = malloc((size_t)P * sizeof *ranks);
     char why[256] = "";
     char *base = NULL;
     int rc;
 
     memset(&mine, 0, sizeof mine);
-    if (all == NULL || n == NULL) {
+    if (all == NULL || n == NULL || ranks == NULL) {
         free(all);
         free(n);
-        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "node-local collectives: no memory for %d ranks' state", P);
+        free(ranks);
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "node-local collectives: no memory for %d ranks' state", N);
     }
+    memcpy(ranks, local, (size_t)P * sizeof *ranks);
     int willing = 1;
     if (bytes > core->cfg.shm_budget) {
         snprintf(why, sizeof why, "its %zu-byte segment exceeds WEFT_SHM_BUDGET_MB", bytes);
         willing = 0;
     }
-    if (me == 0 && willing && node_create(core, bytes, mine.name, sizeof mine.name, &base, why, sizeof why) == 0)
+    if (P == 1 && willing) {
+        void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (mem != MAP_FAILED) {
+            base = mem;
+            mine.ok = 1;
+        } else
+            snprintf(why, sizeof why, "mmap of %zu private bytes: %s", bytes, strerror(errno));
+    } else if (rank == maker && willing &&
+               node_create(P, bytes, mine.name, sizeof mine.name, &base, why, sizeof why) == 0)
         mine.ok = 1;
     rc = node_exchange(cc, user, &mine, all, sizeof mine);
-    if (rc == WEFT_SUCCESS && me != 0) {
+    if (rc == WEFT_SUCCESS && rank != maker) {
         mine.ok = 0;
-        if (willing && all[0].ok) {
+        if (willing && all[maker].ok) {
             char name[sizeof mine.name + 1];
-            memcpy(name, all[0].name, sizeof mine.name);
+            memcpy(name, all[maker].name, sizeof mine.name);
             name[sizeof mine.name] = '\0';
             mine.ok = node_open(name, bytes, P, slot, &base, why, sizeof why) == 0;
         }
@@ -426,16 +402,16 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
         mine.ok = 0;
     }
     int32_t agreed[1] = { mine.ok };
-    int32_t *oks = (int32_t *)all;   /* reuse: P * 64 bytes hold P flags */
+    int32_t *oks = (int32_t *)all;   /* reuse: N * 64 bytes hold N flags */
     if (rc == WEFT_SUCCESS)
         rc = node_exchange(cc, user, agreed, oks, sizeof agreed);
     int every = rc == WEFT_SUCCESS, first_no = -1;
-    for (int r = 0; every && r < P; r++)
+    for (int r = 0; every && r < N; r++)
         if (!oks[r]) {
             every = 0;
             first_no = r;
         }
-    if (me == 0 && mine.name[0])
+    if (rank == maker && mine.name[0])
         shm_unlink(mine.name);   /* every rank mapped it, or gave up: the name is not needed */
     free(all);
     if (!every) {
@@ -443,13 +419,14 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
             munmap(base, bytes);
         free(n->scratch);
         free(n);
+        free(ranks);
         /* An exchange that failed (a rank refused the call these
          * exchanges came before, a rank failed): tried again at the next
          * call that fits, by every rank alike. */
         cc->node_state = rc == WEFT_SUCCESS ? NODE_OFF : NODE_UNTRIED;
-        if (rc == WEFT_SUCCESS && (first_no == me || me == 0))
-            WEFT_INFO(me, "node-local collectives off for this comm (collectives go as messages): rank %d: %s",
-                      first_no, first_no == me ? why : "could not map the segment");
+        if (rc == WEFT_SUCCESS && (first_no == rank || rank == 0))
+            WEFT_INFO(rank, "node-local collectives off for this comm (collectives go as messages): rank %d: %s",
+                      first_no, first_no == rank ? why : "could not map the segment");
         return rc;
     }
     n->base = base;
@@ -461,9 +438,11 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
     n->slot = slot;
     n->P = P;
     n->me = me;
+    n->ranks = ranks;
     cc->node = n;
     cc->node_state = NODE_ON;
-    WEFT_INFO(me, "node-local collectives on: %zu-byte segment, %zu B a rank", bytes, slot);
+    WEFT_INFO(rank, "node-local collectives on: %zu-byte segment for %d rank(s) of node %d, %zu B a rank", bytes, P,
+              node, slot);
     return WEFT_SUCCESS;
 }
 
@@ -502,7 +481,7 @@ void coll_node_started(struct weft_coll *cc, const struct weft_coll_args *a, uin
 {
     if (cc->node == NULL)
         return;
-    struct weft_coll_sig sig = sig_of(a);
+    struct weft_coll_sig sig = node_sig_of(a);
     struct weft_p2p_check ck = weft_sched_sig_check(&sig, seq);
     head_publish(&cc->node->ctrl[cc->node->me], &ck);
 }
@@ -527,20 +506,6 @@ void coll_node_refused(struct weft_coll *cc, uint32_t seq)
 
 /* ---------------------------------------------------------------- waits */
 
-enum node_flag { FLAG_ARRIVE, FLAG_SLICED, FLAG_DONE };
-
-struct node_call {
-    struct weft_coll     *cc;
-    struct coll_node     *n;
-    uint32_t              seq;     /* the call's number */
-    uint32_t              tag;     /* seq + 1: what the flags hold */
-    int                   b;       /* buffer */
-    struct weft_p2p_check check;   /* this call's fingerprint */
-    const char           *what;    /* "allreduce", ... */
-    int                   failed;  /* the code, once failed */
-    uint64_t              epoch;   /* p2p fault epoch last looked at */
-};
-
 static void describe(const struct weft_p2p_check *c, char *out, size_t n)
 {
     if ((uint16_t)c->w[0] == MARK_REFUSED)
@@ -553,7 +518,7 @@ static void describe(const struct weft_p2p_check *c, char *out, size_t n)
 
 /* The call failed here (code, text already the last error): tell the
  * peers, unless the news came from them. */
-static int node_fail(struct node_call *k, int code, int tell)
+int node_fail(struct node_call *k, int code, int tell)
 {
     k->failed = code;
     /* A peer that made this call as messages (another size, say) waits
@@ -577,7 +542,7 @@ static int node_mismatch(struct node_call *k, int r, const struct weft_p2p_check
     describe(theirs, theirs_s, sizeof theirs_s);
     weft_set_error(k->cc->core, WEFT_ERR_MISMATCH,
                    "%s (node-local, collective #%u): collective mismatch: rank %d called %s, rank %d %s %s",
-                   k->what, k->seq, k->cc->core->rank, mine_s, r, how, theirs_s);
+                   k->what, k->seq, k->cc->core->rank, mine_s, node_crank(k->n, r), how, theirs_s);
     return node_fail(k, WEFT_ERR_MISMATCH, 1);
 }
 
@@ -616,7 +581,7 @@ static int flag_ok(struct node_call *k, int r, enum node_flag f, uint32_t want)
         }
         code = (int)theirs.w[2];
         weft_set_error(k->cc->core, code, "%s (node-local, collective #%u): rank %d failed this call: %s", k->what,
-                       k->seq, r, weft_err_str(code));
+                       k->seq, node_crank(k->n, r), weft_err_str(code));
         return node_fail(k, code, 0), -1;
     }
     if (weft_p2p_check_call(&theirs) == k->seq)
@@ -631,7 +596,7 @@ static int flag_ok(struct node_call *k, int r, enum node_flag f, uint32_t want)
     describe(&head, h, sizeof h);
     weft_set_error(k->cc->core, WEFT_ERR_MISMATCH,
                    "%s (node-local, collective #%u): rank %d went past this call without making it (its newest "
-                   "collective is #%u, %s)", k->what, k->seq, r, weft_p2p_check_call(&head), h);
+                   "collective is #%u, %s)", k->what, k->seq, node_crank(k->n, r), weft_p2p_check_call(&head), h);
     return node_fail(k, WEFT_ERR_MISMATCH, 1), -1;
 }
 
@@ -671,7 +636,7 @@ static int wait_timeout(struct node_call *k, const int *pending, int npending, e
      * ("rank N failed: ..."), whichever timed out first. */
     int declared = 0;
     for (int i = 0; i < npending; i++)
-        if (weft_p2p_peer_stuck(cc->p2p, pending[i], why, sizeof why) != WEFT_SUCCESS)
+        if (weft_p2p_peer_stuck(cc->p2p, node_crank(k->n, pending[i]), why, sizeof why) != WEFT_SUCCESS)
             declared = 1;
     if (declared) {
         char fault[512];
@@ -685,20 +650,29 @@ static int wait_timeout(struct node_call *k, const int *pending, int npending, e
         struct node_ctrl *c = &k->n->ctrl[pending[i]];
         struct weft_p2p_check head;
         char h[120] = "none";
-        (void)weft_p2p_peer_stuck(cc->p2p, pending[i], why, sizeof why);
+        (void)weft_p2p_peer_stuck(cc->p2p, node_crank(k->n, pending[i]), why, sizeof why);
         if (head_read(c, &head) == 0 && (uint16_t)head.w[0] != 0) {
             char d[96];
             describe(&head, d, sizeof d);
             snprintf(h, sizeof h, "#%u, %s", weft_p2p_check_call(&head), d);
         }
         used += (size_t)snprintf(list + used, sizeof list - used, "%srank %d (alive: %.80s; its newest collective: %s)",
-                                 i ? ", " : "", pending[i], why, h);
+                                 i ? ", " : "", node_crank(k->n, pending[i]), why, h);
     }
     weft_set_error(cc->core, WEFT_ERR_TIMEOUT,
                    "%s (node-local, collective #%u): nothing from %d rank(s) for %.1f s (WEFT_TIMEOUT=%g): %s %s",
                    k->what, k->seq, npending, idle, weft_timeout_setting(&cc->core->cfg), list,
                    f == FLAG_ARRIVE ? "did not arrive" : "did not finish their part");
     return node_fail(k, WEFT_ERR_TIMEOUT, 1);
+}
+
+/* Local rank r is alive and in call k (on whichever path). */
+static int head_busy(struct node_call *k, int r)
+{
+    struct weft_p2p_check head;
+    char why[200];
+    return head_read(&k->n->ctrl[r], &head) == 0 && weft_p2p_check_call(&head) == k->seq &&
+           weft_p2p_peer_stuck(k->cc->p2p, node_crank(k->n, r), why, sizeof why) == WEFT_SUCCESS;
 }
 
 /* One look at the pending ranks' flags: those there leave the list.
@@ -721,7 +695,7 @@ static int poll_pending(struct node_call *k, int *pending, int *npending, enum n
 
 /* Waits until rank `only`'s flag (or every other rank's, only < 0) reached
  * want. WEFT_SUCCESS or the failure (set, peers told). */
-static int node_wait(struct node_call *k, int only, enum node_flag f, uint32_t want)
+int node_wait(struct node_call *k, int only, enum node_flag f, uint32_t want)
 {
     struct coll_node *n = k->n;
     int P = n->P, me = n->me;
@@ -761,6 +735,7 @@ static int node_wait(struct node_call *k, int only, enum node_flag f, uint32_t w
     }
 
     struct weft_backoff bo;
+    int extended = 0;
     weft_backoff_init(&bo, k->cc->core);
     /* The first look at pipes and health after 100 us, not at once: a wait
      * that ends sooner has no need of it (a failure elsewhere still shows
@@ -791,6 +766,15 @@ static int node_wait(struct node_call *k, int only, enum node_flag f, uint32_t w
             if (rc != WEFT_SUCCESS)
                 goto out;
             if (weft_wait_expired(&k->cc->core->cfg, WEFT_WAIT_REQUEST, idle_since, now)) {
+                /* A node's head running the call among the heads
+                 * (node_hier.c) waits on other nodes under its own
+                 * WEFT_TIMEOUT and tells its verdict: its node waits one
+                 * WEFT_TIMEOUT more for it rather than blame the head. */
+                if (!extended && f == FLAG_SLICED && only >= 0 && head_busy(k, only)) {
+                    extended = 1;
+                    idle_since = now;
+                    continue;
+                }
                 rc = wait_timeout(k, pending, npending, f, now - idle_since);
                 goto out;
             }
@@ -805,7 +789,7 @@ out:
 
 /* ---------------------------------------------------------------- calls */
 
-static int node_copy(struct weft_core *core, void *dst, const void *src, size_t bytes, const char *what)
+int node_copy(struct weft_core *core, void *dst, const void *src, size_t bytes, const char *what)
 {
     if (bytes == 0 || dst == src)
         return WEFT_SUCCESS;
@@ -817,7 +801,7 @@ static int node_copy(struct weft_core *core, void *dst, const void *src, size_t 
 }
 
 /* Publishes this rank's part of call k (its data already in its slot). */
-static void node_arrive(struct node_call *k)
+void node_arrive(struct node_call *k)
 {
     struct node_ctrl *c = &k->n->ctrl[k->n->me];
     memcpy(c->fp[k->b], k->check.w, sizeof k->check.w);
@@ -826,7 +810,7 @@ static void node_arrive(struct node_call *k)
 
 /* Before writing this rank's slot of buffer b: every rank is done with the
  * last call this rank ran on it. */
-static int node_slot_free(struct node_call *k)
+int node_slot_free(struct node_call *k)
 {
     uint32_t last = k->n->last[k->b];
     k->n->last[k->b] = k->tag;
@@ -835,7 +819,7 @@ static int node_slot_free(struct node_call *k)
 
 /* dst[0..count) = op over ranks r = 0..P-1 of src_r[off..off+count), in
  * rank order (bit-identical on every rank). */
-static void node_reduce_range(struct node_call *k, void *dst, size_t off, size_t count, int dtype, int op)
+void node_reduce_range(struct node_call *k, void *dst, size_t off, size_t count, int dtype, int op)
 {
     struct coll_node *n = k->n;
     size_t es = weft_dtype_size(dtype);
@@ -848,7 +832,7 @@ static void node_reduce_range(struct node_call *k, void *dst, size_t off, size_t
 }
 
 /* A reduction's result into a user buffer that may be device memory. */
-static void *result_buf(struct node_call *k, void *user)
+void *node_result_buf(struct node_call *k, void *user)
 {
     return k->cc->core->cuda ? k->n->scratch : user;
 }
@@ -943,18 +927,18 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
                            a->count, k->what);
         return rc;
     case WEFT_COLL_REDUCE_SCATTER: {
-        void *dst = result_buf(k, a->recvbuf);
+        void *dst = node_result_buf(k, a->recvbuf);
         node_reduce_range(k, dst, (size_t)me * a->count, a->count, a->dtype, a->op);
         return node_copy(core, a->recvbuf, dst, a->count * es, k->what);
     }
     case WEFT_COLL_REDUCE: {
-        void *dst = result_buf(k, a->recvbuf);
+        void *dst = node_result_buf(k, a->recvbuf);
         node_reduce_range(k, dst, 0, a->count, a->dtype, a->op);
         return node_copy(core, a->recvbuf, dst, a->count * es, k->what);
     }
     case WEFT_COLL_ALLREDUCE: {
         if (need <= NODE_FLAT_MAX) {
-            void *dst = result_buf(k, a->recvbuf);
+            void *dst = node_result_buf(k, a->recvbuf);
             node_reduce_range(k, dst, 0, a->count, a->dtype, a->op);
             return node_copy(core, a->recvbuf, dst, need, k->what);
         }
@@ -1004,7 +988,8 @@ const char *weft_coll_kind_name(int kind)
  * memory (selector)"). */
 static void node_log_shape(struct weft_coll *cc, const struct weft_coll_args *a, size_t need)
 {
-    const char *algo = need <= NODE_FLAT_MAX || a->kind != WEFT_COLL_ALLREDUCE
+    const char *algo = cc->nnodes > 1 ? node_hier_algo(cc, a)
+                       : need <= NODE_FLAT_MAX || a->kind != WEFT_COLL_ALLREDUCE
                            ? "node-local shared memory"
                            : "node-local shared memory, sliced";
     char what[96];
@@ -1048,6 +1033,8 @@ static size_t bcast_piece(const struct weft_coll *cc, const struct weft_coll_arg
 
 int coll_node_run(struct weft_coll *cc, const struct weft_coll_args *a, int *handled)
 {
+    if (cc->nnodes > 1)
+        return node_run_one(cc, a, node_hier_fits(cc, a), handled);
     size_t piece = bcast_piece(cc, a);
     if (piece == 0)
         return node_run_one(cc, a, node_fits(cc, a), handled);
@@ -1095,7 +1082,7 @@ static int node_run_one(struct weft_coll *cc, const struct weft_coll_args *a, si
     (void)coll_nb_slot_free(cc, k.seq);
     k.b = need <= NODE_SMALL ? (int)(k.seq % NODE_NSMALL) : NODE_NSMALL + (int)(k.seq & 1);
     k.what = weft_coll_kind_name(a->kind);
-    struct weft_coll_sig sig = sig_of(a);
+    struct weft_coll_sig sig = node_sig_of(a);
     k.check = weft_sched_sig_check(&sig, k.seq);
     head_publish(&k.n->ctrl[k.n->me], &k.check);
     weft_p2p_coll_started(cc->p2p, &k.check);
@@ -1110,7 +1097,7 @@ static int node_run_one(struct weft_coll *cc, const struct weft_coll_args *a, si
     if (rc != WEFT_SUCCESS) {
         weft_set_error(cc->core, rc, "%s (node-local, collective #%u): %s", k.what, k.seq, why);
     } else {
-        rc = run_call(&k, a, need);
+        rc = cc->nnodes > 1 ? node_hier_run(&k, a, need) : run_call(&k, a, need);
     }
     /* Whatever happened, nothing of this call is read by this rank any
      * more: its done, and its arrival if its part never went out -- with

@@ -106,6 +106,16 @@ foreach(config IN LISTS WEFT_FAULT_CONFIGS)
     endforeach()
   endforeach()
 endforeach()
+# The small calls of the node-local paths: on one node (shm, node_coll.c)
+# and across two virtual nodes (node_hier.c, the victim the head of the
+# second node).
+foreach(config shm vnodes2)
+  foreach(fcase allreduce bcast_small)
+    foreach(mode IN LISTS WEFT_FAULT_MODES)
+      weft_add_fault_test(${fcase} ${mode} ${config} faults "" "")
+    endforeach()
+  endforeach()
+endforeach()
 # A few of them with the comm's progress thread on (label progress_thread):
 # a dead or stopped rank is still named by every survivor.
 weft_add_fault_test(ring kill shm faults_thread ";WEFT_PROGRESS_THREAD=1" ";progress_thread")

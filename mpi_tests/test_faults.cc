@@ -7,6 +7,8 @@
  *     case: ring | rd | bruck | direct | hier   weft_allgather, the algorithm
  *                                               forced with WEFT_ALLGATHER_ALGO
  *           bcast                               weft_bcast, root = the victim
+ *           bcast_small                         the same at 1 KiB (node-local)
+ *           allreduce                           weft_allreduce of 1 KiB (node-local)
  *           barrier                             weft_barrier
  *           first                               no warm-up: the survivors'
  *                                               first message to the victim
@@ -64,6 +66,9 @@ namespace {
 constexpr int kVictim = 2;
 constexpr size_t kAllgatherBytes = 64 * 1024;   /* per rank */
 constexpr size_t kBcastBytes = 256 * 1024;
+/* allreduce (int32 elements) and bcast_small (4 bytes each): within the
+ * node-local paths' reach (node_coll.c, node_hier.c). */
+constexpr size_t kSmallCount = 256;
 
 /* What the run is about; the watchdog's failure line needs it. */
 struct Run {
@@ -172,8 +177,20 @@ int run_collective(weft_comm_t *c, uint64_t index, bool verify, std::vector<std:
         }
         return weft_waitall(2, rq, nullptr);
     }
-    if (g_run.kase == "bcast") {
-        std::vector<unsigned char> buf(kBcastBytes);
+    if (g_run.kase == "allreduce") {
+        std::vector<int32_t> in(kSmallCount), out(kSmallCount, -1);
+        for (size_t i = 0; i < kSmallCount; i++)
+            in[i] = (int32_t)((size_t)(me + 1) * 1000 + i + index);
+        int rc = weft_allreduce(c, in.data(), out.data(), kSmallCount, WEFT_INT32, WEFT_SUM);
+        for (size_t i = 0; rc == WEFT_SUCCESS && verify && i < kSmallCount; i++)
+            if (out[i] != (int32_t)((size_t)n * (n + 1) / 2 * 1000 + (size_t)n * (i + index))) {
+                problems.push_back("allreduce delivered wrong data");
+                break;
+            }
+        return rc;
+    }
+    if (g_run.kase == "bcast" || g_run.kase == "bcast_small") {
+        std::vector<unsigned char> buf(g_run.kase == "bcast" ? kBcastBytes : kSmallCount * 4);
         if (me == kVictim)
             fill_pattern(buf.data(), buf.size(), pattern_seed(kVictim, 701, index));
         int rc = weft_bcast(c, buf.data(), buf.size(), kVictim);
@@ -300,9 +317,9 @@ int main(int argc, char **argv)
     g_run.mode = argc > 2 ? argv[2] : env_or("WEFT_FAULT_MODE", "");
     g_run.timeout = std::atof(env_or("WEFT_TIMEOUT", "60"));
     const bool known_case = is_allgather_case(g_run.kase) || g_run.kase == "bcast" || g_run.kase == "barrier" ||
-                            g_run.kase == "first";
+                            g_run.kase == "first" || g_run.kase == "allreduce" || g_run.kase == "bcast_small";
     if (!known_case || (g_run.mode != "kill" && g_run.mode != "stop") || g_run.size <= kVictim)
-        finish(false, "usage: weft_mpi_faults ring|rd|bruck|direct|hier|bcast|barrier|first kill|stop, on at least " +
+        finish(false, "usage: weft_mpi_faults ring|rd|bruck|direct|hier|bcast|bcast_small|allreduce|barrier|first kill|stop, on at least " +
                           std::to_string(kVictim + 1) + " ranks");
 
     const bool victim = g_run.rank == kVictim;

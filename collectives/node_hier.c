@@ -1,0 +1,284 @@
+/*
+ * Node-local collectives across nodes: barrier, small allreduce and small
+ * bcast of a comm that spans several nodes, some with several ranks, as
+ * three phases -- the ranks of each node meet in their node's segment
+ * (node_coll.c), one rank of each node (its head) runs the call among the
+ * heads as messages, and the heads put the result in their segment for
+ * the rest of their node:
+ *
+ *   allreduce, two nodes of 3 ranks (heads a0, b0):
+ *     node A:  a1, a2: slot <- send, arrive ──┐
+ *              a0: slot <- send, arrive; waits for a1, a2; r = a0 op a1 op a2
+ *     heads:   a0 <── recursive doubling of r ──> b0      (messages, lanes of call s)
+ *     node A:  a0: slot <- result, sliced = s ──> a1, a2 copy it out
+ *     (node B the same, at the same time)
+ *
+ * Against the message path's schedules (every rank a peer of log2(n) or
+ * n-1 messages, tcp between nodes for most of them) only the heads cross
+ * nodes, once each way, and the others' part is one write and one read.
+ *
+ * The head is the node's lowest rank; in a bcast, on the root's node, the
+ * root. The result every rank ends with is its head's, and the heads' is
+ * the same bits on every head (recursive doubling computes each element
+ * identically on every member, coll_reduce_algo.h): the local reduction in
+ * rank order, then the heads' in node order -- the same on every run.
+ * WEFT_AVG sums locally; the heads' last step divides by the comm size.
+ *
+ * Faults: a node's ranks wait on their head's flags, under WEFT_TIMEOUT,
+ * and see a dead or stopped rank through p2p's health as node_coll.c's
+ * waits do; a head whose message phase fails tells every rank (the
+ * schedule's notice, or node_fail's), so the waits on its node end with
+ * its verdict, not with a timeout.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include "coll_reduce_algo.h"
+#include "core.h"
+#include "log.h"
+#include "reduce_kernel.h"
+#include "node_coll_impl.h"
+#include "p2p.h"
+#include "tags.h"
+#include "weft.h"
+
+/* The largest call (bytes a rank) that goes this way. Measured against
+ * the message path at np 4 and 8 on two virtual nodes (docs/benchmarks.md,
+ * "Node-local collectives across nodes"). */
+#define HIER_MAX (32u << 10)
+
+size_t node_hier_fits(const struct weft_coll *cc, const struct weft_coll_args *a)
+{
+    size_t S = node_limit(cc), es;
+    /* Several nodes, one of them at least with several ranks (else there
+     * is nothing to meet in a segment). */
+    if (S == 0 || cc->nnodes < 2 || cc->nnodes >= cc->core->size)
+        return 0;
+    if (S > HIER_MAX)
+        S = HIER_MAX;
+    switch (a->kind) {
+    case WEFT_COLL_BARRIER:
+        return 1;
+    case WEFT_COLL_BCAST:
+        return a->count > 0 && a->count <= S ? a->count : 0;
+    case WEFT_COLL_ALLREDUCE:
+        if (cc->ar_algo != 0)
+            return 0;
+        es = weft_dtype_size(a->dtype);
+        return es && a->count > 0 && a->count <= S / es ? a->count * es : 0;
+    default:
+        return 0;
+    }
+}
+
+const char *node_hier_algo(const struct weft_coll *cc, const struct weft_coll_args *a)
+{
+    (void)cc;
+    switch (a->kind) {
+    case WEFT_COLL_ALLREDUCE: return "node-local shared memory + heads' recursive doubling";
+    case WEFT_COLL_BCAST: return "node-local shared memory + heads' binomial tree";
+    default: return "node-local shared memory + heads' dissemination";
+    }
+}
+
+/* ---------------------------------------------------------------- the heads' phase */
+
+struct heads {
+    const int *rank;    /* [m] the head of each node, node order */
+    int        m, pos;  /* nodes, this rank's node */
+    int        root;    /* bcast: the root's node */
+    void      *buf;
+    size_t     bytes;
+    struct coll_rd rd;  /* allreduce */
+};
+
+/* Dissemination (barrier.c) over the heads. */
+static void build_heads_barrier(struct weft_sched_build *b, const void *args)
+{
+    const struct heads *h = args;
+    int round = 0;
+    for (int d = 1; d < h->m; d <<= 1, round++) {
+        if (round > 0)
+            weft_sched_fence(b);
+        weft_sched_recv(b, round, NULL, 0, h->rank[(h->pos - d + h->m) % h->m], round % WEFT_TAG_COLL_PHASES,
+                        WEFT_SCHED_NODEP, 0);
+        weft_sched_send(b, round, NULL, 0, h->rank[(h->pos + d) % h->m], round % WEFT_TAG_COLL_PHASES,
+                        WEFT_SCHED_NODEP);
+    }
+}
+
+/* Binomial tree (bcast.c) over the heads, from the root's node. */
+static void build_heads_bcast(struct weft_sched_build *b, const void *args)
+{
+    const struct heads *h = args;
+    int m = h->m, v = (h->pos - h->root + m) % m, mask = 1;
+    while (mask < m && !(v & mask))
+        mask <<= 1;
+    if (v != 0) {
+        weft_sched_recv(b, 0, h->buf, h->bytes, h->rank[(v - mask + h->root) % m], 0, WEFT_SCHED_NODEP,
+                        WEFT_SCHED_F_RECEIVE);
+        weft_sched_fence(b);
+    }
+    for (int c = mask >> 1; c > 0; c >>= 1)
+        if (v + c < m)
+            weft_sched_send(b, 1, h->buf, h->bytes, h->rank[(v + c + h->root) % m], 0, WEFT_SCHED_NODEP);
+}
+
+static void build_heads_rd(struct weft_sched_build *b, const void *args)
+{
+    const struct heads *h = args;
+    coll_rd_build(b, &h->rd);
+}
+
+/* This rank, a head, runs call k among the heads: buf (host memory for an
+ * allreduce, in place) is what it brings and ends with. On a failure
+ * every rank is told (by the schedule, or here). */
+static int heads_run(struct node_call *k, const struct weft_coll_args *a, void *buf, size_t bytes)
+{
+    struct weft_coll *cc = k->cc;
+    struct weft_core *core = cc->core;
+    int m = cc->nnodes, rc;
+    int stack[64], *rank = m <= 64 ? stack : malloc((size_t)m * sizeof *rank);
+    if (rank == NULL) {
+        weft_set_error(core, WEFT_ERR_NO_MEMORY, "%s (node-local, collective #%u): no memory for %d heads", k->what,
+                       k->seq, m);
+        return node_fail(k, WEFT_ERR_NO_MEMORY, 1);
+    }
+    struct heads h;
+    memset(&h, 0, sizeof h);
+    for (int q = 0; q < m; q++)
+        rank[q] = cc->node_ranks[cc->node_first[q]];
+    h.rank = rank;
+    h.m = m;
+    h.pos = cc->node_of[core->rank];
+    h.buf = buf;
+    h.bytes = bytes;
+    struct weft_sched_call call = {
+        .what = "barrier hierarchical (heads' dissemination)", .sig = node_sig_of(a), .tag = weft_tag_coll,
+        .seq = k->seq, .nranks = core->size,
+    };
+    weft_sched_build_fn build = build_heads_barrier;
+    if (a->kind == WEFT_COLL_BCAST) {
+        h.root = cc->node_of[a->root];
+        rank[h.root] = a->root;
+        call.what = "bcast hierarchical (heads' binomial tree)";
+        build = build_heads_bcast;
+    } else if (a->kind == WEFT_COLL_ALLREDUCE) {
+        size_t es = weft_dtype_size(a->dtype), chunk = coll_reduce_chunk(cc, es);
+        struct coll_rvec v;
+        memset(&v, 0, sizeof v);
+        v.esize = es;
+        v.chunk_el = chunk / es;
+        v.V = a->count;
+        v.src = buf;
+        v.acc = buf;
+        v.slot_bytes = chunk < bytes ? chunk : bytes;
+        v.out_block = -1;
+        struct coll_rd r = { rank, m, h.pos, v, 0 };
+        h.rd = r;
+        call.what = "allreduce hierarchical (heads' recursive doubling)";
+        call.scratch_bytes = coll_rd_scratch(&h.rd);
+        build = build_heads_rd;
+    }
+    struct weft_coll_op *op = NULL;
+    rc = weft_sched_start(cc->p2p, core, &call, build, &h, &op);
+    if (rc == WEFT_SUCCESS)
+        rc = weft_coll_op_wait(op);
+    if (rank != stack)
+        free(rank);
+    if (rc != WEFT_SUCCESS) {
+        /* Told already when the news came from elsewhere or the schedule
+         * told it; else this rank's is the only word of it. */
+        char why[64];
+        node_fail(k, rc, weft_p2p_fault(cc->p2p, k->seq, why, sizeof why) == WEFT_SUCCESS);
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------- a call */
+
+/* Waits for the head's result of call k (its `sliced`), after its arrival
+ * (which says whether it is in this very call). */
+static int wait_head(struct node_call *k, int head)
+{
+    int rc = node_wait(k, head, FLAG_ARRIVE, k->tag);
+    return rc != WEFT_SUCCESS ? rc : node_wait(k, head, FLAG_SLICED, k->tag);
+}
+
+static void put_out(struct node_call *k)
+{
+    atomic_store_explicit(&k->n->ctrl[k->n->me].sliced, k->tag, memory_order_release);
+}
+
+int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t need)
+{
+    struct weft_core *core = k->cc->core;
+    struct coll_node *n = k->n;
+    int me = n->me, head = 0, rc;
+    char *mine = slot_of(n, k->b, me);
+
+    if (a->kind == WEFT_COLL_BCAST)
+        for (int i = 0; i < n->P; i++)
+            if (n->ranks[i] == a->root)
+                head = i;
+    if ((rc = node_slot_free(k)) != WEFT_SUCCESS)
+        return rc;
+
+    switch (a->kind) {
+    case WEFT_COLL_BARRIER:
+        node_arrive(k);
+        if (me != head)
+            return wait_head(k, head);
+        if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS ||
+            (rc = heads_run(k, a, NULL, 0)) != WEFT_SUCCESS)
+            return rc;
+        put_out(k);
+        return WEFT_SUCCESS;
+
+    case WEFT_COLL_BCAST:
+        if (me != head) {
+            node_arrive(k);
+            if ((rc = wait_head(k, head)) != WEFT_SUCCESS)
+                return rc;
+            return node_copy(core, a->recvbuf, slot_of(n, k->b, head), need, k->what);
+        }
+        if (core->rank == a->root) {
+            /* The node has it at once; the other heads meanwhile. */
+            if ((rc = node_copy(core, mine, a->recvbuf, need, k->what)) != WEFT_SUCCESS)
+                return rc;
+            node_arrive(k);
+            put_out(k);
+            return heads_run(k, a, a->recvbuf, need);
+        }
+        node_arrive(k);
+        if ((rc = heads_run(k, a, a->recvbuf, need)) != WEFT_SUCCESS ||
+            (rc = node_copy(core, mine, a->recvbuf, need, k->what)) != WEFT_SUCCESS)
+            return rc;
+        put_out(k);
+        return WEFT_SUCCESS;
+
+    case WEFT_COLL_ALLREDUCE: {
+        if ((rc = node_copy(core, mine, a->sendbuf, need, k->what)) != WEFT_SUCCESS)
+            return rc;
+        node_arrive(k);
+        if (me != head) {
+            if ((rc = wait_head(k, head)) != WEFT_SUCCESS)
+                return rc;
+            return node_copy(core, a->recvbuf, slot_of(n, k->b, head), need, k->what);
+        }
+        if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
+            return rc;
+        void *dst = node_result_buf(k, a->recvbuf);
+        if (n->P == 1)
+            memcpy(dst, mine, need);
+        else
+            node_reduce_range(k, dst, 0, a->count, a->dtype, a->op == WEFT_AVG ? WEFT_SUM : a->op);
+        if ((rc = heads_run(k, a, dst, need)) != WEFT_SUCCESS)
+            return rc;
+        memcpy(mine, dst, need);
+        put_out(k);
+        return node_copy(core, a->recvbuf, dst, need, k->what);
+    }
+    default:
+        return weft_set_error(core, WEFT_ERR_INTERNAL, "node-local collectives across nodes: kind %d", a->kind);
+    }
+}
