@@ -7,8 +7,9 @@
  * on their shm entries; this file checks what is the path's own:
  *
  *   Chosen             on one node with shm it is taken (the shape's info
- *                      line says so), with WEFT_NODE_COLL_KB=0, two virtual
- *                      nodes or WEFT_TRANSPORTS=tcp it is not;
+ *                      line says so), across two virtual nodes in its
+ *                      hierarchical form (the heads' part named), with
+ *                      WEFT_NODE_COLL_KB=0 or WEFT_TRANSPORTS=tcp it is not;
  *   BytesQuery         weft_comm_node_coll_bytes: the comm's limit where
  *                      the path is taken, 0 where not, alike on every rank;
  *   SegmentUnnamed     once set up, no /dev/shm name of it is left;
@@ -30,6 +31,9 @@
  *                      naming it, the next call is exact everywhere;
  *   AbsentRankTimesOut the last rank does not call a barrier: the others
  *                      fail within WEFT_TIMEOUT + 2 s naming it.
+ * With two virtual nodes (vnodes2 entries) barrier, allreduce and bcast go
+ * through each node's segment and among the nodes' heads (node_hier.c):
+ * Chosen, MixedSequence and the mismatch and absence cases run there too.
  * Deaths and stopped ranks in a node-local barrier and bcast are the
  * faults suite's (faults_barrier_*_shm, faults_bcast_*_shm).
  */
@@ -67,6 +71,20 @@ bool node_path_expected(int size, bool own_kb = false)
     const char *vn = std::getenv("WEFT_VIRTUAL_NODES");
     const char *tp = std::getenv("WEFT_TRANSPORTS");
     if (size < 2 || (kb && std::strcmp(kb, "0") == 0) || (vn && std::atoi(vn) > 1))
+        return false;
+    return !tp || !*tp || std::string(tp).find("shm") != std::string::npos;
+}
+
+/* Whether the comm spans several virtual nodes, one at least with several
+ * ranks, with shm inside them: then barrier, allreduce and bcast up to
+ * 32 KiB a rank go through each node's segment and among the nodes' heads
+ * as messages (node_hier.c). */
+bool hier_path_expected(int size, bool own_kb = false)
+{
+    const char *kb = own_kb ? nullptr : std::getenv("WEFT_NODE_COLL_KB");
+    const char *vn = std::getenv("WEFT_VIRTUAL_NODES");
+    const char *tp = std::getenv("WEFT_TRANSPORTS");
+    if (size < 2 || (kb && std::strcmp(kb, "0") == 0) || !vn || std::atoi(vn) < 2 || size <= std::atoi(vn))
         return false;
     return !tp || !*tp || std::string(tp).find("shm") != std::string::npos;
 }
@@ -130,7 +148,11 @@ TEST(NodeColl, Chosen)
         ASSERT_EQ(v, size * (size + 1) / 2);
     bool said = log.find("allreduce 8 elements of int32, sum") != std::string::npos &&
                 log.find("node-local shared memory") != std::string::npos;
-    EXPECT_EQ(said, node_path_expected(size)) << "rank " << rank << "'s log:\n" << log;
+    EXPECT_EQ(said, node_path_expected(size) || hier_path_expected(size)) << "rank " << rank << "'s log:\n" << log;
+    /* Across nodes: the heads' part named, for both calls. */
+    bool heads = log.find("heads' recursive doubling") != std::string::npos &&
+                 log.find("heads' dissemination") != std::string::npos;
+    EXPECT_EQ(heads, hier_path_expected(size)) << "rank " << rank << "'s log:\n" << log;
 }
 
 /* Two ranks: a bcast, an allgather, an allreduce or a reduce above 32 KiB
@@ -162,16 +184,21 @@ TEST(NodeColl, TwoRanksSendMessagesAbove32KiB)
         if (rank == 0) {
             EXPECT_EQ(out[n - 1], size * (size + 1) / 2);
         }
+        /* Across nodes only bcast and allreduce (calls 0 and 2) go
+         * through the segments, up to 32 KiB. */
         const bool segment = node_path_expected(size, true) && (size != 2 || bytes <= (size_t(32) << 10));
+        const bool hier = hier_path_expected(size, true) && bytes <= (size_t(32) << 10);
         const std::string heads[] = {"bcast " + std::to_string(bytes) + " B x",
                                      "allgather " + std::to_string(bytes) + " B per rank x",
                                      "allreduce " + std::to_string(n) + " elements of int32, sum x",
-                                     "reduce " + std::to_string(n) + " elements of int32, sum"};
-        for (const std::string &h : heads) {
+                                     ": reduce " + std::to_string(n) + " elements of int32, sum"};
+        for (int i = 0; i < 4; i++) {
+            const std::string &h = heads[i];
             size_t at = log.find(h);
             ASSERT_NE(at, std::string::npos) << "no shape line \"" << h << "\" on rank " << rank << ":\n" << log;
             std::string line = log.substr(at, log.find('\n', at) - at);
-            EXPECT_EQ(line.find("node-local shared memory") != std::string::npos, segment)
+            EXPECT_EQ(line.find("node-local shared memory") != std::string::npos,
+                      segment || (hier && (i == 0 || i == 2)))
                 << "np " << size << ", " << bytes << " B: " << line;
         }
     }
@@ -397,7 +424,7 @@ TEST(NodeColl, MismatchAcrossPaths)
     /* Both calls as messages (two virtual nodes) is the message path's
      * own case: there an allreduce of 4 against 8193 elements still
      * waits out WEFT_TIMEOUT on one rank (issue 28). */
-    if (!node_path_expected(size))
+    if (!node_path_expected(size) && !hier_path_expected(size))
         GTEST_SKIP() << "the node path is not taken here";
     /* A 16 KiB slot, so the message path's allreduce of one element more
      * sends eager messages only: a large one announced to a rank that has
@@ -421,7 +448,7 @@ TEST(NodeColl, MismatchAcrossPaths)
 TEST(NodeColl, KindMismatch)
 {
     int rank = world_rank(), size = world_size();
-    if (!node_path_expected(size))
+    if (!node_path_expected(size) && !hier_path_expected(size))
         GTEST_SKIP() << "the node path is not taken here";
     Comm c(Settings{{"WEFT_TIMEOUT", "30"}});
     ASSERT_EQ(c.rc(), WEFT_SUCCESS);
@@ -487,7 +514,7 @@ TEST(NodeColl, RefusedLaterKeepsStep)
 TEST(NodeColl, AbsentRankTimesOut)
 {
     int rank = world_rank(), size = world_size();
-    if (!node_path_expected(size))
+    if (!node_path_expected(size) && !hier_path_expected(size))
         GTEST_SKIP() << "the node path is not taken here";
     Comm c(Settings{{"WEFT_TIMEOUT", "1"}});
     ASSERT_EQ(c.rc(), WEFT_SUCCESS);
@@ -499,8 +526,18 @@ TEST(NodeColl, AbsentRankTimesOut)
         double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         EXPECT_EQ(rc, WEFT_ERR_TIMEOUT) << c.err();
         EXPECT_LT(s, 3.0);
-        EXPECT_NE(c.err().find("rank " + std::to_string(absent) + " (alive"), std::string::npos) << c.err();
-        EXPECT_NE(c.err().find("did not arrive"), std::string::npos) << c.err();
+        if (node_path_expected(size)) {
+            EXPECT_NE(c.err().find("rank " + std::to_string(absent) + " (alive"), std::string::npos) << c.err();
+            EXPECT_NE(c.err().find("did not arrive"), std::string::npos) << c.err();
+        } else {
+            /* Across nodes the absent rank is missed by its node's head
+             * (it is not the head: "did not arrive") or, a head, by the
+             * heads' messages ("is not in it"); every rank has the verdict. */
+            const std::string r = "rank " + std::to_string(absent);
+            EXPECT_TRUE(c.err().find(r + " is not in it") != std::string::npos ||
+                        c.err().find(r + " (alive") != std::string::npos)
+                << c.err();
+        }
     }
     MPI_Barrier(MPI_COMM_WORLD);
 }
