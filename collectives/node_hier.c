@@ -1,6 +1,6 @@
 /*
- * Node-local collectives across nodes: barrier, small allreduce and small
- * bcast of a comm that spans several nodes, some with several ranks, as
+ * Node-local collectives across nodes: barrier, allreduce up to 32 KiB and
+ * bcast up to 1 KiB of a comm that spans several nodes, some with several ranks, as
  * three phases -- the ranks of each node meet in their node's segment
  * (node_coll.c), one rank of each node (its head) runs the call among the
  * heads as messages, and the heads put the result in their segment for
@@ -41,10 +41,18 @@
 #include "tags.h"
 #include "weft.h"
 
-/* The largest call (bytes a rank) that goes this way. Measured against
- * the message path at np 4 and 8 on two virtual nodes (docs/benchmarks.md,
- * "Node-local collectives across nodes"). */
-#define HIER_MAX (32u << 10)
+/* The largest allreduce (bytes a rank) that goes this way, and the largest
+ * bcast. Measured against the message path (WEFT_NODE_COLL_KB=0), np 4 and
+ * 8 on two virtual nodes and np 8 on four, 3 alternated rounds each
+ * (docs/benchmarks.md, "Node-local collectives across nodes"): allreduce
+ * 8 B-32 KiB took 15-30 us against 24-37 (np 4), 18-50 against 70-300
+ * (np 8), 60-230 against 120-370 (np 8, four nodes); a bcast is level with
+ * the binomial tree of messages up to 1 KiB (4-15 us both ways) and from 2
+ * KiB, where it has only the two big buffers to run ahead in, behind at np
+ * 4 (9-12 us against 6-10). The heads' bcast is that same tree, so it
+ * gains only the messages inside the nodes. */
+#define HIER_MAX       (32u << 10)
+#define HIER_BCAST_MAX NODE_SMALL
 
 size_t node_hier_fits(const struct weft_coll *cc, const struct weft_coll_args *a)
 {
@@ -59,7 +67,7 @@ size_t node_hier_fits(const struct weft_coll *cc, const struct weft_coll_args *a
     case WEFT_COLL_BARRIER:
         return 1;
     case WEFT_COLL_BCAST:
-        return a->count > 0 && a->count <= S ? a->count : 0;
+        return a->count > 0 && a->count <= S && a->count <= HIER_BCAST_MAX ? a->count : 0;
     case WEFT_COLL_ALLREDUCE:
         if (cc->ar_algo != 0)
             return 0;
