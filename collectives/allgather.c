@@ -10,6 +10,7 @@
 #include "coll_impl.h"
 #include "core.h"
 #include "log.h"
+#include "tags.h"
 #include "weft.h"
 
 /* What every builder gets. */
@@ -371,6 +372,43 @@ static int hier_layout(const struct weft_coll *cc, size_t bytes, const char *wha
     a->segs = segs;
     *mem = p;
     return WEFT_SUCCESS;
+}
+
+/* Step 2 of hier alone (node_hier.c has done steps 1 and 3 in the nodes'
+ * segments). */
+static void build_heads_ring(struct weft_sched_build *b, const void *args)
+{
+    const struct ag_args *a = args;
+    const struct weft_coll *cc = a->cc;
+    struct coll_ring r = {
+        .members = a->leaders, .rot = 0, .m = cc->nnodes, .my_pos = cc->node_of[a->me], .segs = a->segs,
+        .seg_first = a->seg_first, .block = 0, .total = (size_t)a->n * a->bytes, .buf = a->recvbuf,
+        .own_src = NULL, .full_pos = -1, .chunk = a->chunk, .phase = 1,
+    };
+    coll_ring_build(b, &r);
+}
+
+int coll_allgather_heads_op(struct weft_coll *cc, const struct weft_coll_sig *sig, uint32_t seq, void *recvbuf,
+                            size_t bytes, struct weft_coll_op **op)
+{
+    const char *what = "allgather hierarchical (heads' ring)";
+    struct ag_args a;
+    void *layout = NULL;
+    memset(&a, 0, sizeof a);
+    a.cc = cc;
+    a.n = cc->core->size;
+    a.me = cc->core->rank;
+    a.recvbuf = recvbuf;
+    a.sendbuf = (char *)recvbuf + (size_t)a.me * bytes;
+    a.bytes = bytes;
+    a.chunk = coll_ring_chunk(cc);
+    int rc = hier_layout(cc, bytes, what, &layout, &a);
+    if (rc != WEFT_SUCCESS)
+        return rc;
+    struct weft_sched_call call = { .what = what, .sig = *sig, .tag = weft_tag_coll, .seq = seq, .nranks = a.n };
+    rc = weft_sched_start(cc->p2p, cc->core, &call, build_heads_ring, &a, op);
+    free(layout);
+    return rc;
 }
 
 int coll_allgather_op(struct weft_coll *cc, int kind, int algo, weft_coll_tag_fn tag, uint32_t seq,

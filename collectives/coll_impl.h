@@ -139,6 +139,13 @@ int coll_allgather_op(struct weft_coll *cc, int kind, int algo, weft_coll_tag_fn
 int coll_allgather_op_sig(struct weft_coll *cc, const struct weft_coll_sig *sig, int algo, weft_coll_tag_fn tag,
                           uint32_t seq, const void *sendbuf, void *recvbuf, size_t bytes, struct weft_coll_op **op);
 
+/* Only the heads' part of hierarchical allgather (node_hier.c): this rank,
+ * the lowest of its node, holds its node's blocks in place in recvbuf
+ * (bytes a rank, rank order) and exchanges them with the other nodes'
+ * lowest ranks by the leaders' ring; lanes of call seq. */
+int coll_allgather_heads_op(struct weft_coll *cc, const struct weft_coll_sig *sig, uint32_t seq, void *recvbuf,
+                            size_t bytes, struct weft_coll_op **op);
+
 /* Generic pipelined ring over m members, added to a schedule (allgather.c).
  * Member p is rank members[p], or (rot + p) % m when members is NULL, and
  * contributes the byte ranges segs[seg_first[p] .. seg_first[p+1]) of buf;

@@ -1,6 +1,7 @@
 /*
- * Node-local collectives across nodes: barrier, allreduce up to 32 KiB and
- * bcast up to 1 KiB of a comm that spans several nodes, some with several ranks, as
+ * Node-local collectives across nodes: barrier, allreduce up to 32 KiB,
+ * bcast up to 1 KiB and allgather up to 16 KiB in all of a comm that spans
+ * several nodes, some with several ranks, as
  * three phases -- the ranks of each node meet in their node's segment
  * (node_coll.c), one rank of each node (its head) runs the call among the
  * heads as messages, and the heads put the result in their segment for
@@ -53,6 +54,11 @@
  * gains only the messages inside the nodes. */
 #define HIER_MAX       (32u << 10)
 #define HIER_BCAST_MAX NODE_SMALL
+/* An allgather's whole result (bytes a rank x ranks) at most. Measured as
+ * above: at np 8 (4 ranks a node) 19-31 us against 60-80 as messages up to
+ * 32 KiB in all, at np 8 on four nodes 10-20% faster, but at np 4 (2 a
+ * node) level up to 8 KiB in all, 7% behind at 16 KiB and 27% at 32 KiB. */
+#define HIER_AG_MAX    (16u << 10)
 
 size_t node_hier_fits(const struct weft_coll *cc, const struct weft_coll_args *a)
 {
@@ -68,6 +74,21 @@ size_t node_hier_fits(const struct weft_coll *cc, const struct weft_coll_args *a
         return 1;
     case WEFT_COLL_BCAST:
         return a->count > 0 && a->count <= S && a->count <= HIER_BCAST_MAX ? a->count : 0;
+    case WEFT_COLL_ALLGATHER: {
+        /* The result goes back down through the P slots of the call's
+         * buffer: on the smallest node (the same answer on every rank) a
+         * slot holds the block or its share of the result, whichever is
+         * more -- which also picks a big buffer where the small ones are
+         * too small for the result. */
+        if (cc->ag_algo != 0 || a->count == 0)
+            return 0;
+        size_t pmin = (size_t)cc->core->size, total = a->count * (size_t)cc->core->size;
+        for (int q = 0; q < cc->nnodes; q++)
+            if ((size_t)(cc->node_first[q + 1] - cc->node_first[q]) < pmin)
+                pmin = (size_t)(cc->node_first[q + 1] - cc->node_first[q]);
+        size_t share = (total + pmin - 1) / pmin, need = share > a->count ? share : a->count;
+        return total <= HIER_AG_MAX && need <= S ? need : 0;
+    }
     case WEFT_COLL_ALLREDUCE:
         if (cc->ar_algo != 0)
             return 0;
@@ -84,6 +105,7 @@ const char *node_hier_algo(const struct weft_coll *cc, const struct weft_coll_ar
     switch (a->kind) {
     case WEFT_COLL_ALLREDUCE: return "node-local shared memory + heads' recursive doubling";
     case WEFT_COLL_BCAST: return "node-local shared memory + heads' binomial tree";
+    case WEFT_COLL_ALLGATHER: return "node-local shared memory + heads' ring";
     default: return "node-local shared memory + heads' dissemination";
     }
 }
@@ -188,7 +210,10 @@ static int heads_run(struct node_call *k, const struct weft_coll_args *a, void *
         build = build_heads_rd;
     }
     struct weft_coll_op *op = NULL;
-    rc = weft_sched_start(cc->p2p, core, &call, build, &h, &op);
+    if (a->kind == WEFT_COLL_ALLGATHER)
+        rc = coll_allgather_heads_op(cc, &call.sig, k->seq, buf, a->count, &op);
+    else
+        rc = weft_sched_start(cc->p2p, core, &call, build, &h, &op);
     if (rc == WEFT_SUCCESS)
         rc = weft_coll_op_wait(op);
     if (rank != stack)
@@ -285,6 +310,40 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
         memcpy(mine, dst, need);
         put_out(k);
         return node_copy(core, a->recvbuf, dst, need, k->what);
+    }
+    case WEFT_COLL_ALLGATHER: {
+        /* Each rank's block up through its slot; the head puts the
+         * nodes' blocks together in its recvbuf with the other heads, and
+         * the whole result back down through all P slots of the buffer
+         * (theirs are read by then; nobody writes them again before every
+         * rank is done with this call, node_slot_free). */
+        size_t total = a->count * (size_t)core->size;
+        char *own = (char *)a->recvbuf + (size_t)core->rank * a->count, *area = slot_of(n, k->b, 0);
+        if (me != head) {
+            if ((rc = node_copy(core, mine, a->sendbuf, a->count, k->what)) != WEFT_SUCCESS)
+                return rc;
+            node_arrive(k);
+            if ((rc = wait_head(k, head)) != WEFT_SUCCESS)
+                return rc;
+            return node_copy(core, a->recvbuf, area, total, k->what);
+        }
+        node_arrive(k);
+        if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
+            return rc;
+        for (int i = 0; i < n->P && rc == WEFT_SUCCESS; i++)
+            if (i != me)
+                rc = node_copy(core, (char *)a->recvbuf + (size_t)n->ranks[i] * a->count, slot_of(n, k->b, i),
+                               a->count, k->what);
+        if (rc == WEFT_SUCCESS && (const char *)a->sendbuf != own)
+            rc = node_copy(core, own, a->sendbuf, a->count, k->what);
+        if (rc != WEFT_SUCCESS)
+            return node_fail(k, rc, 1);
+        if ((rc = heads_run(k, a, a->recvbuf, total)) != WEFT_SUCCESS)
+            return rc;
+        if (n->P > 1 && (rc = node_copy(core, area, a->recvbuf, total, k->what)) != WEFT_SUCCESS)
+            return node_fail(k, rc, 1);
+        put_out(k);
+        return WEFT_SUCCESS;
     }
     default:
         return weft_set_error(core, WEFT_ERR_INTERNAL, "node-local collectives across nodes: kind %d", a->kind);
