@@ -137,21 +137,31 @@ TEST(NodeColl, Chosen)
     Comm c(Settings{{"WEFT_DEBUG", "info"}});
     ASSERT_EQ(c.rc(), WEFT_SUCCESS);
     std::vector<int32_t> in(8, rank + 1), out(8, 0);
-    int rc1 = WEFT_SUCCESS, rc2 = WEFT_SUCCESS;
+    std::vector<int32_t> all((size_t)size * 2, -1), bc(3, rank == 1 % size ? 77 : 0);
+    int rc1 = WEFT_SUCCESS, rc2 = WEFT_SUCCESS, rc3 = WEFT_SUCCESS, rc4 = WEFT_SUCCESS;
     std::string log = capture_stderr([&] {
         rc1 = weft_allreduce(c.get(), in.data(), out.data(), 8, WEFT_INT32, WEFT_SUM);
         rc2 = weft_barrier(c.get());
+        rc3 = weft_allgather(c.get(), in.data(), all.data(), 8);
+        rc4 = weft_bcast(c.get(), bc.data(), 12, 1 % size);
     });
     ASSERT_EQ(rc1, WEFT_SUCCESS) << c.err();
     ASSERT_EQ(rc2, WEFT_SUCCESS) << c.err();
+    ASSERT_EQ(rc3, WEFT_SUCCESS) << c.err();
+    ASSERT_EQ(rc4, WEFT_SUCCESS) << c.err();
     for (int v : out)
         ASSERT_EQ(v, size * (size + 1) / 2);
+    for (int r = 0; r < size; r++)
+        ASSERT_EQ(all[(size_t)r * 2 + 1], r + 1) << "allgather block " << r;
+    for (int v : bc)
+        ASSERT_EQ(v, 77);
     bool said = log.find("allreduce 8 elements of int32, sum") != std::string::npos &&
                 log.find("node-local shared memory") != std::string::npos;
     EXPECT_EQ(said, node_path_expected(size) || hier_path_expected(size)) << "rank " << rank << "'s log:\n" << log;
-    /* Across nodes: the heads' part named, for both calls. */
+    /* Across nodes: the heads' part named, for every call. */
     bool heads = log.find("heads' recursive doubling") != std::string::npos &&
-                 log.find("heads' dissemination") != std::string::npos;
+                 log.find("heads' dissemination") != std::string::npos &&
+                 log.find("heads' ring") != std::string::npos && log.find("heads' binomial tree") != std::string::npos;
     EXPECT_EQ(heads, hier_path_expected(size)) << "rank " << rank << "'s log:\n" << log;
 }
 
