@@ -1,6 +1,6 @@
 /*
- * Node-local collectives across nodes: barrier, allreduce up to 32 KiB,
- * bcast up to 1 KiB and allgather up to 16 KiB in all of a comm that spans
+ * Node-local collectives across nodes: barrier, allreduce and reduce up to
+ * 32 KiB, bcast up to 1 KiB and allgather up to 16 KiB in all of a comm that spans
  * several nodes, some with several ranks, as
  * three phases -- the ranks of each node meet in their node's segment
  * (node_coll.c), one rank of each node (its head) runs the call among the
@@ -90,7 +90,8 @@ size_t node_hier_fits(const struct weft_coll *cc, const struct weft_coll_args *a
         return total <= HIER_AG_MAX && need <= S ? need : 0;
     }
     case WEFT_COLL_ALLREDUCE:
-        if (cc->ar_algo != 0)
+    case WEFT_COLL_REDUCE:
+        if ((a->kind == WEFT_COLL_ALLREDUCE ? cc->ar_algo : cc->red_algo) != 0)
             return 0;
         es = weft_dtype_size(a->dtype);
         return es && a->count > 0 && a->count <= S / es ? a->count * es : 0;
@@ -106,6 +107,7 @@ const char *node_hier_algo(const struct weft_coll *cc, const struct weft_coll_ar
     case WEFT_COLL_ALLREDUCE: return "node-local shared memory + heads' recursive doubling";
     case WEFT_COLL_BCAST: return "node-local shared memory + heads' binomial tree";
     case WEFT_COLL_ALLGATHER: return "node-local shared memory + heads' ring";
+    case WEFT_COLL_REDUCE: return "node-local shared memory + heads' binomial reduce";
     default: return "node-local shared memory + heads' dissemination";
     }
 }
@@ -153,6 +155,39 @@ static void build_heads_bcast(struct weft_sched_build *b, const void *args)
             weft_sched_send(b, 1, h->buf, h->bytes, h->rank[(v + c + h->root) % m], 0, WEFT_SCHED_NODEP);
 }
 
+/* Binomial reduce over the heads to the root's node: a head takes its
+ * children's partials (v + 1, v + 2, v + 4, ... below its lowest set bit),
+ * all received before the first is reduced, and reduces them into buf in
+ * that order (the same on every run), then sends buf to its parent. The
+ * root's last reduction divides a WEFT_AVG by the comm size. */
+static int heads_children(const struct heads *h, int v)
+{
+    int c = 0;
+    for (int mask = 1; mask < h->m && !(v & mask); mask <<= 1)
+        if (v + mask < h->m)
+            c++;
+    return c;
+}
+
+static void build_heads_reduce(struct weft_sched_build *b, const void *args)
+{
+    const struct heads *h = args;
+    int m = h->m, v = (h->pos - h->root + m) % m, mask = 1, c = 0, nc = heads_children(h, v);
+    for (; mask < m && !(v & mask); mask <<= 1)
+        if (v + mask < m)
+            weft_sched_recv(b, 0, weft_sched_scratch(b, (size_t)c++ * h->bytes), h->bytes,
+                            h->rank[(v + mask + h->root) % m], 0, WEFT_SCHED_NODEP, WEFT_SCHED_F_RECEIVE);
+    int dep = WEFT_SCHED_NODEP;
+    for (int i = 0; i < nc; i++) {
+        if (i == 0)
+            weft_sched_fence(b);
+        dep = (int)weft_sched_reduce(b, 1, h->buf, h->buf, weft_sched_scratch(b, (size_t)i * h->bytes), h->bytes,
+                                     dep, v == 0 && i == nc - 1 ? WEFT_SCHED_F_AVG : 0);
+    }
+    if (v != 0)
+        weft_sched_send(b, 2, h->buf, h->bytes, h->rank[(v - mask + h->root) % m], 0, dep);
+}
+
 static void build_heads_rd(struct weft_sched_build *b, const void *args)
 {
     const struct heads *h = args;
@@ -187,11 +222,16 @@ static int heads_run(struct node_call *k, const struct weft_coll_args *a, void *
         .seq = k->seq, .nranks = core->size,
     };
     weft_sched_build_fn build = build_heads_barrier;
-    if (a->kind == WEFT_COLL_BCAST) {
+    if (a->kind == WEFT_COLL_BCAST || a->kind == WEFT_COLL_REDUCE) {
         h.root = cc->node_of[a->root];
         rank[h.root] = a->root;
         call.what = "bcast hierarchical (heads' binomial tree)";
         build = build_heads_bcast;
+        if (a->kind == WEFT_COLL_REDUCE) {
+            call.what = "reduce hierarchical (heads' binomial reduce)";
+            call.scratch_bytes = (size_t)heads_children(&h, (h.pos - h.root + m) % m) * bytes;
+            build = build_heads_reduce;
+        }
     } else if (a->kind == WEFT_COLL_ALLREDUCE) {
         size_t es = weft_dtype_size(a->dtype), chunk = coll_reduce_chunk(cc, es);
         struct coll_rvec v;
@@ -249,7 +289,7 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
     int me = n->me, head = 0, rc;
     char *mine = slot_of(n, k->b, me);
 
-    if (a->kind == WEFT_COLL_BCAST)
+    if (a->kind == WEFT_COLL_BCAST || a->kind == WEFT_COLL_REDUCE)
         for (int i = 0; i < n->P; i++)
             if (n->ranks[i] == a->root)
                 head = i;
@@ -310,6 +350,31 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
         memcpy(mine, dst, need);
         put_out(k);
         return node_copy(core, a->recvbuf, dst, need, k->what);
+    }
+    case WEFT_COLL_REDUCE: {
+        /* The node's partial is reduced by its head (the root on its
+         * node) into host memory of its own -- its slot is an operand --
+         * and goes up the heads' tree; the others leave once their part
+         * is out, as on one node. */
+        if ((rc = node_copy(core, mine, a->sendbuf, need, k->what)) != WEFT_SUCCESS)
+            return rc;
+        node_arrive(k);
+        if (me != head)
+            return WEFT_SUCCESS;
+        if (n->scratch == NULL && (n->scratch = malloc(n->slot)) == NULL) {
+            weft_set_error(core, WEFT_ERR_NO_MEMORY, "%s (node-local, collective #%u): no memory for %zu B of scratch",
+                           k->what, k->seq, n->slot);
+            return node_fail(k, WEFT_ERR_NO_MEMORY, 1);
+        }
+        if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
+            return rc;
+        if (n->P == 1)
+            memcpy(n->scratch, mine, need);
+        else
+            node_reduce_range(k, n->scratch, 0, a->count, a->dtype, a->op == WEFT_AVG ? WEFT_SUM : a->op);
+        if ((rc = heads_run(k, a, n->scratch, need)) != WEFT_SUCCESS)
+            return rc;
+        return core->rank == a->root ? node_copy(core, a->recvbuf, n->scratch, need, k->what) : WEFT_SUCCESS;
     }
     case WEFT_COLL_ALLGATHER: {
         /* Each rank's block up through its slot; the head puts the
