@@ -80,7 +80,7 @@ size_t node_hier_fits(const struct weft_coll *cc, const struct weft_coll_args *a
          * slot holds the block or its share of the result, whichever is
          * more -- which also picks a big buffer where the small ones are
          * too small for the result. */
-        if (cc->ag_algo != 0 || a->count == 0)
+        if (cc->ag_algo != 0 || a->count == 0 || a->count > HIER_AG_MAX)   /* (no overflow below) */
             return 0;
         size_t pmin = (size_t)cc->core->size, total = a->count * (size_t)cc->core->size;
         for (int q = 0; q < cc->nnodes; q++)
@@ -117,7 +117,7 @@ const char *node_hier_algo(const struct weft_coll *cc, const struct weft_coll_ar
 struct heads {
     const int *rank;    /* [m] the head of each node, node order */
     int        m, pos;  /* nodes, this rank's node */
-    int        root;    /* bcast: the root's node */
+    int        root;    /* bcast, reduce: the root's node */
     void      *buf;
     size_t     bytes;
     struct coll_rd rd;  /* allreduce */
