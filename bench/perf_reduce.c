@@ -1,12 +1,13 @@
 /*
- * weft-perf allreduce / reduce_scatter / alltoall: weft's call and MPI's
- * (MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Alltoall) on the same data
- * in the same run, float32 sum, nccl-tests style.
+ * weft-perf allreduce / reduce / reduce_scatter / alltoall: weft's call and
+ * MPI's (MPI_Allreduce, MPI_Reduce, MPI_Reduce_scatter_block, MPI_Alltoall)
+ * on the same data in the same run, float32 sum, nccl-tests style.
  *
  * Sizes follow nccl-tests: `size` is the whole buffer of the collective on
  * one rank, the larger of send and receive:
  *
  *   allreduce       count = size/4 floats in, the same out
+ *   reduce          count = size/4 floats in, the same out at the root (-R)
  *   reduce_scatter  size = the send buffer, n blocks of size/(4n) floats;
  *                   each rank receives one block (recvcount = size/(4n))
  *   alltoall        size = the send buffer, n blocks of size/(4n) floats,
@@ -24,9 +25,10 @@
  *   time    µs per call
  *   algbw   size / time (GB/s)
  *   busbw   what each link carried, as nccl-tests defines it:
- *           allreduce algbw*2(n-1)/n, reduce_scatter and alltoall algbw*(n-1)/n
+ *           allreduce algbw*2(n-1)/n, reduce algbw, reduce_scatter and
+ *           alltoall algbw*(n-1)/n
  *   #wrong  result elements that differed from the exact expectation, over
- *           all ranks: one checked call per size and library with fresh
+ *           all ranks (reduce: the root's): one checked call per size and library with fresh
  *           data, and with -c every timed call too (data filled and checked
  *           outside the timed region, a barrier before each timed call)
  *
@@ -52,9 +54,9 @@
 #define RED_BUDGET        (64u << 20)
 
 enum { LIB_WEFT = 0, LIB_MPI = 1 };
-enum { RK_ALLREDUCE, RK_REDUCE_SCATTER, RK_ALLTOALL };
+enum { RK_ALLREDUCE, RK_REDUCE_SCATTER, RK_ALLTOALL, RK_REDUCE };
 
-static const char *const kind_name[] = { "allreduce", "reduce_scatter", "alltoall" };
+static const char *const kind_name[] = { "allreduce", "reduce_scatter", "alltoall", "reduce" };
 
 struct red_bench {
     const struct perf_opts *o;
@@ -89,6 +91,7 @@ static int red_shape(struct red_bench *b, size_t bytes)
     size_t n = (size_t)b->o->size;
     switch (b->kind) {
     case RK_ALLREDUCE:
+    case RK_REDUCE:
         b->count = bytes / 4;
         b->scount = b->rcount = b->count;
         break;
@@ -119,11 +122,14 @@ static size_t red_verify(struct red_bench *b, uint64_t iter, int lib)
 {
     const int n = b->o->size, me = b->o->rank;
     size_t wrong = 0;
+    if (b->kind == RK_REDUCE && me != b->o->root)
+        return 0;   /* the result is the root's only */
     perf_buf_to_host(b->o, b->hs, b->rbuf, b->rcount * 4);
     switch (b->kind) {
     case RK_ALLREDUCE:
+    case RK_REDUCE:
     case RK_REDUCE_SCATTER: {
-        size_t base = b->kind == RK_ALLREDUCE ? 0 : (size_t)me * b->count;
+        size_t base = b->kind == RK_REDUCE_SCATTER ? (size_t)me * b->count : 0;
         for (size_t i = 0; i < b->rcount; i++) {
             float want = 0.0f;
             for (int r = 0; r < n; r++)
@@ -154,6 +160,9 @@ static int red_call(struct red_bench *b, int lib)
         case RK_REDUCE_SCATTER:
             err = weft_reduce_scatter(b->c, b->sbuf, b->rbuf, b->count, WEFT_FLOAT32, WEFT_SUM);
             break;
+        case RK_REDUCE:
+            err = weft_reduce(b->c, b->sbuf, b->rbuf, b->count, WEFT_FLOAT32, WEFT_SUM, o->root);
+            break;
         default:
             err = weft_alltoall(b->c, b->sbuf, b->rbuf, b->count * 4);
             break;
@@ -175,6 +184,9 @@ static int red_call(struct red_bench *b, int lib)
         break;
     case RK_REDUCE_SCATTER:
         err = MPI_Reduce_scatter_block(b->shost, b->rhost, (int)b->count, MPI_FLOAT, MPI_SUM, o->mpi);
+        break;
+    case RK_REDUCE:
+        err = MPI_Reduce(b->shost, b->rhost, (int)b->count, MPI_FLOAT, MPI_SUM, o->root, o->mpi);
         break;
     default:
         err = MPI_Alltoall(b->shost, (int)b->count, MPI_FLOAT, b->rhost, (int)b->count, MPI_FLOAT, o->mpi);
@@ -241,6 +253,7 @@ static const char *algo_env(int kind)
     switch (kind) {
     case RK_ALLREDUCE: return "WEFT_ALLREDUCE_ALGO";
     case RK_REDUCE_SCATTER: return "WEFT_REDUCE_SCATTER_ALGO";
+    case RK_REDUCE: return "WEFT_REDUCE_ALGO";
     default: return "WEFT_ALLTOALL_ALGO";
     }
 }
@@ -268,12 +281,14 @@ static int red_run(const struct perf_opts *o, weft_comm_t *c, int kind)
     b.hs = perf_alloc(max_floats * 4);
 
     const char *algo = getenv(algo_env(kind));
-    const char *bus = kind == RK_ALLREDUCE ? "2(n-1)/n" : "(n-1)/n";
-    static const char *const mpi_name[] = { "MPI_Allreduce", "MPI_Reduce_scatter_block", "MPI_Alltoall" };
+    const char *bus = kind == RK_ALLREDUCE ? "2(n-1)/n" : kind == RK_REDUCE ? "1" : "(n-1)/n";
+    static const char *const mpi_name[] = { "MPI_Allreduce", "MPI_Reduce_scatter_block", "MPI_Alltoall",
+                                            "MPI_Reduce" };
     static const char *const size_is[] = {
         "size = count*4 (in and out)",
         "size = send buffer (n blocks), count = size/4, each rank receives size/n",
         "size = send buffer (n blocks, one per rank), count = size/4",
+        "size = count*4 (in; out at the root, -R)",
     };
     char title[1024];
     int len = snprintf(title, sizeof title,
@@ -339,7 +354,7 @@ static int red_run(const struct perf_opts *o, weft_comm_t *c, int kind)
         MPI_Reduce(wl, wrong, 2, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, o->mpi);
         if (o->rank == 0) {
             double tw = perf_median(times[LIB_WEFT], reps), tm = perf_median(times[LIB_MPI], reps);
-            double f = kind == RK_ALLREDUCE ? 2.0 * (n - 1) / n : (double)(n - 1) / n;
+            double f = kind == RK_ALLREDUCE ? 2.0 * (n - 1) / n : kind == RK_REDUCE ? 1.0 : (double)(n - 1) / n;
             double algw = tw > 0 ? (double)b.size / tw * 1e-9 : 0, algm = tm > 0 ? (double)b.size / tm * 1e-9 : 0;
             char sz[32], line[256];
             snprintf(line, sizeof line, "%12s %10zu %11.2f %8.3f %8.3f %7llu %11.2f %8.3f %8.3f %7llu %7.2f",
@@ -368,6 +383,11 @@ out:
 int perf_allreduce(const struct perf_opts *o, weft_comm_t *c)
 {
     return red_run(o, c, RK_ALLREDUCE);
+}
+
+int perf_reduce(const struct perf_opts *o, weft_comm_t *c)
+{
+    return red_run(o, c, RK_REDUCE);
 }
 
 int perf_reduce_scatter(const struct perf_opts *o, weft_comm_t *c)

@@ -324,9 +324,10 @@ static void usage(FILE *f)
         "  bcast      weft_bcast vs MPI_Bcast\n"
         "  barrier    weft_barrier vs MPI_Barrier (one row; -n calls a batch, default 1000)\n"
         "  allreduce  weft_allreduce vs MPI_Allreduce (float32 sum)\n"
+        "  reduce     weft_reduce vs MPI_Reduce (float32 sum, root -R)\n"
         "  reduce_scatter  weft_reduce_scatter vs MPI_Reduce_scatter_block (float32 sum)\n"
         "  alltoall   weft_alltoall vs MPI_Alltoall\n"
-        "             (these three: size = the collective's whole buffer per rank, as\n"
+        "             (these four: size = the collective's whole buffer per rank, as\n"
         "             nccl-tests; 8 B .. 64M by default)\n"
         "  exchange   every rank sends -n messages (default 10000) to random peers, sizes\n"
         "             random in -b .. -e (default 8 .. 64K), at most -w sends in flight\n"
@@ -336,7 +337,7 @@ static void usage(FILE *f)
         "\n"
         "options:\n"
         "  -b SIZE    smallest size (default 8)\n"
-        "  -e SIZE    largest size (sendrecv, allreduce, reduce_scatter, alltoall: 64M;\n"
+        "  -e SIZE    largest size (sendrecv, allreduce, reduce, reduce_scatter, alltoall: 64M;\n"
         "             allgather, bcast: 16M)\n"
         "  -f N       size factor between steps (default 2)\n"
         "  -r N       repetitions per size; the table shows medians (sendrecv 15, init 10,\n"
@@ -354,7 +355,7 @@ static void usage(FILE *f)
         "             (timings then include the fill/verify work)\n"
         "  -a ALGO    collectives: force an algorithm (sets the mode's WEFT_ALLGATHER_ALGO,\n"
         "             WEFT_ALLREDUCE_ALGO, WEFT_REDUCE_SCATTER_ALGO or WEFT_ALLTOALL_ALGO)\n"
-        "  -R RANK    bcast root (default 0)\n"
+        "  -R RANK    bcast and reduce root (default 0)\n"
         "  -s SEED    exchange: seed of the message pattern (default 1)\n"
         "  --csv      CSV instead of tables, from rank 0: one header line, then one line\n"
         "             per size and library (subcommand,np,transport,bytes,library,\n"
@@ -499,6 +500,7 @@ static const struct { const char *name; perf_fn fn; int needs_comm; const char *
     { "bcast",          perf_bcast,          1, "WEFT_ALLGATHER_ALGO" },
     { "barrier",        perf_barrier,        1, "WEFT_ALLGATHER_ALGO" },
     { "allreduce",      perf_allreduce,      1, "WEFT_ALLREDUCE_ALGO" },
+    { "reduce",         perf_reduce,         1, "WEFT_REDUCE_ALGO" },
     { "reduce_scatter", perf_reduce_scatter, 1, "WEFT_REDUCE_SCATTER_ALGO" },
     { "alltoall",       perf_alltoall,       1, "WEFT_ALLTOALL_ALGO" },
     { "exchange",       perf_exchange,       1, "WEFT_ALLGATHER_ALGO" },
