@@ -18,19 +18,26 @@
 #include "tags.h"
 #include "weft.h"
 
-static void build_barrier(struct weft_sched_build *b, const void *args)
+void coll_dissemination_build(struct weft_sched_build *b, const int *members, int m, int pos)
 {
-    const struct weft_coll *cc = args;
-    int n = cc->core->size, me = cc->core->rank, round = 0;
-    for (int d = 1; d < n; d <<= 1, round++) {
-        int to = (me + d) % n, from = (me - d + n) % n;
+    int round = 0;
+    for (int d = 1; d < m; d <<= 1, round++) {
+        int to = (pos + d) % m, from = (pos - d + m) % m;
         /* One lane per round: a fast rank's signal for round k+1 never
          * satisfies round k's receive of a slower one. */
         if (round > 0)
             weft_sched_fence(b);
-        weft_sched_recv(b, round, NULL, 0, from, round % WEFT_TAG_COLL_PHASES, WEFT_SCHED_NODEP, 0);
-        weft_sched_send(b, round, NULL, 0, to, round % WEFT_TAG_COLL_PHASES, WEFT_SCHED_NODEP);
+        weft_sched_recv(b, round, NULL, 0, members ? members[from] : from, round % WEFT_TAG_COLL_PHASES,
+                        WEFT_SCHED_NODEP, 0);
+        weft_sched_send(b, round, NULL, 0, members ? members[to] : to, round % WEFT_TAG_COLL_PHASES,
+                        WEFT_SCHED_NODEP);
     }
+}
+
+static void build_barrier(struct weft_sched_build *b, const void *args)
+{
+    const struct weft_coll *cc = args;
+    coll_dissemination_build(b, NULL, cc->core->size, cc->core->rank);
 }
 
 int coll_barrier_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,

@@ -36,25 +36,32 @@ struct bcast_args {
  * Schedule: the RECV from the parent (not at the root), then behind a fence
  * one SEND per child.
  */
-static void build_binomial(struct weft_sched_build *b, const void *args)
+void coll_binomial_bcast_build(struct weft_sched_build *b, const int *members, int n, int pos, int root, void *buf,
+                               size_t bytes)
 {
-    const struct bcast_args *a = args;
-    int n = a->cc->core->size, v = (a->cc->core->rank - a->root + n) % n;
+    int v = (pos - root + n) % n;
     int mask = 1;
     while (mask < n && !(v & mask))
         mask <<= 1;
     if (v != 0) {
-        int parent = ((v - mask) + a->root) % n;
-        weft_sched_recv(b, 0, a->buf, a->bytes, parent, 0, WEFT_SCHED_NODEP, WEFT_SCHED_F_RECEIVE);
+        int parent = ((v - mask) + root) % n;
+        weft_sched_recv(b, 0, buf, bytes, members ? members[parent] : parent, 0, WEFT_SCHED_NODEP,
+                        WEFT_SCHED_F_RECEIVE);
         weft_sched_fence(b);
     }
     /* Children: v + m for m < mask (the root: every power of two below n). */
     for (int m = mask >> 1; m > 0; m >>= 1) {
         if (v + m >= n)
             continue;
-        int child = (v + m + a->root) % n;
-        weft_sched_send(b, 1, a->buf, a->bytes, child, 0, WEFT_SCHED_NODEP);
+        int child = (v + m + root) % n;
+        weft_sched_send(b, 1, buf, bytes, members ? members[child] : child, 0, WEFT_SCHED_NODEP);
     }
+}
+
+static void build_binomial(struct weft_sched_build *b, const void *args)
+{
+    const struct bcast_args *a = args;
+    coll_binomial_bcast_build(b, NULL, a->cc->core->size, a->cc->core->rank, a->root, a->buf, a->bytes);
 }
 
 /*

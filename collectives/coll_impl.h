@@ -139,6 +139,14 @@ int coll_allgather_op(struct weft_coll *cc, int kind, int algo, weft_coll_tag_fn
 int coll_allgather_op_sig(struct weft_coll *cc, const struct weft_coll_sig *sig, int algo, weft_coll_tag_fn tag,
                           uint32_t seq, const void *sendbuf, void *recvbuf, size_t bytes, struct weft_coll_op **op);
 
+/* Schedules over m members, member p being rank members[p] (members NULL:
+ * rank p), this rank member pos: the dissemination barrier (barrier.c) and
+ * the binomial bcast tree from member root (bcast.c); the comm's own calls
+ * and the heads of node_hier.c build theirs with these. */
+void coll_dissemination_build(struct weft_sched_build *b, const int *members, int m, int pos);
+void coll_binomial_bcast_build(struct weft_sched_build *b, const int *members, int m, int pos, int root, void *buf,
+                               size_t bytes);
+
 /* Only the heads' part of hierarchical allgather (node_hier.c): this rank,
  * the lowest of its node, holds its node's blocks in place in recvbuf
  * (bytes a rank, rank order) and exchanges them with the other nodes'

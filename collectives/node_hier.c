@@ -123,36 +123,16 @@ struct heads {
     struct coll_rd rd;  /* allreduce */
 };
 
-/* Dissemination (barrier.c) over the heads. */
 static void build_heads_barrier(struct weft_sched_build *b, const void *args)
 {
     const struct heads *h = args;
-    int round = 0;
-    for (int d = 1; d < h->m; d <<= 1, round++) {
-        if (round > 0)
-            weft_sched_fence(b);
-        weft_sched_recv(b, round, NULL, 0, h->rank[(h->pos - d + h->m) % h->m], round % WEFT_TAG_COLL_PHASES,
-                        WEFT_SCHED_NODEP, 0);
-        weft_sched_send(b, round, NULL, 0, h->rank[(h->pos + d) % h->m], round % WEFT_TAG_COLL_PHASES,
-                        WEFT_SCHED_NODEP);
-    }
+    coll_dissemination_build(b, h->rank, h->m, h->pos);
 }
 
-/* Binomial tree (bcast.c) over the heads, from the root's node. */
 static void build_heads_bcast(struct weft_sched_build *b, const void *args)
 {
     const struct heads *h = args;
-    int m = h->m, v = (h->pos - h->root + m) % m, mask = 1;
-    while (mask < m && !(v & mask))
-        mask <<= 1;
-    if (v != 0) {
-        weft_sched_recv(b, 0, h->buf, h->bytes, h->rank[(v - mask + h->root) % m], 0, WEFT_SCHED_NODEP,
-                        WEFT_SCHED_F_RECEIVE);
-        weft_sched_fence(b);
-    }
-    for (int c = mask >> 1; c > 0; c >>= 1)
-        if (v + c < m)
-            weft_sched_send(b, 1, h->buf, h->bytes, h->rank[(v + c + h->root) % m], 0, WEFT_SCHED_NODEP);
+    coll_binomial_bcast_build(b, h->rank, h->m, h->pos, h->root, h->buf, h->bytes);
 }
 
 /* Binomial reduce over the heads to the root's node: a head takes its
