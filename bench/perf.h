@@ -14,7 +14,7 @@
  * when a call failed (main then aborts the job with that code).
  *
  *     perf_p2p.c   perf_sendrecv, perf_init
- *     perf_coll.c  perf_allgather, perf_bcast, perf_barrier
+ *     perf_coll.c  perf_allgather, perf_bcast, perf_gather, perf_scatter, perf_barrier
  *     perf_reduce.c perf_allreduce, perf_reduce, perf_reduce_scatter, perf_alltoall
  *     perf_exchange.c perf_exchange
  *     perf_mem.c   buffers in host or CUDA device memory (-d host|cuda)
@@ -49,7 +49,7 @@ struct perf_opts {
     int         one_pair;      /* -o: sendrecv between ranks 0 and 1 only, others wait */
     const char *tests;         /* -t: sendrecv: "lat", "bw" or NULL for both */
     const char *algo;          /* -a: collectives: force an algorithm (the mode's WEFT_*_ALGO); NULL = selector */
-    int         root;          /* -R: bcast and reduce root */
+    int         root;          /* -R: bcast, reduce, gather and scatter root */
     int         device;        /* -d cuda: buffers in CUDA device memory (every mode but init) */
     int         csv;           /* --csv: CSV lines (perf_report) instead of tables */
     uint64_t    seed;          /* -s: exchange: seed of the message pattern */
@@ -73,6 +73,8 @@ int perf_sendrecv(const struct perf_opts *o, weft_comm_t *c);  /* perf_p2p.c */
 int perf_init(const struct perf_opts *o, weft_comm_t *c);      /* perf_p2p.c; c is NULL */
 int perf_allgather(const struct perf_opts *o, weft_comm_t *c); /* perf_coll.c */
 int perf_bcast(const struct perf_opts *o, weft_comm_t *c);     /* perf_coll.c */
+int perf_gather(const struct perf_opts *o, weft_comm_t *c);    /* perf_coll.c */
+int perf_scatter(const struct perf_opts *o, weft_comm_t *c);   /* perf_coll.c */
 int perf_barrier(const struct perf_opts *o, weft_comm_t *c);   /* perf_coll.c */
 int perf_allreduce(const struct perf_opts *o, weft_comm_t *c);      /* perf_reduce.c */
 int perf_reduce(const struct perf_opts *o, weft_comm_t *c);         /* perf_reduce.c */

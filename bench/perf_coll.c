@@ -1,28 +1,41 @@
 /*
- * weft-perf allgather / bcast: weft's collective and MPI's on the same data in
- * the same run, nccl-tests style.
+ * weft-perf allgather / bcast / gather / scatter: weft's collective and
+ * MPI's on the same data in the same run, nccl-tests style.
  *
  * Per size, repetitions alternate weft and MPI (so drifting machine load hits
  * both alike); each repetition times `iters` back-to-back calls between two
  * MPI barriers, takes the slowest rank's time per call, and the table shows
  * the median over repetitions. Columns:
  *
- *   size     bytes per rank (allgather) / bytes (bcast)
+ *   size     bytes per rank (allgather, gather, scatter) / bytes (bcast)
  *   count    the same in 4-byte elements (nccl-tests' float count)
  *   time     µs per call
- *   algbw    GB/s of result per call: n*size (allgather) or size (bcast) / time
- *   busbw    what each link carried: allgather algbw*(n-1)/n, bcast algbw
+ *   algbw    GB/s of result per call: n*size (allgather; gather and scatter:
+ *            the root's whole buffer, all that crosses the root) or size
+ *            (bcast) / time
+ *   busbw    what each link carried: allgather, gather and scatter
+ *            algbw*(n-1)/n (own blocks do not travel), bcast algbw
  *   ratio    MPI time / weft time (> 1: weft faster)
  *   #wrong   bytes that differed from the expected pattern, weft + MPI, over
  *            all ranks (every size gets one checked call of each library
- *            with a fresh pattern; -c checks every timed call too)
+ *            with a fresh pattern; -c checks every timed call too). gather:
+ *            the root's result only (no other rank receives anything);
+ *            scatter: every rank's own block
+ *
+ * The rooted ones take their root from -R (as bcast and reduce do). Every
+ * rank's block is filled with a pattern seeded by the rank it belongs to:
+ * gather's by the rank that sends it, scatter's (all at the root) by the
+ * rank it is for, so a block delivered to the wrong place shows.
  *
  * -d cuda: sbuf/rbuf are device memory (perf_mem.c). MPI gets them directly
  * when it is CUDA-aware; otherwise each MPI call is wrapped in host staging,
- * timed with it: allgather copies the rank's block to host, gathers into a
- * host result and copies the whole result to the device; bcast copies the
- * root's data to host and the result to the device on the other ranks.
+ * timed with it: what the rank sends is copied to host before the call and
+ * what it received to the device after it (allgather: the block, then the
+ * whole result; bcast: the root's data, the result on the other ranks;
+ * gather: the block, the result at the root; scatter: the root's n blocks,
+ * then each rank's block).
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,66 +47,139 @@
 #define COLL_BUDGET        (64u << 20)
 
 enum { LIB_WEFT = 0, LIB_MPI = 1 };
+enum coll_kind { CK_ALLGATHER, CK_BCAST, CK_GATHER, CK_SCATTER };
+
+static const char *const kind_name[] = { "allgather", "bcast", "gather", "scatter" };
 
 struct coll_bench {
     const struct perf_opts *o;
     weft_comm_t *c;
-    int is_bcast;
-    size_t bytes;       /* per rank (allgather) or the message (bcast) */
+    enum coll_kind kind;
+    size_t bytes;       /* per rank (allgather, gather, scatter) or the message (bcast) */
     int root;
-    unsigned char *sbuf, *rbuf;     /* device memory with -d cuda */
+    unsigned char *sbuf, *rbuf;     /* device memory with -d cuda; NULL where this rank has none */
     unsigned char *shost, *rhost;   /* MPI's: sbuf/rbuf, or host staging (!o->mpi_direct) */
 };
 
-static size_t result_bytes(const struct coll_bench *b)
+/* Bytes of the call at block size `bytes` that cross the root (allgather:
+ * what every rank ends with): the table's algbw is this over the time. */
+static size_t moved_bytes(const struct coll_bench *b, size_t bytes)
 {
-    return b->is_bcast ? b->bytes : b->bytes * (size_t)b->o->size;
+    return b->kind == CK_BCAST ? bytes : bytes * (size_t)b->o->size;
+}
+
+/* What this rank's sbuf holds at block size `bytes` (bcast sends from
+ * rbuf); 0: this rank has no sbuf. */
+static size_t send_bytes(const struct coll_bench *b, size_t bytes)
+{
+    switch (b->kind) {
+    case CK_ALLGATHER:
+    case CK_GATHER:
+        return bytes;
+    case CK_SCATTER:
+        return b->o->rank == b->root ? bytes * (size_t)b->o->size : 0;
+    default:
+        return 0;
+    }
+}
+
+/* What this rank's rbuf holds at block size `bytes`; 0: no rbuf (gather
+ * away from the root, whose result is the root's only). */
+static size_t recv_bytes(const struct coll_bench *b, size_t bytes)
+{
+    switch (b->kind) {
+    case CK_ALLGATHER:
+        return bytes * (size_t)b->o->size;
+    case CK_GATHER:
+        return b->o->rank == b->root ? bytes * (size_t)b->o->size : 0;
+    default:
+        return bytes;
+    }
 }
 
 /* Fills what this rank contributes for call `iter` of library lib. */
 static void coll_fill(struct coll_bench *b, uint64_t iter, int lib)
 {
-    if (b->is_bcast) {
-        if (b->o->rank == b->root)
-            perf_buf_fill(b->o, b->rbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)b->root, (uint64_t)lib));
+    const struct perf_opts *o = b->o;
+    switch (b->kind) {
+    case CK_BCAST:
+        if (o->rank == b->root)
+            perf_buf_fill(o, b->rbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)b->root, (uint64_t)lib));
         else
-            perf_buf_set(b->o, b->rbuf, 0, b->bytes);
-    } else {
-        perf_buf_fill(b->o, b->sbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)b->o->rank, (uint64_t)lib));
+            perf_buf_set(o, b->rbuf, 0, b->bytes);
+        break;
+    case CK_SCATTER:
+        if (o->rank == b->root)
+            for (int r = 0; r < o->size; r++)
+                perf_buf_fill(o, b->sbuf + (size_t)r * b->bytes, b->bytes,
+                              perf_seed(iter, b->bytes, (uint64_t)r, (uint64_t)lib));
+        break;
+    default:
+        perf_buf_fill(o, b->sbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)o->rank, (uint64_t)lib));
+        break;
     }
 }
 
 static size_t coll_verify(const struct coll_bench *b, uint64_t iter, int lib)
 {
-    if (b->is_bcast)
-        return perf_buf_verify(b->o, b->rbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)b->root, (uint64_t)lib));
-    size_t wrong = 0;
-    for (int r = 0; r < b->o->size; r++)
-        wrong += perf_buf_verify(b->o, b->rbuf + (size_t)r * b->bytes, b->bytes,
-                                 perf_seed(iter, b->bytes, (uint64_t)r, (uint64_t)lib));
-    return wrong;
+    const struct perf_opts *o = b->o;
+    switch (b->kind) {
+    case CK_BCAST:
+        return perf_buf_verify(o, b->rbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)b->root, (uint64_t)lib));
+    case CK_SCATTER:
+        return perf_buf_verify(o, b->rbuf, b->bytes, perf_seed(iter, b->bytes, (uint64_t)o->rank, (uint64_t)lib));
+    default: {
+        /* gather's result (laid out as allgather's) is the root's only. */
+        if (b->kind == CK_GATHER && o->rank != b->root)
+            return 0;
+        size_t wrong = 0;
+        for (int r = 0; r < o->size; r++)
+            wrong += perf_buf_verify(o, b->rbuf + (size_t)r * b->bytes, b->bytes,
+                                     perf_seed(iter, b->bytes, (uint64_t)r, (uint64_t)lib));
+        return wrong;
+    }
+    }
 }
 
 /* One call of lib; returns 0 or a failure already reported. */
 static int coll_call(struct coll_bench *b, int lib)
 {
     const struct perf_opts *o = b->o;
+    int err;
     if (lib == LIB_WEFT) {
-        int err = b->is_bcast ? weft_bcast(b->c, b->rbuf, b->bytes, b->root)
-                              : weft_allgather(b->c, b->sbuf, b->rbuf, b->bytes);
-        if (err)
-            return perf_weft_fail(o, b->c, b->is_bcast ? "weft_bcast" : "weft_allgather", err);
+        switch (b->kind) {
+        case CK_BCAST:
+            err = weft_bcast(b->c, b->rbuf, b->bytes, b->root);
+            break;
+        case CK_GATHER:
+            err = weft_gather(b->c, b->sbuf, b->rbuf, b->bytes, b->root);
+            break;
+        case CK_SCATTER:
+            err = weft_scatter(b->c, b->sbuf, b->rbuf, b->bytes, b->root);
+            break;
+        default:
+            err = weft_allgather(b->c, b->sbuf, b->rbuf, b->bytes);
+            break;
+        }
+        if (err) {
+            char call[32];
+            snprintf(call, sizeof call, "weft_%s", kind_name[b->kind]);
+            return perf_weft_fail(o, b->c, call, err);
+        }
         return 0;
     }
-    int err;
     const int staged = !o->mpi_direct;
+    const size_t sent = send_bytes(b, b->bytes), got = recv_bytes(b, b->bytes);
     if (staged) {
-        if (!b->is_bcast)
-            perf_buf_to_host(o, b->shost, b->sbuf, b->bytes);
-        else if (o->rank == b->root)
-            perf_buf_to_host(o, b->rhost, b->rbuf, b->bytes);
+        if (b->kind == CK_BCAST) {
+            if (o->rank == b->root)
+                perf_buf_to_host(o, b->rhost, b->rbuf, b->bytes);
+        } else if (sent) {
+            perf_buf_to_host(o, b->shost, b->sbuf, sent);
+        }
     }
-    if (b->is_bcast) {
+    switch (b->kind) {
+    case CK_BCAST: {
         /* MPI counts are int: large messages go as 1-MiB elements plus a tail. */
         size_t big = b->bytes >> 20, tail = b->bytes & ((1u << 20) - 1);
         err = MPI_SUCCESS;
@@ -106,20 +192,33 @@ static int coll_call(struct coll_bench *b, int lib)
         }
         if (err == MPI_SUCCESS && tail)
             err = MPI_Bcast(b->rhost + (big << 20), (int)tail, MPI_BYTE, b->root, o->mpi);
-    } else {
+        break;
+    }
+    /* gather, scatter: plain MPI_BYTE counts (a block fits an int: checked
+     * before the sweep), so MPI's time holds no datatype made per call. */
+    case CK_GATHER:
+        err = MPI_Gather(b->shost, (int)b->bytes, MPI_BYTE, b->rhost, (int)b->bytes, MPI_BYTE, b->root, o->mpi);
+        break;
+    case CK_SCATTER:
+        err = MPI_Scatter(b->shost, (int)b->bytes, MPI_BYTE, b->rhost, (int)b->bytes, MPI_BYTE, b->root, o->mpi);
+        break;
+    default: {
         MPI_Datatype blk;
         MPI_Type_contiguous((int)b->bytes, MPI_BYTE, &blk);
         MPI_Type_commit(&blk);
         err = MPI_Allgather(b->shost, 1, blk, b->rhost, 1, blk, o->mpi);
         MPI_Type_free(&blk);
+        break;
+    }
     }
     if (err != MPI_SUCCESS) {
-        fprintf(stderr, "weft-perf rank %d: MPI_%s failed (%d)\n", o->rank,
-                b->is_bcast ? "Bcast" : "Allgather", err);
+        static const char *const mpi_name[] = { "Allgather", "Bcast", "Gather", "Scatter" };
+        fprintf(stderr, "weft-perf rank %d: MPI_%s failed (%d)\n", o->rank, mpi_name[b->kind], err);
         return 1;
     }
-    if (staged && (!b->is_bcast || o->rank != b->root))
-        perf_buf_from_host(o, b->rbuf, b->rhost, result_bytes(b));
+    /* bcast's root received nothing: its data is already in rbuf. */
+    if (staged && got && (b->kind != CK_BCAST || o->rank != b->root))
+        perf_buf_from_host(o, b->rbuf, b->rhost, got);
     return 0;
 }
 
@@ -127,8 +226,10 @@ static int coll_call(struct coll_bench *b, int lib)
 static long long coll_checked_call(struct coll_bench *b, uint64_t iter, int lib)
 {
     coll_fill(b, iter, lib);
-    if (!b->is_bcast)
-        perf_buf_set(b->o, b->rbuf, 0, result_bytes(b));
+    /* bcast's fill already cleared the receivers' rbuf. */
+    size_t got = recv_bytes(b, b->bytes);
+    if (b->kind != CK_BCAST && got)
+        perf_buf_set(b->o, b->rbuf, 0, got);
     if (coll_call(b, lib))
         return -1;
     return (long long)coll_verify(b, iter, lib);
@@ -166,34 +267,51 @@ static double coll_batch(struct coll_bench *b, int lib, int iters, uint64_t iter
     return worst;
 }
 
-static int coll_run(const struct perf_opts *o, weft_comm_t *c, int is_bcast)
+static int coll_run(const struct perf_opts *o, weft_comm_t *c, enum coll_kind kind)
 {
     const int n = o->size;
     const int reps = o->reps > 0 ? o->reps : COLL_REPS_DEFAULT;
     size_t min_b, max_b;
     perf_sizes(o, 8, 16u << 20, &min_b, &max_b);
-    struct coll_bench b = { .o = o, .c = c, .is_bcast = is_bcast, .root = o->root };
+    struct coll_bench b = { .o = o, .c = c, .kind = kind, .root = o->root };
 
-    size_t max_result = is_bcast ? max_b : max_b * (size_t)n;
-    b.rbuf = perf_buf_alloc(o, max_result ? max_result : 1);
-    b.sbuf = is_bcast ? NULL : perf_buf_alloc(o, max_b ? max_b : 1);
-    b.rhost = o->mpi_direct ? b.rbuf : perf_alloc(max_result ? max_result : 1);
-    b.shost = o->mpi_direct ? b.sbuf : is_bcast ? NULL : perf_alloc(max_b ? max_b : 1);
+    if ((kind == CK_GATHER || kind == CK_SCATTER) && max_b > (size_t)INT_MAX) {
+        if (o->rank == 0)
+            fprintf(stderr, "weft-perf: -e %zu: MPI counts are int; at most %d bytes per rank\n", max_b, INT_MAX);
+        return 1;
+    }
+    /* Only the buffers this rank uses: gather's result and scatter's n
+     * blocks live at the root alone. */
+    size_t max_send = send_bytes(&b, max_b), max_recv = recv_bytes(&b, max_b);
+    b.sbuf = max_send ? perf_buf_alloc(o, max_send) : NULL;
+    b.rbuf = max_recv ? perf_buf_alloc(o, max_recv) : NULL;
+    b.shost = o->mpi_direct ? b.sbuf : max_send ? perf_alloc(max_send) : NULL;
+    b.rhost = o->mpi_direct ? b.rbuf : max_recv ? perf_alloc(max_recv) : NULL;
 
     char title[1024];
     int len;
     const char *algo = o->algo ? o->algo : getenv("WEFT_ALLGATHER_ALGO");
-    if (is_bcast)
+    switch (kind) {
+    case CK_BCAST:
         len = snprintf(title, sizeof title, "# bcast, root %d: weft_bcast vs MPI_Bcast, median of %d reps, "
                        "busbw = algbw\n", o->root, reps);
-    else
+        break;
+    case CK_GATHER:
+    case CK_SCATTER:
+        len = snprintf(title, sizeof title, "# %s, root %d: weft_%s vs MPI_%s, median of %d reps, "
+                       "algbw = n*size/time, busbw = algbw*(n-1)/n\n", kind_name[kind], o->root,
+                       kind_name[kind], kind == CK_GATHER ? "Gather" : "Scatter", reps);
+        break;
+    default:
         len = snprintf(title, sizeof title, "# allgather: weft_allgather (%s) vs MPI_Allgather, median of %d reps, "
                        "algbw = n*size/time, busbw = algbw*(n-1)/n\n",
                        algo && *algo ? algo : "selector", reps);
+        break;
+    }
     /* The column lines belong to the header: --csv prints neither. */
     if (len > 0 && (size_t)len < sizeof title)
         len += snprintf(title + len, sizeof title - (size_t)len, "# %10s %10s %11s %8s %8s %11s %8s %7s %7s\n",
-                        is_bcast ? "size(B)" : "size(B/rank)", "count(f32)", "weft(us)", "algbw", "busbw",
+                        kind == CK_BCAST ? "size(B)" : "size(B/rank)", "count(f32)", "weft(us)", "algbw", "busbw",
                         "MPI(us)", "busbw", "ratio", "#wrong");
     if (len > 0 && (size_t)len < sizeof title)
         snprintf(title + len, sizeof title - (size_t)len, "# %10s %10s %11s %8s %8s %11s %8s %7s %7s", "", "", "",
@@ -213,7 +331,7 @@ static int coll_run(const struct perf_opts *o, weft_comm_t *c, int is_bcast)
     uint64_t iter = 1;
     for (size_t bytes = min_b; bytes && bytes <= max_b; bytes = perf_next_size(o, bytes)) {
         b.bytes = bytes;
-        size_t moved = result_bytes(&b);
+        size_t moved = moved_bytes(&b, bytes);
         int iters = perf_scale_iters(o, moved, COLL_BUDGET, 2, 1000);
         size_t wrong_local[2] = { 0, 0 };   /* per library */
 
@@ -250,7 +368,7 @@ static int coll_run(const struct perf_opts *o, weft_comm_t *c, int is_bcast)
         MPI_Reduce(wl, wrong, 2, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, o->mpi);
         if (o->rank == 0) {
             double tw = perf_median(times[LIB_WEFT], reps), tm = perf_median(times[LIB_MPI], reps);
-            double bus = is_bcast ? 1.0 : (double)(n - 1) / (double)n;
+            double bus = kind == CK_BCAST ? 1.0 : (double)(n - 1) / (double)n;
             double algw = tw > 0 ? (double)moved / tw * 1e-9 : 0, algm = tm > 0 ? (double)moved / tm * 1e-9 : 0;
             char sz[32], line[256];
             /* The table keeps one #wrong column (weft + MPI); CSV has it per library. */
@@ -261,7 +379,7 @@ static int coll_run(const struct perf_opts *o, weft_comm_t *c, int is_bcast)
                 { "weft", tw, algw, algw * bus, (long long)wrong[0] },
                 { "MPI", tm, algm, algm * bus, (long long)wrong[1] },
             };
-            perf_report(o, is_bcast ? "bcast" : "allgather", bytes, res, 2, line);
+            perf_report(o, kind_name[kind], bytes, res, 2, line);
         }
     }
 out:
@@ -271,7 +389,8 @@ out:
         perf_free(b.rhost);
         perf_free(b.shost);
     }
-    perf_buf_free(o, b.rbuf);
+    if (b.rbuf)
+        perf_buf_free(o, b.rbuf);
     if (b.sbuf)
         perf_buf_free(o, b.sbuf);
     return rc;
@@ -279,12 +398,22 @@ out:
 
 int perf_allgather(const struct perf_opts *o, weft_comm_t *c)
 {
-    return coll_run(o, c, 0);
+    return coll_run(o, c, CK_ALLGATHER);
 }
 
 int perf_bcast(const struct perf_opts *o, weft_comm_t *c)
 {
-    return coll_run(o, c, 1);
+    return coll_run(o, c, CK_BCAST);
+}
+
+int perf_gather(const struct perf_opts *o, weft_comm_t *c)
+{
+    return coll_run(o, c, CK_GATHER);
+}
+
+int perf_scatter(const struct perf_opts *o, weft_comm_t *c)
+{
+    return coll_run(o, c, CK_SCATTER);
 }
 
 /* weft_barrier vs MPI_Barrier: one row, the slowest rank's seconds per

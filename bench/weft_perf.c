@@ -5,8 +5,8 @@
  *
  * This file holds main(), option parsing and the helpers every subcommand
  * shares (perf.h). The subcommands are in perf_p2p.c (sendrecv, init),
- * perf_coll.c (allgather, bcast), perf_reduce.c (allreduce,
- * reduce_scatter, alltoall) and perf_exchange.c (exchange).
+ * perf_coll.c (allgather, bcast, gather, scatter, barrier), perf_reduce.c
+ * (allreduce, reduce, reduce_scatter, alltoall) and perf_exchange.c (exchange).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -322,6 +322,10 @@ static void usage(FILE *f)
         "             MPI_Comm_dup + MPI_Allgather of one rank card / MPI_Comm_free\n"
         "  allgather  weft_allgather vs MPI_Allgather\n"
         "  bcast      weft_bcast vs MPI_Bcast\n"
+        "  gather     weft_gather vs MPI_Gather (root -R; size = one rank's block,\n"
+        "             algbw = n*size/time, #wrong: the root's result)\n"
+        "  scatter    weft_scatter vs MPI_Scatter (root -R; size = one rank's block,\n"
+        "             algbw = n*size/time, #wrong: every rank's block)\n"
         "  barrier    weft_barrier vs MPI_Barrier (one row; -n calls a batch, default 1000)\n"
         "  allreduce  weft_allreduce vs MPI_Allreduce (float32 sum)\n"
         "  reduce     weft_reduce vs MPI_Reduce (float32 sum, root -R)\n"
@@ -338,7 +342,7 @@ static void usage(FILE *f)
         "options:\n"
         "  -b SIZE    smallest size (default 8)\n"
         "  -e SIZE    largest size (sendrecv, allreduce, reduce, reduce_scatter, alltoall: 64M;\n"
-        "             allgather, bcast: 16M)\n"
+        "             allgather, bcast, gather, scatter: 16M)\n"
         "  -f N       size factor between steps (default 2)\n"
         "  -r N       repetitions per size; the table shows medians (sendrecv 15, init 10,\n"
         "             exchange 5)\n"
@@ -355,7 +359,7 @@ static void usage(FILE *f)
         "             (timings then include the fill/verify work)\n"
         "  -a ALGO    collectives: force an algorithm (sets the mode's WEFT_ALLGATHER_ALGO,\n"
         "             WEFT_ALLREDUCE_ALGO, WEFT_REDUCE_SCATTER_ALGO or WEFT_ALLTOALL_ALGO)\n"
-        "  -R RANK    bcast and reduce root (default 0)\n"
+        "  -R RANK    bcast, reduce, gather and scatter root (default 0)\n"
         "  -s SEED    exchange: seed of the message pattern (default 1)\n"
         "  --csv      CSV instead of tables, from rank 0: one header line, then one line\n"
         "             per size and library (subcommand,np,transport,bytes,library,\n"
@@ -498,6 +502,8 @@ static const struct { const char *name; perf_fn fn; int needs_comm; const char *
     { "init",           perf_init,           0, "WEFT_ALLGATHER_ALGO" },   /* creates and destroys its own comms */
     { "allgather",      perf_allgather,      1, "WEFT_ALLGATHER_ALGO" },
     { "bcast",          perf_bcast,          1, "WEFT_ALLGATHER_ALGO" },
+    { "gather",         perf_gather,         1, "WEFT_ALLGATHER_ALGO" },   /* no algorithm to choose */
+    { "scatter",        perf_scatter,        1, "WEFT_ALLGATHER_ALGO" },   /* no algorithm to choose */
     { "barrier",        perf_barrier,        1, "WEFT_ALLGATHER_ALGO" },
     { "allreduce",      perf_allreduce,      1, "WEFT_ALLREDUCE_ALGO" },
     { "reduce",         perf_reduce,         1, "WEFT_REDUCE_ALGO" },

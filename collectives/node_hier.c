@@ -1,7 +1,8 @@
 /*
  * Node-local collectives across nodes: barrier, allreduce and reduce up to
- * 32 KiB, bcast up to 1 KiB and allgather up to 16 KiB in all of a comm that spans
- * several nodes, some with several ranks, as
+ * 32 KiB, bcast up to 1 KiB, allgather up to 16 KiB in all, reduce_scatter
+ * up to 32 KiB in all and gather and scatter up to HIER_GS_MAX in all, in a
+ * comm that spans several nodes, some with several ranks, as
  * three phases -- the ranks of each node meet in their node's segment
  * (node_coll.c), one rank of each node (its head) runs the call among the
  * heads as messages, and the heads put the result in their segment for
@@ -59,6 +60,9 @@
  * 32 KiB in all, at np 8 on four nodes 10-20% faster, but at np 4 (2 a
  * node) level up to 8 KiB in all, 7% behind at 16 KiB and 27% at 32 KiB. */
 #define HIER_AG_MAX    (16u << 10)
+/* A gather's or scatter's whole data (bytes a rank x ranks) at most: the
+ * root's head buffer (the node's scratch, one slot) holds it. */
+#define HIER_GS_MAX    (16u << 10)
 
 size_t node_hier_fits(const struct weft_coll *cc, const struct weft_coll_args *a)
 {
@@ -95,6 +99,29 @@ size_t node_hier_fits(const struct weft_coll *cc, const struct weft_coll_args *a
             return 0;
         es = weft_dtype_size(a->dtype);
         return es && a->count > 0 && a->count <= S / es ? a->count * es : 0;
+    case WEFT_COLL_REDUCE_SCATTER:
+        /* The whole vector (every rank's block) is reduced, as an
+         * allreduce of it, and each rank takes its block of the result. */
+        es = weft_dtype_size(a->dtype);
+        if (cc->rs_algo != 0 || es == 0 || a->count == 0 || a->count > S / es / (size_t)cc->core->size)
+            return 0;
+        return a->count * es * (size_t)cc->core->size;
+    case WEFT_COLL_GATHER:
+    case WEFT_COLL_SCATTER: {
+        /* A gather's rank writes its block in its slot; a scatter's head
+         * writes its node's blocks in its own. The whole data fits the
+         * root's scratch (a slot). */
+        if (a->count == 0 || a->count > HIER_GS_MAX / (size_t)cc->core->size ||
+            a->count * (size_t)cc->core->size > S)
+            return 0;
+        if (a->kind == WEFT_COLL_GATHER)
+            return a->count;
+        int pmax = 1;
+        for (int q = 0; q < cc->nnodes; q++)
+            if (cc->node_first[q + 1] - cc->node_first[q] > pmax)
+                pmax = cc->node_first[q + 1] - cc->node_first[q];
+        return a->count * (size_t)pmax;
+    }
     default:
         return 0;
     }
@@ -108,6 +135,9 @@ const char *node_hier_algo(const struct weft_coll *cc, const struct weft_coll_ar
     case WEFT_COLL_BCAST: return "node-local shared memory + heads' binomial tree";
     case WEFT_COLL_ALLGATHER: return "node-local shared memory + heads' ring";
     case WEFT_COLL_REDUCE: return "node-local shared memory + heads' binomial reduce";
+    case WEFT_COLL_REDUCE_SCATTER: return "node-local shared memory + heads' recursive doubling, a block each";
+    case WEFT_COLL_GATHER: return "node-local shared memory + heads' linear gather";
+    case WEFT_COLL_SCATTER: return "node-local shared memory + heads' linear scatter";
     default: return "node-local shared memory + heads' dissemination";
     }
 }
@@ -117,10 +147,13 @@ const char *node_hier_algo(const struct weft_coll *cc, const struct weft_coll_ar
 struct heads {
     const int *rank;    /* [m] the head of each node, node order */
     int        m, pos;  /* nodes, this rank's node */
-    int        root;    /* bcast, reduce: the root's node */
+    int        root;    /* bcast, reduce, gather, scatter: the root's node */
     void      *buf;
     size_t     bytes;
-    struct coll_rd rd;  /* allreduce */
+    struct coll_rd rd;  /* allreduce, reduce_scatter */
+    const int *first;   /* gather, scatter: cc->node_first (node q: blocks first[q] .. first[q+1]-1 of the
+                           root's buffer, in cc->node_ranks order) */
+    size_t     blk;     /* ... bytes a rank */
 };
 
 static void build_heads_barrier(struct weft_sched_build *b, const void *args)
@@ -168,6 +201,48 @@ static void build_heads_reduce(struct weft_sched_build *b, const void *args)
         weft_sched_send(b, 2, h->buf, h->bytes, h->rank[(v - mask + h->root) % m], 0, dep);
 }
 
+/*
+ * Gather among the heads: every head but the root sends its node's blocks
+ * (packed in its ranks' order) to the root in one message; the root posts
+ * a receive per node into its buffer, node q's at block first[q], and
+ * puts the blocks in place afterwards. Scatter: the mirror image, the
+ * root's buffer packed the same way.
+ *
+ *     3 nodes, root on node 1     head 0            root (node 1)                  head 2
+ *                                 SEND -> root      RECV node 2 -> blocks first[2]  SEND -> root
+ *                                                   RECV node 0 -> blocks first[0]
+ */
+static void build_heads_gather(struct weft_sched_build *b, const void *args)
+{
+    const struct heads *h = args;
+    if (h->pos != h->root) {
+        weft_sched_send(b, h->pos, h->buf, (size_t)(h->first[h->pos + 1] - h->first[h->pos]) * h->blk,
+                        h->rank[h->root], 0, WEFT_SCHED_NODEP);
+        return;
+    }
+    for (int i = 1; i < h->m; i++) {
+        int q = (h->root + i) % h->m;
+        weft_sched_recv(b, q, (char *)h->buf + (size_t)h->first[q] * h->blk,
+                        (size_t)(h->first[q + 1] - h->first[q]) * h->blk, h->rank[q], 0, WEFT_SCHED_NODEP,
+                        WEFT_SCHED_F_RECEIVE | WEFT_SCHED_F_EXACT);
+    }
+}
+
+static void build_heads_scatter(struct weft_sched_build *b, const void *args)
+{
+    const struct heads *h = args;
+    if (h->pos != h->root) {
+        weft_sched_recv(b, h->pos, h->buf, (size_t)(h->first[h->pos + 1] - h->first[h->pos]) * h->blk,
+                        h->rank[h->root], 0, WEFT_SCHED_NODEP, WEFT_SCHED_F_RECEIVE | WEFT_SCHED_F_EXACT);
+        return;
+    }
+    for (int i = 1; i < h->m; i++) {
+        int q = (h->root + i) % h->m;
+        weft_sched_send(b, q, (const char *)h->buf + (size_t)h->first[q] * h->blk,
+                        (size_t)(h->first[q + 1] - h->first[q]) * h->blk, h->rank[q], 0, WEFT_SCHED_NODEP);
+    }
+}
+
 static void build_heads_rd(struct weft_sched_build *b, const void *args)
 {
     const struct heads *h = args;
@@ -202,7 +277,8 @@ static int heads_run(struct node_call *k, const struct weft_coll_args *a, void *
         .seq = k->seq, .nranks = core->size,
     };
     weft_sched_build_fn build = build_heads_barrier;
-    if (a->kind == WEFT_COLL_BCAST || a->kind == WEFT_COLL_REDUCE) {
+    if (a->kind == WEFT_COLL_BCAST || a->kind == WEFT_COLL_REDUCE || a->kind == WEFT_COLL_GATHER ||
+        a->kind == WEFT_COLL_SCATTER) {
         h.root = cc->node_of[a->root];
         rank[h.root] = a->root;
         call.what = "bcast hierarchical (heads' binomial tree)";
@@ -211,21 +287,28 @@ static int heads_run(struct node_call *k, const struct weft_coll_args *a, void *
             call.what = "reduce hierarchical (heads' binomial reduce)";
             call.scratch_bytes = (size_t)heads_children(&h, (h.pos - h.root + m) % m) * bytes;
             build = build_heads_reduce;
+        } else if (a->kind != WEFT_COLL_BCAST) {
+            h.first = cc->node_first;
+            h.blk = a->count;
+            call.what = a->kind == WEFT_COLL_GATHER ? "gather hierarchical (heads' linear gather)"
+                                                    : "scatter hierarchical (heads' linear scatter)";
+            build = a->kind == WEFT_COLL_GATHER ? build_heads_gather : build_heads_scatter;
         }
-    } else if (a->kind == WEFT_COLL_ALLREDUCE) {
+    } else if (a->kind == WEFT_COLL_ALLREDUCE || a->kind == WEFT_COLL_REDUCE_SCATTER) {
         size_t es = weft_dtype_size(a->dtype), chunk = coll_reduce_chunk(cc, es);
         struct coll_rvec v;
         memset(&v, 0, sizeof v);
         v.esize = es;
         v.chunk_el = chunk / es;
-        v.V = a->count;
+        v.V = bytes / es;
         v.src = buf;
         v.acc = buf;
         v.slot_bytes = chunk < bytes ? chunk : bytes;
         v.out_block = -1;
         struct coll_rd r = { rank, m, h.pos, v, 0 };
         h.rd = r;
-        call.what = "allreduce hierarchical (heads' recursive doubling)";
+        call.what = a->kind == WEFT_COLL_ALLREDUCE ? "allreduce hierarchical (heads' recursive doubling)"
+                                                   : "reduce_scatter hierarchical (heads' recursive doubling)";
         call.scratch_bytes = coll_rd_scratch(&h.rd);
         build = build_heads_rd;
     }
@@ -262,6 +345,19 @@ static void put_out(struct node_call *k)
     atomic_store_explicit(&k->n->ctrl[k->n->me].sliced, k->tag, memory_order_release);
 }
 
+/* A head's host buffer of one slot (node_hier_fits keeps what it holds
+ * within one), made at the first call that needs it. */
+static int head_scratch(struct node_call *k)
+{
+    struct coll_node *n = k->n;
+    if (n->scratch == NULL && (n->scratch = malloc(n->slot)) == NULL) {
+        weft_set_error(k->cc->core, WEFT_ERR_NO_MEMORY,
+                       "%s (node-local, collective #%u): no memory for %zu B of scratch", k->what, k->seq, n->slot);
+        return node_fail(k, WEFT_ERR_NO_MEMORY, 1);
+    }
+    return WEFT_SUCCESS;
+}
+
 int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t need)
 {
     struct weft_core *core = k->cc->core;
@@ -269,7 +365,8 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
     int me = n->me, head = 0, rc;
     char *mine = slot_of(n, k->b, me);
 
-    if (a->kind == WEFT_COLL_BCAST || a->kind == WEFT_COLL_REDUCE)
+    if (a->kind == WEFT_COLL_BCAST || a->kind == WEFT_COLL_REDUCE || a->kind == WEFT_COLL_GATHER ||
+        a->kind == WEFT_COLL_SCATTER)
         for (int i = 0; i < n->P; i++)
             if (n->ranks[i] == a->root)
                 head = i;
@@ -341,11 +438,8 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
         node_arrive(k);
         if (me != head)
             return WEFT_SUCCESS;
-        if (n->scratch == NULL && (n->scratch = malloc(n->slot)) == NULL) {
-            weft_set_error(core, WEFT_ERR_NO_MEMORY, "%s (node-local, collective #%u): no memory for %zu B of scratch",
-                           k->what, k->seq, n->slot);
-            return node_fail(k, WEFT_ERR_NO_MEMORY, 1);
-        }
+        if ((rc = head_scratch(k)) != WEFT_SUCCESS)
+            return rc;
         if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
             return rc;
         if (n->P == 1)
@@ -389,6 +483,111 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
             return node_fail(k, rc, 1);
         put_out(k);
         return WEFT_SUCCESS;
+    }
+    case WEFT_COLL_REDUCE_SCATTER: {
+        /* An allreduce of the whole vector (its head reduces the node's
+         * part into scratch, the heads' recursive doubling, the result in
+         * the head's slot); each rank copies out its own block. In place
+         * (recvbuf inside sendbuf) is safe: sendbuf is in the slot before
+         * recvbuf is written. */
+        size_t blk = a->count * weft_dtype_size(a->dtype), off = (size_t)core->rank * blk;
+        if ((rc = node_copy(core, mine, a->sendbuf, need, k->what)) != WEFT_SUCCESS)
+            return rc;
+        node_arrive(k);
+        if (me != head) {
+            if ((rc = wait_head(k, head)) != WEFT_SUCCESS)
+                return rc;
+            return node_copy(core, a->recvbuf, slot_of(n, k->b, head) + off, blk, k->what);
+        }
+        if ((rc = head_scratch(k)) != WEFT_SUCCESS || (rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
+            return rc;
+        if (n->P == 1)
+            memcpy(n->scratch, mine, need);
+        else
+            node_reduce_range(k, n->scratch, 0, need / weft_dtype_size(a->dtype), a->dtype,
+                              a->op == WEFT_AVG ? WEFT_SUM : a->op);
+        if ((rc = heads_run(k, a, n->scratch, need)) != WEFT_SUCCESS)
+            return rc;
+        memcpy(mine, n->scratch, need);
+        put_out(k);
+        return node_copy(core, a->recvbuf, (char *)n->scratch + off, blk, k->what);
+    }
+    case WEFT_COLL_GATHER: {
+        /* Each rank's block in its slot, as on one node; the head (the
+         * root on its node) takes them: the root straight into recvbuf,
+         * another head packed in its ranks' order into scratch, one
+         * message to the root, which unpacks each node's (cc->node_ranks
+         * order). The others leave once their block is out. */
+        size_t blk = a->count;
+        const char *own = core->rank == a->root ? (char *)a->recvbuf + (size_t)core->rank * blk : NULL;
+        if (me != head) {
+            if ((rc = node_copy(core, mine, a->sendbuf, blk, k->what)) != WEFT_SUCCESS)
+                return rc;
+            node_arrive(k);
+            return WEFT_SUCCESS;
+        }
+        node_arrive(k);
+        if ((rc = head_scratch(k)) != WEFT_SUCCESS || (rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
+            return rc;
+        char *scr = n->scratch;
+        for (int i = 0; i < n->P && rc == WEFT_SUCCESS; i++) {
+            const void *from = i == me ? a->sendbuf : slot_of(n, k->b, i);
+            if (core->rank != a->root)
+                rc = node_copy(core, scr + (size_t)i * blk, from, blk, k->what);
+            else if (i != me || (const char *)a->sendbuf != own)
+                rc = node_copy(core, (char *)a->recvbuf + (size_t)n->ranks[i] * blk, from, blk, k->what);
+        }
+        if (rc != WEFT_SUCCESS)
+            return node_fail(k, rc, 1);
+        if ((rc = heads_run(k, a, scr, (size_t)n->P * blk)) != WEFT_SUCCESS || core->rank != a->root)
+            return rc;
+        for (int j = 0; j < core->size && rc == WEFT_SUCCESS; j++)
+            if (k->cc->node_of[k->cc->node_ranks[j]] != k->cc->node_of[a->root])
+                rc = node_copy(core, (char *)a->recvbuf + (size_t)k->cc->node_ranks[j] * blk, scr + (size_t)j * blk,
+                               blk, k->what);
+        return rc;
+    }
+    case WEFT_COLL_SCATTER: {
+        /* The root writes its node's blocks in its slot (its ranks'
+         * order) for the node, and every other node's packed into scratch
+         * (cc->node_ranks order) for one message to that node's head,
+         * which receives it straight into its slot; each rank copies out
+         * its block. */
+        size_t blk = a->count;
+        if (me != head) {
+            node_arrive(k);
+            if ((rc = wait_head(k, head)) != WEFT_SUCCESS)
+                return rc;
+            return node_copy(core, a->recvbuf, slot_of(n, k->b, head) + (size_t)me * blk, blk, k->what);
+        }
+        if (core->rank != a->root) {
+            node_arrive(k);
+            if ((rc = heads_run(k, a, mine, (size_t)n->P * blk)) != WEFT_SUCCESS)
+                return rc;
+            put_out(k);
+            return node_copy(core, a->recvbuf, mine + (size_t)me * blk, blk, k->what);
+        }
+        const char *send = a->sendbuf;
+        for (int i = 0; i < n->P && rc == WEFT_SUCCESS; i++)
+            if (i != me)
+                rc = node_copy(core, mine + (size_t)i * blk, send + (size_t)n->ranks[i] * blk, blk, k->what);
+        if (rc != WEFT_SUCCESS)
+            return rc;
+        node_arrive(k);
+        put_out(k);
+        if ((rc = head_scratch(k)) != WEFT_SUCCESS)
+            return rc;
+        char *scr = n->scratch;
+        for (int j = 0; j < core->size && rc == WEFT_SUCCESS; j++)
+            if (k->cc->node_of[k->cc->node_ranks[j]] != k->cc->node_of[a->root])
+                rc = node_copy(core, scr + (size_t)j * blk, send + (size_t)k->cc->node_ranks[j] * blk, blk, k->what);
+        if (rc != WEFT_SUCCESS)
+            return node_fail(k, rc, 1);
+        if ((rc = heads_run(k, a, scr, 0)) != WEFT_SUCCESS)
+            return rc;
+        if ((char *)a->recvbuf != send + (size_t)core->rank * blk)
+            rc = node_copy(core, a->recvbuf, send + (size_t)core->rank * blk, blk, k->what);
+        return rc;
     }
     default:
         return weft_set_error(core, WEFT_ERR_INTERNAL, "node-local collectives across nodes: kind %d", a->kind);

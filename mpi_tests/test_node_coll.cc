@@ -76,9 +76,9 @@ bool node_path_expected(int size, bool own_kb = false)
 }
 
 /* Whether the comm spans several virtual nodes, one at least with several
- * ranks, with shm inside them: then barrier, allreduce and bcast up to
- * 32 KiB a rank go through each node's segment and among the nodes' heads
- * as messages (node_hier.c). */
+ * ranks, with shm inside them: then small calls of every kind but alltoall
+ * go through each node's segment and among the nodes' heads as messages
+ * (node_hier.c). */
 bool hier_path_expected(int size, bool own_kb = false)
 {
     const char *kb = own_kb ? nullptr : std::getenv("WEFT_NODE_COLL_KB");
@@ -138,30 +138,47 @@ TEST(NodeColl, Chosen)
     ASSERT_EQ(c.rc(), WEFT_SUCCESS);
     std::vector<int32_t> in(8, rank + 1), out(8, 0);
     std::vector<int32_t> all((size_t)size * 2, -1), bc(3, rank == 1 % size ? 77 : 0);
-    int rc1 = WEFT_SUCCESS, rc2 = WEFT_SUCCESS, rc3 = WEFT_SUCCESS, rc4 = WEFT_SUCCESS;
+    /* reduce_scatter: element i of every rank's vector is i + rank; gather
+     * and scatter rooted at the last rank (not a node's lowest). */
+    std::vector<int32_t> rs_in((size_t)size * 2), rs_out(2, -1), g_out((size_t)size, -1), sc_in((size_t)size);
+    for (size_t i = 0; i < rs_in.size(); i++)
+        rs_in[i] = (int32_t)i + rank;
+    for (int r = 0; r < size; r++)
+        sc_in[(size_t)r] = rank == size - 1 ? 1000 + r : -7;
+    int32_t g_in = 500 + rank, sc_out = -1;
+    int rc[7];
     std::string log = capture_stderr([&] {
-        rc1 = weft_allreduce(c.get(), in.data(), out.data(), 8, WEFT_INT32, WEFT_SUM);
-        rc2 = weft_barrier(c.get());
-        rc3 = weft_allgather(c.get(), in.data(), all.data(), 8);
-        rc4 = weft_bcast(c.get(), bc.data(), 12, 1 % size);
+        rc[0] = weft_allreduce(c.get(), in.data(), out.data(), 8, WEFT_INT32, WEFT_SUM);
+        rc[1] = weft_barrier(c.get());
+        rc[2] = weft_allgather(c.get(), in.data(), all.data(), 8);
+        rc[3] = weft_bcast(c.get(), bc.data(), 12, 1 % size);
+        rc[4] = weft_reduce_scatter(c.get(), rs_in.data(), rs_out.data(), 2, WEFT_INT32, WEFT_SUM);
+        rc[5] = weft_gather(c.get(), &g_in, g_out.data(), 4, size - 1);
+        rc[6] = weft_scatter(c.get(), sc_in.data(), &sc_out, 4, size - 1);
     });
-    ASSERT_EQ(rc1, WEFT_SUCCESS) << c.err();
-    ASSERT_EQ(rc2, WEFT_SUCCESS) << c.err();
-    ASSERT_EQ(rc3, WEFT_SUCCESS) << c.err();
-    ASSERT_EQ(rc4, WEFT_SUCCESS) << c.err();
+    for (int i = 0; i < 7; i++)
+        ASSERT_EQ(rc[i], WEFT_SUCCESS) << "call " << i << ": " << c.err();
     for (int v : out)
         ASSERT_EQ(v, size * (size + 1) / 2);
     for (int r = 0; r < size; r++)
         ASSERT_EQ(all[(size_t)r * 2 + 1], r + 1) << "allgather block " << r;
     for (int v : bc)
         ASSERT_EQ(v, 77);
+    for (int i = 0; i < 2; i++)
+        ASSERT_EQ(rs_out[(size_t)i], size * (2 * rank + i) + size * (size - 1) / 2) << "reduce_scatter element " << i;
+    for (int r = 0; rank == size - 1 && r < size; r++)
+        ASSERT_EQ(g_out[(size_t)r], 500 + r) << "gather block " << r;
+    ASSERT_EQ(sc_out, 1000 + rank) << "scatter";
     bool said = log.find("allreduce 8 elements of int32, sum") != std::string::npos &&
                 log.find("node-local shared memory") != std::string::npos;
     EXPECT_EQ(said, node_path_expected(size) || hier_path_expected(size)) << "rank " << rank << "'s log:\n" << log;
     /* Across nodes: the heads' part named, for every call. */
     bool heads = log.find("heads' recursive doubling") != std::string::npos &&
                  log.find("heads' dissemination") != std::string::npos &&
-                 log.find("heads' ring") != std::string::npos && log.find("heads' binomial tree") != std::string::npos;
+                 log.find("heads' ring") != std::string::npos && log.find("heads' binomial tree") != std::string::npos &&
+                 log.find("heads' recursive doubling, a block each") != std::string::npos &&
+                 log.find("heads' linear gather") != std::string::npos &&
+                 log.find("heads' linear scatter") != std::string::npos;
     EXPECT_EQ(heads, hier_path_expected(size)) << "rank " << rank << "'s log:\n" << log;
 }
 
