@@ -80,6 +80,9 @@
 #define NODE_FLAT_MAX 2048
 /* Polls of the flags before a wait reads the clock (not oversubscribed). */
 #define NODE_PRESPIN 128
+/* How long a rank that sees another's failure mark waits for the notice
+ * that says why (flag_ok): as the message path's (coll_sched.c). */
+#define NODE_NOTE_WAIT_S 0.5
 /* Two ranks: a bcast, an allgather or a reduction above this goes as
  * messages -- one single-copy message beats the segment's two copies
  * (node_fits). */
@@ -572,9 +575,14 @@ static int flag_ok(struct node_call *k, int r, enum node_flag f, uint32_t want)
             return 1;
     }
     if (weft_p2p_check_call(&theirs) == k->seq && (uint16_t)theirs.w[0] == MARK_FAILED) {
-        /* Its notice says why, when it came; else the mark does. */
+        /* Its notice says why. It is on its way to every rank (a rank
+         * marks a failure it decided after telling everyone, and one it
+         * was told of after the teller told everyone), so it is waited
+         * for, bounded: a mark seen first named only the marking rank and
+         * the code (a node's head, node_hier.c, relaying a mismatch
+         * between two other ranks). Else the mark says what it can. */
         char why[512];
-        int code = weft_p2p_fault(k->cc->p2p, k->seq, why, sizeof why);
+        int code = weft_p2p_await_note(k->cc->p2p, k->seq, NODE_NOTE_WAIT_S, why, sizeof why);
         if (code != WEFT_SUCCESS) {
             weft_set_error(k->cc->core, code, "%s (node-local, collective #%u): %s", k->what, k->seq, why);
             return node_fail(k, code, 0), -1;

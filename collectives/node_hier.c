@@ -61,8 +61,17 @@
  * node) level up to 8 KiB in all, 7% behind at 16 KiB and 27% at 32 KiB. */
 #define HIER_AG_MAX    (16u << 10)
 /* A gather's or scatter's whole data (bytes a rank x ranks) at most: the
- * root's head buffer (the node's scratch, one slot) holds it. */
+ * root's head buffer (the node's scratch, one slot) holds it. Measured as
+ * above (3 alternated rounds, root 1 or 3): a scatter 8 B-2 KiB a rank
+ * took 4-33 us against 11-39 as messages at np 4 and np 8; at 4 KiB a rank
+ * (np 4) level. A gather gains only with several ranks a node to collect
+ * from: at np 8 (4 a node) 3.5-19 us against 4.7-22, at np 6 (3 a node)
+ * level up to 1 KiB a rank and 44% behind at 2 KiB, at np 4 (2 a node)
+ * 1.2-2.4x behind -- there its messages go straight to the root, eager,
+ * while the head waits for its node before it sends. Hence gather only
+ * with HIER_GATHER_PER_NODE ranks a node on average. */
 #define HIER_GS_MAX    (16u << 10)
+#define HIER_GATHER_PER_NODE 4
 
 size_t node_hier_fits(const struct weft_coll *cc, const struct weft_coll_args *a)
 {
@@ -115,7 +124,7 @@ size_t node_hier_fits(const struct weft_coll *cc, const struct weft_coll_args *a
             a->count * (size_t)cc->core->size > S)
             return 0;
         if (a->kind == WEFT_COLL_GATHER)
-            return a->count;
+            return cc->core->size >= HIER_GATHER_PER_NODE * cc->nnodes ? a->count : 0;
         int pmax = 1;
         for (int q = 0; q < cc->nnodes; q++)
             if (cc->node_first[q + 1] - cc->node_first[q] > pmax)
