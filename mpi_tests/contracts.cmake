@@ -108,9 +108,14 @@ foreach(config IN LISTS WEFT_FAULT_CONFIGS)
 endforeach()
 # The small calls of the node-local paths: on one node (shm, node_coll.c)
 # and across two virtual nodes (node_hier.c, the victim the head of the
-# second node).
+# second node; reduce_scatter and scatter_small there only: on one node
+# they wait as allreduce and bcast_small do).
 foreach(config shm vnodes2)
-  foreach(fcase allreduce bcast_small)
+  set(cases allreduce bcast_small)
+  if(config STREQUAL "vnodes2")
+    list(APPEND cases reduce_scatter scatter_small)
+  endif()
+  foreach(fcase IN LISTS cases)
     foreach(mode IN LISTS WEFT_FAULT_MODES)
       weft_add_fault_test(${fcase} ${mode} ${config} faults "" "")
     endforeach()

@@ -9,6 +9,9 @@
  *           bcast                               weft_bcast, root = the victim
  *           bcast_small                         the same at 1 KiB (node-local)
  *           allreduce                           weft_allreduce of 1 KiB (node-local)
+ *           reduce_scatter                      weft_reduce_scatter of 256 B a rank (node-local)
+ *           scatter_small                       weft_scatter of 256 B a rank, root = the
+ *                                               victim (node-local)
  *           barrier                             weft_barrier
  *           first                               no warm-up: the survivors'
  *                                               first message to the victim
@@ -189,6 +192,30 @@ int run_collective(weft_comm_t *c, uint64_t index, bool verify, std::vector<std:
             }
         return rc;
     }
+    if (g_run.kase == "reduce_scatter") {
+        /* kSmallCount elements in all: kSmallCount / n a rank. */
+        const size_t per = kSmallCount / (size_t)n;
+        std::vector<int32_t> in(per * (size_t)n), out(per, -1);
+        for (size_t i = 0; i < in.size(); i++)
+            in[i] = (int32_t)((size_t)(me + 1) * 1000 + i + index);
+        int rc = weft_reduce_scatter(c, in.data(), out.data(), per, WEFT_INT32, WEFT_SUM);
+        for (size_t i = 0; rc == WEFT_SUCCESS && verify && i < per; i++)
+            if (out[i] != (int32_t)((size_t)n * (n + 1) / 2 * 1000 + (size_t)n * ((size_t)me * per + i + index))) {
+                problems.push_back("reduce_scatter delivered wrong data");
+                break;
+            }
+        return rc;
+    }
+    if (g_run.kase == "scatter_small") {
+        const size_t per = kSmallCount;
+        std::vector<unsigned char> send(me == kVictim ? per * (size_t)n : 0), out(per);
+        for (int p = 0; me == kVictim && p < n; p++)
+            fill_pattern(send.data() + (size_t)p * per, per, pattern_seed(p, 703, index));
+        int rc = weft_scatter(c, send.data(), out.data(), per, kVictim);
+        if (rc == WEFT_SUCCESS && verify && pattern_mismatch(out.data(), per, pattern_seed(me, 703, index)) != SIZE_MAX)
+            problems.push_back("scatter delivered wrong data");
+        return rc;
+    }
     if (g_run.kase == "bcast" || g_run.kase == "bcast_small") {
         std::vector<unsigned char> buf(g_run.kase == "bcast" ? kBcastBytes : kSmallCount * 4);
         if (me == kVictim)
@@ -317,9 +344,11 @@ int main(int argc, char **argv)
     g_run.mode = argc > 2 ? argv[2] : env_or("WEFT_FAULT_MODE", "");
     g_run.timeout = std::atof(env_or("WEFT_TIMEOUT", "60"));
     const bool known_case = is_allgather_case(g_run.kase) || g_run.kase == "bcast" || g_run.kase == "barrier" ||
-                            g_run.kase == "first" || g_run.kase == "allreduce" || g_run.kase == "bcast_small";
+                            g_run.kase == "first" || g_run.kase == "allreduce" || g_run.kase == "bcast_small" ||
+                            g_run.kase == "reduce_scatter" || g_run.kase == "scatter_small";
     if (!known_case || (g_run.mode != "kill" && g_run.mode != "stop") || g_run.size <= kVictim)
-        finish(false, "usage: weft_mpi_faults ring|rd|bruck|direct|hier|bcast|bcast_small|allreduce|barrier|first kill|stop, on at least " +
+        finish(false, "usage: weft_mpi_faults ring|rd|bruck|direct|hier|bcast|bcast_small|allreduce|reduce_scatter|"
+                          "scatter_small|barrier|first kill|stop, on at least " +
                           std::to_string(kVictim + 1) + " ranks");
 
     const bool victim = g_run.rank == kVictim;
