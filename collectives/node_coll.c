@@ -229,6 +229,7 @@ static void node_unmap(struct coll_node *n)
     if (n->base)
         munmap(n->base, n->bytes);
     free(n->scratch);
+    free(n->heads_buf);
     free(n->ranks);
     free(n);
 }

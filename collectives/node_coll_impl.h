@@ -60,6 +60,8 @@ struct coll_node {
     int              *ranks;      /* [P] comm rank of each local index */
     uint32_t          last[NODE_NBUF]; /* the last call (+1) this rank ran on buffer b; 0: none */
     void             *scratch;    /* host result of a reduction into a device buffer */
+    char             *heads_buf;  /* node_hier.c: a head's alltoall packing, heads_bytes long */
+    size_t            heads_bytes;
 };
 
 enum node_flag { FLAG_ARRIVE, FLAG_SLICED, FLAG_DONE };

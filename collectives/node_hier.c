@@ -72,10 +72,19 @@
  * with HIER_GATHER_PER_NODE ranks a node on average. */
 #define HIER_GS_MAX    (16u << 10)
 #define HIER_GATHER_PER_NODE 4
+/* An alltoall's row (bytes a block x ranks) at most, and a slot must hold
+ * two (the rank's row, and the blocks other nodes sent it): 32 KiB with
+ * the default WEFT_NODE_COLL_KB. Measured as above, 3 alternated rounds:
+ * np 8, 64 B-32 KiB rows 28-64 us against 230-330 as messages (each rank
+ * 4 tcp messages to the other node against one a head); np 4 20-36
+ * against 55-70. With WEFT_NODE_COLL_KB=256, np 8, two rounds: 64-128 KiB
+ * rows 108-170 us against 268-481. The bound keeps a head's packing
+ * buffer (2 x its node's ranks x a row) within reason at any slot size. */
+#define HIER_A2A_MAX   (128u << 10)
 
 size_t node_hier_fits(const struct weft_coll *cc, const struct weft_coll_args *a)
 {
-    size_t S = node_limit(cc), es;
+    size_t S = node_limit(cc), slot = S, es;
     /* Several nodes, one of them at least with several ranks (else there
      * is nothing to meet in a segment). */
     if (S == 0 || cc->nnodes < 2 || cc->nnodes >= cc->core->size)
@@ -115,6 +124,16 @@ size_t node_hier_fits(const struct weft_coll *cc, const struct weft_coll_args *a
         if (cc->rs_algo != 0 || es == 0 || a->count == 0 || a->count > S / es / (size_t)cc->core->size)
             return 0;
         return a->count * es * (size_t)cc->core->size;
+    case WEFT_COLL_ALLTOALL:
+        if (cc->a2a_algo != 0 || a->count == 0 || a->count > HIER_A2A_MAX / (size_t)cc->core->size ||
+            2 * a->count * (size_t)cc->core->size > slot)
+            return 0;
+        /* Big buffers always: a head writes into the others' slots (their
+         * second half), which only a big buffer's bcast-like rule allows
+         * (every rank done with the buffer's last call, node_slot_free),
+         * and no rank runs ahead in an alltoall anyway. */
+        return 2 * a->count * (size_t)cc->core->size > NODE_SMALL ? 2 * a->count * (size_t)cc->core->size
+                                                                  : NODE_SMALL + 1;
     case WEFT_COLL_GATHER:
     case WEFT_COLL_SCATTER: {
         /* A gather's rank writes its block in its slot; a scatter's head
@@ -147,6 +166,7 @@ const char *node_hier_algo(const struct weft_coll *cc, const struct weft_coll_ar
     case WEFT_COLL_REDUCE_SCATTER: return "node-local shared memory + heads' recursive doubling, a block each";
     case WEFT_COLL_GATHER: return "node-local shared memory + heads' linear gather";
     case WEFT_COLL_SCATTER: return "node-local shared memory + heads' linear scatter";
+    case WEFT_COLL_ALLTOALL: return "node-local shared memory + heads' pairwise exchange";
     default: return "node-local shared memory + heads' dissemination";
     }
 }
@@ -252,6 +272,35 @@ static void build_heads_scatter(struct weft_sched_build *b, const void *args)
     }
 }
 
+/*
+ * Alltoall among the heads: to every other node one message with every
+ * block this node's ranks send that node's ranks, and one from it. buf
+ * holds what goes out, then (from P x size blocks on) what comes in, both
+ * laid out by node: node q's part at block P x first[q], P x P_q blocks
+ * long, P this node's ranks (out: by source rank, then destination;
+ * in: the same, as the sending node laid it out).
+ *
+ *     3 nodes          head 0                 head 1                 head 2
+ *                      RECV from 1, from 2    RECV from 2, from 0    RECV from 0, from 1
+ *                      SEND to 1, to 2        SEND to 2, to 0        SEND to 0, to 1
+ */
+static void build_heads_alltoall(struct weft_sched_build *b, const void *args)
+{
+    const struct heads *h = args;
+    const size_t mine = (size_t)(h->first[h->pos + 1] - h->first[h->pos]) * h->blk;
+    for (int i = 1; i < h->m; i++) {
+        int q = (h->pos + i) % h->m;
+        weft_sched_recv(b, q, (char *)h->buf + mine * (size_t)h->first[h->m] + mine * (size_t)h->first[q],
+                        mine * (size_t)(h->first[q + 1] - h->first[q]), h->rank[q], 0, WEFT_SCHED_NODEP,
+                        WEFT_SCHED_F_RECEIVE | WEFT_SCHED_F_EXACT);
+    }
+    for (int i = 1; i < h->m; i++) {
+        int q = (h->pos + i) % h->m;
+        weft_sched_send(b, h->pos, (const char *)h->buf + mine * (size_t)h->first[q],
+                        mine * (size_t)(h->first[q + 1] - h->first[q]), h->rank[q], 0, WEFT_SCHED_NODEP);
+    }
+}
+
 static void build_heads_rd(struct weft_sched_build *b, const void *args)
 {
     const struct heads *h = args;
@@ -320,6 +369,11 @@ static int heads_run(struct node_call *k, const struct weft_coll_args *a, void *
                                                    : "reduce_scatter hierarchical (heads' recursive doubling)";
         call.scratch_bytes = coll_rd_scratch(&h.rd);
         build = build_heads_rd;
+    } else if (a->kind == WEFT_COLL_ALLTOALL) {
+        h.first = cc->node_first;
+        h.blk = a->count;
+        call.what = "alltoall hierarchical (heads' pairwise exchange)";
+        build = build_heads_alltoall;
     }
     struct weft_coll_op *op = NULL;
     if (a->kind == WEFT_COLL_ALLGATHER)
@@ -365,6 +419,84 @@ static int head_scratch(struct node_call *k)
         return node_fail(k, WEFT_ERR_NO_MEMORY, 1);
     }
     return WEFT_SUCCESS;
+}
+
+/*
+ * Alltoall: each rank's row (its size blocks, by destination) in the
+ * first half of its slot. The head packs, for every other node, the
+ * blocks its node's ranks send there (heads_buf, by node), exchanges one
+ * message each way with that node's head, and writes what came in into
+ * the second half of each destination's slot, at the source's block;
+ * once it is out (its `sliced`), every rank takes its blocks: a source on
+ * its node from that source's row, the others from its own second half.
+ * The head writes into the others' slots: a big buffer, every rank done
+ * with its last call before (node_slot_free), as a bcast's root does.
+ *
+ *     node A (a0 head, a1), node B (b0, b1); a1's slot: [row: ->a0 ->a1 ->b0 ->b1][in: from b0, b1]
+ *     a0: pack a0->b0 a0->b1 a1->b0 a1->b1 ──> b0;  b0's pack for A ──> a0: into a0's and a1's "in"
+ */
+static int hier_alltoall(struct node_call *k, const struct weft_coll_args *a, int head)
+{
+    struct weft_coll *cc = k->cc;
+    struct weft_core *core = cc->core;
+    struct coll_node *n = k->n;
+    const size_t blk = a->count, row = blk * (size_t)core->size, P = (size_t)n->P;
+    const int mynode = cc->node_of[core->rank];
+    char *mine = slot_of(n, k->b, n->me);
+    int rc;
+
+    if ((rc = node_copy(core, mine, a->sendbuf, row, k->what)) != WEFT_SUCCESS)
+        return rc;
+    node_arrive(k);
+    if (n->me == head) {
+        size_t want = 2 * P * row;
+        if (n->heads_bytes < want) {
+            char *nb = realloc(n->heads_buf, want);
+            if (nb == NULL) {
+                weft_set_error(core, WEFT_ERR_NO_MEMORY, "%s (node-local, collective #%u): no memory for %zu B",
+                               k->what, k->seq, want);
+                return node_fail(k, WEFT_ERR_NO_MEMORY, 1);
+            }
+            n->heads_buf = nb;
+            n->heads_bytes = want;
+        }
+        if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
+            return rc;
+        /* Out: node q's part at block P x first[q], source-major. */
+        char *out = n->heads_buf, *in = n->heads_buf + P * row;
+        for (int q = 0; q < cc->nnodes; q++) {
+            if (q == mynode)
+                continue;
+            size_t Pq = (size_t)(cc->node_first[q + 1] - cc->node_first[q]);
+            char *dst = out + P * (size_t)cc->node_first[q] * blk;
+            for (size_t i = 0; i < P; i++)
+                memcpy(dst + i * Pq * blk, slot_of(n, k->b, (int)i) + (size_t)cc->node_first[q] * blk, Pq * blk);
+        }
+        if ((rc = heads_run(k, a, n->heads_buf, 0)) != WEFT_SUCCESS)
+            return rc;
+        /* In: from node q, source j's blocks for this node's ranks i at
+         * block P x first[q] + j x P + i. */
+        for (int q = 0; q < cc->nnodes; q++) {
+            if (q == mynode)
+                continue;
+            for (int j = cc->node_first[q]; j < cc->node_first[q + 1]; j++) {
+                const char *src = in + (P * (size_t)cc->node_first[q] + (size_t)(j - cc->node_first[q]) * P) * blk;
+                for (size_t i = 0; i < P; i++)
+                    memcpy(slot_of(n, k->b, (int)i) + row + (size_t)cc->node_ranks[j] * blk, src + i * blk, blk);
+            }
+        }
+        put_out(k);
+    } else if ((rc = wait_head(k, head)) != WEFT_SUCCESS) {
+        return rc;
+    }
+    /* Every rank of this node arrived before its head put out. */
+    for (int j = 0; j < n->P && rc == WEFT_SUCCESS; j++)
+        rc = node_copy(core, (char *)a->recvbuf + (size_t)n->ranks[j] * blk,
+                       slot_of(n, k->b, j) + (size_t)core->rank * blk, blk, k->what);
+    for (int r = 0; r < core->size && rc == WEFT_SUCCESS; r++)
+        if (cc->node_of[r] != mynode)
+            rc = node_copy(core, (char *)a->recvbuf + (size_t)r * blk, mine + row + (size_t)r * blk, blk, k->what);
+    return rc;
 }
 
 int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t need)
@@ -598,6 +730,8 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
             rc = node_copy(core, a->recvbuf, send + (size_t)core->rank * blk, blk, k->what);
         return rc;
     }
+    case WEFT_COLL_ALLTOALL:
+        return hier_alltoall(k, a, head);
     default:
         return weft_set_error(core, WEFT_ERR_INTERNAL, "node-local collectives across nodes: kind %d", a->kind);
     }

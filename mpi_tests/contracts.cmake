@@ -108,12 +108,12 @@ foreach(config IN LISTS WEFT_FAULT_CONFIGS)
 endforeach()
 # The small calls of the node-local paths: on one node (shm, node_coll.c)
 # and across two virtual nodes (node_hier.c, the victim the head of the
-# second node; reduce_scatter and scatter_small there only: on one node
-# they wait as allreduce and bcast_small do).
+# second node; reduce_scatter, scatter_small and alltoall_small there only:
+# on one node they wait as allreduce and bcast_small do).
 foreach(config shm vnodes2)
   set(cases allreduce bcast_small)
   if(config STREQUAL "vnodes2")
-    list(APPEND cases reduce_scatter scatter_small)
+    list(APPEND cases reduce_scatter scatter_small alltoall_small)
   endif()
   foreach(fcase IN LISTS cases)
     foreach(mode IN LISTS WEFT_FAULT_MODES)

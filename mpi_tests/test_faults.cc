@@ -12,6 +12,7 @@
  *           reduce_scatter                      weft_reduce_scatter of 256 B a rank (node-local)
  *           scatter_small                       weft_scatter of 256 B a rank, root = the
  *                                               victim (node-local)
+ *           alltoall_small                      weft_alltoall of 256 B blocks (node-local)
  *           barrier                             weft_barrier
  *           first                               no warm-up: the survivors'
  *                                               first message to the victim
@@ -206,6 +207,19 @@ int run_collective(weft_comm_t *c, uint64_t index, bool verify, std::vector<std:
             }
         return rc;
     }
+    if (g_run.kase == "alltoall_small") {
+        const size_t per = kSmallCount;
+        std::vector<unsigned char> send(per * (size_t)n), out(per * (size_t)n);
+        for (int p = 0; p < n; p++)
+            fill_pattern(send.data() + (size_t)p * per, per, pattern_seed(me * 64 + p, 704, index));
+        int rc = weft_alltoall(c, send.data(), out.data(), per);
+        for (int p = 0; rc == WEFT_SUCCESS && verify && p < n; p++)
+            if (pattern_mismatch(out.data() + (size_t)p * per, per, pattern_seed(p * 64 + me, 704, index)) != SIZE_MAX) {
+                problems.push_back("alltoall: wrong block from rank " + std::to_string(p));
+                break;
+            }
+        return rc;
+    }
     if (g_run.kase == "scatter_small") {
         const size_t per = kSmallCount;
         std::vector<unsigned char> send(me == kVictim ? per * (size_t)n : 0), out(per);
@@ -345,10 +359,11 @@ int main(int argc, char **argv)
     g_run.timeout = std::atof(env_or("WEFT_TIMEOUT", "60"));
     const bool known_case = is_allgather_case(g_run.kase) || g_run.kase == "bcast" || g_run.kase == "barrier" ||
                             g_run.kase == "first" || g_run.kase == "allreduce" || g_run.kase == "bcast_small" ||
-                            g_run.kase == "reduce_scatter" || g_run.kase == "scatter_small";
+                            g_run.kase == "reduce_scatter" || g_run.kase == "scatter_small" ||
+                            g_run.kase == "alltoall_small";
     if (!known_case || (g_run.mode != "kill" && g_run.mode != "stop") || g_run.size <= kVictim)
         finish(false, "usage: weft_mpi_faults ring|rd|bruck|direct|hier|bcast|bcast_small|allreduce|reduce_scatter|"
-                          "scatter_small|barrier|first kill|stop, on at least " +
+                          "scatter_small|alltoall_small|barrier|first kill|stop, on at least " +
                           std::to_string(kVictim + 1) + " ranks");
 
     const bool victim = g_run.rank == kVictim;

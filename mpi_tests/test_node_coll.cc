@@ -76,9 +76,9 @@ bool node_path_expected(int size, bool own_kb = false)
 }
 
 /* Whether the comm spans several virtual nodes, one at least with several
- * ranks, with shm inside them: then small calls of every kind but alltoall
- * go through each node's segment and among the nodes' heads as messages
- * (node_hier.c). */
+ * ranks, with shm inside them: then small calls of every kind go through
+ * each node's segment and among the nodes' heads as messages
+ * (node_hier.c; a gather only with 4 ranks a node on average). */
 bool hier_path_expected(int size, bool own_kb = false)
 {
     const char *kb = own_kb ? nullptr : std::getenv("WEFT_NODE_COLL_KB");
@@ -146,7 +146,10 @@ TEST(NodeColl, Chosen)
     for (int r = 0; r < size; r++)
         sc_in[(size_t)r] = rank == size - 1 ? 1000 + r : -7;
     int32_t g_in = 500 + rank, sc_out = -1;
-    int rc[7];
+    std::vector<int32_t> a2a_in((size_t)size), a2a_out((size_t)size, -1);
+    for (int r = 0; r < size; r++)
+        a2a_in[(size_t)r] = rank * 100 + r;
+    int rc[8];
     std::string log = capture_stderr([&] {
         rc[0] = weft_allreduce(c.get(), in.data(), out.data(), 8, WEFT_INT32, WEFT_SUM);
         rc[1] = weft_barrier(c.get());
@@ -155,8 +158,9 @@ TEST(NodeColl, Chosen)
         rc[4] = weft_reduce_scatter(c.get(), rs_in.data(), rs_out.data(), 2, WEFT_INT32, WEFT_SUM);
         rc[5] = weft_gather(c.get(), &g_in, g_out.data(), 4, size - 1);
         rc[6] = weft_scatter(c.get(), sc_in.data(), &sc_out, 4, size - 1);
+        rc[7] = weft_alltoall(c.get(), a2a_in.data(), a2a_out.data(), 4);
     });
-    for (int i = 0; i < 7; i++)
+    for (int i = 0; i < 8; i++)
         ASSERT_EQ(rc[i], WEFT_SUCCESS) << "call " << i << ": " << c.err();
     for (int v : out)
         ASSERT_EQ(v, size * (size + 1) / 2);
@@ -169,6 +173,8 @@ TEST(NodeColl, Chosen)
     for (int r = 0; rank == size - 1 && r < size; r++)
         ASSERT_EQ(g_out[(size_t)r], 500 + r) << "gather block " << r;
     ASSERT_EQ(sc_out, 1000 + rank) << "scatter";
+    for (int r = 0; r < size; r++)
+        ASSERT_EQ(a2a_out[(size_t)r], r * 100 + rank) << "alltoall block from rank " << r;
     bool said = log.find("allreduce 8 elements of int32, sum") != std::string::npos &&
                 log.find("node-local shared memory") != std::string::npos;
     EXPECT_EQ(said, node_path_expected(size) || hier_path_expected(size)) << "rank " << rank << "'s log:\n" << log;
@@ -177,7 +183,8 @@ TEST(NodeColl, Chosen)
                  log.find("heads' dissemination") != std::string::npos &&
                  log.find("heads' ring") != std::string::npos && log.find("heads' binomial tree") != std::string::npos &&
                  log.find("heads' recursive doubling, a block each") != std::string::npos &&
-                 log.find("heads' linear scatter") != std::string::npos;
+                 log.find("heads' linear scatter") != std::string::npos &&
+                 log.find("heads' pairwise exchange") != std::string::npos;
     EXPECT_EQ(heads, hier_path_expected(size)) << "rank " << rank << "'s log:\n" << log;
     /* A gather only with 4 ranks a node on average (HIER_GATHER_PER_NODE). */
     const char *vn = std::getenv("WEFT_VIRTUAL_NODES");
