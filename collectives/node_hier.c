@@ -1,8 +1,9 @@
 /*
  * Node-local collectives across nodes: barrier, allreduce and reduce up to
  * 32 KiB, bcast up to 1 KiB, allgather up to 16 KiB in all, reduce_scatter
- * up to 32 KiB in all and gather and scatter up to HIER_GS_MAX in all, in a
- * comm that spans several nodes, some with several ranks, as
+ * up to 32 KiB in all, gather and scatter up to HIER_GS_MAX in all and
+ * alltoall rows up to half a slot, in a comm that spans several nodes, some
+ * with several ranks, as
  * three phases -- the ranks of each node meet in their node's segment
  * (node_coll.c), one rank of each node (its head) runs the call among the
  * heads as messages, and the heads put the result in their segment for
