@@ -548,27 +548,39 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
         put_out(k);
         return WEFT_SUCCESS;
 
-    case WEFT_COLL_ALLREDUCE: {
+    case WEFT_COLL_ALLREDUCE:
+    case WEFT_COLL_REDUCE_SCATTER: {
+        /* The head reduces its node's slots (WEFT_AVG as a sum) and runs
+         * the heads' recursive doubling on the result, which it puts in
+         * its slot. An allreduce's ranks copy it all out; a
+         * reduce_scatter is an allreduce of the whole vector, each rank
+         * copying out its own block (in place, recvbuf inside sendbuf,
+         * is safe: sendbuf is in the slot before recvbuf is written). */
+        const int rs = a->kind == WEFT_COLL_REDUCE_SCATTER;
+        const size_t es = weft_dtype_size(a->dtype), blk = rs ? a->count * es : need;
+        const size_t off = rs ? (size_t)core->rank * blk : 0;
         if ((rc = node_copy(core, mine, a->sendbuf, need, k->what)) != WEFT_SUCCESS)
             return rc;
         node_arrive(k);
         if (me != head) {
             if ((rc = wait_head(k, head)) != WEFT_SUCCESS)
                 return rc;
-            return node_copy(core, a->recvbuf, slot_of(n, k->b, head), need, k->what);
+            return node_copy(core, a->recvbuf, slot_of(n, k->b, head) + off, blk, k->what);
         }
+        if (rs && (rc = head_scratch(k)) != WEFT_SUCCESS)
+            return rc;
         if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
             return rc;
-        void *dst = node_result_buf(k, a->recvbuf);
+        char *dst = rs ? n->scratch : node_result_buf(k, a->recvbuf);
         if (n->P == 1)
             memcpy(dst, mine, need);
         else
-            node_reduce_range(k, dst, 0, a->count, a->dtype, a->op == WEFT_AVG ? WEFT_SUM : a->op);
+            node_reduce_range(k, dst, 0, need / es, a->dtype, a->op == WEFT_AVG ? WEFT_SUM : a->op);
         if ((rc = heads_run(k, a, dst, need)) != WEFT_SUCCESS)
             return rc;
         memcpy(mine, dst, need);
         put_out(k);
-        return node_copy(core, a->recvbuf, dst, need, k->what);
+        return node_copy(core, a->recvbuf, dst + off, blk, k->what);
     }
     case WEFT_COLL_REDUCE: {
         /* The node's partial is reduced by its head (the root on its
@@ -625,34 +637,6 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
             return node_fail(k, rc, 1);
         put_out(k);
         return WEFT_SUCCESS;
-    }
-    case WEFT_COLL_REDUCE_SCATTER: {
-        /* An allreduce of the whole vector (its head reduces the node's
-         * part into scratch, the heads' recursive doubling, the result in
-         * the head's slot); each rank copies out its own block. In place
-         * (recvbuf inside sendbuf) is safe: sendbuf is in the slot before
-         * recvbuf is written. */
-        size_t blk = a->count * weft_dtype_size(a->dtype), off = (size_t)core->rank * blk;
-        if ((rc = node_copy(core, mine, a->sendbuf, need, k->what)) != WEFT_SUCCESS)
-            return rc;
-        node_arrive(k);
-        if (me != head) {
-            if ((rc = wait_head(k, head)) != WEFT_SUCCESS)
-                return rc;
-            return node_copy(core, a->recvbuf, slot_of(n, k->b, head) + off, blk, k->what);
-        }
-        if ((rc = head_scratch(k)) != WEFT_SUCCESS || (rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
-            return rc;
-        if (n->P == 1)
-            memcpy(n->scratch, mine, need);
-        else
-            node_reduce_range(k, n->scratch, 0, need / weft_dtype_size(a->dtype), a->dtype,
-                              a->op == WEFT_AVG ? WEFT_SUM : a->op);
-        if ((rc = heads_run(k, a, n->scratch, need)) != WEFT_SUCCESS)
-            return rc;
-        memcpy(mine, n->scratch, need);
-        put_out(k);
-        return node_copy(core, a->recvbuf, (char *)n->scratch + off, blk, k->what);
     }
     case WEFT_COLL_GATHER: {
         /* Each rank's block in its slot, as on one node; the head (the
