@@ -3,8 +3,7 @@
  * 32 KiB, bcast up to 1 KiB, allgather up to 16 KiB in all, reduce_scatter
  * up to 32 KiB in all, gather and scatter up to HIER_GS_MAX in all and
  * alltoall rows up to half a slot, in a comm that spans several nodes, some
- * with several ranks, as
- * three phases -- the ranks of each node meet in their node's segment
+ * with several ranks, as three phases -- the ranks of each node meet in their node's segment
  * (node_coll.c), one rank of each node (its head) runs the call among the
  * heads as messages, and the heads put the result in their segment for
  * the rest of their node:
@@ -20,8 +19,8 @@
  * n-1 messages, tcp between nodes for most of them) only the heads cross
  * nodes, once each way, and the others' part is one write and one read.
  *
- * The head is the node's lowest rank; in a bcast, on the root's node, the
- * root. The result every rank ends with is its head's, and the heads' is
+ * The head is the node's lowest rank; in a rooted call (bcast, reduce,
+ * gather, scatter), on the root's node, the root. The result every rank ends with is its head's, and the heads' is
  * the same bits on every head (recursive doubling computes each element
  * identically on every member, coll_reduce_algo.h): the local reduction in
  * rank order, then the heads' in node order -- the same on every run.
