@@ -124,16 +124,16 @@ size_t node_hier_fits(const struct weft_coll *cc, const struct weft_coll_args *a
         if (cc->rs_algo != 0 || es == 0 || a->count == 0 || a->count > S / es / (size_t)cc->core->size)
             return 0;
         return a->count * es * (size_t)cc->core->size;
-    case WEFT_COLL_ALLTOALL:
-        if (cc->a2a_algo != 0 || a->count == 0 || a->count > HIER_A2A_MAX / (size_t)cc->core->size ||
-            2 * a->count * (size_t)cc->core->size > slot)
+    case WEFT_COLL_ALLTOALL: {
+        if (cc->a2a_algo != 0 || a->count == 0 || a->count > HIER_A2A_MAX / (size_t)cc->core->size)
             return 0;
+        size_t two_rows = 2 * a->count * (size_t)cc->core->size;
         /* Big buffers always: a head writes into the others' slots (their
          * second half), which only a big buffer's bcast-like rule allows
          * (every rank done with the buffer's last call, node_slot_free),
          * and no rank runs ahead in an alltoall anyway. */
-        return 2 * a->count * (size_t)cc->core->size > NODE_SMALL ? 2 * a->count * (size_t)cc->core->size
-                                                                  : NODE_SMALL + 1;
+        return two_rows > slot ? 0 : two_rows > NODE_SMALL ? two_rows : NODE_SMALL + 1;
+    }
     case WEFT_COLL_GATHER:
     case WEFT_COLL_SCATTER: {
         /* A gather's rank writes its block in its slot; a scatter's head
