@@ -28,7 +28,7 @@ if(NOT WEFT_MPI_TEST_COMMON_ENV)
 endif()
 
 add_executable(weft_pmpi_test
-  ${PROJECT_SOURCE_DIR}/mpi_tests/mpi_main.cc
+  $<TARGET_OBJECTS:weft_mpi_main>
   ${CMAKE_CURRENT_LIST_DIR}/test_pmpi.cc
   ${CMAKE_CURRENT_LIST_DIR}/test_pmpi_errors.cc
   ${CMAKE_CURRENT_LIST_DIR}/test_pmpi_env.cc
