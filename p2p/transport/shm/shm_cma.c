@@ -393,12 +393,15 @@ int weft_shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct 
     }
     /* Shared with the sender, or one call on this core? Sharing needs a
      * core for the sender: with more ranks than cores it would only make
-     * us wait for a preempted sender's piece. Below SHM_STREAM_MAX also a
-     * sender not busy with messages of this rank's: one to whom this rank
-     * has rendezvous sends of its own outstanding (an exchange) is pulling
-     * those, and both sides would only pay the extra calls of a split
-     * (+20% for a 64 KiB exchange at np 2). */
-    int shared = total >= SHM_SPLIT_MIN && !core->oversubscribed && (total >= SHM_STREAM_MAX || !x->crossing);
+     * us wait for a preempted sender's piece. It also needs a sender not
+     * busy with messages of this rank's: one to whom this rank has
+     * rendezvous sends of its own outstanding (an exchange) is pulling
+     * those, and both sides would only pay the extra calls and the cache
+     * lines of a split -- at every size (np 2, 3 alternated rounds: a 64
+     * KiB allreduce +20%; allgather blocks of 512 KiB-1 MiB +10-15%,
+     * alltoall of 512 KiB-8 MiB +10-50%, allreduce of 512 KiB-1 MiB +10%;
+     * docs/benchmarks.md, "Exchanges pulled by one call at every size"). */
+    int shared = total >= SHM_SPLIT_MIN && !core->oversubscribed && !x->crossing;
     /* a pull below SHM_STREAM_MAX is timed: stream_push weighs it against the push */
     int timed = total >= SHM_RATE_MIN && total < SHM_STREAM_MAX;
     double t0 = timed ? weft_now() : 0;
