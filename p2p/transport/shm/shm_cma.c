@@ -397,10 +397,11 @@ int weft_shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct 
      * busy with messages of this rank's: one to whom this rank has
      * rendezvous sends of its own outstanding (an exchange) is pulling
      * those, and both sides would only pay the extra calls and the cache
-     * lines of a split -- at every size (np 2, 3 alternated rounds: a 64
-     * KiB allreduce +20%; allgather blocks of 512 KiB-1 MiB +10-15%,
-     * alltoall of 512 KiB-8 MiB +10-50%, allreduce of 512 KiB-1 MiB +10%;
-     * docs/benchmarks.md, "Exchanges pulled by one call at every size"). */
+     * lines of a split -- at every size (np 2, 3 alternated rounds, shared
+     * against one call: a 64 KiB allreduce +20%; allgather blocks and
+     * allreduces of 512 KiB-1 MiB +7-15%, alltoalls of 512 KiB, 2 and 4
+     * MiB +5-28%; docs/benchmarks.md, "Exchanges pulled by one call at
+     * every size"). */
     int shared = total >= SHM_SPLIT_MIN && !core->oversubscribed && !x->crossing;
     /* a pull below SHM_STREAM_MAX is timed: stream_push weighs it against the push */
     int timed = total >= SHM_RATE_MIN && total < SHM_STREAM_MAX;
