@@ -59,6 +59,7 @@ struct coll_node {
     int               P, me;      /* ranks of this node, this rank's local index */
     int              *ranks;      /* [P] comm rank of each local index */
     uint32_t          last[NODE_NBUF]; /* the last call (+1) this rank ran on buffer b; 0: none */
+    uint32_t         *seen_done;  /* [P] the newest done this rank saw of each local rank (flag_ok) */
     void             *scratch;    /* host result of a reduction into a device buffer */
     char             *heads_buf;  /* node_hier.c: a head's alltoall packing, heads_bytes long */
     size_t            heads_bytes;
