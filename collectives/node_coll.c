@@ -913,10 +913,15 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
 
     case WEFT_COLL_SCATTER:
         if (me == a->root) {
-            if ((rc = node_copy(core, mine, a->sendbuf, need, "scatter")) != WEFT_SUCCESS)
+            /* Only the others' blocks go through the slot; the root's own
+             * goes straight to recvbuf (copied once, not twice). */
+            const char *from = a->sendbuf;
+            size_t lo = (size_t)me * a->count, hi = lo + a->count;
+            if ((rc = node_copy(core, mine, from, lo, "scatter")) != WEFT_SUCCESS ||
+                (rc = node_copy(core, mine + hi, from + hi, need - hi, "scatter")) != WEFT_SUCCESS)
                 return rc;
             node_arrive(k);
-            return node_copy(core, a->recvbuf, mine + (size_t)me * a->count, a->count, "scatter");
+            return node_copy(core, a->recvbuf, from + lo, a->count, "scatter");
         }
         node_arrive(k);
         if ((rc = node_wait(k, a->root, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
@@ -932,7 +937,10 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
     if (a->kind == WEFT_COLL_ALLGATHER && a->sendbuf == (const char *)a->recvbuf + (size_t)me * a->count)
         src = (const char *)a->recvbuf + (size_t)me * a->count;
     size_t in = a->kind == WEFT_COLL_ALLGATHER || a->kind == WEFT_COLL_GATHER ? a->count : need;
-    if ((rc = node_copy(core, mine, src, in, k->what)) != WEFT_SUCCESS)
+    /* A gather's root reads no slot of its own: its block goes straight
+     * to recvbuf below (copied once, not twice). */
+    int own_direct = a->kind == WEFT_COLL_GATHER && me == a->root;
+    if (!own_direct && (rc = node_copy(core, mine, src, in, k->what)) != WEFT_SUCCESS)
         return rc;
     node_arrive(k);
 
@@ -952,7 +960,8 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
     case WEFT_COLL_ALLGATHER:
     case WEFT_COLL_GATHER:
         for (int r = 0; r < P && rc == WEFT_SUCCESS; r++)
-            rc = node_copy(core, (char *)a->recvbuf + (size_t)r * a->count, slot_of(n, k->b, r), a->count, k->what);
+            rc = node_copy(core, (char *)a->recvbuf + (size_t)r * a->count,
+                           own_direct && r == me ? src : slot_of(n, k->b, r), a->count, k->what);
         return rc;
     case WEFT_COLL_ALLTOALL:
         for (int r = 0; r < P && rc == WEFT_SUCCESS; r++)
