@@ -852,14 +852,15 @@ int node_slot_free(struct node_call *k)
 
 /* dst[0..count) = op over ranks r = 0..P-1 of src_r[off..off+count), in
  * rank order (bit-identical on every rank). */
-void node_reduce_range(struct node_call *k, void *dst, size_t off, size_t count, int dtype, int op)
+void node_reduce_range(struct node_call *k, void *dst, const void *own, size_t off, size_t count, int dtype, int op)
 {
     struct coll_node *n = k->n;
     size_t es = weft_dtype_size(dtype);
-    const char *s0 = slot_of(n, k->b, 0) + off * es;
-    weft_reduce_host(dst, s0, slot_of(n, k->b, 1) + off * es, count, dtype, op);
+#define NODE_SRC(r) ((own != NULL && (r) == n->me ? (const char *)own : slot_of(n, k->b, (r))) + off * es)
+    weft_reduce_host(dst, NODE_SRC(0), NODE_SRC(1), count, dtype, op);
     for (int r = 2; r < n->P; r++)
-        weft_reduce_host(dst, dst, slot_of(n, k->b, r) + off * es, count, dtype, op);
+        weft_reduce_host(dst, dst, NODE_SRC(r), count, dtype, op);
+#undef NODE_SRC
     if (op == WEFT_AVG)
         weft_reduce_host_div(dst, dst, count, dtype, n->P);
 }
@@ -938,8 +939,13 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
         src = (const char *)a->recvbuf + (size_t)me * a->count;
     size_t in = a->kind == WEFT_COLL_ALLGATHER || a->kind == WEFT_COLL_GATHER ? a->count : need;
     /* A gather's root reads no slot of its own: its block goes straight
-     * to recvbuf below (copied once, not twice). */
-    int own_direct = a->kind == WEFT_COLL_GATHER && me == a->root;
+     * to recvbuf below (copied once, not twice). Nor does a reduce's root
+     * in host memory: it reduces from its sendbuf -- unless in place
+     * beyond the first two ranks, where the running result, made in
+     * recvbuf, would overwrite its operand before it is read. */
+    int own_direct = me == a->root &&
+                     (a->kind == WEFT_COLL_GATHER ||
+                      (a->kind == WEFT_COLL_REDUCE && !core->cuda && (me < 2 || a->sendbuf != a->recvbuf)));
     if (!own_direct && (rc = node_copy(core, mine, src, in, k->what)) != WEFT_SUCCESS)
         return rc;
     node_arrive(k);
@@ -970,18 +976,18 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
         return rc;
     case WEFT_COLL_REDUCE_SCATTER: {
         void *dst = node_result_buf(k, a->recvbuf);
-        node_reduce_range(k, dst, (size_t)me * a->count, a->count, a->dtype, a->op);
+        node_reduce_range(k, dst, NULL, (size_t)me * a->count, a->count, a->dtype, a->op);
         return node_copy(core, a->recvbuf, dst, a->count * es, k->what);
     }
     case WEFT_COLL_REDUCE: {
         void *dst = node_result_buf(k, a->recvbuf);
-        node_reduce_range(k, dst, 0, a->count, a->dtype, a->op);
+        node_reduce_range(k, dst, own_direct ? a->sendbuf : NULL, 0, a->count, a->dtype, a->op);
         return node_copy(core, a->recvbuf, dst, a->count * es, k->what);
     }
     case WEFT_COLL_ALLREDUCE: {
         if (need <= NODE_FLAT_MAX) {
             void *dst = node_result_buf(k, a->recvbuf);
-            node_reduce_range(k, dst, 0, a->count, a->dtype, a->op);
+            node_reduce_range(k, dst, NULL, 0, a->count, a->dtype, a->op);
             return node_copy(core, a->recvbuf, dst, need, k->what);
         }
         /* Slices of whole cache lines where the type allows, so two ranks'
@@ -996,7 +1002,7 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
             hi = a->count;
         char *res = n->res + (size_t)(k->b - NODE_NSMALL) * n->slot;
         if (hi > lo)
-            node_reduce_range(k, res + lo * es, lo, hi - lo, a->dtype, a->op);
+            node_reduce_range(k, res + lo * es, NULL, lo, hi - lo, a->dtype, a->op);
         atomic_store_explicit(&n->ctrl[me].sliced, k->tag, memory_order_release);
         if ((rc = node_wait(k, -1, FLAG_SLICED, k->tag)) != WEFT_SUCCESS)
             return rc;

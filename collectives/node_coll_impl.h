@@ -106,8 +106,10 @@ int   node_copy(struct weft_core *core, void *dst, const void *src, size_t bytes
  * peers unless the news came from them (tell 0). Returns code. */
 int   node_fail(struct node_call *k, int code, int tell);
 /* dst[0..count) = op over local ranks 0..P-1 of their slots' elements
- * [off, off+count), in local order; WEFT_AVG divides by P. P >= 2. */
-void  node_reduce_range(struct node_call *k, void *dst, size_t off, size_t count, int dtype, int op);
+ * [off, off+count), in local order; WEFT_AVG divides by P. P >= 2. own:
+ * this rank's operand where it is (its slot when NULL). */
+void  node_reduce_range(struct node_call *k, void *dst, const void *own, size_t off, size_t count, int dtype,
+                        int op);
 /* Where a reduction's result is made: user, or host scratch with CUDA. */
 void *node_result_buf(struct node_call *k, void *user);
 /* WEFT_NODE_COLL_KB where the segment may be used at all (shm allowed,

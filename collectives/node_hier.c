@@ -574,7 +574,7 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
         if (n->P == 1)
             memcpy(dst, mine, need);
         else
-            node_reduce_range(k, dst, 0, need / es, a->dtype, a->op == WEFT_AVG ? WEFT_SUM : a->op);
+            node_reduce_range(k, dst, NULL, 0, need / es, a->dtype, a->op == WEFT_AVG ? WEFT_SUM : a->op);
         if ((rc = heads_run(k, a, dst, need)) != WEFT_SUCCESS)
             return rc;
         memcpy(mine, dst, need);
@@ -598,7 +598,7 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
         if (n->P == 1)
             memcpy(n->scratch, mine, need);
         else
-            node_reduce_range(k, n->scratch, 0, a->count, a->dtype, a->op == WEFT_AVG ? WEFT_SUM : a->op);
+            node_reduce_range(k, n->scratch, NULL, 0, a->count, a->dtype, a->op == WEFT_AVG ? WEFT_SUM : a->op);
         if ((rc = heads_run(k, a, n->scratch, need)) != WEFT_SUCCESS)
             return rc;
         return core->rank == a->root ? node_copy(core, a->recvbuf, n->scratch, need, k->what) : WEFT_SUCCESS;
