@@ -938,15 +938,28 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
     if (a->kind == WEFT_COLL_ALLGATHER && a->sendbuf == (const char *)a->recvbuf + (size_t)me * a->count)
         src = (const char *)a->recvbuf + (size_t)me * a->count;
     size_t in = a->kind == WEFT_COLL_ALLGATHER || a->kind == WEFT_COLL_GATHER ? a->count : need;
-    /* A gather's root reads no slot of its own: its block goes straight
-     * to recvbuf below (copied once, not twice). Nor does a reduce's root
-     * in host memory: it reduces from its sendbuf -- unless in place
-     * beyond the first two ranks, where the running result, made in
-     * recvbuf, would overwrite its operand before it is read. */
-    int own_direct = me == a->root &&
-                     (a->kind == WEFT_COLL_GATHER ||
-                      (a->kind == WEFT_COLL_REDUCE && !core->cuda && (me < 2 || a->sendbuf != a->recvbuf)));
-    if (!own_direct && (rc = node_copy(core, mine, src, in, k->what)) != WEFT_SUCCESS)
+    /* What only this rank reads of its own part is not copied into its
+     * slot: it is used where it is (copied once, not twice). A gather's
+     * root: its block, all of it. An alltoall's and a reduce_scatter's
+     * rank: block me. A reduce's root: its operand, all of it. The two
+     * reductions read it from sendbuf in host memory only, and not in
+     * place beyond the first two ranks: there the running result, made in
+     * recvbuf, would overwrite the operand before it is read. */
+    size_t ob = (size_t)me * a->count * (a->kind == WEFT_COLL_REDUCE_SCATTER ? es : 1);   /* block me */
+    int red_own = !core->cuda && (me < 2 || (a->kind == WEFT_COLL_REDUCE_SCATTER
+                                                 ? (const char *)a->sendbuf + ob != (const char *)a->recvbuf
+                                                 : a->sendbuf != a->recvbuf));
+    int own_direct = (me == a->root && (a->kind == WEFT_COLL_GATHER || (a->kind == WEFT_COLL_REDUCE && red_own))) ||
+                     a->kind == WEFT_COLL_ALLTOALL || (a->kind == WEFT_COLL_REDUCE_SCATTER && red_own);
+    if (!own_direct)
+        rc = node_copy(core, mine, src, in, k->what);
+    else if (a->kind == WEFT_COLL_ALLTOALL || a->kind == WEFT_COLL_REDUCE_SCATTER) {
+        size_t ol = a->kind == WEFT_COLL_ALLTOALL ? a->count : a->count * es;   /* block me's length */
+        rc = node_copy(core, mine, src, ob, k->what);
+        if (rc == WEFT_SUCCESS)
+            rc = node_copy(core, mine + ob + ol, (const char *)src + ob + ol, need - ob - ol, k->what);
+    }
+    if (rc != WEFT_SUCCESS)
         return rc;
     node_arrive(k);
 
@@ -971,12 +984,12 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
         return rc;
     case WEFT_COLL_ALLTOALL:
         for (int r = 0; r < P && rc == WEFT_SUCCESS; r++)
-            rc = node_copy(core, (char *)a->recvbuf + (size_t)r * a->count, slot_of(n, k->b, r) + (size_t)me * a->count,
-                           a->count, k->what);
+            rc = node_copy(core, (char *)a->recvbuf + (size_t)r * a->count,
+                           (r == me ? (const char *)src : slot_of(n, k->b, r)) + ob, a->count, k->what);
         return rc;
     case WEFT_COLL_REDUCE_SCATTER: {
         void *dst = node_result_buf(k, a->recvbuf);
-        node_reduce_range(k, dst, NULL, (size_t)me * a->count, a->count, a->dtype, a->op);
+        node_reduce_range(k, dst, own_direct ? src : NULL, (size_t)me * a->count, a->count, a->dtype, a->op);
         return node_copy(core, a->recvbuf, dst, a->count * es, k->what);
     }
     case WEFT_COLL_REDUCE: {
