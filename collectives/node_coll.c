@@ -7,13 +7,13 @@
  * The segment (made at the first collective that fits, see node_setup):
  *
  *   +--------+-----------------------+------------------------+---------------------+--------------+
- *   | header | ctrl[0] .. ctrl[P-1]  | small[0..15][0..P-1]   | big[0..1][0..P-1]   | res[0..1]    |
+ *   | header | ctrl[0] .. ctrl[P-1]  | small[0..63][0..P-1]   | big[0..1][0..P-1]   | res[0..1]    |
  *   |        | flags, fingerprints,  | NODE_SMALL (1 KiB)     | WEFT_NODE_COLL_KB   | one big slot |
- *   |        | pid: 8 lines a rank   | a rank each            | a rank each         | each         |
+ *   |        | pid: 27 lines a rank  | a rank each            | a rank each         | each         |
  *   +--------+-----------------------+------------------------+---------------------+--------------+
  *
  * A call numbered s (the comm's collective number, the same on every
- * rank) uses buffer b: small[s % 16] when its part is at most 1 KiB a
+ * rank) uses buffer b: small[s % 64] when its part is at most 1 KiB a
  * rank, else big[s % 2]. Rank r writes its part into b's slot r, its
  * fingerprint into ctrl[r].fp[b], then publishes ctrl[r].arrive = s
  * (release). A reader that sees arrive >= s (acquire) and the same
