@@ -9,7 +9,7 @@
  *   +--------+-----------------------+------------------------+---------------------+--------------+
  *   | header | ctrl[0] .. ctrl[P-1]  | small[0..63][0..P-1]   | big[0..1][0..P-1]   | res[0..1]    |
  *   |        | flags, fingerprints,  | NODE_SMALL (1 KiB)     | WEFT_NODE_COLL_KB   | one big slot |
- *   |        | pid: 27 lines a rank  | a rank each            | a rank each         | each         |
+ *   |        | pid: 28 lines a rank  | a rank each            | a rank each         | each         |
  *   +--------+-----------------------+------------------------+---------------------+--------------+
  *
  * A call numbered s (the comm's collective number, the same on every
@@ -564,12 +564,13 @@ static int node_mismatch(struct node_call *k, int r, const struct weft_p2p_check
 static int flag_ok(struct node_call *k, int r, enum node_flag f, uint32_t want)
 {
     struct node_ctrl *c = &k->n->ctrl[r];
-    /* done shares the line of arrive: read with it, kept for node_slot_free. */
-    uint32_t d = atomic_load_explicit(&c->done, memory_order_acquire);
-    if (after_eq(d, k->n->seen_done[r]))
-        k->n->seen_done[r] = d;
-    if (f == FLAG_DONE)
+    if (f == FLAG_DONE) {
+        /* Kept: it may already cover the next buffers (node_slot_free). */
+        uint32_t d = atomic_load_explicit(&c->done, memory_order_acquire);
+        if (after_eq(d, k->n->seen_done[r]))
+            k->n->seen_done[r] = d;
         return after_eq(d, want);
+    }
     if (f == FLAG_SLICED)
         return after_eq(atomic_load_explicit(&c->sliced, memory_order_acquire), want);
     uint32_t a = atomic_load_explicit(&c->arrive, memory_order_acquire);
@@ -839,11 +840,12 @@ int node_slot_free(struct node_call *k)
     n->last[k->b] = k->tag;
     if (last == 0)
         return WEFT_SUCCESS;
-    /* Mostly every rank's done was seen past `last` in a wait since (the
-     * small buffers come round every NODE_NSMALL calls): then no look at
-     * the other ranks' flags, whose line they are writing now -- one cache
-     * line less moved between the cores per call. done only grows, so
-     * what was seen still holds. */
+    /* Mostly every rank's done was seen past `last` already: the small
+     * buffers come round every NODE_NSMALL calls, and the last look at a
+     * rank's done saw it at about the call before that look. Then no look
+     * at the other ranks' done, a line they write at every call: one
+     * cache line less moved between the cores per call. done only grows,
+     * so what was seen still holds. */
     for (int r = 0; r < n->P; r++)
         if (r != n->me && !after_eq(n->seen_done[r], last))
             return node_wait(k, -1, FLAG_DONE, last);

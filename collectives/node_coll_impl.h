@@ -27,14 +27,13 @@
 #define NODE_SMALL  1024
 #define NODE_NSMALL 64
 #define NODE_NBUF   (NODE_NSMALL + 2)
-#define NODE_CTRL_USED  (NODE_CACHE + NODE_CACHE + NODE_NBUF * 3 * 8)
+#define NODE_CTRL_USED  (3 * NODE_CACHE + NODE_NBUF * 3 * 8)
 #define NODE_CTRL_BYTES ((NODE_CTRL_USED + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE)
 
 /* One rank's flags: written by that rank only. Values are collective
  * numbers + 1 (0: nothing yet), compared modulo 2^32. */
 struct node_ctrl {
     _Atomic uint32_t arrive;      /* newest call whose data and fingerprint are out */
-    _Atomic uint32_t done;        /* newest call this rank no longer reads anything of */
     _Atomic uint32_t sliced;      /* newest call whose result this rank put out: its slice in res (allreduce
                                      on one node), or the whole result in its slot (node_hier.c) */
     _Atomic uint32_t marked;      /* newest call this rank refused, or failed before its part was out */
@@ -45,6 +44,10 @@ struct node_ctrl {
      * line they poll for arrive and done. */
     _Alignas(NODE_CACHE) _Atomic uint32_t head_ver; /* seqlock of head: odd while written */
     _Atomic uint64_t head[3];     /* newest collective this rank started, on any path */
+    /* done too, written at every call's end: the others read it only
+     * before rewriting a buffer whose last use they have not seen done
+     * (node_slot_free), about once in NODE_NSMALL calls. */
+    _Alignas(NODE_CACHE) _Atomic uint32_t done; /* newest call this rank no longer reads anything of */
     _Alignas(NODE_CACHE)
     uint64_t         fp[NODE_NBUF][3]; /* fingerprint of the call that used buffer b */
     char             pad[NODE_CTRL_BYTES - NODE_CTRL_USED];
