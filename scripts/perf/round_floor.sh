@@ -2,13 +2,15 @@
 # How close are weft's and Open MPI's one-node barrier and small allreduce to
 # the machine's floor of one shared-memory round? For each np, round by
 # round: bench/probes/round_probe.c (N processes, counters in one shared
-# page, no library), then `weft-perf barrier` and `weft-perf allreduce -b 8
-# -e 1K` (weft and Open MPI alternated inside each job). Prints per np the
-# medians over the rounds: floor, weft, MPI, weft/MPI, floor/MPI -- a
+# page, no library), bench/probes/weft_round_loop.c (weft's barrier and
+# 8-byte allreduce alone in a loop, as the probe runs), then `weft-perf
+# barrier` and `weft-perf allreduce -b 8 -e 1K` (weft and Open MPI
+# alternated inside each job). Prints per np the medians over the rounds:
+# floor, weft alone, weft and MPI in weft-perf, weft/MPI, floor/MPI -- a
 # target weft/MPI below floor/MPI is out of reach for any library that
 # synchronises the ranks in shared memory on this machine. The numbers of
 # docs/benchmarks.md, "The floor of one round", came from
-#   scripts/perf/round_floor.sh --rounds 3
+#   scripts/perf/round_floor.sh --rounds 7
 #
 # usage: scripts/perf/round_floor.sh [--build DIR] [--np "2 4 8"] [--rounds N]
 set -euo pipefail
@@ -32,6 +34,8 @@ export OMPI_MCA_btl_tcp_if_include=${OMPI_MCA_btl_tcp_if_include:-lo}
 export OMPI_MCA_oob_tcp_if_include=${OMPI_MCA_oob_tcp_if_include:-lo}
 work=$(mktemp -d /tmp/weft-round-floor.XXXXXX)
 gcc -O2 -std=c11 -D_GNU_SOURCE "$here/bench/probes/round_probe.c" -o "$work/round_probe"
+mpicc -O2 -I"$here/include" "$here/bench/probes/weft_round_loop.c" -o "$work/weft_round_loop" \
+    -L"$build" -lweft -Wl,-rpath,"$build"
 out=$work/rows.csv
 echo "# $(date -u '+%F %T UTC'), $(nproc) cores, loadavg $(cut -d' ' -f1-3 /proc/loadavg), weft $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo "# np: $nps; $rounds rounds; raw rows in $out"
@@ -40,6 +44,11 @@ for r in $(seq 1 "$rounds"); do
         # One line: "round_probe: N processes ... one round X us ..."
         floor=$("$work/round_probe" "$np" | sed -n 's/.*one round \([0-9.]*\) us.*/\1/p')
         echo "$r,floor,$np,0,floor,$floor" >> "$out"
+        # Two lines: "barrier X us", "allreduce8 Y us".
+        mpirun -np "$np" --oversubscribe --bind-to none "$work/weft_round_loop" 2>/dev/null |
+            awk -v r="$r" -v np="$np" '$1 == "barrier" { print r ",barrier," np ",0,alone," $2 }
+                                       $1 == "allreduce8" { print r ",allreduce," np ",8,alone," $2 }' >> "$out" ||
+            echo "# round $r np $np weft_round_loop failed" >&2
         for kind in barrier allreduce; do
             args=(-r 5)
             [ "$kind" = allreduce ] && args+=(-b 8 -e 1K -f 8)
@@ -59,14 +68,15 @@ med = lambda v: statistics.median(v) if v else float('nan')
 rng = lambda v: f'{min(v):.2f}-{max(v):.2f}' if v else '-'
 print('medians over the rounds (in brackets: the rounds\' range)')
 print()
-print('| np | call | floor of one round (us) | weft (us) | Open MPI (us) | weft/MPI | floor/MPI |')
-print('|---:|---|---:|---:|---:|---:|---:|')
+print('| np | call | floor of one round (us) | weft alone (us) | weft (us) | Open MPI (us) | weft/MPI | floor/MPI |')
+print('|---:|---|---:|---:|---:|---:|---:|---:|')
 for np in sorted({k[1] for k in t}):
     fl = t[('floor', np, 0, 'floor')]
     floor = med(fl)
     for kind, size in sorted({(k[0], k[2]) for k in t if k[1] == np and k[0] != 'floor'}):
-        w, m = t[(kind, np, size, 'weft')], t[(kind, np, size, 'MPI')]
+        w, m, al = t[(kind, np, size, 'weft')], t[(kind, np, size, 'MPI')], t[(kind, np, size, 'alone')]
         name = 'barrier' if kind == 'barrier' else f'{kind} {size} B'
-        print(f'| {np} | {name} | {floor:.2f} ({rng(fl)}) | {med(w):.2f} ({rng(w)}) | {med(m):.2f} ({rng(m)}) '
+        alone = f'{med(al):.2f} ({rng(al)})' if al else '-'
+        print(f'| {np} | {name} | {floor:.2f} ({rng(fl)}) | {alone} | {med(w):.2f} ({rng(w)}) | {med(m):.2f} ({rng(m)}) '
               f'| {med(w) / med(m):.2f} | {floor / med(m):.2f} |')
 PY
