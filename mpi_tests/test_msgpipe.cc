@@ -1123,6 +1123,104 @@ TEST_P(MsgPipe, AllocationThatDoesNotFit)
     EXPECT_EQ(weft_pipe_close(p), WEFT_SUCCESS);
 }
 
+/* Buffers above the pair's eager limit and up to 64 KiB go together, as
+ * vectored messages of at most 64 pieces, where the carrier moves those
+ * (shm, with or without CMA, and a pipe to oneself); elsewhere each is its
+ * own message. Message i: 70 such buffers (two vectored messages) mixed
+ * with inline, empty and larger ones -- or just two of them (the smallest
+ * group) when i % 3 == 2. Every even message's read is refused (a tensor
+ * one byte short) and the message discarded: the lane must stay in step,
+ * so each odd read holds exactly its own message. */
+MsgSpec grouped_spec(uint64_t i)
+{
+    MsgSpec s;
+    s.meta = 3;
+    if (i % 3 == 2) {
+        s.ten.push_back({5000, 0, false, WEFT_PIPE_HOST});
+        s.pay.push_back({65536, 1, false, WEFT_PIPE_HOST});
+        return s;
+    }
+    static const size_t sizes[] = {4097, 65536, 100, 8192, 0, 30001, 65537, 12345, 200000, 40000};
+    s.pay.push_back({9000, 2, false, WEFT_PIPE_HOST});
+    for (size_t k = 0; k < 90; k++)
+        s.ten.push_back({sizes[(k + i) % 10], k % 3, false, (int)(k % 2 ? WEFT_PIPE_HOST : WEFT_PIPE_ANY)});
+    return s;
+}
+
+TEST_P(MsgPipe, GroupedBuffersAndDiscards)
+{
+    if (!pair_test())
+        GTEST_SKIP() << "np 1 or 2";
+    constexpr int kId = 12;
+    constexpr uint64_t kN = 6;
+    Recorder rec;
+    weft_pipe_t *p = nullptr;
+    ASSERT_EQ(open(peer, kId, &p), WEFT_SUCCESS);
+    std::vector<std::unique_ptr<OutMsg>> out;
+    std::deque<OpArg> wargs;
+    std::vector<MsgSpec> specs;
+    for (uint64_t i = 0; i < kN; i++)
+        specs.push_back(grouped_spec(i));
+    for (uint64_t i = 0; i < kN; i++) {
+        out.push_back(make_out(specs[i], rank, kId, i));
+        ASSERT_EQ(out.back()->error(), "");
+        wargs.push_back({&rec, 'W', kId, i});
+        ASSERT_EQ(weft_pipe_write(p, &out.back()->msg, on_done, &wargs.back()), WEFT_SUCCESS) << last_error();
+    }
+    std::deque<DescArg> dargs(kN);
+    std::deque<OpArg> rargs;
+    std::vector<std::unique_ptr<InMsg>> ins;
+    for (uint64_t i = 0; i < kN; i++) {
+        DescArg &d = dargs[i];
+        d.rec = &rec;
+        d.pipe_id = kId;
+        d.index = i;
+        d.expect = &specs[i];
+        d.sender = peer;
+        d.wire_id = kId;
+        ASSERT_EQ(weft_pipe_read_descriptor(p, on_desc_keep, &d), WEFT_SUCCESS) << last_error();
+        ASSERT_TRUE(drive([&] {
+            std::lock_guard<std::mutex> lk(d.mu);
+            return d.got;
+        })) << "no descriptor for message " << i;
+        {
+            std::lock_guard<std::mutex> lk(d.mu);
+            ASSERT_EQ(d.problem, "");
+        }
+        ins.push_back(make_in(specs[i]));
+        InMsg &in = *ins.back();
+        rargs.push_back({&rec, 'R', kId, i});
+        weft_pipe_allocation_t a = in.alloc;
+        std::vector<weft_pipe_buffer_t> ten = in.ten;
+        a.tensors = ten.data();
+        if (i % 2 == 0) {   /* a grouped tensor one byte short */
+            size_t k = 0;
+            while (specs[i].ten[k].bytes <= 4096 || specs[i].ten[k].bytes > 65536)
+                k++;
+            ten[k].bytes = specs[i].ten[k].bytes - 1;
+        }
+        int rc = weft_pipe_read(p, &a, on_done, &rargs.back());
+        if (i % 2 == 0) {
+            EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG) << "message " << i;
+        } else {
+            ASSERT_EQ(rc, WEFT_SUCCESS) << "message " << i << ": " << last_error();
+            ASSERT_TRUE(drive([&] { return rec.count('R') == (i + 1) / 2; })) << "read of message " << i;
+            EXPECT_EQ(data_problem(in, specs[i], peer, kId, i), "") << "message " << i;
+        }
+    }
+    ASSERT_TRUE(drive([&] { return rec.count('W') == kN; }));
+    expect_in_order_ok(rec, 'W', kId, kN);
+    auto reads = rec.events('R', kId);
+    ASSERT_EQ(reads.size(), kN / 2);
+    for (size_t j = 0; j < reads.size(); j++) {
+        EXPECT_EQ(reads[j].index, 2 * j + 1);
+        EXPECT_EQ(reads[j].err, WEFT_SUCCESS) << reads[j].why;
+    }
+    expect_threads(rec);
+    barrier();
+    EXPECT_EQ(weft_pipe_close(p), WEFT_SUCCESS);
+}
+
 TEST_P(MsgPipe, ReadWithoutDeliveredDescriptor)
 {
     if (!pair_test())

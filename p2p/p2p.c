@@ -133,6 +133,51 @@ int weft_p2p_irecv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int ta
     return start_locked(p, 0, buf, bytes, peer, tag, NULL, 0, req, fn);
 }
 
+int weft_p2p_vectors(struct weft_p2p *p, int peer)
+{
+    if (peer < 0 || peer >= p->size)
+        return 0;
+    const struct weft_transport *tp = p->pipes[peer].carrier.tp;
+    return tp != NULL && tp->rndv_vectors;
+}
+
+/* Both directions of a vectored message: the pieces checked (host memory
+ * each, as the caller classified them), then the pipe's call. */
+static int startv(struct weft_p2p *p, int send, const struct weft_iov *iov, size_t niov, int peer, int tag,
+                  struct weft_request **req, const char *fn)
+{
+    struct weft_request *r = NULL;
+    if (niov == 0 || niov > WEFT_IOV_MAX || iov == NULL)
+        return weft_set_error(p->core, WEFT_ERR_INVALID_ARG, "%s: a vectored message to/from peer %d tag %d has "
+                              "%zu pieces (1 .. %d)", fn, peer, tag, niov, WEFT_IOV_MAX);
+    for (size_t i = 0; i < niov; i++)
+        if (iov[i].len > 0 && iov[i].base == 0)
+            return weft_set_error(p->core, WEFT_ERR_INVALID_ARG, "%s: piece %zu of a vectored message to/from peer "
+                                  "%d tag %d is NULL with %llu bytes", fn, i, peer, tag,
+                                  (unsigned long long)iov[i].len);
+    weft_p2p_lock(p);
+    int rc = aborted(p)                             ? aborted_error(p, fn)
+             : revoked(p) && weft_tag_revocable(tag) ? revoked_error(p, fn)
+             : send ? weft_pipe_isendv(&p->pipes[peer], iov, (uint32_t)niov, tag, &r)
+                    : weft_pipe_irecvv(&p->pipes[peer], iov, (uint32_t)niov, tag, &r);
+    weft_p2p_unlock(p);
+    if (rc == WEFT_SUCCESS)
+        *req = r;
+    return rc;
+}
+
+int weft_p2p_isendv(struct weft_p2p *p, const struct weft_iov *iov, size_t niov, int peer, int tag,
+                    struct weft_request **req, const char *fn)
+{
+    return startv(p, 1, iov, niov, peer, tag, req, fn);
+}
+
+int weft_p2p_irecvv(struct weft_p2p *p, const struct weft_iov *iov, size_t niov, int peer, int tag,
+                    struct weft_request **req, const char *fn)
+{
+    return startv(p, 0, iov, niov, peer, tag, req, fn);
+}
+
 int weft_p2p_irecv_signal(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag, uint32_t slot,
                           uint32_t value, struct weft_request **req, const char *fn)
 {
@@ -1064,6 +1109,11 @@ int weft_p2p_mem_unpin(struct weft_p2p *p, const void *buf, size_t bytes)
             p->tps[i].tp->mem_unpin(p->tps[i].ctx, buf, bytes);
     weft_p2p_unlock(p);
     return WEFT_SUCCESS;
+}
+
+size_t weft_p2p_eager(struct weft_p2p *p, int peer)
+{
+    return p->pipes[peer].eager_limit;
 }
 
 size_t weft_p2p_internal_eager(struct weft_p2p *p, int peer)

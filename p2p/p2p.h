@@ -12,6 +12,7 @@
 
 #include <stddef.h>
 #include "weft.h"   /* weft_status_t, weft_request_t */
+#include "iov.h"    /* struct weft_iov: vectored messages */
 
 #include <stdint.h>
 
@@ -64,6 +65,17 @@ int  weft_p2p_irecv(struct weft_p2p *p, void *buf, size_t bytes, int peer, int t
  * value) of src/core/signals.h (the stream engine): when its data comes by
  * CUDA IPC the sender's GPU writes the slot right after its copy.
  * value 0: an ordinary receive. */
+/* Vectored messages of host memory: niov pieces (1 .. WEFT_IOV_MAX)
+ * end to end, one rendezvous for all of them. Only where the pair's
+ * carrier moves them (weft_p2p_vectors; else WEFT_ERR_UNSUPPORTED, nothing
+ * started). iov and the pieces must live until the request completes. A
+ * vectored receive takes a plain message too (and a plain receive a
+ * vectored one), by total size. */
+int  weft_p2p_vectors(struct weft_p2p *p, int peer);
+int  weft_p2p_isendv(struct weft_p2p *p, const struct weft_iov *iov, size_t niov, int peer, int tag,
+                     struct weft_request **req, const char *fn);
+int  weft_p2p_irecvv(struct weft_p2p *p, const struct weft_iov *iov, size_t niov, int peer, int tag,
+                     struct weft_request **req, const char *fn);
 int  weft_p2p_irecv_signal(struct weft_p2p *p, void *buf, size_t bytes, int peer, int tag, uint32_t slot,
                            uint32_t value, struct weft_request **req, const char *fn);
 /* weft_p2p_test that also says whether the peer's GPU wrote the receive's
@@ -223,6 +235,9 @@ int  weft_p2p_flush(struct weft_p2p *p, double bound_s);
 /* The largest message on peer's pipe that goes eagerly on a library lane
  * (negative tag); fixed once the comm is connected. */
 size_t weft_p2p_internal_eager(struct weft_p2p *p, int peer);
+/* The pair's eager limit for the application's messages (and the message
+ * pipes' data lane): above it a message is a rendezvous. */
+size_t weft_p2p_eager(struct weft_p2p *p, int peer);
 
 /* Nonzero once r completed (r stays valid until test/wait frees it). */
 int  weft_p2p_done(const struct weft_request *r);

@@ -42,6 +42,7 @@
 #include "health.h"
 #include "rndv.h"
 #include "tags.h"
+#include "tp_iov.h"
 
 _Static_assert(WEFT_MEM_DEVICE == 2 && WEFT_MEM_MANAGED == 3 && WEFT_MEM_PINNED < 2,
                "weft_mem_is_device (pipe.h) assumes this order of enum weft_mem_kind");
@@ -400,6 +401,12 @@ static int send_req_first(struct weft_peer_pipe *p, struct weft_request *r)
     h.type = WEFT_WIRE_RTS;
     h.sreq = weft_req_id(r);
     h.addr = (uint64_t)(uintptr_t)r->xfer.buf;
+    if (r->xfer.niov) {
+        /* a vectored message: the receiver reads the pieces' list here */
+        h.flags |= WEFT_WIRE_F_IOV;
+        h.addr = (uint64_t)(uintptr_t)r->xfer.iov;
+        h.aux = r->xfer.niov;
+    }
     if (weft_mem_is_device(r->xfer.mem_kind)) {
         h.flags |= WEFT_WIRE_F_DEVICE;
         h.device = (uint16_t)(r->xfer.device >= 0 ? r->xfer.device : 0);
@@ -581,6 +588,51 @@ int weft_pipe_isend(struct weft_peer_pipe *p, const void *buf, size_t bytes, int
     return WEFT_SUCCESS;
 }
 
+int weft_pipe_isendv(struct weft_peer_pipe *p, const struct weft_iov *iov, uint32_t niov, int tag,
+                     struct weft_request **out)
+{
+    struct weft_core *core = p->p2p->core;
+    size_t bytes = weft_tp_iov_bytes(iov, niov);
+
+    if (p->broken)
+        return weft_set_error(core, p->broken, "send to peer %d tag %d: the pipe over %s failed earlier (%s)",
+                              p->peer, tag, weft_pipe_tp_name(p), p->failed || p->link_down ? p->fail_why : weft_err_str(p->broken));
+    if (!p->carrier.tp->rndv_vectors)
+        return weft_set_error(core, WEFT_ERR_UNSUPPORTED, "send to peer %d tag %d: %s does not move vectored "
+                              "messages", p->peer, tag, weft_pipe_tp_name(p));
+    struct weft_request *r = req_new(p, WEFT_REQ_SEND, NULL, bytes, tag, 0 /* WEFT_MEM_HOST */, -1, NULL);
+    if (r == NULL)
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory for a request", p->peer,
+                              tag);
+    r->xfer.iov = iov;
+    r->xfer.niov = niov;
+    r->seq = p->send_seq++;
+    /* Always a rendezvous, whatever the size: the pieces move once, from
+     * where they are to where the receive puts them (an eager message
+     * would first gather them into a frame). */
+    r->rndv = 1;
+    int rc = weft_queue_empty(&p->out) ? send_req_now(p, r) : WEFT_EAGAIN;
+    if (rc == WEFT_EAGAIN) {
+        struct weft_outbound *o = calloc(1, sizeof(*o));
+        if (o == NULL) {
+            weft_req_free(r);
+            p->send_seq--;
+            return weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory to queue", p->peer,
+                                  tag);
+        }
+        o->req = r;
+        r->state = WEFT_REQ_QUEUED;
+        outbound_append(p, o);
+    } else if (rc != WEFT_SUCCESS) {
+        weft_req_free(r);
+        weft_pipe_break(p, rc);
+        return weft_set_error(core, rc, "send to peer %d tag %d: %u pieces, %zu bytes over %s failed", p->peer, tag,
+                              niov, bytes, weft_pipe_tp_name(p));
+    }
+    *out = r;
+    return WEFT_SUCCESS;
+}
+
 /* ------------------------------------------------------------- receiving */
 
 /* An EAGER payload into a device buffer: one synchronous copy. */
@@ -653,7 +705,9 @@ static void deliver_eager(struct weft_peer_pipe *p, struct weft_request *r, cons
         return;
     }
     /* memmove: a send to self may overlap its own receive buffer. */
-    if (m->bytes)
+    if (m->bytes && r->xfer.niov)
+        weft_tp_copy_in(&r->xfer, 0, payload, m->bytes);
+    else if (m->bytes)
         memmove(r->xfer.buf, payload, m->bytes);
     weft_pipe_complete(r, WEFT_SUCCESS);
 }
@@ -743,28 +797,40 @@ static void match_msg(struct weft_peer_pipe *p, struct weft_request *r, const st
 
 static int irecv_(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                   const struct weft_p2p_check *check, int discard, uint32_t sig_slot, uint32_t sig_value,
-                  struct weft_request **out);
+                  const struct weft_iov *iov, uint32_t niov, struct weft_request **out);
 
 int weft_pipe_irecv(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                     const struct weft_p2p_check *check, struct weft_request **out)
 {
-    return irecv_(p, buf, bytes, tag, mem_kind, device, check, 0, 0, 0, out);
+    return irecv_(p, buf, bytes, tag, mem_kind, device, check, 0, 0, 0, NULL, 0, out);
 }
 
 int weft_pipe_irecv_signal(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                            uint32_t slot, uint32_t value, struct weft_request **out)
 {
-    return irecv_(p, buf, bytes, tag, mem_kind, device, NULL, 0, slot, value, out);
+    return irecv_(p, buf, bytes, tag, mem_kind, device, NULL, 0, slot, value, NULL, 0, out);
+}
+
+int weft_pipe_irecvv(struct weft_peer_pipe *p, const struct weft_iov *iov, uint32_t niov, int tag,
+                     struct weft_request **out)
+{
+    if (!p->broken && !p->carrier.tp->rndv_vectors)
+        return weft_set_error(p->p2p->core, WEFT_ERR_UNSUPPORTED, "recv from peer %d tag %d: %s does not move "
+                              "vectored messages", p->peer, tag, weft_pipe_tp_name(p));
+    /* The pieces are set before the receive can meet anything (an eager
+     * message is scattered in deliver_eager). */
+    return irecv_(p, NULL, weft_tp_iov_bytes(iov, niov), tag, 0 /* WEFT_MEM_HOST */, -1, NULL, 0, 0, 0, iov, niov,
+                  out);
 }
 
 int weft_pipe_idiscard(struct weft_peer_pipe *p, int tag, struct weft_request **out)
 {
-    return irecv_(p, NULL, 0, tag, 0 /* WEFT_MEM_HOST */, -1, NULL, 1, 0, 0, out);
+    return irecv_(p, NULL, 0, tag, 0 /* WEFT_MEM_HOST */, -1, NULL, 1, 0, 0, NULL, 0, out);
 }
 
 static int irecv_(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                   const struct weft_p2p_check *check, int discard, uint32_t sig_slot, uint32_t sig_value,
-                  struct weft_request **out)
+                  const struct weft_iov *iov, uint32_t niov, struct weft_request **out)
 {
     struct weft_core *core = p->p2p->core;
     struct weft_request *r;
@@ -784,6 +850,8 @@ static int irecv_(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, in
     r->discard = (unsigned char)discard;
     r->xfer.signal_slot = sig_slot;
     r->xfer.signal_value = sig_value;
+    r->xfer.iov = iov;
+    r->xfer.niov = niov;
     *out = r;
     l->refuse = 0;
     if (!weft_queue_empty(&l->unexp)) {
@@ -976,7 +1044,7 @@ static int deliver_small(struct weft_peer_pipe *p, const struct weft_wire_small 
         !weft_queue_empty(&l->unexp) || weft_list_empty(&l->posted))
         return 0;
     r = weft_container_of(weft_list_first(&l->posted), struct weft_request, link);
-    if (len > r->bytes || r->checked || weft_mem_is_device(r->xfer.mem_kind))
+    if (len > r->bytes || r->checked || weft_mem_is_device(r->xfer.mem_kind) || r->xfer.niov)
         return 0;
     p->recv_seq++;
     fc_consume(p, len + WEFT_WIRE_MSG_COST);

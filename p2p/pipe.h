@@ -109,6 +109,15 @@ int  weft_pipe_isend(struct weft_peer_pipe *p, const void *buf, size_t bytes, in
 int  weft_pipe_idiscard(struct weft_peer_pipe *p, int tag, struct weft_request **out);
 int  weft_pipe_irecv(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,
                      const struct weft_p2p_check *check, struct weft_request **out);
+/* A vectored message of host memory (the carrier must have rndv_vectors,
+ * else WEFT_ERR_UNSUPPORTED): niov pieces (1 .. WEFT_IOV_MAX, checked by
+ * the caller) end to end; the array and the pieces stay the caller's and
+ * must live until the request completes. A send always goes as a
+ * rendezvous; a receive takes a vectored or a plain message alike. */
+int  weft_pipe_isendv(struct weft_peer_pipe *p, const struct weft_iov *iov, uint32_t niov, int tag,
+                      struct weft_request **out);
+int  weft_pipe_irecvv(struct weft_peer_pipe *p, const struct weft_iov *iov, uint32_t niov, int tag,
+                      struct weft_request **out);
 /* A receive whose stream waits on device signal slot (slot, value): see
  * struct weft_tp_xfer's signal fields. */
 int  weft_pipe_irecv_signal(struct weft_peer_pipe *p, void *buf, size_t bytes, int tag, int mem_kind, int device,

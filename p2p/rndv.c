@@ -36,6 +36,7 @@ void weft_rndv_src(const struct weft_wire_hdr *rts, struct weft_tp_src *src)
     src->addr = rts->addr;
     src->mem_kind = (rts->flags & WEFT_WIRE_F_DEVICE) ? 2 /* WEFT_MEM_DEVICE */ : 0 /* WEFT_MEM_HOST */;
     src->device = (rts->flags & WEFT_WIRE_F_DEVICE) ? (int)rts->device : -1;
+    src->niov = (rts->flags & WEFT_WIRE_F_IOV) ? rts->aux : 0;
 }
 
 void weft_rndv_send_cts(struct weft_peer_pipe *p, struct weft_request *r, const struct weft_wire_hdr *rts,
@@ -80,6 +81,8 @@ static int native_applies(const struct weft_peer_pipe *p, const struct weft_requ
     const struct weft_transport *tp = p->carrier.tp;
     unsigned need = mem_bit(r->xfer.mem_kind) | ((rts->flags & WEFT_WIRE_F_DEVICE) ? WEFT_TP_MEM_DEVICE : WEFT_TP_MEM_HOST);
     unsigned have = tp->rndv_mem ? tp->rndv_mem(p->carrier.ctx, p->peer) : 0;
+    if (((rts->flags & WEFT_WIRE_F_IOV) || r->xfer.niov) && !tp->rndv_vectors)
+        return 0;   /* a vectored message on a carrier that moves one buffer only */
     return (need & ~have) == 0;
 }
 
@@ -148,7 +151,8 @@ static int mover_applies(const struct weft_peer_pipe *p, const struct weft_reque
     const struct weft_transport *mv = p->mover.tp;
     if (mv == NULL || !p->p2p->core->cuda || p->carrier.tp->scope != WEFT_TP_SCOPE_NODE)
         return 0;
-    if (!(rts->flags & WEFT_WIRE_F_DEVICE) || !weft_mem_is_device(r->xfer.mem_kind))
+    if (!(rts->flags & WEFT_WIRE_F_DEVICE) || !weft_mem_is_device(r->xfer.mem_kind) ||
+        (rts->flags & WEFT_WIRE_F_IOV) || r->xfer.niov)
         return 0;
     return mv->rndv_mem && (mv->rndv_mem(p->mover.ctx, p->peer) & WEFT_TP_MEM_DEVICE);
 }

@@ -755,6 +755,8 @@ static void staged_rts_fill(const struct weft_peer_pipe *p, const struct weft_re
 static int staged_applies(const struct weft_peer_pipe *p, const struct weft_request *r, const struct weft_wire_hdr *rts)
 {
     (void)p;
+    if ((rts->flags & WEFT_WIRE_F_IOV) || r->xfer.niov)
+        return 0;   /* vectored messages are host memory, moved by the carrier */
     return (rts->flags & WEFT_WIRE_F_DEVICE) || weft_mem_is_device(r->xfer.mem_kind);
 }
 

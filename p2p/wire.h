@@ -6,6 +6,7 @@
  *   EAGER_SMALL  16-byte header + payload     sender -> receiver  eager message, no extras
  *   EAGER        full header + payload        sender -> receiver  eager message with flags/status
  *   RTS          full header                  sender -> receiver  a large message is announced
+ *                (flag IOV)                   sender -> receiver  a vectored one: addr names its pieces
  *                (flag REDO)                  sender -> receiver  again, for the receive rreq already met:
  *                                                                 its mover could not take it, use another path
  *   CTS          full header + path key       receiver -> sender  "move it by this path, to this key"
@@ -77,6 +78,8 @@ enum weft_wire_notice {
 #define WEFT_WIRE_F_CHECK   0x04  /* EAGER/RTS: a collective fingerprint follows the header */
 #define WEFT_WIRE_F_SIGNALED 0x08 /* FIN with TO_RECV: the sender's GPU wrote the receive's signal slot */
 #define WEFT_WIRE_F_REDO    0x10  /* RTS: the same message again, for the receive rreq names (p2p/rndv.c) */
+#define WEFT_WIRE_F_IOV     0x40  /* RTS: a vectored host message (weft_p2p_isendv): addr is the sender's
+                                   * array of aux struct weft_iov, the data those pieces end to end */
 #define WEFT_WIRE_F_WITHDRAWN 0x20 /* EAGER of 0 bytes: a send withdrawn before it went (weft_pipe_cancel);
                                     * it keeps the sequence, the receiver drops it unmatched and uncharged */
 
@@ -94,7 +97,8 @@ struct weft_wire_hdr {
     uint16_t device;      /* RTS with F_DEVICE: the sender's CUDA device ordinal (its numbering) */
     int32_t  status;      /* EAGER/CTS/FIN: WEFT_* code */
     int32_t  tag;
-    uint32_t aux;         /* RTS: the sender's staging chunk (p2p/stage.c), 0 = any; CTS: rendezvous path id */
+    uint32_t aux;         /* RTS: the sender's staging chunk (p2p/stage.c), 0 = any; with F_IOV: pieces;
+                             CTS: rendezvous path id */
     uint64_t seq;         /* per-pipe send sequence of the message */
     uint64_t bytes;       /* message size */
     uint64_t sreq;        /* sender's request id */

@@ -57,6 +57,7 @@
 #include "backoff.h"
 #include "core.h"
 #include "devcopy.h"
+#include "iov.h"
 #include "engine.h"
 #include "list.h"
 #include "log.h"
@@ -100,7 +101,7 @@ struct wire_rec {
     uint64_t meta_bytes;
     int32_t  src_dev, tgt_dev;
     uint32_t inl;           /* 1: the bytes are in the descriptor */
-    uint32_t pad;
+    uint32_t vec;           /* 1: the bytes travel in one of the message's vectored data messages */
 };
 
 /* One message as its reader holds it. Shared by the descriptor callback and
@@ -112,6 +113,7 @@ struct mp_msg {
     unsigned char            *wire;
     size_t                    wire_bytes;   /* the descriptor's size (the reader's window) */
     size_t                    nbuf;    /* payloads, then tensors */
+    size_t                    ngroup;  /* buffers with rec.vec set */
     const struct wire_rec    *rec;     /* [nbuf], in wire */
     const unsigned char     **inl;     /* [nbuf]: the inline bytes, or NULL */
     weft_pipe_descriptor_t    desc;
@@ -141,8 +143,20 @@ struct mp_op {
     /* WRITE: data-lane sends, started in order once the streams passed. */
     unsigned char             *wire;
     size_t                     nsend, started;
-    const void               **sbuf;     /* [nsend] */
-    size_t                    *sbytes;   /* [nsend] */
+    const void               **sbuf;     /* [nsend - nvec]: the buffers that go one message each */
+    size_t                    *sbytes;   /* [nsend - nvec] */
+    /* WRITE and READ: the grouped buffers (rec.vec), in buffer order; they
+     * go as nvec vectored messages of at most WEFT_IOV_MAX pieces, before
+     * the message's other data-lane buffers (see write). */
+    struct weft_iov        *viov;     /* [ngroup] */
+    size_t                     ngroup, nvec;
+    /* READ: grouped buffers the allocation put in device memory arrive in
+     * host memory first (a vectored message is host memory on both sides) */
+    struct mp_bounce {
+        void  *dst, *tmp;
+        size_t bytes;
+    }                         *bounce;
+    size_t                     nbounce;
     size_t                     nevents;
     void                     **events;   /* cudaEvent_t recorded on the tensors' streams */
 };
@@ -443,6 +457,10 @@ static struct mp_msg *msg_parse(unsigned char *wire, size_t total, char *why, si
     }
     inl_off = off;
     for (size_t i = 0; i < nbuf; i++) {
+        /* grouped: on the data lane (not inline), with bytes */
+        if (g->rec[i].vec > 1 || (g->rec[i].vec && (g->rec[i].inl || g->rec[i].bytes == 0)))
+            goto bad;
+        g->ngroup += g->rec[i].vec;
         if (!g->rec[i].inl)
             continue;
         if (g->rec[i].bytes > total - inl_off)
@@ -500,6 +518,10 @@ static void op_free(struct mp_op *op)
             cu->EventDestroy((cudaEvent_t)op->events[i]);
 #endif
     free(op->events);
+    for (size_t i = 0; i < op->nbounce; i++)
+        free(op->bounce[i].tmp);
+    free(op->bounce);
+    free(op->viov);
     free(op->sbuf);
     free(op->sbytes);
     free(op->wire);
@@ -574,13 +596,27 @@ static void ctrl_post(struct mp_pipe *pp)
     }
 }
 
+/* The largest buffer a write groups into a vectored message. Above it each
+ * buffer is worth its own message: shm shares the pull of one of 64 KiB
+ * or more between the two ranks' cores, which a vectored pull does not.
+ * Measured (docs/benchmarks.md, "Message pipes: one rendezvous for a
+ * message's buffers"): 8 tensors of 8-32 KiB took 0.5-0.65x the time of a
+ * message each, 8 of 128 KiB grouped 1.4x. */
+#define VEC_PIECE_MAX ((size_t)64 << 10)
+
+/* The vectored data messages that carry n grouped buffers. */
+static size_t vec_msgs(size_t n)
+{
+    return (n + WEFT_IOV_MAX - 1) / WEFT_IOV_MAX;
+}
+
 /* Posts a discarding receive for every buffer of g that is on the data
  * lane: the pipe layer consumes each and moves none of its data. */
 static void discard(struct mp_pipe *pp, struct mp_msg *g)
 {
-    size_t n = 0;
+    size_t n = vec_msgs(g->ngroup);
     for (size_t i = 0; i < g->nbuf; i++)
-        n += !g->rec[i].inl && g->rec[i].bytes > 0;
+        n += !g->rec[i].inl && !g->rec[i].vec && g->rec[i].bytes > 0;
     if (n == 0 || pp->broken) {
         msg_put(g);
         return;
@@ -595,13 +631,10 @@ static void discard(struct mp_pipe *pp, struct mp_msg *g)
     }
     op->msg = g;
     op->seq = g->seq;
-    for (size_t i = 0, k = 0; i < g->nbuf; i++) {
-        if (g->rec[i].inl || g->rec[i].bytes == 0)
-            continue;
+    /* one discarding receive per data-lane message: each vectored one, then each other buffer */
+    for (size_t k = 0; k < n; k++)
         if (weft_p2p_idiscard(pp->m->p2p, pp->peer, pp->dtag, &op->req[k], "weft_pipe_read") != WEFT_SUCCESS)
             op->req[k] = NULL;
-        k++;
-    }
     op->nreq = n;
     weft_list_add_tail(&pp->own, &op->link);
 }
@@ -829,8 +862,13 @@ static int start_sends(struct mp_pipe *pp)
             break;
         for (; op->started < op->nsend; op->started++, n++) {
             struct weft_request **r = &op->req[op->nreq - op->nsend + op->started];
-            int rc = weft_p2p_isend(pp->m->p2p, op->sbuf[op->started], op->sbytes[op->started], pp->peer, pp->dtag,
-                                    r, "weft_pipe_write");
+            size_t j = op->started, first = j * WEFT_IOV_MAX;
+            int rc = j < op->nvec
+                         ? weft_p2p_isendv(pp->m->p2p, op->viov + first,
+                                           op->ngroup - first < WEFT_IOV_MAX ? op->ngroup - first : WEFT_IOV_MAX,
+                                           pp->peer, pp->dtag, r, "weft_pipe_write")
+                         : weft_p2p_isend(pp->m->p2p, op->sbuf[j - op->nvec], op->sbytes[j - op->nvec], pp->peer,
+                                          pp->dtag, r, "weft_pipe_write");
             if (rc != WEFT_SUCCESS) {
                 *r = NULL;
                 op_fail_req(pp, op, rc);
@@ -861,6 +899,23 @@ static int pipe_finished(const struct mp_pipe *pp)
 }
 
 /* One pass over pp; m->lock held. Returns the number of events. */
+/* A read's grouped buffers that the allocation put in device memory:
+ * from the host memory they arrived in to where they belong. */
+static void unbounce(struct mp_pipe *pp, struct mp_op *op)
+{
+    for (size_t i = 0; i < op->nbounce; i++) {
+        struct mp_bounce *b = &op->bounce[i];
+        if (op->err == WEFT_SUCCESS) {
+            int e = weft_devcopy(pp->m->core, b->dst, b->tmp, b->bytes, "weft_pipe_read");
+            if (e != WEFT_SUCCESS)
+                op_fail_req(pp, op, e);
+        }
+        free(b->tmp);
+        b->tmp = NULL;
+    }
+    op->nbounce = 0;
+}
+
 static int pipe_progress(struct weft_msgpipes *m, struct mp_pipe *pp)
 {
     int n = start_sends(pp);
@@ -881,6 +936,8 @@ static int pipe_progress(struct weft_msgpipes *m, struct mp_pipe *pp)
                 break;
             int all = op_reap(pp, op) && op->started == op->nsend;
             if (head && all) {
+                if (op->nbounce)
+                    unbounce(pp, op);
                 op_due(m, pp, op);
                 n++;
             } else {
@@ -1118,6 +1175,13 @@ int weft_msgpipe_write(weft_pipe_t *h, const weft_pipe_message_t *msg, weft_pipe
         total += buf_of(msg, i).meta_bytes;
     budget = core->cfg.pipe_inline;
     size_t eager = weft_p2p_internal_eager(m->p2p, pp->peer);
+    /* Host buffers not inline, above the pair's eager limit (below it a
+     * buffer is one copy through the ring, no handshake) and up to
+     * VEC_PIECE_MAX each, go together as vectored messages where the pair's
+     * carrier moves them (shm, self): one rendezvous and one copy call for
+     * all of them instead of one each. */
+    int vec_ok = weft_p2p_vectors(m->p2p, pp->peer);
+    size_t ngroup = 0, vec_min = weft_p2p_eager(m->p2p, pp->peer);
     if (eager < total + budget)
         budget = eager > total ? eager - total : 0;
     for (size_t i = 0; i < nbuf; i++) {
@@ -1130,17 +1194,34 @@ int weft_msgpipe_write(weft_pipe_t *h, const weft_pipe_message_t *msg, weft_pipe
         if (host && b.bytes <= budget - inl_total) {
             inl[i] = 1;
             inl_total += b.bytes;
+        } else if (host && vec_ok && b.bytes > vec_min && b.bytes <= VEC_PIECE_MAX) {
+            inl[i] = 2;   /* grouped: one vectored message for several */
+            ngroup++;
         } else {
             nsend++;
         }
     }
+    if (ngroup == 1) {
+        /* one piece is just a message */
+        for (size_t i = 0; i < nbuf; i++)
+            if (inl[i] == 2)
+                inl[i] = 0;
+        ngroup = 0;
+        nsend++;
+    }
+    size_t nvec = vec_msgs(ngroup), nsingle = nsend;
+    nsend += nvec;
     total += inl_total;
     op = op_new(pp, OP_WRITE, (total > CTRL_BUF ? 2 : 1) + nsend);
     if (op == NULL || (op->wire = malloc(total)) == NULL)
         goto nomem;
-    if (nsend && ((op->sbuf = calloc(nsend, sizeof(*op->sbuf))) == NULL ||
-                  (op->sbytes = calloc(nsend, sizeof(*op->sbytes))) == NULL))
+    if (nsingle && ((op->sbuf = calloc(nsingle, sizeof(*op->sbuf))) == NULL ||
+                    (op->sbytes = calloc(nsingle, sizeof(*op->sbytes))) == NULL))
         goto nomem;
+    if (ngroup && (op->viov = calloc(ngroup, sizeof(*op->viov))) == NULL)
+        goto nomem;
+    op->ngroup = ngroup;
+    op->nvec = nvec;
 
     /* The descriptor. */
     struct wire_hdr hd;
@@ -1169,7 +1250,8 @@ int weft_msgpipe_write(weft_pipe_t *h, const weft_pipe_message_t *msg, weft_pipe
             r.src_dev = t->device;
             r.tgt_dev = t->target_device;
         }
-        r.inl = (uint32_t)inl[i];
+        r.inl = inl[i] == 1;
+        r.vec = inl[i] == 2;
         memcpy(w, &r, sizeof(r));
         w += sizeof(r);
     }
@@ -1184,13 +1266,17 @@ int weft_msgpipe_write(weft_pipe_t *h, const weft_pipe_message_t *msg, weft_pipe
             w += b.meta_bytes;
         }
     }
-    for (size_t i = 0, k = 0; i < nbuf; i++) {
+    for (size_t i = 0, k = 0, v = 0; i < nbuf; i++) {
         struct buf_view b = buf_of(msg, i);
         if (b.bytes == 0)
             continue;
-        if (inl[i]) {
+        if (inl[i] == 1) {
             memcpy(w, b.data, b.bytes);
             w += b.bytes;
+        } else if (inl[i] == 2) {
+            op->viov[v].base = (uint64_t)(uintptr_t)b.data;
+            op->viov[v].len = b.bytes;
+            v++;
         } else {
             op->sbuf[k] = b.data;
             op->sbytes[k] = b.bytes;
@@ -1353,8 +1439,9 @@ int weft_msgpipe_read(weft_pipe_t *h, const weft_pipe_allocation_t *a, weft_pipe
             discard(pp, g);
             goto out;
         }
-        nrecv += !g->rec[i].inl && need > 0;
+        nrecv += !g->rec[i].inl && !g->rec[i].vec && need > 0;
     }
+    nrecv += vec_msgs(g->ngroup);
     op = op_new(pp, OP_READ, nrecv);
     if (op == NULL) {
         rc = weft_set_error(core, WEFT_ERR_NO_MEMORY, "weft_pipe_read: no memory; the message was discarded");
@@ -1365,11 +1452,63 @@ int weft_msgpipe_read(weft_pipe_t *h, const weft_pipe_allocation_t *a, weft_pipe
     op->seq = g->seq;
     op->cb = cb;
     op->arg = arg;
-    for (size_t i = 0, k = 0; i < g->nbuf; i++) {
+    size_t k = 0;
+    if (g->ngroup) {
+        /* The grouped buffers first, as the writer sent them: their
+         * vectored messages come before the message's other buffers. */
+        op->viov = calloc(g->ngroup, sizeof(*op->viov));
+        op->bounce = calloc(g->ngroup, sizeof(*op->bounce));
+        if (op->viov == NULL || op->bounce == NULL)
+            op_fail(pp, op, WEFT_ERR_NO_MEMORY, "no memory for the pieces of message %llu", (unsigned long long)g->seq);
+        for (size_t i = 0, v = 0; i < g->nbuf && op->err == WEFT_SUCCESS; i++) {
+            int pay = i < g->desc.num_payloads, host = 1;
+            const weft_pipe_buffer_t *b = pay ? &a->payloads[i] : &a->tensors[i - g->desc.num_payloads];
+            size_t need = (size_t)g->rec[i].bytes;
+            void *dst = b->data;
+            if (!g->rec[i].vec)
+                continue;
+            int e = host_kind(core, b->data, need, pp->peer, pp->dtag, &host);
+            if (e == WEFT_SUCCESS && !host) {
+                /* device memory: the piece lands in host memory, copied up when the read completes */
+                struct mp_bounce *bb = &op->bounce[op->nbounce];
+                if ((bb->tmp = malloc(need)) == NULL) {
+                    op_fail(pp, op, WEFT_ERR_NO_MEMORY, "no memory to stage %zu bytes of message %llu", need,
+                            (unsigned long long)g->seq);
+                    break;
+                }
+                bb->dst = b->data;
+                bb->bytes = need;
+                op->nbounce++;
+                dst = bb->tmp;
+            } else if (e != WEFT_SUCCESS) {
+                op_fail_req(pp, op, e);
+                break;
+            }
+            op->viov[v].base = (uint64_t)(uintptr_t)dst;
+            op->viov[v].len = need;
+            v++;
+        }
+        op->ngroup = g->ngroup;
+        op->nvec = vec_msgs(g->ngroup);
+        for (size_t j = 0; j < op->nvec; j++, k++) {
+            size_t first = j * WEFT_IOV_MAX, n = g->ngroup - first;
+            int e = op->err != WEFT_SUCCESS ? op->err
+                    : weft_p2p_irecvv(m->p2p, op->viov + first, n < WEFT_IOV_MAX ? n : WEFT_IOV_MAX, pp->peer,
+                                      pp->dtag, &op->req[k], "weft_pipe_read");
+            if (e != WEFT_SUCCESS) {
+                if (op->err == WEFT_SUCCESS)
+                    op_fail_req(pp, op, e);
+                /* still consumed, so the lane stays in step */
+                if (weft_p2p_idiscard(m->p2p, pp->peer, pp->dtag, &op->req[k], "weft_pipe_read") != WEFT_SUCCESS)
+                    op->req[k] = NULL;
+            }
+        }
+    }
+    for (size_t i = 0; i < g->nbuf; i++) {
         int pay = i < g->desc.num_payloads;
         const weft_pipe_buffer_t *b = pay ? &a->payloads[i] : &a->tensors[i - g->desc.num_payloads];
         size_t need = (size_t)g->rec[i].bytes;
-        if (need == 0)
+        if (need == 0 || g->rec[i].vec)
             continue;
         if (g->rec[i].inl) {
             int e = weft_devcopy(core, b->data, g->inl[i], need, "weft_pipe_read");

@@ -37,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "core.h"
+#include "iov.h"
 
 /* Internal return code: "no room now, retry later". Never returned to users. */
 #define WEFT_EAGAIN (-11)
@@ -114,8 +115,14 @@ static inline const void *weft_tp_blob(const struct weft_tp_cards *k, int rank)
 #define WEFT_TP_ALIGN16 _Alignas(16)
 #endif
 struct weft_tp_xfer {
-    void   *buf;        /* send: source; receive: destination */
+    void   *buf;        /* send: source; receive: destination (NULL when iov is set) */
     size_t  bytes;      /* bytes to move (a receive: the message size, never above its buffer) */
+    /* A vectored message (host memory only, transports with rndv_vectors):
+     * the data is iov[0] .. iov[niov - 1] end to end instead of buf. The
+     * array is the request's, alive until rndv_done. p2p/transport/tp_iov.h
+     * copies into and out of either form. */
+    const struct weft_iov *iov;
+    uint32_t niov;
     int     mem_kind;   /* enum weft_mem_kind of buf (core/cudawrap.h) */
     int     device;     /* CUDA device of buf, -1 for host memory */
     int     peer;
@@ -141,7 +148,8 @@ struct weft_tp_xfer {
 
 /* The sender's buffer, as the RTS describes it: what a pull reads. */
 struct weft_tp_src {
-    uint64_t addr;      /* in the sender's address space */
+    uint64_t addr;      /* in the sender's address space; with niov, its array of niov struct weft_iov */
+    uint32_t niov;      /* 0: one buffer at addr; else the sender's message is vectored */
     int      mem_kind;  /* enum weft_mem_kind */
     int      device;    /* sender's device ordinal, -1 for host memory */
 };
@@ -201,6 +209,8 @@ struct weft_transport {
     int         sure;            /* 1: reach() accepts every pair its scope and both masks allow,
                                     so lower-priority transports need not be offered for them */
     size_t      card_bytes;      /* its blob in the rank card (0: none) */
+    int         rndv_vectors;    /* 1: its rendezvous (get, expect, push) moves vectored host messages
+                                    (x->iov on either side, src->niov), whichever way it takes */
 
     /* ---- set-up ---- */
 

@@ -16,6 +16,7 @@
 #include "list.h"
 #include "log.h"
 #include "transport.h"
+#include "tp_iov.h"
 #include "weft.h"
 
 struct self_msg {
@@ -130,6 +131,20 @@ static int self_rndv_get(void *ctx, int peer, struct weft_tp_xfer *x, const stru
         snprintf(what, sizeof(what), "send to self tag %d", x->tag);
         return weft_devcopy_sync(s->env->core, x->buf, from, x->bytes, what);
     }
+    if (src->niov || x->niov) {
+        /* A vectored message (either side): the source's pieces in order
+         * into the receive's. Pieces that overlap the receive's are not
+         * supported (unlike the plain copy below). */
+        const struct weft_iov one = { src->addr, x->bytes };
+        const struct weft_iov *in = src->niov ? (const struct weft_iov *)(uintptr_t)src->addr : &one;
+        size_t n = src->niov ? src->niov : 1, off = 0;
+        for (size_t i = 0; i < n && off < x->bytes; i++) {
+            size_t len = (size_t)in[i].len < x->bytes - off ? (size_t)in[i].len : x->bytes - off;
+            weft_tp_copy_in(x, off, (const void *)(uintptr_t)in[i].base, len);
+            off += len;
+        }
+        return WEFT_SUCCESS;
+    }
     /* memmove: a send to self may overlap the receive buffer (the
      * receive then holds exactly the bytes the send had). */
     if (x->bytes)
@@ -171,6 +186,7 @@ static void self_abort_peer(void *ctx, int peer)
 
 const struct weft_transport weft_transport_self = {
     .name        = "self",
+    .rndv_vectors = 1,
     .ctrl        = 1,
     .scope       = WEFT_TP_SCOPE_SELF,
     .sure        = 1,

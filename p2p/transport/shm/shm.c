@@ -54,6 +54,7 @@
 #include "shm_int.h"
 #include "shm_ring_inline.h"
 #include "transport.h"
+#include "tp_iov.h"
 
 #define SHM_SEG_MAGIC 0x314d48535446574full  /* "OWFTSHM1" */
 
@@ -999,7 +1000,7 @@ static void on_data(struct shm_state *st, struct shm_peer *peer, const struct sh
         return;
     }
     if (d->len)
-        memcpy((char *)x->buf + d->offset, d + 1, d->len);
+        weft_tp_copy_in(x, d->offset, d + 1, d->len);
     if (d->len >= SHM_RATE_MIN) {
         /* the push's speed for the stream choice (shm_cma.c): time between
          * pieces arriving back to back -- the sender's copy in, the
@@ -1099,7 +1100,7 @@ static int advance_pushes(struct shm_state *st, struct shm_peer *peer)
             d->offset = sx->done;
             d->len = len;
             if (len)
-                memcpy(d + 1, (const char *)x->buf + sx->done, len);
+                weft_tp_copy_out(x, sx->done, d + 1, len);
             shm_ring_commit_inl(peer->out, sizeof(*d) + len);
             /* per piece, so a sleeping receiver starts copying out now */
             notify_consumer(peer);
@@ -1289,6 +1290,7 @@ static void shm_sleep(void *ctx, int timeout_ms)
 
 const struct weft_transport weft_transport_shm = {
     .name = "shm",
+    .rndv_vectors = 1,
     .ctrl = 1,
     .scope = WEFT_TP_SCOPE_NODE,
     .sure = 1,

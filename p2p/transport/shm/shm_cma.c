@@ -29,6 +29,7 @@
 #include "log.h"
 #include "shm_int.h"
 #include "transport.h"
+#include "tp_iov.h"
 #include "deadline.h"
 
 /* Largest piece one process_vm_readv call moves: keeps each call's iovec
@@ -155,6 +156,46 @@ static int cma_copy(pid_t pid, int write, char *local, uint64_t remote, size_t l
         local += got;
         remote += (uint64_t)got;
         len -= (size_t)got;
+    }
+    return 0;
+}
+
+/* A vectored message (either side, struct weft_tp_xfer.iov): the
+ * sender's list of pieces read first (one small process_vm_readv), then
+ * both lists handed to the kernel, which fills the receiver's pieces from
+ * the sender's in order -- one system call for the whole message where
+ * one message per piece took one each, and one handshake. On this core
+ * only (no shared pull: the help slot names one buffer on each side).
+ * Returns 0, an errno, or EPROTO: the sender's pieces do not add up to
+ * the message's size (a damaged announcement). */
+static int cma_pull_vec(const struct shm_peer *peer, const struct weft_tp_xfer *x, const struct weft_tp_src *src)
+{
+    struct weft_iov rem[WEFT_IOV_MAX], one_src = { src->addr, x->bytes };
+    struct weft_iov one_dst = { (uint64_t)(uintptr_t)x->buf, x->bytes };
+    const struct weft_iov *from = &one_src, *to = x->niov ? x->iov : &one_dst;
+    size_t nfrom = 1, nto = x->niov ? x->niov : 1, total = x->bytes;
+
+    if (src->niov) {
+        if (src->niov > WEFT_IOV_MAX)
+            return EPROTO;
+        int e = cma_copy(peer->pid, 0, (char *)rem, src->addr, src->niov * sizeof(rem[0]));
+        if (e)
+            return e;
+        from = rem;
+        nfrom = src->niov;
+        if (weft_tp_iov_bytes(rem, nfrom) != total)
+            return EPROTO;
+    }
+    for (size_t off = 0; off < total;) {
+        struct iovec l[WEFT_IOV_MAX], r[WEFT_IOV_MAX];
+        int nl = weft_tp_iov_range(to, nto, off, total - off, l, WEFT_IOV_MAX);
+        int nr = weft_tp_iov_range(from, nfrom, off, total - off, r, WEFT_IOV_MAX);
+        ssize_t got = process_vm_readv(peer->pid, l, (unsigned long)nl, r, (unsigned long)nr, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            return got < 0 ? errno : EFAULT;
+        off += (size_t)got;   /* a partial read: the rest from where it stopped */
     }
     return 0;
 }
@@ -380,7 +421,8 @@ int weft_shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct 
         return WEFT_EAGAIN;
 
     size_t total = x->bytes;
-    int stream = total < SHM_STREAM_MAX && !core->oversubscribed && core->cfg.shm_stream &&
+    int vec = src->niov || x->niov;
+    int stream = !vec && total < SHM_STREAM_MAX && !core->oversubscribed && core->cfg.shm_stream &&
                  weft_shm_more_queued(peer);
     if (stream && stream_push(peer, total)) {
         if (!peer->stream_told) {
@@ -402,12 +444,19 @@ int weft_shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct 
      * allreduces of 512 KiB-1 MiB +7-15%, alltoalls of 512 KiB, 2 and 4
      * MiB +5-28%; docs/benchmarks.md, "Exchanges pulled by one call at
      * every size"). */
-    int shared = total >= SHM_SPLIT_MIN && !core->oversubscribed && !x->crossing;
+    int shared = !vec && total >= SHM_SPLIT_MIN && !core->oversubscribed && !x->crossing;
     /* a pull below SHM_STREAM_MAX is timed: stream_push weighs it against the push */
-    int timed = total >= SHM_RATE_MIN && total < SHM_STREAM_MAX;
+    int timed = !vec && total >= SHM_RATE_MIN && total < SHM_STREAM_MAX;
     double t0 = timed ? weft_now() : 0;
-    int e = shared ? cma_pull_shared(st, peer, x->buf, src->addr, total)
-                   : cma_copy(peer->pid, 0, x->buf, src->addr, total);
+    int e = vec      ? cma_pull_vec(peer, x, src)
+            : shared ? cma_pull_shared(st, peer, x->buf, src->addr, total)
+                     : cma_copy(peer->pid, 0, x->buf, src->addr, total);
+    if (e == EPROTO) {
+        weft_set_error(core, WEFT_ERR_TRANSPORT,
+                       "shm: peer %d: a vectored message (tag %d) announces %u pieces that do not make its %zu bytes",
+                       peer->rank, x->tag, src->niov, total);
+        return WEFT_ERR_TRANSPORT;
+    }
     if (timed) {
         if (e == 0)
             shm_cost_note(&peer->pull_cost[shm_rate_class(total)], total, weft_now() - t0);
