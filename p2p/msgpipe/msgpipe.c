@@ -22,9 +22,15 @@
  * as a rendezvous announcement until the reader posts its buffer), and
  * takes the rendezvous path the pipe layer picks for its (source, target)
  * memory kinds (CMA, bounce ring, TCP stripes, RDMA, CUDA IPC, staging),
- * each buffer on its own, several in flight at once. Both lanes are FIFO,
- * and reads are taken in message order, so the k-th receive on the data
- * lane always meets the k-th buffer sent: no sequence matching is needed.
+ * each buffer on its own, several in flight at once -- except host buffers
+ * above the pair's eager limit and up to VEC_PIECE_MAX, which go together
+ * as vectored messages (at most WEFT_IOV_MAX pieces each, ahead of the
+ * message's other buffers) where the pair's carrier moves those (shm,
+ * self): one rendezvous and one copy call for all of them; the descriptor
+ * marks them (rec.vec), so the reader posts the same receives. Both lanes
+ * are FIFO, and reads are taken in message order, so the k-th receive on
+ * the data lane always meets the k-th message sent: no sequence matching
+ * is needed.
  * A descriptor larger than the posted control buffer (CTRL_BUF) comes in
  * two parts; the first says the total.
  *
@@ -596,13 +602,12 @@ static void ctrl_post(struct mp_pipe *pp)
     }
 }
 
-/* The largest buffer a write groups into a vectored message. Above it each
- * buffer is worth its own message: shm shares the pull of one of 64 KiB
- * or more between the two ranks' cores, which a vectored pull does not.
- * Measured (docs/benchmarks.md, "Message pipes: one rendezvous for a
- * message's buffers"): 8 tensors of 8-32 KiB took 0.5-0.65x the time of a
- * message each, 8 of 128 KiB grouped 1.4x. */
-#define VEC_PIECE_MAX ((size_t)64 << 10)
+/* The largest buffer a write groups into a vectored message: 1 MiB keeps
+ * a reader's host bounce for a grouped buffer it puts in device memory
+ * bounded, and covers what was measured (docs/benchmarks.md, "Message
+ * pipes: one rendezvous for a message's buffers"): 8 tensors of 8 KiB-
+ * 512 KiB grouped took 0.6-0.85x the time of a message each. */
+#define VEC_PIECE_MAX ((size_t)1 << 20)
 
 /* The vectored data messages that carry n grouped buffers. */
 static size_t vec_msgs(size_t n)

@@ -4,7 +4,11 @@
  * buffer with process_vm_readv (rndv_get); from SHM_SPLIT_MIN up the
  * sender, idle while it waits for FIN, takes pieces of the same transfer
  * and writes them with process_vm_writev (struct shm_help_slot), so two
- * cores copy at once. Here also: allowing peers to read this process
+ * cores copy at once. A vectored message (pieces on either side,
+ * struct weft_tp_xfer.iov, RTS flag IOV) moves the same way: both piece
+ * lists go to the kernel in one call (cma_vec), the sender's read from it
+ * first, and a shared pull's pieces are ranges of the message cut from
+ * both lists by each side. Here also: allowing peers to read this process
  * (Yama's PR_SET_PTRACER), the probe of whether a peer's memory can be
  * read, and the fallback: rndv_get declines (WEFT_EAGAIN) when CMA is off,
  * refused or fails, and the sender then pushes through the ring (shm.c).
@@ -160,50 +164,59 @@ static int cma_copy(pid_t pid, int write, char *local, uint64_t remote, size_t l
     return 0;
 }
 
-/* A vectored message (either side, struct weft_tp_xfer.iov): the
- * sender's list of pieces read first (one small process_vm_readv), then
- * both lists handed to the kernel, which fills the receiver's pieces from
- * the sender's in order -- one system call for the whole message where
- * one message per piece took one each, and one handshake. On this core
- * only (no shared pull: the help slot names one buffer on each side).
- * Returns 0, an errno, or EPROTO: the sender's pieces do not add up to
- * the message's size (a damaged announcement). */
-static int cma_pull_vec(const struct shm_peer *peer, const struct weft_tp_xfer *x, const struct weft_tp_src *src)
+/* Bytes [off, off + len) of a message between this process's pieces
+ * (loc) and pid's (rem), by process_vm_readv (write 0: into loc) or
+ * process_vm_writev (write 1: from loc). Pieces are struct weft_iov lists
+ * (a plain buffer is a list of one); the kernel walks both lists. Returns 0
+ * or an errno. */
+static int cma_vec(pid_t pid, int write, const struct weft_iov *loc, size_t nloc, const struct weft_iov *rem,
+                   size_t nrem, size_t off, size_t len)
 {
-    struct weft_iov rem[WEFT_IOV_MAX], one_src = { src->addr, x->bytes };
-    struct weft_iov one_dst = { (uint64_t)(uintptr_t)x->buf, x->bytes };
-    const struct weft_iov *from = &one_src, *to = x->niov ? x->iov : &one_dst;
-    size_t nfrom = 1, nto = x->niov ? x->niov : 1, total = x->bytes;
-
-    if (src->niov) {
-        if (src->niov > WEFT_IOV_MAX)
-            return EPROTO;
-        int e = cma_copy(peer->pid, 0, (char *)rem, src->addr, src->niov * sizeof(rem[0]));
-        if (e)
-            return e;
-        from = rem;
-        nfrom = src->niov;
-        if (weft_tp_iov_bytes(rem, nfrom) != total)
-            return EPROTO;
-    }
-    for (size_t off = 0; off < total;) {
+    while (len > 0) {
         struct iovec l[WEFT_IOV_MAX], r[WEFT_IOV_MAX];
-        int nl = weft_tp_iov_range(to, nto, off, total - off, l, WEFT_IOV_MAX);
-        int nr = weft_tp_iov_range(from, nfrom, off, total - off, r, WEFT_IOV_MAX);
-        ssize_t got = process_vm_readv(peer->pid, l, (unsigned long)nl, r, (unsigned long)nr, 0);
+        int nl = weft_tp_iov_range(loc, nloc, off, len, l, WEFT_IOV_MAX);
+        int nr = weft_tp_iov_range(rem, nrem, off, len, r, WEFT_IOV_MAX);
+        ssize_t got = write ? process_vm_writev(pid, l, (unsigned long)nl, r, (unsigned long)nr, 0)
+                            : process_vm_readv(pid, l, (unsigned long)nl, r, (unsigned long)nr, 0);
         if (got < 0 && errno == EINTR)
             continue;
         if (got <= 0)
             return got < 0 ? errno : EFAULT;
-        off += (size_t)got;   /* a partial read: the rest from where it stopped */
+        off += (size_t)got;   /* a partial copy: the rest from where it stopped */
+        len -= (size_t)got;
     }
+    return 0;
+}
+
+/* The pieces of one side of a vectored message: n == 0, one buffer at
+ * addr; else pid's array of n struct weft_iov at addr, read by CMA (also
+ * from this process: an address a peer named must fault, not crash). *out
+ * gets the count. Returns 0, an errno, or EPROTO: more than WEFT_IOV_MAX
+ * pieces, or pieces that do not add up to total (a damaged announcement). */
+static int read_pieces(pid_t pid, uint64_t addr, size_t n, size_t total, struct weft_iov *list, size_t *out)
+{
+    if (n == 0) {
+        list[0].base = addr;
+        list[0].len = total;
+        *out = 1;
+        return 0;
+    }
+    if (n > WEFT_IOV_MAX)
+        return EPROTO;
+    int e = cma_copy(pid, 0, (char *)list, addr, n * sizeof(list[0]));
+    if (e)
+        return e;
+    if (weft_tp_iov_bytes(list, n) != total)
+        return EPROTO;
+    *out = n;
     return 0;
 }
 
 /* Claims the next piece of the transfer open in h. Returns 1 with the
  * piece [*off, *off + *len) and both buffers, 0 when the slot is closed,
  * exhausted, or changed generation under us. */
-static int help_claim(struct shm_help_slot *h, uint64_t *src, uint64_t *dst, size_t *off, size_t *len)
+static int help_claim(struct shm_help_slot *h, uint64_t *src, uint64_t *dst, size_t *off, size_t *len,
+                      uint64_t *niov, uint64_t *total, uint64_t *gen)
 {
     uint64_t w = atomic_load_explicit(&h->claim, memory_order_acquire);
     for (;;) {
@@ -216,6 +229,7 @@ static int help_claim(struct shm_help_slot *h, uint64_t *src, uint64_t *dst, siz
         uint64_t piece = atomic_load_explicit(&h->piece, memory_order_acquire);
         uint64_t s = atomic_load_explicit(&h->src, memory_order_acquire);
         uint64_t d = atomic_load_explicit(&h->dst, memory_order_acquire);
+        uint64_t v = atomic_load_explicit(&h->niov, memory_order_acquire);
         if (piece == 0 || idx >= (bytes + piece - 1) / piece)
             return 0;
         if (atomic_compare_exchange_weak_explicit(&h->claim, &w, w + 1, memory_order_acq_rel,
@@ -224,6 +238,9 @@ static int help_claim(struct shm_help_slot *h, uint64_t *src, uint64_t *dst, siz
             *len = (size_t)(bytes - idx * piece < piece ? bytes - idx * piece : piece);
             *src = s;
             *dst = d;
+            *niov = v;
+            *total = bytes;
+            *gen = w >> SHM_HELP_IDX_BITS;
             return 1;
         }
     }
@@ -257,10 +274,26 @@ int weft_shm_help_peer(struct shm_state *st, struct shm_peer *peer)
         (atomic_load_explicit(&h->claim, memory_order_relaxed) & SHM_HELP_IDX_MASK) == SHM_HELP_CLOSED)
         return 0;
     int n = 0;
-    uint64_t src, dst;
-    size_t off, len;
-    while (help_claim(h, &src, &dst, &off, &len)) {
-        int e = cma_copy(peer->pid, 1, (char *)(uintptr_t)(src + off), dst + off, len);
+    uint64_t src, dst, niov, total, gen, lists_gen = UINT64_MAX;
+    size_t off, len, nmine = 0, ntheirs = 0;
+    struct weft_iov mine[WEFT_IOV_MAX], theirs[WEFT_IOV_MAX];
+    while (help_claim(h, &src, &dst, &off, &len, &niov, &total, &gen)) {
+        int e = 0;
+        if (niov == 0) {
+            e = cma_copy(peer->pid, 1, (char *)(uintptr_t)(src + off), dst + off, len);
+        } else {
+            /* a vectored message: both piece lists, once per transfer (they
+             * stay valid while we hold a claimed piece: the receiver waits
+             * for it before its receive, or our send, can complete) */
+            if (gen != lists_gen) {
+                e = read_pieces(getpid(), src, niov & 0xffffffffu, total, mine, &nmine);
+                if (e == 0)
+                    e = read_pieces(peer->pid, dst, niov >> 32, total, theirs, &ntheirs);
+                lists_gen = e == 0 ? gen : UINT64_MAX;
+            }
+            if (e == 0)
+                e = cma_vec(peer->pid, 1, mine, nmine, theirs, ntheirs, off, len);
+        }
         if (e) {
             /* hand the piece back; the receiver reads it itself */
             atomic_store_explicit(&h->redo_off, off, memory_order_relaxed);
@@ -283,8 +316,12 @@ int weft_shm_help_peer(struct shm_state *st, struct shm_peer *peer)
  * from our own copy (nothing of the sender's is still in flight then), or
  * -1 when the sender's pieces did not land within the timeout, ESRCH when
  * the sender's process is gone. */
-static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *buf, uint64_t src, size_t total)
+static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, const struct weft_tp_xfer *x,
+                           const struct weft_tp_src *sx, const struct weft_iov *from, size_t nfrom,
+                           const struct weft_iov *to, size_t nto)
 {
+    size_t total = x->bytes;
+    uint64_t src = sx->addr, dst = x->niov ? (uint64_t)(uintptr_t)x->iov : (uint64_t)(uintptr_t)x->buf;
     const struct weft_config *cfg = &shm_core(st)->cfg;
     struct shm_help_slot *h = peer->help_in;
     /* a piece of ~1/8 of the message, 64 KiB .. 1 MiB: enough pieces for
@@ -301,7 +338,8 @@ static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *bu
     atomic_store_explicit(&h->claim, (gen << SHM_HELP_IDX_BITS) | SHM_HELP_CLOSED, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);   /* closed before the fields change */
     atomic_store_explicit(&h->src, src, memory_order_relaxed);
-    atomic_store_explicit(&h->dst, (uint64_t)(uintptr_t)buf, memory_order_relaxed);
+    atomic_store_explicit(&h->dst, dst, memory_order_relaxed);
+    atomic_store_explicit(&h->niov, (uint64_t)sx->niov | ((uint64_t)x->niov << 32), memory_order_relaxed);
     atomic_store_explicit(&h->bytes, total, memory_order_relaxed);
     atomic_store_explicit(&h->piece, piece, memory_order_relaxed);
     atomic_store_explicit(&h->copied, 0, memory_order_relaxed);
@@ -318,9 +356,10 @@ static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *bu
     size_t failed = 0, off, len;
     uint64_t s, d, taken = 0;
     int rest = 0;
-    while (rest || help_claim(h, &s, &d, &off, &len)) {
+    uint64_t v_, t_, g_;   /* what the sender needs of the slot; this side has it */
+    while (rest || help_claim(h, &s, &d, &off, &len, &v_, &t_, &g_)) {
         taken++;
-        err = cma_copy(peer->pid, 0, buf + off, src + off, len);
+        err = cma_vec(peer->pid, 0, to, nto, from, nfrom, off, len);
         if (err) {
             failed = len;
             break;
@@ -362,7 +401,7 @@ static int cma_pull_shared(struct shm_state *st, struct shm_peer *peer, char *bu
     size_t redo = (size_t)atomic_load_explicit(&h->redo_len, memory_order_relaxed);
     if (redo) {
         size_t ro = (size_t)atomic_load_explicit(&h->redo_off, memory_order_relaxed);
-        return cma_copy(peer->pid, 0, buf + ro, src + ro, redo);
+        return cma_vec(peer->pid, 0, to, nto, from, nfrom, ro, redo);
     }
     return 0;
 }
@@ -444,13 +483,20 @@ int weft_shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct 
      * allreduces of 512 KiB-1 MiB +7-15%, alltoalls of 512 KiB, 2 and 4
      * MiB +5-28%; docs/benchmarks.md, "Exchanges pulled by one call at
      * every size"). */
-    int shared = !vec && total >= SHM_SPLIT_MIN && !core->oversubscribed && !x->crossing;
+    int shared = total >= SHM_SPLIT_MIN && !core->oversubscribed && !x->crossing;
     /* a pull below SHM_STREAM_MAX is timed: stream_push weighs it against the push */
     int timed = !vec && total >= SHM_RATE_MIN && total < SHM_STREAM_MAX;
     double t0 = timed ? weft_now() : 0;
-    int e = vec      ? cma_pull_vec(peer, x, src)
-            : shared ? cma_pull_shared(st, peer, x->buf, src->addr, total)
-                     : cma_copy(peer->pid, 0, x->buf, src->addr, total);
+    /* Both sides' pieces: a buffer is a list of one; a vectored sender's
+     * list is read from it first (one small process_vm_readv). */
+    struct weft_iov from[WEFT_IOV_MAX], to_one = { (uint64_t)(uintptr_t)x->buf, total };
+    const struct weft_iov *to = x->niov ? x->iov : &to_one;
+    size_t nfrom = 0, nto = x->niov ? x->niov : 1;
+    int e = read_pieces(peer->pid, src->addr, src->niov, total, from, &nfrom);
+    if (e == 0)
+        e = shared ? cma_pull_shared(st, peer, x, src, from, nfrom, to, nto)
+            : vec  ? cma_vec(peer->pid, 0, to, nto, from, nfrom, 0, total)
+                   : cma_copy(peer->pid, 0, x->buf, src->addr, total);
     if (e == EPROTO) {
         weft_set_error(core, WEFT_ERR_TRANSPORT,
                        "shm: peer %d: a vectored message (tag %d) announces %u pieces that do not make its %zu bytes",

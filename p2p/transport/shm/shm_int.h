@@ -77,6 +77,9 @@ struct shm_help_slot {
     _Atomic uint64_t dst;        /* receiver's buffer, in the receiver's address space */
     _Atomic uint64_t bytes;
     _Atomic uint64_t piece;
+    /* a vectored message: src and dst are arrays of struct weft_iov, of
+     * (niov & 0xffffffff) and (niov >> 32) pieces; 0 on a side: a buffer */
+    _Atomic uint64_t niov;
     _Alignas(64) _Atomic uint64_t copied;  /* bytes in place, by either side */
     _Atomic uint64_t redo_off;   /* a piece the sender claimed but could not write */
     _Atomic uint64_t redo_len;   /* (the receiver reads it itself); 0 = none */
