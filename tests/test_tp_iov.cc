@@ -74,7 +74,7 @@ TEST(TpIov, CopyInAndOutAtEveryOffsetAndLength)
         size_t step = total > 600 ? 97 : 1;
         for (size_t off = 0; off <= total; off += step)
             for (size_t len = 0; off + len <= total; len += step) {
-                std::vector<unsigned char> src(len);
+                std::vector<unsigned char> src(len + 1);   // + 1: data() is never NULL
                 for (size_t i = 0; i < len; i++)
                     src[i] = (unsigned char)(off * 31 + i * 7 + 1);
                 std::vector<unsigned char> before = p.flat();
