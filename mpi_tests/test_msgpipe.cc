@@ -697,6 +697,85 @@ protected:
                 }
         EXPECT_EQ(data_problem(*in, s, peer, id, index), "");
     }
+    /* Both ranks write specs[i] for every i on pipe id, then read them in
+     * order: every even message with an allocation spoil() damaged (the
+     * read must be refused with an error holding each string spoil()
+     * returns, the message discarded), every odd one as it is (it must hold
+     * exactly its own message: the discards kept the lanes in step). */
+    using Spoil = std::function<std::vector<std::string>(uint64_t, weft_pipe_allocation_t &,
+                                                         std::vector<weft_pipe_buffer_t> &,
+                                                         std::vector<weft_pipe_buffer_t> &)>;
+    void spoiled_reads(int id, const std::vector<MsgSpec> &specs, const Spoil &spoil)
+    {
+        const uint64_t n = specs.size();
+        Recorder rec;
+        weft_pipe_t *p = nullptr;
+        ASSERT_EQ(open(peer, id, &p), WEFT_SUCCESS);
+        std::vector<std::unique_ptr<OutMsg>> out;
+        std::deque<OpArg> wargs;
+        for (uint64_t i = 0; i < n; i++) {
+            out.push_back(make_out(specs[i], rank, id, i));
+            ASSERT_EQ(out.back()->error(), "");
+            wargs.push_back({&rec, 'W', id, i});
+            ASSERT_EQ(weft_pipe_write(p, &out.back()->msg, on_done, &wargs.back()), WEFT_SUCCESS) << last_error();
+        }
+        std::deque<DescArg> dargs(n);
+        std::deque<OpArg> rargs;
+        std::vector<std::unique_ptr<InMsg>> ins;
+        for (uint64_t i = 0; i < n; i++) {
+            DescArg &d = dargs[i];
+            d.rec = &rec;
+            d.pipe_id = id;
+            d.index = i;
+            d.expect = &specs[i];
+            d.sender = peer;
+            d.wire_id = id;
+            ASSERT_EQ(weft_pipe_read_descriptor(p, on_desc_keep, &d), WEFT_SUCCESS) << last_error();
+            ASSERT_TRUE(drive([&] {
+                std::lock_guard<std::mutex> lk(d.mu);
+                return d.got;
+            })) << "no descriptor for message " << i;
+            {
+                std::lock_guard<std::mutex> lk(d.mu);
+                ASSERT_EQ(d.problem, "");
+            }
+            ins.push_back(make_in(specs[i]));
+            InMsg &in = *ins.back();
+            rargs.push_back({&rec, 'R', id, i});
+            weft_pipe_allocation_t a = in.alloc;
+            std::vector<weft_pipe_buffer_t> pay = in.pay, ten = in.ten;
+            a.payloads = pay.data();
+            a.tensors = ten.data();
+            std::vector<std::string> must;
+            if (i % 2 == 0)
+                must = spoil(i, a, pay, ten);
+            int rc = weft_pipe_read(p, &a, on_done, &rargs.back());
+            if (i % 2 == 0) {
+                EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG) << "message " << i;
+                std::string err = last_error();
+                for (auto &m : must)
+                    EXPECT_NE(err.find(m), std::string::npos)
+                        << "message " << i << ": \"" << err << "\" lacks \"" << m << "\"";
+            } else {
+                ASSERT_EQ(rc, WEFT_SUCCESS) << "message " << i << ": " << last_error();
+                ASSERT_TRUE(drive([&] { return rec.count('R') == (i + 1) / 2; })) << "read of message " << i;
+                EXPECT_EQ(data_problem(in, specs[i], peer, id, i), "") << "message " << i;
+            }
+            /* Nothing delivered and unread now: a read has nothing to read. */
+            EXPECT_EQ(weft_pipe_read(p, &in.alloc, on_done, &rargs.back()), WEFT_ERR_INVALID_ARG);
+        }
+        ASSERT_TRUE(drive([&] { return rec.count('W') == n; }));
+        expect_in_order_ok(rec, 'W', id, n);   /* the writer is not told of discards */
+        auto reads = rec.events('R', id);
+        ASSERT_EQ(reads.size(), n / 2) << "a refused read's callback ran";
+        for (size_t j = 0; j < reads.size(); j++) {
+            EXPECT_EQ(reads[j].index, 2 * j + 1);
+            EXPECT_EQ(reads[j].err, WEFT_SUCCESS) << reads[j].why;
+        }
+        expect_threads(rec);
+        barrier();
+        EXPECT_EQ(weft_pipe_close(p), WEFT_SUCCESS);
+    }
 };
 
 std::string mode_name(const ::testing::TestParamInfo<bool> &i) { return i.param ? "Thread" : "Poll"; }
@@ -1033,94 +1112,26 @@ TEST_P(MsgPipe, AllocationThatDoesNotFit)
 {
     if (!pair_test())
         GTEST_SKIP() << "np 1 or 2";
-    constexpr int kId = 7;
-    constexpr uint64_t kN = 8;
-    Recorder rec;
-    weft_pipe_t *p = nullptr;
-    ASSERT_EQ(open(peer, kId, &p), WEFT_SUCCESS);
     const MsgSpec s = fit_spec();
-    std::vector<std::unique_ptr<OutMsg>> out;
-    std::deque<OpArg> wargs;
-    for (uint64_t i = 0; i < kN; i++) {
-        out.push_back(make_out(s, rank, kId, i));
-        wargs.push_back({&rec, 'W', kId, i});
-        ASSERT_EQ(weft_pipe_write(p, &out.back()->msg, on_done, &wargs.back()), WEFT_SUCCESS) << last_error();
-    }
-    std::deque<DescArg> dargs(kN);
-    std::deque<OpArg> rargs;
-    std::vector<std::unique_ptr<InMsg>> ins;
-    /* Even messages get a bad allocation (each kind of mistake once), odd
-     * ones a good one: each good read must hold exactly its own message. */
-    for (uint64_t i = 0; i < kN; i++) {
-        DescArg &d = dargs[i];
-        d.rec = &rec;
-        d.pipe_id = kId;
-        d.index = i;
-        d.expect = &s;
-        d.sender = peer;
-        d.wire_id = kId;
-        ASSERT_EQ(weft_pipe_read_descriptor(p, on_desc_keep, &d), WEFT_SUCCESS) << last_error();
-        ASSERT_TRUE(drive([&] {
-            std::lock_guard<std::mutex> lk(d.mu);
-            return d.got;
-        })) << "no descriptor for message " << i;
-        {
-            std::lock_guard<std::mutex> lk(d.mu);
-            ASSERT_EQ(d.problem, "");
-        }
-        ins.push_back(make_in(s));
-        InMsg &in = *ins.back();
-        rargs.push_back({&rec, 'R', kId, i});
-        weft_pipe_allocation_t a = in.alloc;
-        std::vector<weft_pipe_buffer_t> pay = in.pay, ten = in.ten;
-        a.payloads = pay.data();
-        a.tensors = ten.data();
-        std::vector<std::string> must;   /* what the error must say */
-        switch (i) {
-        case 0:   /* the tensor one byte too small */
-            ten[0].bytes = s.ten[0].bytes - 1;
-            must = {"weft_pipe_read", "tensor 0", "200000", "199999"};
-            break;
-        case 2:   /* the inline payload too small */
-            pay[0].bytes = 99;
-            must = {"weft_pipe_read", "payload 0", "100", "99"};
-            break;
-        case 4:   /* counts differ */
-            a.num_tensors = 0;
-            must = {"weft_pipe_read", "tensors"};
-            break;
-        case 6:   /* data NULL with bytes */
-            ten[0].data = nullptr;
-            must = {"weft_pipe_read", "tensor 0"};
-            break;
-        default:
-            break;
-        }
-        int rc = weft_pipe_read(p, &a, on_done, &rargs.back());
-        if (i % 2 == 0) {
-            EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG) << "message " << i;
-            std::string err = last_error();
-            for (auto &m : must)
-                EXPECT_NE(err.find(m), std::string::npos) << "message " << i << ": \"" << err << "\" lacks \"" << m << "\"";
-        } else {
-            ASSERT_EQ(rc, WEFT_SUCCESS) << "message " << i << ": " << last_error();
-            ASSERT_TRUE(drive([&] { return rec.count('R') == (i + 1) / 2; })) << "read of message " << i;
-            EXPECT_EQ(data_problem(in, s, peer, kId, i), "");
-        }
-        /* Nothing delivered and unread now: a read has nothing to read. */
-        EXPECT_EQ(weft_pipe_read(p, &in.alloc, on_done, &rargs.back()), WEFT_ERR_INVALID_ARG);
-    }
-    ASSERT_TRUE(drive([&] { return rec.count('W') == kN; }));
-    expect_in_order_ok(rec, 'W', kId, kN);   /* the writer is not told of discards */
-    auto reads = rec.events('R', kId);
-    ASSERT_EQ(reads.size(), kN / 2) << "a refused read's callback ran";
-    for (size_t j = 0; j < reads.size(); j++) {
-        EXPECT_EQ(reads[j].index, 2 * j + 1);
-        EXPECT_EQ(reads[j].err, WEFT_SUCCESS) << reads[j].why;
-    }
-    expect_threads(rec);
-    barrier();
-    EXPECT_EQ(weft_pipe_close(p), WEFT_SUCCESS);
+    /* Even messages get a bad allocation (each kind of mistake once). */
+    spoiled_reads(7, std::vector<MsgSpec>(8, s),
+                  [&](uint64_t i, weft_pipe_allocation_t &a, std::vector<weft_pipe_buffer_t> &pay,
+                      std::vector<weft_pipe_buffer_t> &ten) -> std::vector<std::string> {
+                      switch (i) {
+                      case 0:   /* the tensor one byte too small */
+                          ten[0].bytes = s.ten[0].bytes - 1;
+                          return {"weft_pipe_read", "tensor 0", "200000", "199999"};
+                      case 2:   /* the inline payload too small */
+                          pay[0].bytes = 99;
+                          return {"weft_pipe_read", "payload 0", "100", "99"};
+                      case 4:   /* counts differ */
+                          a.num_tensors = 0;
+                          return {"weft_pipe_read", "tensors"};
+                      default:  /* 6: data NULL with bytes */
+                          ten[0].data = nullptr;
+                          return {"weft_pipe_read", "tensor 0"};
+                      }
+                  });
 }
 
 /* Buffers above the pair's eager limit and up to 64 KiB go together, as
@@ -1151,74 +1162,19 @@ TEST_P(MsgPipe, GroupedBuffersAndDiscards)
 {
     if (!pair_test())
         GTEST_SKIP() << "np 1 or 2";
-    constexpr int kId = 12;
-    constexpr uint64_t kN = 6;
-    Recorder rec;
-    weft_pipe_t *p = nullptr;
-    ASSERT_EQ(open(peer, kId, &p), WEFT_SUCCESS);
-    std::vector<std::unique_ptr<OutMsg>> out;
-    std::deque<OpArg> wargs;
     std::vector<MsgSpec> specs;
-    for (uint64_t i = 0; i < kN; i++)
+    for (uint64_t i = 0; i < 6; i++)
         specs.push_back(grouped_spec(i));
-    for (uint64_t i = 0; i < kN; i++) {
-        out.push_back(make_out(specs[i], rank, kId, i));
-        ASSERT_EQ(out.back()->error(), "");
-        wargs.push_back({&rec, 'W', kId, i});
-        ASSERT_EQ(weft_pipe_write(p, &out.back()->msg, on_done, &wargs.back()), WEFT_SUCCESS) << last_error();
-    }
-    std::deque<DescArg> dargs(kN);
-    std::deque<OpArg> rargs;
-    std::vector<std::unique_ptr<InMsg>> ins;
-    for (uint64_t i = 0; i < kN; i++) {
-        DescArg &d = dargs[i];
-        d.rec = &rec;
-        d.pipe_id = kId;
-        d.index = i;
-        d.expect = &specs[i];
-        d.sender = peer;
-        d.wire_id = kId;
-        ASSERT_EQ(weft_pipe_read_descriptor(p, on_desc_keep, &d), WEFT_SUCCESS) << last_error();
-        ASSERT_TRUE(drive([&] {
-            std::lock_guard<std::mutex> lk(d.mu);
-            return d.got;
-        })) << "no descriptor for message " << i;
-        {
-            std::lock_guard<std::mutex> lk(d.mu);
-            ASSERT_EQ(d.problem, "");
-        }
-        ins.push_back(make_in(specs[i]));
-        InMsg &in = *ins.back();
-        rargs.push_back({&rec, 'R', kId, i});
-        weft_pipe_allocation_t a = in.alloc;
-        std::vector<weft_pipe_buffer_t> ten = in.ten;
-        a.tensors = ten.data();
-        if (i % 2 == 0) {   /* a grouped tensor one byte short */
-            size_t k = 0;
-            while (specs[i].ten[k].bytes <= 4096 || specs[i].ten[k].bytes > 65536)
-                k++;
-            ten[k].bytes = specs[i].ten[k].bytes - 1;
-        }
-        int rc = weft_pipe_read(p, &a, on_done, &rargs.back());
-        if (i % 2 == 0) {
-            EXPECT_EQ(rc, WEFT_ERR_INVALID_ARG) << "message " << i;
-        } else {
-            ASSERT_EQ(rc, WEFT_SUCCESS) << "message " << i << ": " << last_error();
-            ASSERT_TRUE(drive([&] { return rec.count('R') == (i + 1) / 2; })) << "read of message " << i;
-            EXPECT_EQ(data_problem(in, specs[i], peer, kId, i), "") << "message " << i;
-        }
-    }
-    ASSERT_TRUE(drive([&] { return rec.count('W') == kN; }));
-    expect_in_order_ok(rec, 'W', kId, kN);
-    auto reads = rec.events('R', kId);
-    ASSERT_EQ(reads.size(), kN / 2);
-    for (size_t j = 0; j < reads.size(); j++) {
-        EXPECT_EQ(reads[j].index, 2 * j + 1);
-        EXPECT_EQ(reads[j].err, WEFT_SUCCESS) << reads[j].why;
-    }
-    expect_threads(rec);
-    barrier();
-    EXPECT_EQ(weft_pipe_close(p), WEFT_SUCCESS);
+    spoiled_reads(12, specs,
+                  [&](uint64_t i, weft_pipe_allocation_t &, std::vector<weft_pipe_buffer_t> &,
+                      std::vector<weft_pipe_buffer_t> &ten) -> std::vector<std::string> {
+                      /* a grouped tensor one byte short */
+                      size_t k = 0;
+                      while (specs[i].ten[k].bytes <= 4096 || specs[i].ten[k].bytes > 65536)
+                          k++;
+                      ten[k].bytes = specs[i].ten[k].bytes - 1;
+                      return {"weft_pipe_read", "tensor " + std::to_string(k)};
+                  });
 }
 
 TEST_P(MsgPipe, ReadWithoutDeliveredDescriptor)

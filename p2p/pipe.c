@@ -521,6 +521,37 @@ req_new(struct weft_peer_pipe *p, int type, void *buf, size_t bytes, int tag, in
     return r;
 }
 
+/* A new send r whose first frame went (rc WEFT_SUCCESS), waits for room
+ * (WEFT_EAGAIN: queued behind the pipe's earlier frames, in sequence), or
+ * failed (the pipe breaks; r is freed). */
+static int send_started(struct weft_peer_pipe *p, struct weft_request *r, int rc, struct weft_request **out)
+{
+    struct weft_core *core = p->p2p->core;
+    if (rc == WEFT_EAGAIN) {
+        struct weft_outbound *o = calloc(1, sizeof(*o));
+        if (o == NULL) {
+            int tag = r->tag;
+            weft_req_free(r);
+            p->send_seq--;
+            return weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory to queue", p->peer,
+                                  tag);
+        }
+        o->req = r;
+        r->state = WEFT_REQ_QUEUED;
+        outbound_append(p, o);
+    } else if (rc != WEFT_SUCCESS) {
+        int tag = r->tag;
+        size_t bytes = r->bytes;
+        uint32_t niov = r->xfer.niov;
+        weft_req_free(r);
+        weft_pipe_break(p, rc);
+        return weft_set_error(core, rc, "send to peer %d tag %d bytes %zu%s over %s failed", p->peer, tag, bytes,
+                              niov ? " (vectored)" : "", weft_pipe_tp_name(p));
+    }
+    *out = r;
+    return WEFT_SUCCESS;
+}
+
 int weft_pipe_isend(struct weft_peer_pipe *p, const void *buf, size_t bytes, int tag, int mem_kind, int device,
                     const struct weft_p2p_check *check, struct weft_request **out)
 {
@@ -567,25 +598,7 @@ int weft_pipe_isend(struct weft_peer_pipe *p, const void *buf, size_t bytes, int
     } else {
         rc = send_req_now(p, r);
     }
-    if (rc == WEFT_EAGAIN) {
-        struct weft_outbound *o = calloc(1, sizeof(*o));
-        if (o == NULL) {
-            weft_req_free(r);
-            p->send_seq--;
-            return weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory to queue", p->peer,
-                                  tag);
-        }
-        o->req = r;
-        r->state = WEFT_REQ_QUEUED;
-        outbound_append(p, o);
-    } else if (rc != WEFT_SUCCESS) {
-        weft_req_free(r);
-        weft_pipe_break(p, rc);
-        return weft_set_error(core, rc, "send to peer %d tag %d bytes %zu over %s failed", p->peer, tag, bytes,
-                              weft_pipe_tp_name(p));
-    }
-    *out = r;
-    return WEFT_SUCCESS;
+    return send_started(p, r, rc, out);
 }
 
 int weft_pipe_isendv(struct weft_peer_pipe *p, const struct weft_iov *iov, uint32_t niov, int tag,
@@ -611,26 +624,7 @@ int weft_pipe_isendv(struct weft_peer_pipe *p, const struct weft_iov *iov, uint3
      * where they are to where the receive puts them (an eager message
      * would first gather them into a frame). */
     r->rndv = 1;
-    int rc = weft_queue_empty(&p->out) ? send_req_now(p, r) : WEFT_EAGAIN;
-    if (rc == WEFT_EAGAIN) {
-        struct weft_outbound *o = calloc(1, sizeof(*o));
-        if (o == NULL) {
-            weft_req_free(r);
-            p->send_seq--;
-            return weft_set_error(core, WEFT_ERR_NO_MEMORY, "send to peer %d tag %d: no memory to queue", p->peer,
-                                  tag);
-        }
-        o->req = r;
-        r->state = WEFT_REQ_QUEUED;
-        outbound_append(p, o);
-    } else if (rc != WEFT_SUCCESS) {
-        weft_req_free(r);
-        weft_pipe_break(p, rc);
-        return weft_set_error(core, rc, "send to peer %d tag %d: %u pieces, %zu bytes over %s failed", p->peer, tag,
-                              niov, bytes, weft_pipe_tp_name(p));
-    }
-    *out = r;
-    return WEFT_SUCCESS;
+    return send_started(p, r, weft_queue_empty(&p->out) ? send_req_now(p, r) : WEFT_EAGAIN, out);
 }
 
 /* ------------------------------------------------------------- receiving */

@@ -47,48 +47,38 @@ static inline int weft_tp_iov_range(const struct weft_iov *iov, size_t n, size_t
     return k;
 }
 
-/* Bytes [off, off + len) of x's data from src. */
-static inline void weft_tp_copy_in(const struct weft_tp_xfer *x, size_t off, const void *src, size_t len)
+/* Bytes [off, off + len) of x's data from p (in != 0) or into p. */
+static inline void weft_tp_copy(const struct weft_tp_xfer *x, size_t off, void *p, size_t len, int in)
 {
-    if (x->niov == 0) {
-        memcpy((char *)x->buf + off, src, len);
-        return;
-    }
-    const char *s = (const char *)src;
-    for (uint32_t i = 0; i < x->niov && len > 0; i++) {
-        size_t l = (size_t)x->iov[i].len;
+    struct weft_iov one = { (uint64_t)(uintptr_t)x->buf, x->bytes };
+    const struct weft_iov *iov = x->niov ? x->iov : &one;
+    char *q = (char *)p;
+    for (uint32_t i = 0; i < (x->niov ? x->niov : 1) && len > 0; i++) {
+        size_t l = (size_t)iov[i].len;
         if (off >= l) {
             off -= l;
             continue;
         }
         size_t take = l - off < len ? l - off : len;
-        memcpy((char *)(uintptr_t)x->iov[i].base + off, s, take);
-        s += take;
+        char *at = (char *)(uintptr_t)iov[i].base + off;
+        if (in)
+            memcpy(at, q, take);
+        else
+            memcpy(q, at, take);
+        q += take;
         len -= take;
         off = 0;
     }
 }
 
-/* Bytes [off, off + len) of x's data into dst. */
+static inline void weft_tp_copy_in(const struct weft_tp_xfer *x, size_t off, const void *src, size_t len)
+{
+    weft_tp_copy(x, off, (void *)(uintptr_t)src, len, 1);
+}
+
 static inline void weft_tp_copy_out(const struct weft_tp_xfer *x, size_t off, void *dst, size_t len)
 {
-    if (x->niov == 0) {
-        memcpy(dst, (const char *)x->buf + off, len);
-        return;
-    }
-    char *d = (char *)dst;
-    for (uint32_t i = 0; i < x->niov && len > 0; i++) {
-        size_t l = (size_t)x->iov[i].len;
-        if (off >= l) {
-            off -= l;
-            continue;
-        }
-        size_t take = l - off < len ? l - off : len;
-        memcpy(d, (const char *)(uintptr_t)x->iov[i].base + off, take);
-        d += take;
-        len -= take;
-        off = 0;
-    }
+    weft_tp_copy(x, off, dst, len, 0);
 }
 
 #endif
