@@ -3,7 +3,10 @@
 // pipe -- never handed out, freed and reused (stale generation), or a
 // request of another pipe -- breaks that pipe with a protocol error naming
 // the peer, never a dereference. One process, no MPI: a p2p context whose
-// pipes to ranks 1 and 2 ride a fake carrier that records frames.
+// pipes to ranks 1 and 2 ride a fake carrier that records frames. The same
+// fixture checks vectored messages (weft_p2p_isendv/irecvv) at the wire:
+// their arguments, the RTS that announces the pieces, a carrier that cannot
+// move them, an eager message scattered into a vectored receive.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -170,3 +173,86 @@ TEST_F(PipeIds, CtsNamingAnUnknownPath)
 }
 
 } // namespace
+
+// ---- vectored messages ----
+
+class PipeVectors : public PipeIds {};
+
+TEST_F(PipeVectors, SendAnnouncesItsPiecesInOneRts)
+{
+    fake.rndv_vectors = 1;
+    std::vector<char> a(10, 'a'), b(90, 'b');
+    weft_iov iov[3] = {{(uint64_t)(uintptr_t)a.data(), a.size()}, {0, 0}, {(uint64_t)(uintptr_t)b.data(), b.size()}};
+    weft_request *r = nullptr;
+    ASSERT_EQ(weft_p2p_isendv(p2p, iov, 3, 1, 5, &r, "test"), WEFT_SUCCESS) << weft_error_line(&core);
+    ASSERT_EQ(g_frames.size(), 1u);
+    weft_wire_hdr rts;
+    memcpy(&rts, g_frames.back().data(), sizeof(rts));
+    EXPECT_EQ(rts.type, WEFT_WIRE_RTS);
+    EXPECT_TRUE(rts.flags & WEFT_WIRE_F_IOV);
+    EXPECT_EQ(rts.aux, 3u);
+    EXPECT_EQ(rts.addr, (uint64_t)(uintptr_t)iov) << "the receiver reads the sender's list where it lies";
+    EXPECT_EQ(rts.bytes, 100u);
+    deliver(1, WEFT_WIRE_FIN, rts.sreq, 0);   // pulled: the send completes
+    weft_status_t st;
+    EXPECT_EQ(weft_p2p_wait(r, &st), WEFT_SUCCESS) << weft_error_line(&core);
+}
+
+TEST_F(PipeVectors, RefusedWhereTheCarrierCannotMoveThem)
+{
+    std::vector<char> a(50, 'a');
+    weft_iov iov[1] = {{(uint64_t)(uintptr_t)a.data(), a.size()}};
+    weft_request *r = nullptr;
+    EXPECT_EQ(weft_p2p_vectors(p2p, 1), 0);
+    EXPECT_EQ(weft_p2p_isendv(p2p, iov, 1, 1, 5, &r, "test"), WEFT_ERR_UNSUPPORTED);
+    std::string e = weft_error_line(&core);
+    EXPECT_NE(e.find("peer 1"), std::string::npos) << e;
+    EXPECT_NE(e.find("vectored"), std::string::npos) << e;
+    EXPECT_EQ(weft_p2p_irecvv(p2p, iov, 1, 1, 5, &r, "test"), WEFT_ERR_UNSUPPORTED);
+    EXPECT_TRUE(g_frames.empty());
+    EXPECT_EQ(p2p->pipes[1].broken, 0);
+    EXPECT_EQ(p2p->pipes[1].send_seq, 0u) << "a refused send took a sequence number";
+}
+
+TEST_F(PipeVectors, BadPiecesAreRefusedAndNothingGoes)
+{
+    fake.rndv_vectors = 1;
+    EXPECT_EQ(weft_p2p_vectors(p2p, 1), 1);
+    std::vector<char> a(8, 'a');
+    std::vector<weft_iov> many(WEFT_IOV_MAX + 1, weft_iov{(uint64_t)(uintptr_t)a.data(), a.size()});
+    weft_iov null_piece[2] = {{(uint64_t)(uintptr_t)a.data(), a.size()}, {0, 16}};
+    weft_request *r = nullptr;
+    EXPECT_EQ(weft_p2p_isendv(p2p, many.data(), 0, 1, 5, &r, "test"), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_p2p_isendv(p2p, nullptr, 1, 1, 5, &r, "test"), WEFT_ERR_INVALID_ARG);
+    EXPECT_EQ(weft_p2p_isendv(p2p, many.data(), many.size(), 1, 5, &r, "test"), WEFT_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(weft_error_line(&core)).find("pieces"), std::string::npos) << weft_error_line(&core);
+    EXPECT_EQ(weft_p2p_irecvv(p2p, null_piece, 2, 1, 5, &r, "test"), WEFT_ERR_INVALID_ARG);
+    EXPECT_NE(std::string(weft_error_line(&core)).find("piece 1"), std::string::npos) << weft_error_line(&core);
+    EXPECT_TRUE(g_frames.empty());
+    EXPECT_EQ(p2p->pipes[1].broken, 0);
+}
+
+TEST_F(PipeVectors, ReceiveScattersAnEagerMessage)
+{
+    fake.rndv_vectors = 1;
+    char x[3], y[5];
+    memset(x, 0, sizeof(x));
+    memset(y, 0, sizeof(y));
+    weft_iov iov[2] = {{(uint64_t)(uintptr_t)x, sizeof(x)}, {(uint64_t)(uintptr_t)y, sizeof(y)}};
+    weft_request *r = nullptr;
+    ASSERT_EQ(weft_p2p_irecvv(p2p, iov, 2, 1, 5, &r, "test"), WEFT_SUCCESS) << weft_error_line(&core);
+    weft_wire_hdr h;
+    memset(&h, 0, sizeof(h));
+    h.type = WEFT_WIRE_EAGER;
+    h.tag = 5;
+    h.bytes = 8;
+    std::vector<unsigned char> frame(sizeof(h) + 8);
+    memcpy(frame.data(), &h, sizeof(h));
+    memcpy(frame.data() + sizeof(h), "ABCDEFGH", 8);
+    weft_pipe_on_frame(&p2p->pipes[1], frame.data(), frame.size());
+    weft_status_t st;
+    ASSERT_EQ(weft_p2p_wait(r, &st), WEFT_SUCCESS) << weft_error_line(&core);
+    EXPECT_EQ(st.bytes, 8u);
+    EXPECT_EQ(std::string(x, 3), "ABC");
+    EXPECT_EQ(std::string(y, 5), "DEFGH");
+}

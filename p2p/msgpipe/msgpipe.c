@@ -63,8 +63,8 @@
 #include "backoff.h"
 #include "core.h"
 #include "devcopy.h"
-#include "iov.h"
 #include "engine.h"
+#include "iov.h"
 #include "list.h"
 #include "log.h"
 #include "msgpipe.h"
@@ -903,7 +903,6 @@ static int pipe_finished(const struct mp_pipe *pp)
            weft_list_empty(&pp->descs);
 }
 
-/* One pass over pp; m->lock held. Returns the number of events. */
 /* A read's grouped buffers that the allocation put in device memory:
  * from the host memory they arrived in to where they belong. */
 static void unbounce(struct mp_pipe *pp, struct mp_op *op)
@@ -921,6 +920,7 @@ static void unbounce(struct mp_pipe *pp, struct mp_op *op)
     op->nbounce = 0;
 }
 
+/* One pass over pp; m->lock held. Returns the number of events. */
 static int pipe_progress(struct weft_msgpipes *m, struct mp_pipe *pp)
 {
     int n = start_sends(pp);
