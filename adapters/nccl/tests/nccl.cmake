@@ -93,6 +93,7 @@ set(WEFT_NCCL_TEST_ENV
   OMPI_MCA_oob_tcp_if_include=lo
   OMPI_MCA_rmaps_base_oversubscribe=1
   OMPI_MCA_mpi_yield_when_idle=1
+  OMPI_MCA_pml=ob1
   WEFT_TIMEOUT=60
   WEFT_CUDA_LIB=$<TARGET_FILE:weft_emu_cuda>
   WEFT_EMU_CUDA_DEVICES=2)
