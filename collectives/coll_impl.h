@@ -125,6 +125,9 @@ int  coll_node_run(struct weft_coll *cc, const struct weft_coll_args *a, int *ha
 void coll_node_started(struct weft_coll *cc, const struct weft_coll_args *a, uint32_t seq);
 /* Call seq refused by this rank on its own arguments (weft_coll_refused). */
 void coll_node_refused(struct weft_coll *cc, uint32_t seq);
+/* At the comm's creation: the segment off for good where WEFT_TRANSPORTS
+ * leaves out shm (agreed, fixed for the comm's life). */
+void coll_node_init(struct weft_coll *cc);
 void coll_node_fini(struct weft_coll *cc);
 
 /* ---- allgather algorithms (allgather.c). Arguments are already validated:

@@ -187,8 +187,10 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
 size_t node_limit(const struct weft_coll *cc)
 {
     const struct weft_core *core = cc->core;
-    if (core->cfg.node_coll_bytes == 0 || core->size < 2 || cc->node_state == NODE_OFF ||
-        !transports_allow_shm(core->cfg.transports))
+    /* (WEFT_TRANSPORTS without shm: NODE_OFF from coll_node_init, not
+     * parsed here at every call -- that was a tenth of an 8-byte reduce's
+     * time at its root.) */
+    if (core->cfg.node_coll_bytes == 0 || core->size < 2 || cc->node_state == NODE_OFF)
         return 0;
     return core->cfg.node_coll_bytes;
 }
@@ -457,6 +459,12 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
     WEFT_INFO(rank, "node-local collectives on: %zu-byte segment for %d rank(s) of node %d, %zu B a rank", bytes, P,
               node, slot);
     return WEFT_SUCCESS;
+}
+
+void coll_node_init(struct weft_coll *cc)
+{
+    if (!transports_allow_shm(cc->core->cfg.transports))
+        cc->node_state = NODE_OFF;
 }
 
 void coll_node_fini(struct weft_coll *cc)
@@ -829,6 +837,7 @@ void node_arrive(struct node_call *k)
     struct node_ctrl *c = &k->n->ctrl[k->n->me];
     memcpy(c->fp[k->b], k->check.w, sizeof k->check.w);
     atomic_store_explicit(&c->arrive, k->tag, memory_order_release);
+    k->arrived = 1;
 }
 
 /* Before writing this rank's slot of buffer b: every rank is done with the
@@ -1167,7 +1176,8 @@ static int node_run_one(struct weft_coll *cc, const struct weft_coll_args *a, si
      * the failure's mark, so no rank reads its slot as this call's data
      * and none waits for it. */
     struct node_ctrl *c = &k.n->ctrl[k.n->me];
-    if (!after_eq(atomic_load_explicit(&c->arrive, memory_order_relaxed), k.tag)) {
+    /* (k.arrived, not a load of the shared line: the others poll it.) */
+    if (!k.arrived) {
         c->mark_code = rc != WEFT_SUCCESS ? rc : WEFT_ERR_INTERNAL;
         atomic_store_explicit(&c->marked, k.tag, memory_order_release);
         atomic_store_explicit(&c->arrive, k.tag, memory_order_release);

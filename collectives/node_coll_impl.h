@@ -84,6 +84,7 @@ struct node_call {
     const char           *what;    /* "allreduce", ... */
     int                   failed;  /* the code, once failed */
     uint64_t              epoch;   /* p2p fault epoch last looked at */
+    int                   arrived; /* this rank's arrive says this call (node_arrive) */
 };
 
 static inline int after_eq(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 0; }
