@@ -12,6 +12,10 @@
  *                      WEFT_NODE_COLL_KB=0 or WEFT_TRANSPORTS=tcp it is not;
  *   BytesQuery         weft_comm_node_coll_bytes: the comm's limit where
  *                      the path is taken, 0 where not, alike on every rank;
+ *   TransportsWithoutShmKeepItOff  a comm's own WEFT_TRANSPORTS=tcp: the
+ *                      query says 0 and an 8-byte allreduce goes as
+ *                      messages; tcp,shm: the segment (decided once, at
+ *                      the comm's creation);
  *   SegmentUnnamed     once set up, no /dev/shm name of it is left;
  *   MixedSequence      300 calls, the same seeded random sequence on every
  *                      rank, of every kind and root, at sizes on both sides
@@ -269,6 +273,37 @@ TEST(NodeColl, BytesQuery)
     ASSERT_EQ(weft_comm_node_coll_bytes(c.get(), &after), WEFT_SUCCESS);
     EXPECT_EQ(after, bytes);
     EXPECT_EQ(weft_comm_node_coll_bytes(c.get(), nullptr), WEFT_ERR_INVALID_ARG);
+}
+
+/* The comm's own WEFT_TRANSPORTS decides, once at its creation
+ * (coll_node_init): without shm the segment is off for good -- the query
+ * says 0 and small calls go as messages --, with shm among others it is
+ * on (on one node). */
+TEST(NodeColl, TransportsWithoutShmKeepItOff)
+{
+    int size = world_size();
+    const char *vn = std::getenv("WEFT_VIRTUAL_NODES");
+    const bool one_node = size >= 2 && !(vn && std::atoi(vn) > 1);
+    for (const char *tp : {"tcp", "tcp,shm"}) {
+        SCOPED_TRACE(std::string("WEFT_TRANSPORTS=") + tp);
+        Comm c(Settings{{"WEFT_TRANSPORTS", tp}, {"WEFT_NODE_COLL_KB", "16"}, {"WEFT_DEBUG", "info"}});
+        ASSERT_EQ(c.rc(), WEFT_SUCCESS) << c.err();
+        const bool on = one_node && std::strcmp(tp, "tcp") != 0;
+        size_t bytes = 1;
+        ASSERT_EQ(weft_comm_node_coll_bytes(c.get(), &bytes), WEFT_SUCCESS);
+        EXPECT_EQ(bytes, on ? size_t(16) << 10 : 0u);
+        int32_t in = world_rank() + 1, out = 0;
+        int rc = WEFT_ERR_INTERNAL;
+        std::string log = capture_stderr([&] { rc = weft_allreduce(c.get(), &in, &out, 1, WEFT_INT32, WEFT_SUM); });
+        ASSERT_EQ(rc, WEFT_SUCCESS) << c.err();
+        EXPECT_EQ(out, size * (size + 1) / 2);
+        if (size >= 2 && vn == nullptr) {
+            size_t at = log.find("allreduce 1 elements of int32, sum x");
+            ASSERT_NE(at, std::string::npos) << "no shape line on rank " << world_rank() << ":\n" << log;
+            std::string line = log.substr(at, log.find('\n', at) - at);
+            EXPECT_EQ(line.find("node-local shared memory") != std::string::npos, on) << line;
+        }
+    }
 }
 
 TEST(NodeColl, SegmentUnnamed)
