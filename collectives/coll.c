@@ -134,10 +134,10 @@ int weft_coll_init(struct weft_coll *cc, struct weft_p2p *p2p, struct weft_core 
         weft_journal_init(cc->journal);
         weft_journal_init_beside(cc->sjournal, cc->journal);
     }
-    coll_node_init(cc);
     if (coll_topo_build(cc, node) != 0)
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "collectives: no memory for the node layout of %d ranks",
                               core->size);
+    coll_node_init(cc);   /* (after the layout: the node count is part of what it decides) */
     /* The reduction kernels' module, loaded now (once per process and
      * device): loading waits for the device, which a first stream-ordered
      * reduction must not make its caller do behind a busy stream, and

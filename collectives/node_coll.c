@@ -8,7 +8,7 @@
  *
  *   +--------+-----------------------+------------------------+---------------------+--------------+
  *   | header | ctrl[0] .. ctrl[P-1]  | small[0..63][0..P-1]   | big[0..1][0..P-1]   | res[0..1]    |
- *   |        | flags, fingerprints,  | NODE_SMALL (1 KiB)     | WEFT_NODE_COLL_KB   | one big slot |
+ *   |        | flags, fingerprints,  | NODE_SMALL (1 KiB)     | the slot: see below | one big slot |
  *   |        | pid: 28 lines a rank  | a rank each            | a rank each         | each         |
  *   +--------+-----------------------+------------------------+---------------------+--------------+
  *
@@ -31,6 +31,12 @@
  *   above NODE_FLAT_MAX bytes: every rank reduces only its slice of the
  *   elements into res[b], publishes sliced = s, and all copy res[b] out
  *   once every slice is there (the reduction work split P ways).
+ *
+ * The slot is WEFT_NODE_COLL_KB, the limit of every kind of call; on a
+ * comm of 3 ranks or more on one node it grows to WEFT_NODE_COLL_LARGE_KB
+ * (1 MiB) for the reductions and allgathers, whose one round with the
+ * work split P ways beats messages and Open MPI up there, less where the
+ * segment would not fit WEFT_SHM_BUDGET_MB (node_large_limit).
  *
  * A bcast from 3 ranks may fill a whole big buffer (all P slots: only the
  * root writes); above that it comes here in pieces of P slots, each a call
@@ -129,6 +135,7 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
     /* WEFT_TRANSPORTS is agreed at create like the others. */
     if (S == 0)
         return 0;
+    const size_t L = cc->node_large > S ? cc->node_large : S;   /* reductions' and allgathers' */
     switch (a->kind) {
     case WEFT_COLL_BARRIER:
         return 1;
@@ -154,7 +161,7 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
          * in both. */
         if (P == 2 && a->count > NODE_PAIR_MAX)
             return 0;
-        return cc->ag_algo == 0 && a->count > 0 && a->count <= S ? a->count : 0;
+        return cc->ag_algo == 0 && a->count > 0 && a->count <= L ? a->count : 0;
     case WEFT_COLL_SCATTER:
         return a->count > 0 && a->count <= S / P ? a->count * P : 0;
     case WEFT_COLL_ALLTOALL:
@@ -175,10 +182,10 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
          * and 45 in 2 rounds against rd's 10-13 in all 6. */
         if (P == 2 && es && a->count > NODE_PAIR_MAX / es)
             return 0;
-        return es && a->count > 0 && a->count <= S / es ? a->count * es : 0;
+        return es && a->count > 0 && a->count <= L / es ? a->count * es : 0;
     case WEFT_COLL_REDUCE_SCATTER:
         es = weft_dtype_size(a->dtype);
-        return cc->rs_algo == 0 && es && a->count > 0 && a->count <= S / es / P ? a->count * es * P : 0;
+        return cc->rs_algo == 0 && es && a->count > 0 && a->count <= L / es / P ? a->count * es * P : 0;
     default:
         return 0;
     }
@@ -348,7 +355,8 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
     int P = cc->node_first[node + 1] - cc->node_first[node], me = 0, maker = local[0];
     while (local[me] != rank)
         me++;
-    size_t slot = (core->cfg.node_coll_bytes + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE;
+    size_t want = cc->node_large > core->cfg.node_coll_bytes ? cc->node_large : core->cfg.node_coll_bytes;
+    size_t slot = (want + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE;
     size_t ctrl_off, small_off, data_off, res_off;
     size_t bytes = node_seg_bytes(P, slot, &ctrl_off, &small_off, &data_off, &res_off);
     struct node_offer mine, *all = calloc((size_t)N, sizeof *all);
@@ -461,10 +469,31 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
     return WEFT_SUCCESS;
 }
 
+/* WEFT_NODE_COLL_LARGE_KB on a comm of 3 ranks or more on one node, as
+ * much of it as keeps the segment within WEFT_SHM_BUDGET_MB (the whole
+ * default 1 MiB up to 29 ranks with the default 64 MiB); 0 where it adds
+ * nothing to WEFT_NODE_COLL_KB. From agreed settings and the comm's shape
+ * only: the same on every rank. */
+static size_t node_large_limit(const struct weft_coll *cc)
+{
+    const struct weft_config *cfg = &cc->core->cfg;
+    int P = cc->core->size;
+    size_t a, b, c, d;
+    if (cc->nnodes != 1 || P < 3 || cfg->node_coll_bytes == 0 || cfg->node_coll_large <= cfg->node_coll_bytes)
+        return 0;
+    size_t L = cfg->node_coll_large, fixed = node_seg_bytes(P, 0, &a, &b, &c, &d);
+    if (node_seg_bytes(P, (L + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE, &a, &b, &c, &d) > cfg->shm_budget) {
+        size_t fit = cfg->shm_budget > fixed ? (cfg->shm_budget - fixed) / (2 * ((size_t)P + 1)) : 0;
+        L = fit / NODE_CACHE * NODE_CACHE;
+    }
+    return L > cfg->node_coll_bytes ? L : 0;
+}
+
 void coll_node_init(struct weft_coll *cc)
 {
     if (!transports_allow_shm(cc->core->cfg.transports))
         cc->node_state = NODE_OFF;
+    cc->node_large = node_large_limit(cc);
 }
 
 void coll_node_fini(struct weft_coll *cc)

@@ -10,6 +10,13 @@
  *                      line says so), across two virtual nodes in its
  *                      hierarchical form (the heads' part named), with
  *                      WEFT_NODE_COLL_KB=0 or WEFT_TRANSPORTS=tcp it is not;
+ *   LargeReductionsFromThreeRanks  from 3 ranks on one node allreduce,
+ *                      reduce, reduce_scatter and allgather up to
+ *                      WEFT_NODE_COLL_LARGE_KB (1 MiB) a rank through the
+ *                      segment, one element more as messages, none of it
+ *                      with the setting 0, at 2 ranks or across nodes; a
+ *                      small WEFT_SHM_BUDGET_MB lowers the limit and keeps
+ *                      the segment within it; results exact;
  *   BytesQuery         weft_comm_node_coll_bytes: the comm's limit where
  *                      the path is taken, 0 where not, alike on every rank;
  *   TransportsWithoutShmKeepItOff  a comm's own WEFT_TRANSPORTS=tcp: the
@@ -69,7 +76,8 @@ using namespace weft_mpitest;
 
 namespace {
 
-const size_t kSlot = 64 << 10;   /* WEFT_NODE_COLL_KB's default */
+const size_t kSlot = 64 << 10;    /* WEFT_NODE_COLL_KB's default */
+const size_t kLarge = 1 << 20;    /* WEFT_NODE_COLL_LARGE_KB's: reductions and allgathers from 3 ranks */
 
 /* Whether this entry's comms are on one node with shm between the ranks. */
 /* own_kb: the comm sets WEFT_NODE_COLL_KB itself (its settings win over
@@ -252,6 +260,86 @@ TEST(NodeColl, TwoRanksSendMessagesAbove32KiB)
     }
 }
 
+/* From three ranks on one node the reductions and the allgather go
+ * through the segment above WEFT_NODE_COLL_KB, up to
+ * WEFT_NODE_COLL_LARGE_KB a rank (node_coll.c, node_large_limit); the
+ * shape lines say which path each call took, the results are checked. */
+TEST(NodeColl, LargeReductionsFromThreeRanks)
+{
+    const int rank = world_rank(), size = world_size();
+    const size_t P = (size_t)size;
+    const bool large = node_path_expected(size, true) && size >= 3;
+    struct Case {
+        const char *large_kb, *budget_mb;
+        size_t bytes;   /* a rank's part: the vector, the block */
+        bool segment;   /* where `large` holds */
+    };
+    const Case cases[] = {
+        {"1024", "64", size_t(1) << 20, true},             /* the default limit, at it */
+        {"1024", "64", (size_t(1) << 20) + 4 * P, false},  /* one element a rank past it */
+        {"0", "64", size_t(128) << 10, false},             /* off: WEFT_NODE_COLL_KB's 64 KiB */
+        /* 2 MiB of budget: the 8-rank segment's slots fit 84.5 KiB, the
+         * 3-rank one's 231 KiB (node_large_limit), so 80 KiB fits at every
+         * size here and 1 MiB at none. */
+        {"1024", "2", size_t(80) << 10, true},
+        {"1024", "2", size_t(1) << 20, false},
+    };
+    for (const Case &k : cases) {
+        SCOPED_TRACE(std::string("WEFT_NODE_COLL_LARGE_KB=") + k.large_kb + " WEFT_SHM_BUDGET_MB=" + k.budget_mb +
+                     ", " + std::to_string(k.bytes) + " B a rank");
+        Comm c(Settings{{"WEFT_DEBUG", "info"},
+                        {"WEFT_NODE_COLL_KB", "64"},
+                        {"WEFT_NODE_COLL_LARGE_KB", k.large_kb},
+                        {"WEFT_SHM_BUDGET_MB", k.budget_mb}});
+        ASSERT_EQ(c.rc(), WEFT_SUCCESS) << c.err();
+        const size_t n = k.bytes / 4, nb = n / P;   /* elements: the vector, a reduce_scatter block */
+        std::vector<int32_t> in(n), out(n, -1), red(n, -1), blk(nb, -1), all(n * P, -1);
+        for (size_t i = 0; i < n; i++)
+            in[i] = rank + 1 + (int32_t)(i % 7);
+        int rc[4] = {WEFT_ERR_INTERNAL, WEFT_ERR_INTERNAL, WEFT_ERR_INTERNAL, WEFT_ERR_INTERNAL};
+        std::string log = capture_stderr([&] {
+            rc[0] = weft_allreduce(c.get(), in.data(), out.data(), n, WEFT_INT32, WEFT_SUM);
+            rc[1] = weft_reduce(c.get(), in.data(), red.data(), n, WEFT_INT32, WEFT_SUM, 0);
+            rc[2] = weft_reduce_scatter(c.get(), in.data(), blk.data(), nb, WEFT_INT32, WEFT_SUM);
+            rc[3] = weft_allgather(c.get(), in.data(), all.data(), k.bytes);
+        });
+        for (int i = 0; i < 4; i++)
+            ASSERT_EQ(rc[i], WEFT_SUCCESS) << "call " << i << ": " << c.err();
+        const int32_t base = size * (size + 1) / 2;
+        size_t wrong = 0;
+        for (size_t i = 0; i < n; i++) {
+            const int32_t want = base + size * (int32_t)(i % 7);
+            wrong += out[i] != want;
+            wrong += rank == 0 && red[i] != want;
+            for (size_t r = 0; r < P; r++)
+                wrong += all[r * n + i] != (int32_t)r + 1 + (int32_t)(i % 7);
+        }
+        for (size_t i = 0; i < nb; i++)
+            wrong += blk[i] != base + size * (int32_t)((nb * (size_t)rank + i) % 7);
+        EXPECT_EQ(wrong, 0u);
+        const bool segment = large && k.segment;
+        const std::string heads[] = {"allreduce " + std::to_string(n) + " elements of int32, sum x",
+                                     ": reduce " + std::to_string(n) + " elements of int32, sum",
+                                     "reduce_scatter " + std::to_string(nb),
+                                     "allgather " + std::to_string(k.bytes) + " B per rank x"};
+        for (const std::string &h : heads) {
+            size_t at = log.find(h);
+            ASSERT_NE(at, std::string::npos) << "no shape line \"" << h << "\" on rank " << rank << ":\n" << log;
+            std::string line = log.substr(at, log.find('\n', at) - at);
+            EXPECT_EQ(line.find("node-local shared memory") != std::string::npos, segment)
+                << "np " << size << ": " << line;
+        }
+        /* The segment made for these calls stays within the budget. */
+        size_t at = log.find("node-local collectives on: ");
+        if (segment) {
+            ASSERT_NE(at, std::string::npos) << log;
+            unsigned long long seg = std::strtoull(log.c_str() + at + std::strlen("node-local collectives on: "),
+                                                   nullptr, 10);
+            EXPECT_LE(seg, std::strtoull(k.budget_mb, nullptr, 10) << 20) << log.substr(at, 120);
+        }
+    }
+}
+
 /* weft_comm_node_coll_bytes says what Chosen sees: the limit where the
  * node path is taken (WEFT_NODE_COLL_KB of the comm), 0 where it is not;
  * the same on every rank. */
@@ -339,11 +427,13 @@ TEST(NodeColl, MixedSequence)
      * to 1 KiB a rank, one round up to 2 KiB, sliced up to the slot,
      * messages above -- but a bcast from 3 ranks fills up to every slot of
      * a big buffer (P slots), so it has its own limit further up, and
-     * above it goes in pieces of P slots (two and a part here). */
+     * above it goes in pieces of P slots (two and a part here); from 3
+     * ranks an allreduce, a reduce and a reduce_scatter's vector go
+     * through the segment up to kLarge, as messages above. */
     const std::vector<size_t> counts = {1, 3, 255, 256, 257, 511, 512, 513, 1000, 256 * P, 256 * P + 1,
                                         kSlot / 4 / P, kSlot / 4 - 1, kSlot / 4, kSlot / 4 + 1, 20000,
                                         kSlot / 4 * 2 + 3, kSlot / 4 * P, kSlot / 4 * P + 1,
-                                        kSlot / 4 * P * 2 + 5};
+                                        kSlot / 4 * P * 2 + 5, kLarge / 4, kLarge / 4 + P};
     std::mt19937 gen(12345);   /* the same sequence on every rank */
     std::vector<int32_t> send, recv, want;
     int bad = 0;

@@ -236,9 +236,11 @@ struct Guarded {
  * reduction chunks, both in its configuration. */
 class AlgoComm {
 public:
-    AlgoComm(const char *var, const std::string &algo)
+    AlgoComm(const char *var, const std::string &algo, const Settings &more = {})
     {
-        rc_ = create_with(MPI_COMM_WORLD, {{"WEFT_REDUCE_CHUNK_KB", "4"}, {var, algo}}, &c_);
+        Settings s = {{"WEFT_REDUCE_CHUNK_KB", "4"}, {var, algo}};
+        s.insert(s.end(), more.begin(), more.end());
+        rc_ = create_with(MPI_COMM_WORLD, s, &c_);
         if (rc_ != WEFT_SUCCESS)
             c_ = nullptr;
     }
@@ -488,7 +490,9 @@ TEST_P(ReduceAlgo, MatchesReference)
  * 512 KiB, and at every size on two ranks; the ring above 512 KiB from
  * three ranks. And where the node-local segment stops (node_coll.c, one
  * node over shm): at 32 KiB on two ranks, at WEFT_NODE_COLL_KB (64 KiB)
- * from three. Read from each rank's WEFT_DEBUG=info line for the shape
+ * from three with WEFT_NODE_COLL_LARGE_KB=0 (by default reductions from
+ * three ranks stay in the segment up to 1 MiB: NodeColl's
+ * LargeReductionsFromThreeRanks). Read from each rank's WEFT_DEBUG=info line for the shape
  * (set by the reduce_select entries), with the results checked at the
  * root. */
 class ReduceSelector : public ReduceAlgos {
@@ -516,7 +520,7 @@ protected:
 
 TEST_F(ReduceSelector, TreeUpTo512KiBAlwaysOnTwoRanksSegmentTo32KiBOnTwo)
 {
-    AlgoComm comm("WEFT_REDUCE_ALGO", "auto");
+    AlgoComm comm("WEFT_REDUCE_ALGO", "auto", {{"WEFT_NODE_COLL_LARGE_KB", "0"}});
     ASSERT_EQ(comm.rc(), WEFT_SUCCESS);
     const size_t at_limit = (512u << 10) / sizeof(float), above = at_limit + 1;
     const size_t node2 = (32u << 10) / sizeof(float);   /* the segment's end on two ranks */

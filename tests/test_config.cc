@@ -569,7 +569,7 @@ TEST(Config, AgreedSettings)
         {"WEFT_REDUCE_SCATTER_ALGO", {"Halving", "halving"}},
         {"WEFT_REDUCE_ALGO", {"binomial", "binomial"}},
         {"WEFT_ALLTOALL_ALGO", {"bruck", "bruck"}},   {"WEFT_REDUCE_CHUNK_KB", {"64", "64k"}},
-        {"WEFT_NODE_COLL_KB", {"0", "0"}},
+        {"WEFT_NODE_COLL_KB", {"0", "0"}},            {"WEFT_NODE_COLL_LARGE_KB", {"256", "256k"}},
     };
     ASSERT_EQ((size_t)WEFT_CONFIG_AGREED_COUNT, change.size());
     std::set<std::string> names;

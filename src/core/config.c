@@ -385,6 +385,7 @@ static const struct { const char *name; size_t off; size_t lo, hi, unit; } sizes
     { "WEFT_SHM_CHUNK_KB",       F(shm_chunk),        4 << 10,   64u << 20,       1024 },
     { "WEFT_SHM_CMA_MIN_KB",     F(shm_cma_min),      0,         SIZE_MAX,        1024 },
     { "WEFT_NODE_COLL_KB",       F(node_coll_bytes),  0,         16u << 20,       1024 },
+    { "WEFT_NODE_COLL_LARGE_KB", F(node_coll_large),  0,         16u << 20,       1024 },
     { "WEFT_TCP_EAGER",          F(tcp_eager_limit),  0,         4u << 20,        1 },
     { "WEFT_TCP_CHUNK_KB",       F(tcp_chunk),        4 << 10,   (size_t)1 << 30, 1024 },
     { "WEFT_SELF_EAGER",         F(self_eager_limit), 0,         64u << 20,       1 },
@@ -461,6 +462,14 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
      * messages win from 128 KiB), for a segment of about 1.7 MiB per comm
      * at 8 ranks. */
     cfg->node_coll_bytes  = 64 << 10;
+    /* From three ranks on one node, reductions and allgathers of up to
+     * 1 MiB a rank: there the segment's one round with the reduction split
+     * P ways took a third to a half of the messages' time, and of Open
+     * MPI's, at 4 and 8 ranks (docs/benchmarks.md, "Node-local reductions
+     * up to 1 MiB"), where gathers, scatters and alltoalls through it lost
+     * in some runs (their second copy) and stay within WEFT_NODE_COLL_KB.
+     * A segment of about 18.5 MiB per comm at 8 ranks. */
+    cfg->node_coll_large  = 1 << 20;
     cfg->tcp_streams      = 4;
     cfg->tcp_eager_limit  = 64 << 10;
     cfg->tcp_chunk        = 512 << 10;
@@ -646,6 +655,7 @@ static const struct {
     { "WEFT_ALLTOALL_ALGO",      AGREED_ALGO, offsetof(struct weft_config, alltoall_algo), weft_alltoall_algo_names },
     { "WEFT_REDUCE_CHUNK_KB",    AGREED_SIZE, offsetof(struct weft_config, reduce_chunk), NULL },
     { "WEFT_NODE_COLL_KB",       AGREED_SIZE, offsetof(struct weft_config, node_coll_bytes), NULL },
+    { "WEFT_NODE_COLL_LARGE_KB", AGREED_SIZE, offsetof(struct weft_config, node_coll_large), NULL },
 };
 
 void weft_config_agreed_values(const struct weft_config *cfg, int64_t *values)

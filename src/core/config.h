@@ -30,6 +30,10 @@ struct weft_config {
     size_t   node_coll_bytes;  /* WEFT_NODE_COLL_KB: each rank's slot in a comm's node-local collective
                                   segment (collectives/node_coll.c), the largest contribution those
                                   collectives take; 0 = off (every collective a schedule of messages) */
+    size_t   node_coll_large;  /* WEFT_NODE_COLL_LARGE_KB: on a comm of 3 ranks or more on one node, the
+                                  largest part of a reduction or an allgather that goes through the
+                                  segment (its slots grow to it, within WEFT_SHM_BUDGET_MB); at or below
+                                  node_coll_bytes: nothing more than WEFT_NODE_COLL_KB takes */
     int      tcp_streams;      /* WEFT_TCP_STREAMS: data sockets per peer (besides the control one) */
     char     tcp_if[64];       /* WEFT_TCP_IF: interface name (or IPv4 address) to listen/connect on */
     char     trace_dir[256];   /* WEFT_TRACE: directory of the operation journals (collectives/journal.h); "" = none */
@@ -152,7 +156,7 @@ int weft_config_log_level(const struct weft_settings *settings);
  * agree"); WEFT_TRANSPORTS, which needs the transport registry to compare,
  * is checked by the comm itself. weft_comm_create gathers every rank's
  * values and fails on every rank, naming the setting, when they differ. */
-#define WEFT_CONFIG_AGREED_COUNT 18
+#define WEFT_CONFIG_AGREED_COUNT 19
 /* values[0 .. WEFT_CONFIG_AGREED_COUNT) = this config's effective values. */
 void weft_config_agreed_values(const struct weft_config *cfg, int64_t *values);
 /* The variable of value i ("WEFT_TCP_STREAMS"). */
