@@ -32,11 +32,15 @@
  *   elements into res[b], publishes sliced = s, and all copy res[b] out
  *   once every slice is there (the reduction work split P ways).
  *
- * The slot is WEFT_NODE_COLL_KB, the limit of every kind of call; on a
- * comm of 3 ranks or more on one node it grows to WEFT_NODE_COLL_LARGE_KB
- * (1 MiB) for the reductions and allgathers, whose one round with the
- * work split P ways beats messages and Open MPI up there, less where the
- * segment would not fit WEFT_SHM_BUDGET_MB (node_large_limit).
+ * The slot is WEFT_NODE_COLL_KB, the limit of every kind of call. On a
+ * comm of 3 ranks or more on one node the reductions and allgathers go on
+ * up to WEFT_NODE_COLL_LARGE_KB (1 MiB), where their one round with the
+ * work split P ways beats messages and Open MPI: the first such call makes
+ * a second segment of two big buffers of that slot (node_large_setup),
+ * and from then on every big-buffer call uses it -- the old big buffers
+ * are idle, every rank being past every call that used them. Comms that
+ * never make such a call never pay for it; the two segments together stay
+ * within WEFT_SHM_BUDGET_MB (node_large_limit lowers the limit).
  *
  * A bcast from 3 ranks may fill a whole big buffer (all P slots: only the
  * root writes); above that it comes here in pieces of P slots, each a call
@@ -237,6 +241,8 @@ static void node_unmap(struct coll_node *n)
         return;
     if (n->base)
         munmap(n->base, n->bytes);
+    if (n->lbase)
+        munmap(n->lbase, n->lbytes);
     free(n->scratch);
     free(n->heads_buf);
     free(n->ranks);
@@ -355,8 +361,7 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
     int P = cc->node_first[node + 1] - cc->node_first[node], me = 0, maker = local[0];
     while (local[me] != rank)
         me++;
-    size_t want = cc->node_large > core->cfg.node_coll_bytes ? cc->node_large : core->cfg.node_coll_bytes;
-    size_t slot = (want + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE;
+    size_t slot = (core->cfg.node_coll_bytes + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE;
     size_t ctrl_off, small_off, data_off, res_off;
     size_t bytes = node_seg_bytes(P, slot, &ctrl_off, &small_off, &data_off, &res_off);
     struct node_offer mine, *all = calloc((size_t)N, sizeof *all);
@@ -469,9 +474,16 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
     return WEFT_SUCCESS;
 }
 
+/* The large calls' segment: a header line pair, two big buffers of P
+ * slots, two result slots. */
+static size_t node_large_bytes(int P, size_t slot)
+{
+    return 2 * NODE_CACHE + 2 * ((size_t)P + 1) * slot;
+}
+
 /* WEFT_NODE_COLL_LARGE_KB on a comm of 3 ranks or more on one node, as
- * much of it as keeps the segment within WEFT_SHM_BUDGET_MB (the whole
- * default 1 MiB up to 29 ranks with the default 64 MiB); 0 where it adds
+ * much of it as keeps both segments within WEFT_SHM_BUDGET_MB (the whole
+ * default 1 MiB up to 28 ranks with the default 64 MiB); 0 where it adds
  * nothing to WEFT_NODE_COLL_KB. From agreed settings and the comm's shape
  * only: the same on every rank. */
 static size_t node_large_limit(const struct weft_coll *cc)
@@ -481,12 +493,94 @@ static size_t node_large_limit(const struct weft_coll *cc)
     size_t a, b, c, d;
     if (cc->nnodes != 1 || P < 3 || cfg->node_coll_bytes == 0 || cfg->node_coll_large <= cfg->node_coll_bytes)
         return 0;
-    size_t L = cfg->node_coll_large, fixed = node_seg_bytes(P, 0, &a, &b, &c, &d);
-    if (node_seg_bytes(P, (L + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE, &a, &b, &c, &d) > cfg->shm_budget) {
-        size_t fit = cfg->shm_budget > fixed ? (cfg->shm_budget - fixed) / (2 * ((size_t)P + 1)) : 0;
-        L = fit / NODE_CACHE * NODE_CACHE;
+    size_t small = node_seg_bytes(P, (cfg->node_coll_bytes + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE, &a, &b,
+                                  &c, &d);
+    size_t L = (cfg->node_coll_large + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE;
+    if (small + node_large_bytes(P, L) > cfg->shm_budget) {
+        size_t room = cfg->shm_budget > small + node_large_bytes(P, 0) ? cfg->shm_budget - small - node_large_bytes(P, 0)
+                                                                      : 0;
+        L = room / (2 * ((size_t)P + 1)) / NODE_CACHE * NODE_CACHE;
     }
+    if (L > cfg->node_coll_large)
+        L = cfg->node_coll_large;
     return L > cfg->node_coll_bytes ? L : 0;
+}
+
+/* At the first call above the small segment's slot that may take the
+ * large one (node_run_one), on every rank of the comm alike: rank 0 makes
+ * it, the others map it, all agree whether every rank could; then the big
+ * buffers are its. Otherwise such calls go as messages for good (one log
+ * line says why). WEFT_SUCCESS either way; an error only when an exchange
+ * itself failed (the call then fails with it, and the next such call
+ * tries again). Every rank is in this call's exchanges, so past every
+ * call that used the old big buffers. */
+static int node_large_setup(struct weft_coll *cc, const struct weft_coll_args *user)
+{
+    struct weft_core *core = cc->core;
+    struct coll_node *n = cc->node;
+    const int N = core->size, rank = core->rank, P = n->P;
+    const size_t slot = cc->node_large, bytes = node_large_bytes(P, slot);
+    struct node_offer mine, *all = calloc((size_t)N, sizeof *all);
+    char why[256] = "";
+    char *base = NULL;
+    void *scratch = NULL;
+
+    memset(&mine, 0, sizeof mine);
+    if (all == NULL)
+        return weft_set_error(core, WEFT_ERR_NO_MEMORY, "node-local collectives: no memory for %d ranks' state", N);
+    if (rank == 0 && node_create(P, bytes, mine.name, sizeof mine.name, &base, why, sizeof why) == 0)
+        mine.ok = 1;
+    int rc = node_exchange(cc, user, &mine, all, sizeof mine);
+    if (rc == WEFT_SUCCESS && rank != 0) {
+        mine.ok = 0;
+        if (all[0].ok) {
+            char name[sizeof mine.name + 1];
+            memcpy(name, all[0].name, sizeof mine.name);
+            name[sizeof mine.name] = '\0';
+            mine.ok = node_open(name, bytes, P, slot, &base, why, sizeof why) == 0;
+        }
+    }
+    if (mine.ok && core->cuda && (scratch = malloc(slot)) == NULL) {
+        snprintf(why, sizeof why, "no memory for %zu B of scratch", slot);
+        mine.ok = 0;
+    }
+    int32_t agreed[1] = { mine.ok };
+    int32_t *oks = (int32_t *)all;   /* reuse: N * 64 bytes hold N flags */
+    if (rc == WEFT_SUCCESS)
+        rc = node_exchange(cc, user, agreed, oks, sizeof agreed);
+    int every = rc == WEFT_SUCCESS, first_no = -1;
+    for (int r = 0; every && r < N; r++)
+        if (!oks[r]) {
+            every = 0;
+            first_no = r;
+        }
+    if (rank == 0 && mine.name[0])
+        shm_unlink(mine.name);
+    free(all);
+    if (!every) {
+        if (base)
+            munmap(base, bytes);
+        free(scratch);
+        n->large_state = rc == WEFT_SUCCESS ? NODE_OFF : NODE_UNTRIED;
+        if (rc == WEFT_SUCCESS && (first_no == rank || rank == 0))
+            WEFT_INFO(rank, "node-local collectives: no large segment for this comm (reductions and allgathers "
+                      "above %zu B a rank go as messages): rank %d: %s", n->slot, first_no,
+                      first_no == rank ? why : "could not map it");
+        return rc;
+    }
+    n->lbase = base;
+    n->lbytes = bytes;
+    n->data = base + 2 * NODE_CACHE;
+    n->res = n->data + 2 * (size_t)P * slot;
+    n->slot = slot;
+    if (scratch) {
+        free(n->scratch);
+        n->scratch = scratch;
+    }
+    n->large_state = NODE_ON;
+    WEFT_INFO(rank, "node-local collectives on for large calls: %zu-byte segment for %d rank(s), %zu B a rank",
+              bytes, P, slot);
+    return WEFT_SUCCESS;
 }
 
 void coll_node_init(struct weft_coll *cc)
@@ -1166,6 +1260,22 @@ static int node_run_one(struct weft_coll *cc, const struct weft_coll_args *a, si
             return rc;
         }
         if (cc->node_state != NODE_ON)
+            return WEFT_SUCCESS;   /* messages, on every rank alike */
+    }
+    /* Above the small segment's slot only a reduction's or an allgather's
+     * part from 3 ranks (node_fits: a bcast's whole buffer is its own
+     * matter, bcast_area): the large segment, made now if it was not. */
+    if (need > cc->node->slot && cc->node_large && (a->kind == WEFT_COLL_ALLREDUCE || a->kind == WEFT_COLL_REDUCE ||
+                                                    a->kind == WEFT_COLL_REDUCE_SCATTER ||
+                                                    a->kind == WEFT_COLL_ALLGATHER)) {
+        if (cc->node->large_state == NODE_UNTRIED) {
+            int rc = node_large_setup(cc, a);
+            if (rc != WEFT_SUCCESS) {
+                *handled = 1;
+                return rc;
+            }
+        }
+        if (cc->node->large_state != NODE_ON)
             return WEFT_SUCCESS;   /* messages, on every rank alike */
     }
     *handled = 1;

@@ -57,9 +57,16 @@ _Static_assert(sizeof(struct node_ctrl) == NODE_CTRL_BYTES, "ctrl is whole cache
 struct coll_node {
     char             *base;
     size_t            bytes;
+    /* The large calls' segment (node_large_setup): big buffers of
+     * WEFT_NODE_COLL_LARGE_KB a rank, made at the first call that needs
+     * them; data, res and slot then point into it. */
+    char             *lbase;
+    size_t            lbytes;
+    int               large_state; /* 0 not tried, 1 on, -1 off for good (as node_state) */
     struct node_ctrl *ctrl;
     char             *small;      /* small buffer b < NODE_NSMALL, rank r: small + (b * P + r) * NODE_SMALL */
-    char             *data;       /* big buffer NODE_NSMALL + i: data + (i * P + r) * slot */
+    char             *data;       /* big buffer NODE_NSMALL + i: data + (i * P + r) * slot (in base, or in
+                                     lbase once the large segment is on) */
     char             *res;        /* its sliced result: res + i * slot */
     size_t            slot;
     int               P, me;      /* ranks of this node, this rank's local index */

@@ -16,7 +16,8 @@
  *                      segment, one element more as messages, none of it
  *                      with the setting 0, at 2 ranks or across nodes; a
  *                      small WEFT_SHM_BUDGET_MB lowers the limit and keeps
- *                      the segment within it; results exact;
+ *                      the two segments within it, the large one made only
+ *                      by a call that needs it; results exact;
  *   BytesQuery         weft_comm_node_coll_bytes: the comm's limit where
  *                      the path is taken, 0 where not, alike on every rank;
  *   TransportsWithoutShmKeepItOff  a comm's own WEFT_TRANSPORTS=tcp: the
@@ -278,11 +279,12 @@ TEST(NodeColl, LargeReductionsFromThreeRanks)
         {"1024", "64", size_t(1) << 20, true},             /* the default limit, at it */
         {"1024", "64", (size_t(1) << 20) + 4 * P, false},  /* one element a rank past it */
         {"0", "64", size_t(128) << 10, false},             /* off: WEFT_NODE_COLL_KB's 64 KiB */
-        /* 2 MiB of budget: the 8-rank segment's slots fit 84.5 KiB, the
-         * 3-rank one's 231 KiB (node_large_limit), so 80 KiB fits at every
-         * size here and 1 MiB at none. */
-        {"1024", "2", size_t(80) << 10, true},
-        {"1024", "2", size_t(1) << 20, false},
+        /* 4 MiB of budget, less the small segment: the 8-rank large
+         * segment's slots fit 134 KiB, the 3-rank one's 423 KiB
+         * (node_large_limit), so 80 KiB fits at every size here and 1 MiB
+         * at none. */
+        {"1024", "4", size_t(80) << 10, true},
+        {"1024", "4", size_t(1) << 20, false},
     };
     for (const Case &k : cases) {
         SCOPED_TRACE(std::string("WEFT_NODE_COLL_LARGE_KB=") + k.large_kb + " WEFT_SHM_BUDGET_MB=" + k.budget_mb +
@@ -329,13 +331,19 @@ TEST(NodeColl, LargeReductionsFromThreeRanks)
             EXPECT_EQ(line.find("node-local shared memory") != std::string::npos, segment)
                 << "np " << size << ": " << line;
         }
-        /* The segment made for these calls stays within the budget. */
-        size_t at = log.find("node-local collectives on: ");
-        if (segment) {
+        /* The two segments made for these calls (the small one at the
+         * first call, the large one at the first call above its slot) stay
+         * within the budget together; without a large call, no large one. */
+        const std::string small_on = "node-local collectives on: ", large_on = "on for large calls: ";
+        size_t at = log.find(small_on), lat = log.find(large_on);
+        if (!segment) {
+            EXPECT_EQ(lat, std::string::npos) << "a large segment without a call through it:\n" << log;
+        } else {
             ASSERT_NE(at, std::string::npos) << log;
-            unsigned long long seg = std::strtoull(log.c_str() + at + std::strlen("node-local collectives on: "),
-                                                   nullptr, 10);
-            EXPECT_LE(seg, std::strtoull(k.budget_mb, nullptr, 10) << 20) << log.substr(at, 120);
+            ASSERT_NE(lat, std::string::npos) << log;
+            unsigned long long seg = std::strtoull(log.c_str() + at + small_on.size(), nullptr, 10) +
+                                     std::strtoull(log.c_str() + lat + large_on.size(), nullptr, 10);
+            EXPECT_LE(seg, std::strtoull(k.budget_mb, nullptr, 10) << 20) << log;
         }
     }
 }

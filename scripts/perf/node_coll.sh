@@ -8,9 +8,12 @@
 # pooled), and the ratios. The numbers of docs/benchmarks.md, "Node-local
 # collectives", came from
 #   scripts/perf/node_coll.sh --rounds 3
+# --off VAR=VALUE: the other series' setting instead of WEFT_NODE_COLL_KB=0
+# (e.g. WEFT_NODE_COLL_LARGE_KB=0: "Node-local reductions up to 1 MiB").
 #
 # usage: scripts/perf/node_coll.sh [--build DIR] [--rounds N] [--nps "2 4 8"]
-#            [--colls "barrier bcast allgather allreduce reduce_scatter alltoall"] [-- weft-perf options]
+#            [--colls "barrier bcast allgather allreduce reduce_scatter alltoall"] [--off VAR=VALUE]
+#            [-- weft-perf options]
 set -euo pipefail
 here=$(cd "$(dirname "$0")/../.." && pwd)
 build=$here/build-test
@@ -18,14 +21,16 @@ rounds=3
 nps="2 4 8"
 colls="barrier bcast allgather allreduce reduce_scatter alltoall"
 extra=(-b 8 -e 64K -f 4)
+off=WEFT_NODE_COLL_KB=0
 while [ $# -gt 0 ]; do
     case $1 in
     --build) build=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --nps) nps=$2; shift 2 ;;
     --colls) colls=$2; shift 2 ;;
+    --off) off=$2; shift 2 ;;
     --) shift; extra=("$@"); break ;;
-    *) echo "usage: $0 [--build DIR] [--rounds N] [--nps LIST] [--colls LIST] [-- weft-perf options]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--build DIR] [--rounds N] [--nps LIST] [--colls LIST] [--off VAR=VALUE] [-- weft-perf options]" >&2; exit 2 ;;
     esac
 done
 perf=$build/bench/weft-perf
@@ -34,7 +39,7 @@ perf=$build/bench/weft-perf
 source "$here/scripts/env.sh"
 out=$(mktemp -d /tmp/weft-node-coll.XXXXXX)
 echo "# $(date -u '+%F %T UTC'), $(nproc) cores, loadavg $(cut -d' ' -f1-3 /proc/loadavg), weft $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?')"
-echo "# weft-perf ${extra[*]}; $rounds rounds; raw CSV in $out"
+echo "# weft-perf ${extra[*]}; $rounds rounds; \"messages\": $off; raw CSV in $out"
 for r in $(seq 1 "$rounds"); do
     for np in $nps; do
         for c in $colls; do
@@ -42,7 +47,7 @@ for r in $(seq 1 "$rounds"); do
                 args=()
                 [ "$c" = barrier ] || args=("${extra[@]}")
                 env_kb=()
-                [ "$kb" = default ] || env_kb=(-x WEFT_NODE_COLL_KB=0)
+                [ "$kb" = default ] || env_kb=(-x "$off")
                 mpirun -np "$np" --oversubscribe --bind-to none "${env_kb[@]}" \
                     "$perf" "$c" --csv "${args[@]}" 2>/dev/null | grep -v '^#' | sed "s/^/$kb,$r,/" \
                     >> "$out/all.csv" || echo "# $c np $np kb $kb round $r failed" >&2
