@@ -462,13 +462,14 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
      * messages win from 128 KiB), for a segment of about 1.7 MiB per comm
      * at 8 ranks. */
     cfg->node_coll_bytes  = 64 << 10;
-    /* From three ranks on one node, reductions and allgathers of up to
-     * 1 MiB a rank: there the segment's one round with the reduction split
-     * P ways took a third to a half of the messages' time, and of Open
-     * MPI's, at 4 and 8 ranks (docs/benchmarks.md, "Node-local reductions
-     * up to 1 MiB"), where gathers, scatters and alltoalls through it lost
-     * in some runs (their second copy) and stay within WEFT_NODE_COLL_KB.
-     * A segment of about 18.5 MiB per comm at 8 ranks. */
+    /* From three ranks on one node, allreduces and reduce_scatters of up
+     * to 1 MiB: there the segment's one round with the arithmetic split P
+     * ways took 0.4-0.9 of the messages' time and 0.3-0.7 of Open MPI's at
+     * 3, 4 and 8 ranks, 128 KiB-1 MiB (docs/benchmarks.md, "Node-local
+     * reductions up to 1 MiB"); reduce, allgather and the other kinds,
+     * which only add a second copy there, lost to single-copy messages in
+     * the machine's slow phases and stay within WEFT_NODE_COLL_KB. A
+     * second segment, about 18 MiB at 8 ranks, made at the first such call. */
     cfg->node_coll_large  = 1 << 20;
     cfg->tcp_streams      = 4;
     cfg->tcp_eager_limit  = 64 << 10;
