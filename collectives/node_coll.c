@@ -188,10 +188,11 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
             return 0;
         /* From 3 ranks an allreduce up to the large limit: its one round
          * splits the arithmetic P ways (sliced), where a reduce's root does
-         * it all and only adds the second copy, which lost to single-copy
-         * messages in the machine's slow phases (128-256 KiB at 3 and 4
-         * ranks, 2 rounds of 3: docs/benchmarks.md, "Node-local reductions
-         * up to 1 MiB"). */
+         * it all and the segment adds a second copy; reduce and allgather
+         * through it lost to the messages at 128-512 KiB in some rounds at
+         * 3, 4 and 8 ranks (0.37-0.79 of their speed), allreduce and
+         * reduce_scatter led Open MPI in all (docs/benchmarks.md,
+         * "Node-local reductions up to 1 MiB"). */
         return es && a->count > 0 && a->count <= (a->kind == WEFT_COLL_ALLREDUCE ? L : S) / es ? a->count * es : 0;
     case WEFT_COLL_REDUCE_SCATTER:
         es = weft_dtype_size(a->dtype);

@@ -4,7 +4,9 @@
  * the same calls as messages (a second comm with WEFT_NODE_COLL_LARGE_KB=0),
  * and Open MPI's, in one job: every repetition runs the three one after
  * the other, so the machine's slow phases (which move separate jobs 2-4x
- * on the 2-core VM) hit all three alike.
+ * on the 2-core VM) hit all three alike, in an order that rotates from
+ * one repetition to the next (the first call after another library's
+ * took up to 2.8x longer than the same call second, in slow phases).
  *
  *   mpicc -O2 -Iinclude bench/probes/node_large_ab.c -Lbuild-test -lweft \
  *         -Wl,-rpath,$PWD/build-test -o node_large_ab
@@ -104,7 +106,8 @@ int main(int argc, char **argv)
         for (size_t n = (size_t)128 << 10; n <= max_n; n *= 2) {
             for (int r = -2; r < reps; r++) {
                 double x[3];
-                for (int s = 0; s < 3; s++) {
+                for (int i = 0; i < 3; i++) {
+                    const int s = (i + r + 3) % 3;   /* rotated: no series always first */
                     MPI_Barrier(MPI_COMM_WORLD);
                     double t0 = now_us();
                     if (s == 2)

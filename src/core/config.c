@@ -464,11 +464,11 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
     cfg->node_coll_bytes  = 64 << 10;
     /* From three ranks on one node, allreduces and reduce_scatters of up
      * to 1 MiB: there the segment's one round with the arithmetic split P
-     * ways took 0.4-0.9 of the messages' time and 0.3-0.7 of Open MPI's at
-     * 3, 4 and 8 ranks, 128 KiB-1 MiB (docs/benchmarks.md, "Node-local
-     * reductions up to 1 MiB"); reduce, allgather and the other kinds,
-     * which only add a second copy there, lost to single-copy messages in
-     * the machine's slow phases and stay within WEFT_NODE_COLL_KB. A
+     * ways beat Open MPI in every round at 3, 4 and 8 ranks, 128 KiB-1 MiB
+     * (MPI time / weft time 1.05-3.9; docs/benchmarks.md, "Node-local
+     * reductions up to 1 MiB"); reduce and allgather, where the segment
+     * adds a second copy and no shared arithmetic, lost to the messages in
+     * some rounds and stay within WEFT_NODE_COLL_KB with the other kinds. A
      * second segment, about 18 MiB at 8 ranks, made at the first such call. */
     cfg->node_coll_large  = 1 << 20;
     cfg->tcp_streams      = 4;
