@@ -353,6 +353,28 @@ static int node_exchange(struct weft_coll *cc, const struct weft_coll_args *user
     return rc != WEFT_SUCCESS ? rc : weft_coll_op_wait(op);
 }
 
+/* The set-ups' second exchange: whether every rank could map the segment
+ * and, with CUDA, has its scratch of slot bytes (the host result of
+ * reductions into device buffers: part of what every rank must have, so
+ * agreed with the mapping; *scratch, freed by the caller). *first_no: the
+ * lowest rank that could not, -1 when none; oks: room for the comm's size
+ * of flags. */
+static int node_agree(struct weft_coll *cc, const struct weft_coll_args *user, int ok, size_t slot, void **scratch,
+                      char *why, size_t whylen, int32_t *oks, int *first_no)
+{
+    if (ok && cc->core->cuda && (*scratch = malloc(slot)) == NULL) {
+        snprintf(why, whylen, "no memory for %zu B of scratch", slot);
+        ok = 0;
+    }
+    int32_t mine[1] = { ok };
+    int rc = node_exchange(cc, user, mine, oks, sizeof mine);
+    *first_no = -1;
+    for (int r = 0; rc == WEFT_SUCCESS && r < cc->core->size && *first_no < 0; r++)
+        if (!oks[r])
+            *first_no = r;
+    return rc;
+}
+
 /* At the first call that fits, on every rank alike: the lowest rank of
  * each node makes its node's segment and says its name, the others of
  * that node map it (a node of one rank maps private memory: its calls
@@ -424,22 +446,10 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
         atomic_store_explicit(&c->marked, now, memory_order_relaxed);
         atomic_store_explicit(&c->sliced, now, memory_order_release);
     }
-    /* The host result of reductions into device buffers: part of what
-     * every rank must have, so agreed with the mapping. */
-    if (mine.ok && core->cuda && (n->scratch = malloc(slot)) == NULL) {
-        snprintf(why, sizeof why, "no memory for %zu B of scratch", slot);
-        mine.ok = 0;
-    }
-    int32_t agreed[1] = { mine.ok };
-    int32_t *oks = (int32_t *)all;   /* reuse: N * 64 bytes hold N flags */
-    if (rc == WEFT_SUCCESS)
-        rc = node_exchange(cc, user, agreed, oks, sizeof agreed);
-    int every = rc == WEFT_SUCCESS, first_no = -1;
-    for (int r = 0; every && r < N; r++)
-        if (!oks[r]) {
-            every = 0;
-            first_no = r;
-        }
+    int first_no = -1;
+    if (rc == WEFT_SUCCESS)   /* all: N * 64 bytes hold N flags */
+        rc = node_agree(cc, user, mine.ok, slot, &n->scratch, why, sizeof why, (int32_t *)all, &first_no);
+    int every = rc == WEFT_SUCCESS && first_no < 0;
     if (rank == maker && mine.name[0])
         shm_unlink(mine.name);   /* every rank mapped it, or gave up: the name is not needed */
     free(all);
@@ -547,20 +557,10 @@ static int node_large_setup(struct weft_coll *cc, const struct weft_coll_args *u
             mine.ok = node_open(name, bytes, P, slot, &base, why, sizeof why) == 0;
         }
     }
-    if (mine.ok && core->cuda && (scratch = malloc(slot)) == NULL) {
-        snprintf(why, sizeof why, "no memory for %zu B of scratch", slot);
-        mine.ok = 0;
-    }
-    int32_t agreed[1] = { mine.ok };
-    int32_t *oks = (int32_t *)all;   /* reuse: N * 64 bytes hold N flags */
-    if (rc == WEFT_SUCCESS)
-        rc = node_exchange(cc, user, agreed, oks, sizeof agreed);
-    int every = rc == WEFT_SUCCESS, first_no = -1;
-    for (int r = 0; every && r < N; r++)
-        if (!oks[r]) {
-            every = 0;
-            first_no = r;
-        }
+    int first_no = -1;
+    if (rc == WEFT_SUCCESS)   /* all: N * 64 bytes hold N flags */
+        rc = node_agree(cc, user, mine.ok, slot, &scratch, why, sizeof why, (int32_t *)all, &first_no);
+    int every = rc == WEFT_SUCCESS && first_no < 0;
     if (rank == 0 && mine.name[0])
         shm_unlink(mine.name);
     free(all);

@@ -17,7 +17,9 @@
 #   nonblocking      np 1, 2, 3, 4, 8 shm; np 2, 3 tcp; np 4, 5 vnodes2
 #   reductions_dev   device buffers (the kernels, run by the emulated runtime
 #                    by name with the host's arithmetic): np 2 shm, tcp,
-#                    vnodes2; np 4 vnodes2 -- the matrix with
+#                    vnodes2; np 4 vnodes2 and shm (there reductions above
+#                    64 KiB go through the large node-local segment, the
+#                    result via its host scratch) -- the matrix with
 #                    WEFT_TEST_SIZES=reduced plus test_reductions_device.cc
 #   reductions_dev_staged  np 2 shm, the same with no kernel image for the
 #                    emulated GPU (WEFT_EMU_CUDA_MODULES=0): the staged path
@@ -78,7 +80,7 @@ if(DEFINED WEFT_DEV_CUDART AND WEFT_DEV_CUDART)
   weft_add_mpi_suite(NAME reductions_dev BINARY weft_mpi_reductions_dev NPS 2 CONFIGS shm tcp vnodes2
                      GTEST_FILTER ${WEFT_RED_DEV_FILTER} LABELS "reductions;device"
                      ENV ${WEFT_RED_DEV_ENV} TIMEOUT 300)
-  weft_add_mpi_suite(NAME reductions_dev BINARY weft_mpi_reductions_dev NPS 4 CONFIGS vnodes2
+  weft_add_mpi_suite(NAME reductions_dev BINARY weft_mpi_reductions_dev NPS 4 CONFIGS vnodes2 shm
                      GTEST_FILTER ${WEFT_RED_DEV_FILTER} LABELS "reductions;device"
                      ENV ${WEFT_RED_DEV_ENV} TIMEOUT 300)
   if(WEFT_TEST_CUDA_RUNTIME STREQUAL "emu")
