@@ -257,6 +257,12 @@ static void node_unmap(struct coll_node *n)
     free(n);
 }
 
+/* Slots are whole cache lines: no two ranks' parts share one. */
+static size_t node_line_up(size_t bytes)
+{
+    return (bytes + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE;
+}
+
 static size_t node_seg_bytes(int P, size_t slot, size_t *ctrl_off, size_t *small_off, size_t *data_off,
                              size_t *res_off)
 {
@@ -390,7 +396,7 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
     int P = cc->node_first[node + 1] - cc->node_first[node], me = 0, maker = local[0];
     while (local[me] != rank)
         me++;
-    size_t slot = (core->cfg.node_coll_bytes + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE;
+    size_t slot = node_line_up(core->cfg.node_coll_bytes);
     size_t ctrl_off, small_off, data_off, res_off;
     size_t bytes = node_seg_bytes(P, slot, &ctrl_off, &small_off, &data_off, &res_off);
     struct node_offer mine, *all = calloc((size_t)N, sizeof *all);
@@ -510,16 +516,13 @@ static size_t node_large_limit(const struct weft_coll *cc)
     size_t a, b, c, d;
     if (cc->nnodes != 1 || P < 3 || cfg->node_coll_bytes == 0 || cfg->node_coll_large <= cfg->node_coll_bytes)
         return 0;
-    size_t small = node_seg_bytes(P, (cfg->node_coll_bytes + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE, &a, &b,
-                                  &c, &d);
-    size_t L = (cfg->node_coll_large + NODE_CACHE - 1) / NODE_CACHE * NODE_CACHE;
-    if (small + node_large_bytes(P, L) > cfg->shm_budget) {
+    size_t small = node_seg_bytes(P, node_line_up(cfg->node_coll_bytes), &a, &b, &c, &d);
+    size_t L = cfg->node_coll_large;
+    if (small + node_large_bytes(P, node_line_up(L)) > cfg->shm_budget) {
         size_t room = cfg->shm_budget > small + node_large_bytes(P, 0) ? cfg->shm_budget - small - node_large_bytes(P, 0)
                                                                       : 0;
         L = room / (2 * ((size_t)P + 1)) / NODE_CACHE * NODE_CACHE;
     }
-    if (L > cfg->node_coll_large)
-        L = cfg->node_coll_large;
     return L > cfg->node_coll_bytes ? L : 0;
 }
 
@@ -536,7 +539,7 @@ static int node_large_setup(struct weft_coll *cc, const struct weft_coll_args *u
     struct weft_core *core = cc->core;
     struct coll_node *n = cc->node;
     const int N = core->size, rank = core->rank, P = n->P;
-    const size_t slot = cc->node_large, bytes = node_large_bytes(P, slot);
+    const size_t slot = node_line_up(cc->node_large), bytes = node_large_bytes(P, slot);
     struct node_offer mine, *all = calloc((size_t)N, sizeof *all);
     char why[256] = "";
     char *base = NULL;
