@@ -322,12 +322,18 @@ void weft_health_link_failed(struct weft_p2p *p, int rank, int code, const char 
          * Exiting takes milliseconds; a live process with only this link
          * down keeps running. Look again for up to LINK_DEATH_WAIT_MS (a loaded
          * 2-core machine took more than 250 ms once). */
-        char st = proc_state(pp->pid);
-        for (int ms = 0; ms < LINK_DEATH_WAIT_MS && st != 0 && st != 'Z' && st != 'X' && !process_gone(pp); ms += 5) {
+        int ended = 0;
+        for (int ms = 0;; ms += 5) {
+            /* One reading decides: the process may end between two
+             * looks (a state read as running, then a pidfd turned
+             * readable), and the verdict must follow the later one. */
+            char st = process_gone(pp) ? 'X' : proc_state(pp->pid);
+            ended = st == 0 || st == 'Z' || st == 'X';
+            if (ended || ms >= LINK_DEATH_WAIT_MS)
+                break;
             weft_nap_us(5000);
-            st = process_gone(pp) ? 'X' : proc_state(pp->pid);
         }
-        if (st != 0 && st != 'Z' && st != 'X') {
+        if (!ended) {
             /* A link failure, not the peer's: every rank learns of it (a
              * pipe that breaks after another fault -- a transfer given up
              * when the call failed -- too: the shrink must leave one of
