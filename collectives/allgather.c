@@ -406,7 +406,7 @@ int coll_allgather_heads_op(struct weft_coll *cc, const struct weft_coll_sig *si
     if (rc != WEFT_SUCCESS)
         return rc;
     struct weft_sched_call call = { .what = what, .sig = *sig, .tag = weft_tag_coll, .seq = seq, .nranks = a.n };
-    rc = weft_sched_start(cc->p2p, cc->core, &call, build_heads_ring, &a, op);
+    rc = weft_sched_start(cc, &call, build_heads_ring, &a, op);
     free(layout);
     return rc;
 }
@@ -468,7 +468,7 @@ int coll_allgather_op_sig(struct weft_coll *cc, const struct weft_coll_sig *sig,
         .what = what, .sig = *sig, .tag = tag, .seq = seq,
         .scratch_bytes = scratch, .nranks = a.n,
     };
-    rc = weft_sched_start(cc->p2p, cc->core, &call, build, &a, op);
+    rc = weft_sched_start(cc, &call, build, &a, op);
     free(layout);
     return rc;
 }

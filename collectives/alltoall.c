@@ -355,7 +355,7 @@ int coll_alltoall_start(struct weft_coll *cc, const struct weft_coll_args *ca, w
     default:
         return weft_set_error(cc->core, WEFT_ERR_INTERNAL, "weft_alltoall: selector returned algorithm %d", algo);
     }
-    return weft_sched_start(cc->p2p, cc->core, &call, build, &a, op);
+    return weft_sched_start(cc, &call, build, &a, op);
 }
 
 /*
@@ -407,5 +407,5 @@ int coll_alltoallv_start(struct weft_coll *cc, const struct weft_coll_args *ca, 
         .what = "alltoallv pairwise", .sig = { WEFT_COLL_ALLTOALLV, -1, 0, -1, -1 }, .tag = tag, .seq = seq,
         .nranks = n,
     };
-    return weft_sched_start(cc->p2p, cc->core, &call, build_pairwise, &a, op);
+    return weft_sched_start(cc, &call, build_pairwise, &a, op);
 }

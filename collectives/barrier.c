@@ -51,5 +51,5 @@ int coll_barrier_start(struct weft_coll *cc, const struct weft_coll_args *a, wef
         .what = "barrier dissemination", .sig = { WEFT_COLL_BARRIER, -1, 0, -1, -1 }, .tag = tag, .seq = seq,
         .nranks = cc->core->size,
     };
-    return weft_sched_start(cc->p2p, cc->core, &call, build_barrier, cc, op);
+    return weft_sched_start(cc, &call, build_barrier, cc, op);
 }

@@ -128,7 +128,7 @@ int coll_bcast_start(struct weft_coll *cc, const struct weft_coll_args *ca, weft
     }
     if (large) {
         call.what = "bcast scatter+ring";
-        return weft_sched_start(cc->p2p, cc->core, &call, build_scatter_ring, &a, op);
+        return weft_sched_start(cc, &call, build_scatter_ring, &a, op);
     }
-    return weft_sched_start(cc->p2p, cc->core, &call, build_binomial, &a, op);
+    return weft_sched_start(cc, &call, build_binomial, &a, op);
 }

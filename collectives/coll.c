@@ -163,6 +163,7 @@ void weft_coll_fini(struct weft_coll *cc)
     coll_node_fini(cc);
     coll_stage_fini(cc);
     coll_nb_fini(cc);
+    weft_sched_spares_fini(cc);   /* last: no op of the comm is freed after this */
     pthread_mutex_destroy(&cc->shapes_lock);
     pthread_mutex_destroy(&cc->stage_lock);
     pthread_mutex_destroy(&cc->nb_lock);

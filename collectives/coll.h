@@ -31,6 +31,7 @@ struct weft_core;
 struct weft_coll_op;
 struct weft_coll_shape;
 struct weft_coll_stage;
+struct weft_coll_spare;
 struct weft_coll_nb;
 struct coll_node;
 
@@ -126,6 +127,11 @@ struct weft_coll {
     pthread_mutex_t         stage_lock;
     struct weft_coll_stage *stages;
     struct weft_coll_stage *scratches;   /* device scratch of the reduction kernels, reused (stage_lock) */
+    /* Freed schedule ops' memory (op, steps, host scratch), reused by the
+     * next op it fits (coll_sched.c, stage_lock). */
+    struct weft_coll_spare *op_spares;
+    size_t                  op_spare_bytes;
+    int                     op_nspares;
 
     /* Non-blocking collectives in flight (coll_nb.c): advanced by any
      * wait of the comm (the p2p progress hook), and call seq waits for

@@ -155,7 +155,7 @@ int coll_reduce_launch(struct weft_coll *cc, struct weft_sched_call *call, const
                        struct weft_coll_op **op)
 {
     if (!plan->staged)
-        return weft_sched_start(cc->p2p, cc->core, call, build, args, op);
+        return weft_sched_start(cc, call, build, args, op);
     struct staged_args s = { build, args, plan, staged_send, staged_recv };
-    return weft_sched_start(cc->p2p, cc->core, call, build_staged, &s, op);
+    return weft_sched_start(cc, call, build_staged, &s, op);
 }

@@ -414,6 +414,97 @@ static int op_advance(struct weft_coll_op *op)
     }
 }
 
+/*
+ * Spare op allocations. An op's memory of at least SPARE_MIN bytes goes on
+ * its comm's list when the op is freed; the next op takes the smallest
+ * spare it fits in. At most SPARES_MAX spares and SPARE_BYTES_MAX bytes in
+ * all a comm (the smallest go first to make room; an allocation larger
+ * than that is freed): a comm whose calls stay small keeps little, and the
+ * list holds what was in flight at once (non-blocking calls) at most.
+ * Kept ops (weft_p2p_keep) are not spares: p2p frees them, their requests
+ * may still use them.
+ */
+#define SPARE_MIN ((size_t)4 << 10)
+#define SPARE_BYTES_MAX ((size_t)16 << 20)
+#define SPARES_MAX 8
+
+struct weft_coll_spare {
+    struct weft_coll_spare *next;
+    size_t                  bytes;
+};
+
+/* An allocation of at least bytes: a spare of cc's, else malloc's. *got:
+ * its size. */
+static void *op_alloc(struct weft_coll *cc, size_t bytes, size_t *got)
+{
+    struct weft_coll_spare **best = NULL, *sp = NULL;
+    if (bytes >= SPARE_MIN) {
+        pthread_mutex_lock(&cc->stage_lock);
+        for (struct weft_coll_spare **pp = &cc->op_spares; *pp; pp = &(*pp)->next)
+            if ((*pp)->bytes >= bytes && (best == NULL || (*pp)->bytes < (*best)->bytes))
+                best = pp;
+        if (best) {
+            sp = *best;
+            *best = sp->next;
+            cc->op_nspares--;
+            cc->op_spare_bytes -= sp->bytes;
+        }
+        pthread_mutex_unlock(&cc->stage_lock);
+    }
+    if (sp) {
+        *got = sp->bytes;
+        return sp;
+    }
+    *got = bytes;
+    return malloc(bytes);
+}
+
+/* Gives mem (bytes long, from op_alloc) to cc's spares, or back to malloc. */
+static void op_release(struct weft_coll *cc, void *mem, size_t bytes)
+{
+    struct weft_coll_spare *evicted = NULL;
+    if (bytes < SPARE_MIN || bytes > SPARE_BYTES_MAX) {
+        free(mem);
+        return;
+    }
+    pthread_mutex_lock(&cc->stage_lock);
+    while (cc->op_spares && (cc->op_nspares >= SPARES_MAX || cc->op_spare_bytes + bytes > SPARE_BYTES_MAX)) {
+        struct weft_coll_spare **small = &cc->op_spares;
+        for (struct weft_coll_spare **pp = &cc->op_spares; *pp; pp = &(*pp)->next)
+            if ((*pp)->bytes < (*small)->bytes)
+                small = pp;
+        struct weft_coll_spare *s = *small;
+        *small = s->next;
+        cc->op_nspares--;
+        cc->op_spare_bytes -= s->bytes;
+        s->next = evicted;
+        evicted = s;
+    }
+    struct weft_coll_spare *sp = mem;
+    sp->bytes = bytes;
+    sp->next = cc->op_spares;
+    cc->op_spares = sp;
+    cc->op_nspares++;
+    cc->op_spare_bytes += bytes;
+    pthread_mutex_unlock(&cc->stage_lock);
+    while (evicted) {   /* freed outside the lock */
+        struct weft_coll_spare *n = evicted->next;
+        free(evicted);
+        evicted = n;
+    }
+}
+
+void weft_sched_spares_fini(struct weft_coll *cc)
+{
+    while (cc->op_spares) {
+        struct weft_coll_spare *n = cc->op_spares->next;
+        free(cc->op_spares);
+        cc->op_spares = n;
+    }
+    cc->op_nspares = 0;
+    cc->op_spare_bytes = 0;
+}
+
 /* Frees the op and what it holds (device scratch, staging). */
 static void op_free(struct weft_coll_op *op)
 {
@@ -423,12 +514,14 @@ static void op_free(struct weft_coll_op *op)
         weft_reduce_device_free(op->core, op->scratch_dev);
     if (op->stage)
         coll_stage_put(op->stage_cc, op->stage);
-    free(op);
+    op_release(op->cc, op, op->alloc_bytes);
 }
 
-int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct weft_sched_call *call,
-                     weft_sched_build_fn build, const void *args, struct weft_coll_op **out)
+int weft_sched_start(struct weft_coll *cc, const struct weft_sched_call *call, weft_sched_build_fn build,
+                     const void *args, struct weft_coll_op **out)
 {
+    struct weft_p2p *p2p = cc->p2p;
+    struct weft_core *core = cc->core;
     struct weft_sched_build b = { NULL, 0, 0, NULL };
     struct weft_coll_op *op;
     size_t head, n, host_scratch = call->scratch_dev ? 0 : call->scratch_bytes;
@@ -454,9 +547,12 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct 
     head = (sizeof *op + n * sizeof op->steps[0] + 63) & ~(size_t)63;
     if (host_scratch > SIZE_MAX - head)
         goto nomem;
-    op = malloc(head + host_scratch);
+    size_t got;
+    op = op_alloc(cc, head + host_scratch, &got);
     if (op == NULL)
         goto nomem;
+    op->cc = cc;
+    op->alloc_bytes = got;
     op->p2p = p2p;
     op->core = core;
     op->what = what;
@@ -497,7 +593,7 @@ int weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct 
         }
         if (op->scratch_dev == NULL) {
             op->stage = NULL;
-            free(op);
+            op_release(cc, op, got);
             goto nomem;
         }
         op->scratch = op->scratch_dev;

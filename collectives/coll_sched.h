@@ -30,8 +30,13 @@
  * that code.
  *
  * Memory: one allocation per op holds the op, its steps and its scratch
- * (Bruck's rotated blocks), freed when the op completes. Latency of small
- * allgathers and barriers is benchmarked: nothing is allocated per step.
+ * (Bruck's rotated blocks, a ring's partial sums). When the op completes,
+ * the allocation goes to its comm's list of spares, not back to malloc: a
+ * freed block of hundreds of KiB is often handed back to the kernel, and
+ * the next call of the same shape then faults every page of its scratch
+ * in again (184 faults a call and rank for a 4 MiB reduce_scatter at np
+ * 4). The list is bounded (coll_sched.c). Latency of small allgathers and
+ * barriers is benchmarked: nothing is allocated per step.
  */
 #ifndef WEFT_COLL_SCHED_H
 #define WEFT_COLL_SCHED_H
@@ -117,6 +122,8 @@ struct weft_coll_op {
     struct weft_coll_stage *scratch_st;  /* ... when it came from the comm's list (returned there) */
     struct weft_coll       *stage_cc;/* host staging taken from stage_cc (returned with the op) */
     struct weft_coll_stage *stage;
+    struct weft_coll       *cc;      /* the comm whose spares take the op's memory back */
+    size_t                  alloc_bytes; /* the op's allocation, scratch included */
     uint64_t                epoch;   /* the p2p fault epoch last looked at */
     size_t                  nsteps;
     size_t                  next;    /* next step to issue */
@@ -199,8 +206,10 @@ struct weft_sched_call {
  * progress. WEFT_ERR_NO_MEMORY (last error set) with *out = NULL when it
  * cannot be allocated (the stage is then returned too); issue failures are
  * the op's result (test / wait). */
-int  weft_sched_start(struct weft_p2p *p2p, struct weft_core *core, const struct weft_sched_call *call,
-                      weft_sched_build_fn build, const void *args, struct weft_coll_op **out);
+int  weft_sched_start(struct weft_coll *cc, const struct weft_sched_call *call, weft_sched_build_fn build,
+                      const void *args, struct weft_coll_op **out);
+/* Frees the comm's spare op allocations (weft_coll_fini, after every op). */
+void weft_sched_spares_fini(struct weft_coll *cc);
 
 /* The op's steps issued so far that are in flight: the oldest (for a
  * per-request clock), or NULL. */

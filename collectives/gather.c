@@ -132,7 +132,7 @@ static int rooted_start(struct weft_coll *cc, const struct weft_coll_args *ca, w
         .sig = { gather ? WEFT_COLL_GATHER : WEFT_COLL_SCATTER, root, bytes, -1, -1 },
         .tag = tag, .seq = seq, .nranks = n,
     };
-    return weft_sched_start(cc->p2p, cc->core, &call, gather ? build_gather : build_scatter, &a, op);
+    return weft_sched_start(cc, &call, gather ? build_gather : build_scatter, &a, op);
 }
 
 int coll_gather_start(struct weft_coll *cc, const struct weft_coll_args *a, weft_coll_tag_fn tag, uint32_t seq,

@@ -379,7 +379,7 @@ static int heads_run(struct node_call *k, const struct weft_coll_args *a, void *
     if (a->kind == WEFT_COLL_ALLGATHER)
         rc = coll_allgather_heads_op(cc, &call.sig, k->seq, buf, a->count, &op);
     else
-        rc = weft_sched_start(cc->p2p, core, &call, build, &h, &op);
+        rc = weft_sched_start(cc, &call, build, &h, &op);
     if (rc == WEFT_SUCCESS)
         rc = weft_coll_op_wait(op);
     if (rank != stack)
