@@ -11,10 +11,11 @@
  *   mpicc -O2 -Iinclude bench/probes/op_fault_probe.c -Lbuild-test -lweft \
  *         -Wl,-rpath,$PWD/build-test -o op_fault_probe
  *   WEFT_NODE_COLL_LARGE_KB=0 mpirun -np 4 --oversubscribe --bind-to none \
- *         -x WEFT_NODE_COLL_LARGE_KB ./op_fault_probe [REPS]
+ *         -x WEFT_NODE_COLL_LARGE_KB ./op_fault_probe [REPS [MAX_MIB]]
  *
  * Each call is preceded by an MPI_Barrier; the first of REPS + 1 (default
- * 6) is not counted (first touch of the comm's rings and segments).
+ * 6) is not counted (first touch of the comm's rings and segments). Sizes
+ * 64 KiB x 4^k up to MAX_MIB (default 4) MiB.
  */
 #include <mpi.h>
 #include <stdio.h>
@@ -75,7 +76,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "rank %d: weft_comm_create: %s\n", rank, weft_last_error());
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-    const size_t max_n = (size_t)4 << 20;
+    const size_t max_n = (size_t)(argc > 2 ? atoi(argv[2]) : 4) << 20;
+    if (max_n == 0)
+        MPI_Abort(MPI_COMM_WORLD, 2);
     float *in = malloc(max_n), *out = malloc(max_n * (size_t)size);
     if (!in || !out)
         MPI_Abort(MPI_COMM_WORLD, 1);
