@@ -33,9 +33,10 @@
  *   once every slice is there (the reduction work split P ways).
  *
  * The slot is WEFT_NODE_COLL_KB, the limit of every kind of call. On a
- * comm of 3 ranks or more on one node allreduce and reduce_scatter go on
- * up to WEFT_NODE_COLL_LARGE_KB (1 MiB), where their one round with the
- * arithmetic split P ways beats messages and Open MPI: the first such call makes
+ * comm of 3 ranks or more on one node allreduce, reduce, reduce_scatter
+ * and allgather go on up to WEFT_NODE_COLL_LARGE_KB (1 MiB), where one
+ * round (an allreduce's arithmetic split P ways) beats messages and Open
+ * MPI in the machine's usual phases: the first such call makes
  * a second segment of two big buffers of that slot (node_large_setup),
  * and from then on every big-buffer call uses it -- the old big buffers
  * are idle, every rank being past every call that used them. Comms that
@@ -139,7 +140,7 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
     /* WEFT_TRANSPORTS is agreed at create like the others. */
     if (S == 0)
         return 0;
-    const size_t L = cc->node_large > S ? cc->node_large : S;   /* allreduce's and reduce_scatter's */
+    const size_t L = cc->node_large > S ? cc->node_large : S;   /* allreduce's, reduce_scatter's, allgather's */
     switch (a->kind) {
     case WEFT_COLL_BARRIER:
         return 1;
@@ -165,7 +166,14 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
          * in both. */
         if (P == 2 && a->count > NODE_PAIR_MAX)
             return 0;
-        return cc->ag_algo == 0 && a->count > 0 && a->count <= S ? a->count : 0;
+        /* From 3 ranks a block up to the large limit (node_run_one: the
+         * large segment above the small one's slot). 27 jobs at np 3, 4
+         * and 8, 128 KiB-1 MiB (docs/benchmarks.md, "All four through the
+         * large segment"): 1.12-2.35x the messages' speed in 18 of them,
+         * 0.31-0.62 in 9 (the machine's slow phases: in 6 of those the
+         * reductions through the segment lost too); over all 27, 1.04x the
+         * messages and 1.47x Open MPI (geometric means). */
+        return cc->ag_algo == 0 && a->count > 0 && a->count <= L ? a->count : 0;
     case WEFT_COLL_SCATTER:
         return a->count > 0 && a->count <= S / P ? a->count * P : 0;
     case WEFT_COLL_ALLTOALL:
@@ -186,14 +194,12 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
          * and 45 in 2 rounds against rd's 10-13 in all 6. */
         if (P == 2 && es && a->count > NODE_PAIR_MAX / es)
             return 0;
-        /* From 3 ranks an allreduce up to the large limit: its one round
-         * splits the arithmetic P ways (sliced), where a reduce's root does
-         * it all and the segment adds a second copy; reduce and allgather
-         * through it lost to the messages at 128-512 KiB in some rounds at
-         * 3, 4 and 8 ranks (0.37-0.79 of their speed), allreduce and
-         * reduce_scatter led Open MPI in all (docs/benchmarks.md,
-         * "Node-local reductions up to 1 MiB"). */
-        return es && a->count > 0 && a->count <= (a->kind == WEFT_COLL_ALLREDUCE ? L : S) / es ? a->count * es : 0;
+        /* From 3 ranks up to the large limit. An allreduce's one round
+         * splits the arithmetic P ways (sliced); a reduce's root does it
+         * all, reading every slot, and still came out ahead: over the 27
+         * jobs above 1.78x the messages' speed (allreduce 1.72x), in the
+         * slow phases down to 0.37 (allreduce 0.73). */
+        return es && a->count > 0 && a->count <= L / es ? a->count * es : 0;
     case WEFT_COLL_REDUCE_SCATTER:
         es = weft_dtype_size(a->dtype);
         return cc->rs_algo == 0 && es && a->count > 0 && a->count <= L / es / P ? a->count * es * P : 0;
@@ -573,8 +579,8 @@ static int node_large_setup(struct weft_coll *cc, const struct weft_coll_args *u
         free(scratch);
         n->large_state = rc == WEFT_SUCCESS ? NODE_OFF : NODE_UNTRIED;
         if (rc == WEFT_SUCCESS && (first_no == rank || rank == 0))
-            WEFT_INFO(rank, "node-local collectives: no large segment for this comm (allreduces and "
-                      "reduce_scatters above %zu B go as messages): rank %d: %s", n->slot, first_no,
+            WEFT_INFO(rank, "node-local collectives: no large segment for this comm (allreduces, reduces, "
+                      "reduce_scatters and allgathers above %zu B go as messages): rank %d: %s", n->slot, first_no,
                       first_no == rank ? why : "could not map it");
         return rc;
     }
@@ -1272,12 +1278,13 @@ static int node_run_one(struct weft_coll *cc, const struct weft_coll_args *a, si
         if (cc->node_state != NODE_ON)
             return WEFT_SUCCESS;   /* messages, on every rank alike */
     }
-    /* Above the small segment's slot only an allreduce's or a
-     * reduce_scatter's vector from 3 ranks (node_fits: a bcast's whole
-     * buffer is its own matter, bcast_area): the large segment, made now
-     * if it was not. */
+    /* Above the small segment's slot only an allreduce's, a reduce's or a
+     * reduce_scatter's vector or an allgather's block from 3 ranks
+     * (node_fits: a bcast's whole buffer is its own matter, bcast_area):
+     * the large segment, made now if it was not. */
     if (need > cc->node->slot && cc->node_large &&
-        (a->kind == WEFT_COLL_ALLREDUCE || a->kind == WEFT_COLL_REDUCE_SCATTER)) {
+        (a->kind == WEFT_COLL_ALLREDUCE || a->kind == WEFT_COLL_REDUCE_SCATTER || a->kind == WEFT_COLL_ALLGATHER ||
+         a->kind == WEFT_COLL_REDUCE)) {
         if (cc->node->large_state == NODE_UNTRIED) {
             int rc = node_large_setup(cc, a);
             if (rc != WEFT_SUCCESS) {

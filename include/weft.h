@@ -196,9 +196,9 @@ WEFT_API int  weft_comm_size(const weft_comm_t *comm);
  * rank of comm is on one node and shm is among WEFT_TRANSPORTS; 0 when no
  * call is (ranks on several nodes, WEFT_NODE_COLL_KB=0, no shm, one rank,
  * or the segment could not be made). Below it, whether a call goes there
- * still depends on the collective; from 3 ranks an allreduce or a
- * reduce_scatter goes there up to WEFT_NODE_COLL_LARGE_KB, above it
- * (docs/api.md). The same on every rank:
+ * still depends on the collective; from 3 ranks an allreduce, a reduce,
+ * a reduce_scatter or an allgather goes there up to
+ * WEFT_NODE_COLL_LARGE_KB, above it (docs/api.md). The same on every rank:
  * a layer above weft (the PMPI drop-in) may route calls on it. Local. */
 WEFT_API int  weft_comm_node_coll_bytes(const weft_comm_t *comm, size_t *bytes);
 

@@ -495,7 +495,7 @@ TEST_P(ReduceAlgo, MatchesReference)
  * node over shm): at 32 KiB on two ranks, at WEFT_NODE_COLL_KB (64 KiB)
  * from three with WEFT_NODE_COLL_LARGE_KB=0 (by default reductions from
  * three ranks stay in the segment up to 1 MiB: NodeColl's
- * LargeReductionsFromThreeRanks). Read from each rank's WEFT_DEBUG=info line for the shape
+ * LargeCallsFromThreeRanks). Read from each rank's WEFT_DEBUG=info line for the shape
  * (set by the reduce_select entries), with the results checked at the
  * root. */
 class ReduceSelector : public ReduceAlgos {

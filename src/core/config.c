@@ -462,14 +462,15 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
      * messages win from 128 KiB), for a segment of about 1.7 MiB per comm
      * at 8 ranks. */
     cfg->node_coll_bytes  = 64 << 10;
-    /* From three ranks on one node, allreduces and reduce_scatters of up
-     * to 1 MiB: there the segment's one round with the arithmetic split P
-     * ways beat Open MPI in every round at 3, 4 and 8 ranks, 128 KiB-1 MiB
-     * (MPI time / weft time 1.05-3.9; docs/benchmarks.md, "Node-local
-     * reductions up to 1 MiB"); reduce and allgather, where the segment
-     * adds a second copy and no shared arithmetic, lost to the messages in
-     * some rounds and stay within WEFT_NODE_COLL_KB with the other kinds. A
-     * second segment, about 18 MiB at 8 ranks, made at the first such call. */
+    /* From three ranks on one node, allreduces, reduces, reduce_scatters
+     * and allgathers of up to 1 MiB: over 27 jobs at 3, 4 and 8 ranks,
+     * 128 KiB-1 MiB, the segment's one round took 1.04-1.78x less time
+     * than the same calls as messages and 1.47-2.32x less than Open MPI
+     * (geometric means; docs/benchmarks.md, "All four through the large
+     * segment"), though in the machine's slow phases it lost to the
+     * messages (allgather down to 0.31x). The other kinds stay within
+     * WEFT_NODE_COLL_KB. A second segment, about 18 MiB at 8 ranks, made
+     * at the first such call. */
     cfg->node_coll_large  = 1 << 20;
     cfg->tcp_streams      = 4;
     cfg->tcp_eager_limit  = 64 << 10;
