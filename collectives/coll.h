@@ -144,8 +144,9 @@ struct weft_coll {
 
     /* Node-local collectives in shared memory (node_coll.c): the mapped
      * segment once set up, and whether it was tried (0), is on (1) or off
-     * for good (-1). node_large: the most an allreduce's or a
-     * reduce_scatter's vector may be there (WEFT_NODE_COLL_LARGE_KB, within the
+     * for good (-1). node_large: the most an allreduce's, a reduce's or a
+     * reduce_scatter's vector or an allgather's block may be there
+     * (WEFT_NODE_COLL_LARGE_KB, within the
      * shm budget; 0: WEFT_NODE_COLL_KB's limit holds for them too), set
      * once at init from agreed settings and the comm's shape. */
     struct coll_node       *node;

@@ -140,7 +140,7 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
     /* WEFT_TRANSPORTS is agreed at create like the others. */
     if (S == 0)
         return 0;
-    const size_t L = cc->node_large > S ? cc->node_large : S;   /* allreduce's, reduce_scatter's, allgather's */
+    const size_t L = cc->node_large > S ? cc->node_large : S;   /* the large calls' (node_run_one) */
     switch (a->kind) {
     case WEFT_COLL_BARRIER:
         return 1;
@@ -525,9 +525,8 @@ static size_t node_large_limit(const struct weft_coll *cc)
     size_t small = node_seg_bytes(P, node_line_up(cfg->node_coll_bytes), &a, &b, &c, &d);
     size_t L = cfg->node_coll_large;
     if (small + node_large_bytes(P, node_line_up(L)) > cfg->shm_budget) {
-        size_t room = cfg->shm_budget > small + node_large_bytes(P, 0) ? cfg->shm_budget - small - node_large_bytes(P, 0)
-                                                                      : 0;
-        L = room / (2 * ((size_t)P + 1)) / NODE_CACHE * NODE_CACHE;
+        const size_t fixed = small + node_large_bytes(P, 0);   /* both segments without the large slots */
+        L = (cfg->shm_budget > fixed ? cfg->shm_budget - fixed : 0) / (2 * ((size_t)P + 1)) / NODE_CACHE * NODE_CACHE;
     }
     return L > cfg->node_coll_bytes ? L : 0;
 }
