@@ -33,10 +33,10 @@
  *   once every slice is there (the reduction work split P ways).
  *
  * The slot is WEFT_NODE_COLL_KB, the limit of every kind of call. On a
- * comm of 3 ranks or more on one node allreduce, reduce, reduce_scatter
- * and allgather go on up to WEFT_NODE_COLL_LARGE_KB (1 MiB), where one
- * round (an allreduce's arithmetic split P ways) beats messages and Open
- * MPI in the machine's usual phases: the first such call makes
+ * comm of 3 ranks or more on one node allreduce, reduce, reduce_scatter,
+ * allgather, gather and alltoall (blocks up to the small slot) go on up
+ * to WEFT_NODE_COLL_LARGE_KB (1 MiB) in a rank's slot, where one round
+ * beats the messages and Open MPI: the first such call makes
  * a second segment of two big buffers of that slot (node_large_setup),
  * and from then on every big-buffer call uses it -- the old big buffers
  * are idle, every rank being past every call that used them. Comms that
@@ -53,6 +53,11 @@
  * out, marks that call (ctrl.marked, coll_node_refused): the others' wait
  * ends at once in WEFT_ERR_MISMATCH or that failure, and the flags stay in
  * step.
+ *
+ * A rank's part goes into its slot through node_put: from
+ * WEFT_NODE_COLL_STREAM_KB with streaming stores (src/core/shmput.h), so
+ * the readers read memory rather than pull each line from the writer's
+ * cache -- which on the reference VM is 3-6x slower in some phases.
  *
  * Waits follow src/core/backoff.h (no spinning when oversubscribed) and
  * WEFT_TIMEOUT; while waiting the rank keeps its pipes and peers' health
@@ -81,6 +86,7 @@
 #include "p2p.h"
 #include "coll_reduce_algo.h"
 #include "reduce_kernel.h"
+#include "shmput.h"
 #include "tags.h"
 #include "node_coll_impl.h"
 
@@ -156,7 +162,12 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
             return 0;
         return a->count > 0 && a->count <= S * P ? a->count : 0;
     case WEFT_COLL_GATHER:
-        return a->count > 0 && a->count <= S ? a->count : 0;
+        /* From 3 ranks a block up to the large limit: each rank copies
+         * its block in, the root copies all out. 24 jobs at np 3, 4 and
+         * 8, 128-512 KiB (docs/benchmarks.md, "Streaming stores into the
+         * segment"): 1.46x the messages' speed, 1.82x Open MPI's
+         * (geometric means). */
+        return a->count > 0 && a->count <= L ? a->count : 0;
     case WEFT_COLL_ALLGATHER:
         /* Two ranks: as bcast, above 32 KiB a rank one single-copy message
          * each way. Measured 8 alternated rounds against the same calls
@@ -175,9 +186,18 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
          * messages and 1.47x Open MPI (geometric means). */
         return cc->ag_algo == 0 && a->count > 0 && a->count <= L ? a->count : 0;
     case WEFT_COLL_SCATTER:
+        /* Within the small slot only: above it the root's copy of every
+         * block into the segment, one after the other, lost to the
+         * messages' single-copy pulls, which the receivers make in
+         * parallel (the same 24 jobs: 0.97x the messages' speed). */
         return a->count > 0 && a->count <= S / P ? a->count * P : 0;
     case WEFT_COLL_ALLTOALL:
-        return cc->a2a_algo == 0 && a->count > 0 && a->count <= S / P ? a->count * P : 0;
+        /* From 3 ranks the whole buffer up to the large limit while a
+         * block is at most the small slot: there one round of copies
+         * beats P - 1 exchanges (the same jobs, np 8: 1.45x the messages'
+         * speed); larger blocks, where the copies dominate, go as
+         * single-copy messages (np 4, 128 KiB blocks: 0.85-1.24x). */
+        return cc->a2a_algo == 0 && a->count > 0 && a->count <= S && a->count <= L / P ? a->count * P : 0;
     case WEFT_COLL_ALLREDUCE:
     case WEFT_COLL_REDUCE:
         if ((a->kind == WEFT_COLL_ALLREDUCE ? cc->ar_algo : cc->red_algo) != 0)
@@ -578,8 +598,8 @@ static int node_large_setup(struct weft_coll *cc, const struct weft_coll_args *u
         free(scratch);
         n->large_state = rc == WEFT_SUCCESS ? NODE_OFF : NODE_UNTRIED;
         if (rc == WEFT_SUCCESS && (first_no == rank || rank == 0))
-            WEFT_INFO(rank, "node-local collectives: no large segment for this comm (allreduces, reduces, "
-                      "reduce_scatters and allgathers above %zu B go as messages): rank %d: %s", n->slot, first_no,
+            WEFT_INFO(rank, "node-local collectives: no large segment for this comm (its calls above "
+                      "%zu B a rank go as messages): rank %d: %s", n->slot, first_no,
                       first_no == rank ? why : "could not map it");
         return rc;
     }
@@ -969,6 +989,19 @@ int node_copy(struct weft_core *core, void *dst, const void *src, size_t bytes, 
     return weft_devcopy(core, dst, src, bytes, what);
 }
 
+/* node_copy into the segment (a slot the other ranks read next): host
+ * memory through weft_shm_put, streamed from WEFT_NODE_COLL_STREAM_KB. */
+int node_put(struct weft_core *core, void *dst, const void *src, size_t bytes, const char *what)
+{
+    if (bytes == 0 || dst == src)
+        return WEFT_SUCCESS;
+    if (!core->cuda) {
+        weft_shm_put(dst, src, bytes, core->cfg.node_coll_stream);
+        return WEFT_SUCCESS;
+    }
+    return weft_devcopy(core, dst, src, bytes, what);
+}
+
 /* Publishes this rank's part of call k (its data already in its slot). */
 void node_arrive(struct node_call *k)
 {
@@ -1051,7 +1084,7 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
 
     case WEFT_COLL_BCAST:
         if (me == a->root) {
-            if ((rc = node_copy(core, bcast_area(k, a), a->recvbuf, a->count, "bcast")) != WEFT_SUCCESS)
+            if ((rc = node_put(core, bcast_area(k, a), a->recvbuf, a->count, "bcast")) != WEFT_SUCCESS)
                 return rc;
             node_arrive(k);
             return WEFT_SUCCESS;
@@ -1067,8 +1100,8 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
              * goes straight to recvbuf (copied once, not twice). */
             const char *from = a->sendbuf;
             size_t lo = (size_t)me * a->count, hi = lo + a->count;
-            if ((rc = node_copy(core, mine, from, lo, "scatter")) != WEFT_SUCCESS ||
-                (rc = node_copy(core, mine + hi, from + hi, need - hi, "scatter")) != WEFT_SUCCESS)
+            if ((rc = node_put(core, mine, from, lo, "scatter")) != WEFT_SUCCESS ||
+                (rc = node_put(core, mine + hi, from + hi, need - hi, "scatter")) != WEFT_SUCCESS)
                 return rc;
             node_arrive(k);
             return node_copy(core, a->recvbuf, from + lo, a->count, "scatter");
@@ -1101,12 +1134,12 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
     int own_direct = (me == a->root && (a->kind == WEFT_COLL_GATHER || (a->kind == WEFT_COLL_REDUCE && red_own))) ||
                      a->kind == WEFT_COLL_ALLTOALL || (a->kind == WEFT_COLL_REDUCE_SCATTER && red_own);
     if (!own_direct)
-        rc = node_copy(core, mine, src, in, k->what);
+        rc = node_put(core, mine, src, in, k->what);
     else if (a->kind == WEFT_COLL_ALLTOALL || a->kind == WEFT_COLL_REDUCE_SCATTER) {
         size_t ol = a->kind == WEFT_COLL_ALLTOALL ? a->count : a->count * es;   /* block me's length */
-        rc = node_copy(core, mine, src, ob, k->what);
+        rc = node_put(core, mine, src, ob, k->what);
         if (rc == WEFT_SUCCESS)
-            rc = node_copy(core, mine + ob + ol, (const char *)src + ob + ol, need - ob - ol, k->what);
+            rc = node_put(core, mine + ob + ol, (const char *)src + ob + ol, need - ob - ol, k->what);
     }
     if (rc != WEFT_SUCCESS)
         return rc;
@@ -1277,13 +1310,10 @@ static int node_run_one(struct weft_coll *cc, const struct weft_coll_args *a, si
         if (cc->node_state != NODE_ON)
             return WEFT_SUCCESS;   /* messages, on every rank alike */
     }
-    /* Above the small segment's slot only an allreduce's, a reduce's or a
-     * reduce_scatter's vector or an allgather's block from 3 ranks
-     * (node_fits: a bcast's whole buffer is its own matter, bcast_area):
-     * the large segment, made now if it was not. */
-    if (need > cc->node->slot && cc->node_large &&
-        (a->kind == WEFT_COLL_ALLREDUCE || a->kind == WEFT_COLL_REDUCE_SCATTER || a->kind == WEFT_COLL_ALLGATHER ||
-         a->kind == WEFT_COLL_REDUCE)) {
+    /* Above the small segment's slot, from 3 ranks (node_fits; a bcast's
+     * whole buffer is its own matter, bcast_area): the large segment, made
+     * now if it was not. */
+    if (need > cc->node->slot && cc->node_large && a->kind != WEFT_COLL_BCAST) {
         if (cc->node->large_state == NODE_UNTRIED) {
             int rc = node_large_setup(cc, a);
             if (rc != WEFT_SUCCESS) {

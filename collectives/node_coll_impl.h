@@ -116,6 +116,8 @@ int   node_slot_free(struct node_call *k);
 int   node_wait(struct node_call *k, int only, enum node_flag f, uint32_t want);
 /* memcpy, or a device copy when CUDA is in the comm. */
 int   node_copy(struct weft_core *core, void *dst, const void *src, size_t bytes, const char *what);
+/* node_copy into the segment, for the other ranks to read (shmput.h). */
+int   node_put(struct weft_core *core, void *dst, const void *src, size_t bytes, const char *what);
 /* The call failed here (code, text already the last error): tell the
  * peers unless the news came from them (tell 0). Returns code. */
 int   node_fail(struct node_call *k, int code, int tell);

@@ -445,7 +445,7 @@ static int hier_alltoall(struct node_call *k, const struct weft_coll_args *a, in
     char *mine = slot_of(n, k->b, n->me);
     int rc;
 
-    if ((rc = node_copy(core, mine, a->sendbuf, row, k->what)) != WEFT_SUCCESS)
+    if ((rc = node_put(core, mine, a->sendbuf, row, k->what)) != WEFT_SUCCESS)
         return rc;
     node_arrive(k);
     if (n->me == head) {
@@ -534,7 +534,7 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
         }
         if (core->rank == a->root) {
             /* The node has it at once; the other heads meanwhile. */
-            if ((rc = node_copy(core, mine, a->recvbuf, need, k->what)) != WEFT_SUCCESS)
+            if ((rc = node_put(core, mine, a->recvbuf, need, k->what)) != WEFT_SUCCESS)
                 return rc;
             node_arrive(k);
             put_out(k);
@@ -542,7 +542,7 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
         }
         node_arrive(k);
         if ((rc = heads_run(k, a, a->recvbuf, need)) != WEFT_SUCCESS ||
-            (rc = node_copy(core, mine, a->recvbuf, need, k->what)) != WEFT_SUCCESS)
+            (rc = node_put(core, mine, a->recvbuf, need, k->what)) != WEFT_SUCCESS)
             return rc;
         put_out(k);
         return WEFT_SUCCESS;
@@ -558,7 +558,7 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
         const int rs = a->kind == WEFT_COLL_REDUCE_SCATTER;
         const size_t es = weft_dtype_size(a->dtype), blk = rs ? a->count * es : need;
         const size_t off = rs ? (size_t)core->rank * blk : 0;
-        if ((rc = node_copy(core, mine, a->sendbuf, need, k->what)) != WEFT_SUCCESS)
+        if ((rc = node_put(core, mine, a->sendbuf, need, k->what)) != WEFT_SUCCESS)
             return rc;
         node_arrive(k);
         if (me != head) {
@@ -586,7 +586,7 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
          * node) into host memory of its own -- its slot is an operand --
          * and goes up the heads' tree; the others leave once their part
          * is out, as on one node. */
-        if ((rc = node_copy(core, mine, a->sendbuf, need, k->what)) != WEFT_SUCCESS)
+        if ((rc = node_put(core, mine, a->sendbuf, need, k->what)) != WEFT_SUCCESS)
             return rc;
         node_arrive(k);
         if (me != head)
@@ -612,7 +612,7 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
         size_t total = a->count * (size_t)core->size;
         char *own = (char *)a->recvbuf + (size_t)core->rank * a->count, *area = slot_of(n, k->b, 0);
         if (me != head) {
-            if ((rc = node_copy(core, mine, a->sendbuf, a->count, k->what)) != WEFT_SUCCESS)
+            if ((rc = node_put(core, mine, a->sendbuf, a->count, k->what)) != WEFT_SUCCESS)
                 return rc;
             node_arrive(k);
             if ((rc = wait_head(k, head)) != WEFT_SUCCESS)
@@ -646,7 +646,7 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
         size_t blk = a->count;
         const char *own = core->rank == a->root ? (char *)a->recvbuf + (size_t)core->rank * blk : NULL;
         if (me != head) {
-            if ((rc = node_copy(core, mine, a->sendbuf, blk, k->what)) != WEFT_SUCCESS)
+            if ((rc = node_put(core, mine, a->sendbuf, blk, k->what)) != WEFT_SUCCESS)
                 return rc;
             node_arrive(k);
             return WEFT_SUCCESS;
@@ -695,7 +695,7 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
         const char *send = a->sendbuf;
         for (int i = 0; i < n->P && rc == WEFT_SUCCESS; i++)
             if (i != me)
-                rc = node_copy(core, mine + (size_t)i * blk, send + (size_t)n->ranks[i] * blk, blk, k->what);
+                rc = node_put(core, mine + (size_t)i * blk, send + (size_t)n->ranks[i] * blk, blk, k->what);
         if (rc != WEFT_SUCCESS)
             return rc;
         node_arrive(k);

@@ -11,9 +11,10 @@
  *                      hierarchical form (the heads' part named), with
  *                      WEFT_NODE_COLL_KB=0 or WEFT_TRANSPORTS=tcp it is not;
  *   LargeCallsFromThreeRanks  from 3 ranks on one node allreduce,
- *                      reduce, reduce_scatter and allgather up to
- *                      WEFT_NODE_COLL_LARGE_KB (1 MiB) through the segment
- *                      (the others: messages above WEFT_NODE_COLL_KB), one element
+ *                      reduce, reduce_scatter, allgather, gather and
+ *                      alltoall (blocks within WEFT_NODE_COLL_KB) up to
+ *                      WEFT_NODE_COLL_LARGE_KB (1 MiB) a rank's slot
+ *                      through the segment, a scatter not, one element
  *                      more as messages, none of it with the setting 0, at
  *                      2 ranks or across nodes; a
  *                      small WEFT_SHM_BUDGET_MB lowers the limit and keeps
@@ -79,7 +80,7 @@ using namespace weft_mpitest;
 namespace {
 
 const size_t kSlot = 64 << 10;    /* WEFT_NODE_COLL_KB's default */
-const size_t kLarge = 1 << 20;    /* WEFT_NODE_COLL_LARGE_KB's: allreduce, reduce, reduce_scatter, allgather from 3 ranks */
+const size_t kLarge = 1 << 20;    /* WEFT_NODE_COLL_LARGE_KB's: from 3 ranks (node_fits) */
 
 /* Whether this entry's comms are on one node with shm between the ranks. */
 /* own_kb: the comm sets WEFT_NODE_COLL_KB itself (its settings win over
@@ -262,10 +263,12 @@ TEST(NodeColl, TwoRanksSendMessagesAbove32KiB)
     }
 }
 
-/* From three ranks on one node an allreduce, a reduce, a reduce_scatter
- * and an allgather go through the segment above WEFT_NODE_COLL_KB, up to
- * WEFT_NODE_COLL_LARGE_KB (node_coll.c, node_large_limit); a gather of the
- * same block goes as messages (its limit is WEFT_NODE_COLL_KB). The shape
+/* From three ranks on one node an allreduce's, a reduce's and a
+ * reduce_scatter's vector, an allgather's and a gather's block and an
+ * alltoall's whole buffer (while a block is within WEFT_NODE_COLL_KB) go
+ * through the segment above WEFT_NODE_COLL_KB, up to
+ * WEFT_NODE_COLL_LARGE_KB in a rank's slot (node_coll.c, node_fits and
+ * node_large_limit); a scatter stays within WEFT_NODE_COLL_KB. The shape
  * lines say which path each call took, the results are checked. */
 TEST(NodeColl, LargeCallsFromThreeRanks)
 {
@@ -298,18 +301,23 @@ TEST(NodeColl, LargeCallsFromThreeRanks)
         ASSERT_EQ(c.rc(), WEFT_SUCCESS) << c.err();
         const size_t n = k.bytes / 4, nb = n / P;   /* elements: the vector, a reduce_scatter block */
         std::vector<int32_t> in(n), out(n, -1), red(n, -1), blk(nb, -1), all(n * P, -1), gat(n * P, -1);
+        std::vector<int32_t> sca(nb, -1), a2a(nb * P, -1);
         for (size_t i = 0; i < n; i++)
             in[i] = rank + 1 + (int32_t)(i % 7);
-        const int root = size - 1;   /* the reduce's: not rank 0, whose slot comes first */
-        int rc[5] = {WEFT_ERR_INTERNAL, WEFT_ERR_INTERNAL, WEFT_ERR_INTERNAL, WEFT_ERR_INTERNAL, WEFT_ERR_INTERNAL};
+        const int root = size - 1;   /* the rooted calls': not rank 0, whose slot comes first */
+        const size_t bb = nb * 4;    /* a scatter's and an alltoall's block: the buffer is k.bytes */
+        int rc[8];
+        std::fill(rc, rc + 8, WEFT_ERR_INTERNAL);
         std::string log = capture_stderr([&] {
             rc[0] = weft_allreduce(c.get(), in.data(), out.data(), n, WEFT_INT32, WEFT_SUM);
             rc[1] = weft_reduce(c.get(), in.data(), red.data(), n, WEFT_INT32, WEFT_SUM, root);
             rc[2] = weft_reduce_scatter(c.get(), in.data(), blk.data(), nb, WEFT_INT32, WEFT_SUM);
             rc[3] = weft_allgather(c.get(), in.data(), all.data(), k.bytes);
-            rc[4] = weft_gather(c.get(), in.data(), gat.data(), k.bytes, 0);
+            rc[4] = weft_gather(c.get(), in.data(), gat.data(), k.bytes, root);
+            rc[5] = weft_scatter(c.get(), in.data(), sca.data(), bb, root);
+            rc[6] = weft_alltoall(c.get(), in.data(), a2a.data(), bb);
         });
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < 7; i++)
             ASSERT_EQ(rc[i], WEFT_SUCCESS) << "call " << i << ": " << c.err();
         const int32_t base = size * (size + 1) / 2;
         size_t wrong = 0;
@@ -319,27 +327,36 @@ TEST(NodeColl, LargeCallsFromThreeRanks)
             wrong += rank == root && red[i] != want;
             for (size_t r = 0; r < P; r++) {
                 wrong += all[r * n + i] != (int32_t)r + 1 + (int32_t)(i % 7);
-                wrong += rank == 0 && gat[r * n + i] != (int32_t)r + 1 + (int32_t)(i % 7);
+                wrong += rank == root && gat[r * n + i] != (int32_t)r + 1 + (int32_t)(i % 7);
             }
         }
-        for (size_t i = 0; i < nb; i++)
-            wrong += blk[i] != base + size * (int32_t)((nb * (size_t)rank + i) % 7);
+        for (size_t i = 0; i < nb; i++) {
+            const size_t at = nb * (size_t)rank + i;   /* where block `rank` lies in a rank's k.bytes */
+            wrong += blk[i] != base + size * (int32_t)(at % 7);
+            wrong += sca[i] != root + 1 + (int32_t)(at % 7);
+            for (size_t r = 0; r < P; r++)   /* rank r's block `rank` */
+                wrong += a2a[r * nb + i] != (int32_t)r + 1 + (int32_t)(at % 7);
+        }
         EXPECT_EQ(wrong, 0u);
         const bool segment = large && k.segment;
         const std::string heads[] = {"allreduce " + std::to_string(n) + " elements of int32, sum x",
                                      ": reduce " + std::to_string(n) + " elements of int32, sum",
                                      "reduce_scatter " + std::to_string(nb),
                                      "allgather " + std::to_string(k.bytes) + " B per rank x",
-                                     ": gather " + std::to_string(k.bytes) + " B per rank x"};
-        for (int i = 0; i < 5; i++) {
+                                     ": gather " + std::to_string(k.bytes) + " B per rank x",
+                                     ": scatter " + std::to_string(bb) + " B per rank x",
+                                     ": alltoall " + std::to_string(bb) + " B per rank x"};
+        for (int i = 0; i < 7; i++) {
             const std::string &h = heads[i];
             size_t at = log.find(h);
-            if (i == 4 && at == std::string::npos)
-                continue;   /* the gather: the message path logs no shape line, the node path does */
+            /* The scatter's buffer is above the small slot in every case;
+             * an alltoall's block must be within it too. */
+            const bool want = segment && i != 5 && (i != 6 || bb <= kSlot);
+            if (i >= 4 && !want && at == std::string::npos)
+                continue;   /* gather, scatter, alltoall: the message path logs no shape line of theirs */
             ASSERT_NE(at, std::string::npos) << "no shape line \"" << h << "\" on rank " << rank << ":\n" << log;
             std::string line = log.substr(at, log.find('\n', at) - at);
-            const bool large_kind = i != 4;   /* all but the gather */
-            EXPECT_EQ(line.find("node-local shared memory") != std::string::npos, segment && large_kind)
+            EXPECT_EQ(line.find("node-local shared memory") != std::string::npos, want)
                 << "np " << size << ": " << line;
         }
         /* The two segments made for these calls (the small one at the
@@ -447,9 +464,10 @@ TEST(NodeColl, MixedSequence)
      * messages above -- but a bcast from 3 ranks fills up to every slot of
      * a big buffer (P slots), so it has its own limit further up, and
      * above it goes in pieces of P slots (two and a part here); from 3
-     * ranks an allreduce's, a reduce's and a reduce_scatter's vector and
-     * an allgather's block go through the segment up to kLarge, as
-     * messages above. */
+     * ranks the reductions' vector, an allgather's and a gather's block and
+     * an alltoall's P blocks (each within kSlot: kSlot / 4 and one more
+     * are its sides) go through the segment up to kLarge in a rank's
+     * slot, as messages above. */
     const std::vector<size_t> counts = {1, 3, 255, 256, 257, 511, 512, 513, 1000, 256 * P, 256 * P + 1,
                                         kSlot / 4 / P, kSlot / 4 - 1, kSlot / 4, kSlot / 4 + 1, 20000,
                                         kSlot / 4 * 2 + 3, kSlot / 4 * P, kSlot / 4 * P + 1,

@@ -120,6 +120,7 @@ const std::vector<std::pair<std::string, std::string>> &numeric_variables()
         {"WEFT_IB_SQ_DEPTH", "16"},     {"WEFT_IB_REG_CACHE_MB", "64"},    {"WEFT_IB_GDR", "1"},
         {"WEFT_CUDA_STAGE_CHUNK", "65536"}, {"WEFT_CUDA_STAGE_SLOTS", "2"}, {"WEFT_CUDA_IPC_CACHE", "16"},
         {"WEFT_ALLGATHER_CHUNK_KB", "64"}, {"WEFT_PROGRESS_THREAD", "1"},  {"WEFT_PIPE_INLINE", "4096"},
+        {"WEFT_NODE_COLL_STREAM_KB", "64"},
     };
     return v;
 }
@@ -155,6 +156,7 @@ TEST(Config, Defaults)
     EXPECT_GE(cfg.spin_us, 0);
     EXPECT_EQ(cfg.progress_thread, 0) << "message-pipe callbacks run in weft_progress unless asked";
     EXPECT_EQ(cfg.pipe_inline, 4u << 10);
+    EXPECT_EQ(cfg.node_coll_stream, 32u << 10) << "node-local copies from 32 KiB streamed";
 }
 
 /* In a process whose environment has WEFT_TCP_STREAMS=3 (the probe). */
@@ -302,6 +304,8 @@ TEST(Config, ZeroAcceptedWhereMeaningful)
     EXPECT_EQ(load_ok({{"WEFT_SHM_EAGER", "0"}}).shm_eager_limit, 0u);       /* every message rendezvous */
     EXPECT_EQ(load_ok({{"WEFT_SHM_COLL_EAGER", "0"}}).shm_coll_eager, 0u);
     EXPECT_EQ(load_ok({{"WEFT_SHM_CMA_MIN_KB", "0"}}).shm_cma_min, 0u);      /* CMA from any size */
+    EXPECT_EQ(load_ok({{"WEFT_NODE_COLL_STREAM_KB", "0"}}).node_coll_stream, 0u);  /* never streamed */
+    EXPECT_EQ(load_ok({{"WEFT_NODE_COLL_STREAM_KB", "1m"}}).node_coll_stream, 1u << 20);
     EXPECT_EQ(load_ok({{"WEFT_TCP_EAGER", "0"}}).tcp_eager_limit, 0u);
     EXPECT_EQ(load_ok({{"WEFT_SELF_EAGER", "0"}}).self_eager_limit, 0u);
     EXPECT_EQ(load_ok({{"WEFT_SPIN_US", "0"}}).spin_us, 0);                  /* never spin */

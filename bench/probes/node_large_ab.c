@@ -4,18 +4,24 @@
  * the same calls as messages (a second comm with WEFT_NODE_COLL_LARGE_KB=0),
  * and Open MPI's, in one job: every repetition runs the three one after
  * the other, so the machine's slow phases (which move separate jobs 2-4x
- * on the 2-core VM) hit all three alike, in an order that rotates from
- * one repetition to the next (the first call after another library's
- * took up to 2.8x longer than the same call second, in slow phases).
+ * on the 2-core VM) hit all three alike, each repetition in another of
+ * the six orders (the first call after another library's took up to 2.8x
+ * longer than the same call second; until 2026-12-02 the order rotated,
+ * which put the first series after Open MPI's in two repetitions of three
+ * and made it up to 1.5x slower than the same calls on the second comm).
  *
  *   mpicc -O2 -Iinclude bench/probes/node_large_ab.c -Lbuild-test -lweft \
  *         -Wl,-rpath,$PWD/build-test -o node_large_ab
- *   mpirun -np 4 --oversubscribe --bind-to none ./node_large_ab [REPS]
+ *   mpirun -np 4 --oversubscribe --bind-to none ./node_large_ab [REPS [KINDS [MIN [MAX]]]]
  *
  * Each call is started by an MPI_Barrier and timed as the slowest rank's;
- * medians of REPS (default 15). Sizes 128 KiB to 2 MiB: the vector of
- * allreduce, reduce (root 0) and reduce_scatter (a rank's block is
- * size / ranks), a rank's block of allgather; float32 sum.
+ * medians of REPS (default 18; a multiple of 6 keeps the orders even). KINDS: a comma list of allreduce, reduce,
+ * reduce_scatter, allgather, scatter, gather, alltoall (default the first
+ * four). Sizes MIN to MAX bytes, doubling (default 128 KiB to 2 MiB): the
+ * vector of allreduce, reduce (root 0) and reduce_scatter (a rank's block
+ * is size / ranks), a rank's block of allgather, scatter and gather (root
+ * 0), an alltoall's whole buffer a rank (a block is size / ranks);
+ * float32 sum.
  * docs/benchmarks.md, "Node-local reductions up to 1 MiB", has what it
  * showed.
  */
@@ -46,8 +52,9 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-enum { AR, RED, RS, AG, KINDS };
-static const char *kind_name[KINDS] = { "allreduce", "reduce", "reduce_scatter", "allgather" };
+enum { AR, RED, RS, AG, SC, GA, A2A, KINDS };
+static const char *kind_name[KINDS] = { "allreduce", "reduce", "reduce_scatter", "allgather",
+                                        "scatter", "gather", "alltoall" };
 
 static int weft_call(weft_comm_t *c, int kind, const float *in, float *out, size_t n, int size)
 {
@@ -55,7 +62,10 @@ static int weft_call(weft_comm_t *c, int kind, const float *in, float *out, size
     case AR: return weft_allreduce(c, in, out, n / 4, WEFT_FLOAT32, WEFT_SUM);
     case RED: return weft_reduce(c, in, out, n / 4, WEFT_FLOAT32, WEFT_SUM, 0);
     case RS: return weft_reduce_scatter(c, in, out, n / 4 / (size_t)size, WEFT_FLOAT32, WEFT_SUM);
-    default: return weft_allgather(c, in, out, n);
+    case AG: return weft_allgather(c, in, out, n);
+    case SC: return weft_scatter(c, in, out, n, 0);
+    case GA: return weft_gather(c, in, out, n, 0);
+    default: return weft_alltoall(c, in, out, n / (size_t)size);
     }
 }
 
@@ -65,7 +75,12 @@ static void mpi_call(int kind, const float *in, float *out, size_t n, int size)
     case AR: MPI_Allreduce(in, out, (int)(n / 4), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
     case RED: MPI_Reduce(in, out, (int)(n / 4), MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD); break;
     case RS: MPI_Reduce_scatter_block(in, out, (int)(n / 4 / (size_t)size), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); break;
-    default: MPI_Allgather(in, (int)n, MPI_BYTE, out, (int)n, MPI_BYTE, MPI_COMM_WORLD); break;
+    case AG: MPI_Allgather(in, (int)n, MPI_BYTE, out, (int)n, MPI_BYTE, MPI_COMM_WORLD); break;
+    case SC: MPI_Scatter(in, (int)n, MPI_BYTE, out, (int)n, MPI_BYTE, 0, MPI_COMM_WORLD); break;
+    case GA: MPI_Gather(in, (int)n, MPI_BYTE, out, (int)n, MPI_BYTE, 0, MPI_COMM_WORLD); break;
+    default:
+        MPI_Alltoall(in, (int)(n / (size_t)size), MPI_BYTE, out, (int)(n / (size_t)size), MPI_BYTE, MPI_COMM_WORLD);
+        break;
     }
 }
 
@@ -75,8 +90,12 @@ int main(int argc, char **argv)
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    const int reps = argc > 1 ? atoi(argv[1]) : 15;
-    if (reps < 1)
+    const int reps = argc > 1 ? atoi(argv[1]) : 18;
+    const char *kinds = argc > 2 ? argv[2] : "allreduce,reduce,reduce_scatter,allgather";
+    const size_t lo_n = argc > 3 ? strtoull(argv[3], NULL, 0) : (size_t)128 << 10;
+    const size_t max_n = argc > 4 ? strtoull(argv[4], NULL, 0) : (size_t)2 << 20;
+    const int dirty = getenv("NLAB_DIRTY") != NULL;
+    if (reps < 1 || lo_n < 64 || max_n < lo_n || max_n > ((size_t)64 << 20))
         MPI_Abort(MPI_COMM_WORLD, 2);
     weft_setting_t off_s[] = { { "WEFT_NODE_COLL_LARGE_KB", "0" } };
     weft_config_t off_cfg = WEFT_CONFIG_INITIALIZER;
@@ -88,26 +107,41 @@ int main(int argc, char **argv)
         fprintf(stderr, "rank %d: weft_comm_create: %s\n", rank, weft_last_error());
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    const size_t max_n = (size_t)2 << 20;
-    float *in = malloc(max_n), *out = malloc(max_n * (size_t)size);
+    /* A scatter's root reads size blocks of n from in. */
+    float *in = malloc(max_n * (size_t)size), *out = malloc(max_n * (size_t)size);
     double *t[3];
     for (int s = 0; s < 3; s++)
         t[s] = malloc(sizeof(double) * (size_t)reps);
     if (!in || !out || !t[0] || !t[1] || !t[2])
         MPI_Abort(MPI_COMM_WORLD, 1);
-    for (size_t i = 0; i < max_n / 4; i++)
+    for (size_t i = 0; i < max_n * (size_t)size / 4; i++)
         in[i] = (float)(i % 13);
     memset(out, 0, max_n * (size_t)size);
     if (rank == 0)
         printf("# np %d, float32 sum, medians of %d; us; large = through the large segment (default), "
                "msgs = WEFT_NODE_COLL_LARGE_KB=0\n# kind bytes large msgs mpi msgs/large mpi/large\n",
                size, reps);
-    for (int kind = 0; kind < KINDS; kind++)
-        for (size_t n = (size_t)128 << 10; n <= max_n; n *= 2) {
+    for (int kind = 0; kind < KINDS; kind++) {
+        const char *k = strstr(kinds, kind_name[kind]);
+        const size_t kl = strlen(kind_name[kind]);
+        while (k && ((k != kinds && k[-1] != ',') || (k[kl] != '\0' && k[kl] != ',')))
+            k = strstr(k + 1, kind_name[kind]);
+        if (!k)
+            continue;
+        for (size_t n = lo_n; n <= max_n; n *= 2) {
             for (int r = -2; r < reps; r++) {
                 double x[3];
+                /* Every order of the three in turn: each series comes
+                 * first, and after each of the others, equally often (a
+                 * call right after another library's is slower; a
+                 * rotation would put one series after Open MPI's in two
+                 * repetitions of three). */
+                static const int order[6][3] = { { 0, 1, 2 }, { 0, 2, 1 }, { 1, 0, 2 },
+                                                 { 1, 2, 0 }, { 2, 0, 1 }, { 2, 1, 0 } };
                 for (int i = 0; i < 3; i++) {
-                    const int s = (i + r + 3) % 3;   /* rotated: no series always first */
+                    const int s = order[(r + 6) % 6][i];
+                    if (dirty)   /* the input just written, as an application's usually is */
+                        memset(in, r & 0x7f, kind == SC ? n * (size_t)size : n);
                     MPI_Barrier(MPI_COMM_WORLD);
                     double t0 = now_us();
                     if (s == 2)
@@ -129,6 +163,7 @@ int main(int argc, char **argv)
                 printf("%s %zu %.1f %.1f %.1f %.2f %.2f\n", kind_name[kind], n, l, m, p, m / l, p / l);
             fflush(stdout);
         }
+    }
     weft_comm_destroy(on);
     weft_comm_destroy(off);
     free(in);

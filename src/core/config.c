@@ -386,6 +386,7 @@ static const struct { const char *name; size_t off; size_t lo, hi, unit; } sizes
     { "WEFT_SHM_CMA_MIN_KB",     F(shm_cma_min),      0,         SIZE_MAX,        1024 },
     { "WEFT_NODE_COLL_KB",       F(node_coll_bytes),  0,         16u << 20,       1024 },
     { "WEFT_NODE_COLL_LARGE_KB", F(node_coll_large),  0,         16u << 20,       1024 },
+    { "WEFT_NODE_COLL_STREAM_KB", F(node_coll_stream), 0,        SIZE_MAX,        1024 },
     { "WEFT_TCP_EAGER",          F(tcp_eager_limit),  0,         4u << 20,        1 },
     { "WEFT_TCP_CHUNK_KB",       F(tcp_chunk),        4 << 10,   (size_t)1 << 30, 1024 },
     { "WEFT_SELF_EAGER",         F(self_eager_limit), 0,         64u << 20,       1 },
@@ -472,6 +473,7 @@ int weft_config_load(struct weft_config *cfg, weft_env_lookup_fn lookup, void *c
      * WEFT_NODE_COLL_KB. A second segment, about 18 MiB at 8 ranks, made
      * at the first such call. */
     cfg->node_coll_large  = 1 << 20;
+    cfg->node_coll_stream = 32 << 10;
     cfg->tcp_streams      = 4;
     cfg->tcp_eager_limit  = 64 << 10;
     cfg->tcp_chunk        = 512 << 10;

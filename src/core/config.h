@@ -31,9 +31,11 @@ struct weft_config {
                                   segment (collectives/node_coll.c), the largest contribution those
                                   collectives take; 0 = off (every collective a schedule of messages) */
     size_t   node_coll_large;  /* WEFT_NODE_COLL_LARGE_KB: on a comm of 3 ranks or more on one node, the
-                                  largest vector of an allreduce or a reduce_scatter that goes through
-                                  the node-local path (a second segment of such slots, within
+                                  most a call of any kind but bcast puts in a rank's slot on the
+                                  node-local path (a second segment of such slots, within
                                   WEFT_SHM_BUDGET_MB); at or below node_coll_bytes: nothing more */
+    size_t   node_coll_stream; /* WEFT_NODE_COLL_STREAM_KB: a copy of at least this many bytes into a
+                                  node-local segment uses streaming stores (src/core/shmput.h); 0 = never */
     int      tcp_streams;      /* WEFT_TCP_STREAMS: data sockets per peer (besides the control one) */
     char     tcp_if[64];       /* WEFT_TCP_IF: interface name (or IPv4 address) to listen/connect on */
     char     trace_dir[256];   /* WEFT_TRACE: directory of the operation journals (collectives/journal.h); "" = none */
