@@ -1,13 +1,15 @@
 /*
  * weft_shm_put (src/core/shmput.h): the copy into a node-local segment,
- * streamed from a given size. Whatever the alignment of either end, the
- * size and the threshold, dst ends as src and nothing around it changes
- * (the streamed body starts at dst's first 64-byte line: the head before
- * it and the tail after it are plain copies).
+ * plain or streamed. Whatever the alignment of either end and the size,
+ * the streamed copy (weft_shm_put_streamed: its body starts at dst's
+ * first 64-byte line, the head before it and the tail after it are plain
+ * copies) and weft_shm_put at every threshold leave dst as src and
+ * nothing around it changed.
  */
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -19,7 +21,9 @@ TEST(ShmPut, EveryAlignmentSizeAndThreshold)
 {
     const size_t guard = 128;
     const size_t sizes[] = {0, 1, 15, 63, 64, 65, 127, 4095, 32767, 32768, 32769, 100003};
-    const size_t mins[] = {0, 1, 64, 32768};   /* never, always, from a line, the default */
+    /* SIZE_MAX: weft_shm_put_streamed itself; then weft_shm_put never
+     * streaming, from 1 byte, from a line, from the default. */
+    const size_t mins[] = {SIZE_MAX, 0, 1, 64, 32768};
     std::vector<unsigned char> src(100003 + 2 * guard), dst(100003 + 2 * guard + 64);
     for (size_t i = 0; i < src.size(); i++)
         src[i] = (unsigned char)(i * 131 + 7);
@@ -30,7 +34,10 @@ TEST(ShmPut, EveryAlignmentSizeAndThreshold)
                 for (size_t dofs : {size_t(0), size_t(1), size_t(16), size_t(63)}) {
                     std::memset(dst.data(), 0xa5, dst.size());
                     unsigned char *d = dst.data() + guard + dofs;
-                    weft_shm_put(d, src.data() + so, n, m);
+                    if (m == SIZE_MAX)
+                        weft_shm_put_streamed(d, src.data() + so, n);
+                    else
+                        weft_shm_put(d, src.data() + so, n, m);
                     if (std::memcmp(d, src.data() + so, n) != 0)
                         bad++, ADD_FAILURE() << "n " << n << " min " << m << " src+" << so << " dst+" << dofs
                                              << ": copy differs";

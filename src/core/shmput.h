@@ -1,30 +1,33 @@
 /*
  * Copies into shared memory that another core reads next (a node-local
- * collective's slot): from a given size on with streaming (non-temporal)
- * stores, which write the lines to memory without first fetching them
- * from the core that last read them.
+ * collective's slot): plain, or with streaming (non-temporal) stores when
+ * plain ones run slow.
  *
- * Why: on the 2-core reference VM a line written on one core and read on
- * the other moves between the caches at 11-27 GB/s in some launches and
- * at 2-4 GB/s in others (the machine's slow phases, which come and go
- * with time). A plain store to a line the reader holds first pulls that
- * line over (the read for ownership) and the reader then pulls it back:
- * two slow transfers a line. Streamed, the reader reads memory instead:
- * 10-19 GB/s in either phase (bench/probes/xcore_probe.c's ring, plain
- * and streamed; docs/benchmarks.md, "Streaming stores into the
- * segment"). In the fast phases a plain copy is up to 1.5x faster:
- * WEFT_NODE_COLL_STREAM_KB sets the size from which copies stream.
+ * Why: a plain store to a line the reader holds first pulls that line
+ * over from the reader's cache (the read for ownership), and the reader
+ * then pulls it back. On the 2-core reference VM (an AMD EPYC guest) that
+ * runs at 9-28 GB/s in some phases and at 2.4-4.7 in others (the two
+ * vCPUs on one core complex or on two, it seems; the phases come and go
+ * with time). Streamed, the lines go to memory and the reader reads them
+ * from there: 10-19 GB/s in either phase, but up to 2x slower than plain
+ * in the fast phases. So the writer times its plain copies, and after one
+ * slower than 6 GB/s streams the next 128 before looking again
+ * (docs/benchmarks.md, "Streaming stores into the segment").
  */
 #ifndef WEFT_SHMPUT_H
 #define WEFT_SHMPUT_H
 
 #include <stddef.h>
 
-/* memcpy(dst, src, n) of host memory that another process reads next;
- * with streaming stores when stream_min > 0 and n >= stream_min (x86-64;
- * elsewhere always memcpy). Like memcpy's, the stores are ordered before
- * a later release store (the flag that publishes them): the streamed
- * part ends with a store fence. */
+/* memcpy(dst, src, n) of host memory that another process reads next.
+ * From stream_min bytes on (stream_min > 0; x86-64 only) the copy may be
+ * streamed, as above. The stores are ordered before a later release
+ * store (the flag that publishes them), like memcpy's: a streamed copy
+ * ends with a store fence. */
 void weft_shm_put(void *dst, const void *src, size_t n, size_t stream_min);
+
+/* The streamed copy itself (x86-64; elsewhere memcpy): for weft_shm_put
+ * and its tests. */
+void weft_shm_put_streamed(void *dst, const void *src, size_t n);
 
 #endif
