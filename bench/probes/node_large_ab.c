@@ -1,29 +1,32 @@
 /*
- * node_large_ab: node-local reductions and allgathers above 64 KiB a rank
- * through the large segment (WEFT_NODE_COLL_LARGE_KB, the default) against
- * the same calls as messages (a second comm with WEFT_NODE_COLL_LARGE_KB=0),
- * and Open MPI's, in one job: every repetition runs the three one after
- * the other, so the machine's slow phases (which move separate jobs 2-4x
- * on the 2-core VM) hit all three alike, each repetition in another of
- * the six orders (the first call after another library's took up to 2.8x
- * longer than the same call second; until 2026-12-02 the order rotated,
- * which put the first series after Open MPI's in two repetitions of three
- * and made it up to 1.5x slower than the same calls on the second comm).
+ * node_large_ab: node-local calls above 64 KiB a rank through the large
+ * segment (WEFT_NODE_COLL_LARGE_KB, the default) against the same calls as
+ * messages (a second comm with WEFT_NODE_COLL_LARGE_KB=0), and Open
+ * MPI's, in one job: every repetition runs the three one after the other,
+ * so the machine's slow phases (which move separate jobs 2-4x on the
+ * 2-core VM) hit all three alike, each repetition in another of the six
+ * orders (a call right after another library's is slower; until
+ * 2026-12-02 the order rotated, which put the first series after Open
+ * MPI's in two repetitions of three and made it up to 2x slower than the
+ * same calls on the second comm).
  *
  *   mpicc -O2 -Iinclude bench/probes/node_large_ab.c -Lbuild-test -lweft \
  *         -Wl,-rpath,$PWD/build-test -o node_large_ab
  *   mpirun -np 4 --oversubscribe --bind-to none ./node_large_ab [REPS [KINDS [MIN [MAX]]]]
  *
  * Each call is started by an MPI_Barrier and timed as the slowest rank's;
- * medians of REPS (default 18; a multiple of 6 keeps the orders even). KINDS: a comma list of allreduce, reduce,
- * reduce_scatter, allgather, scatter, gather, alltoall (default the first
- * four). Sizes MIN to MAX bytes, doubling (default 128 KiB to 2 MiB): the
- * vector of allreduce, reduce (root 0) and reduce_scatter (a rank's block
- * is size / ranks), a rank's block of allgather, scatter and gather (root
- * 0), an alltoall's whole buffer a rank (a block is size / ranks);
- * float32 sum.
- * docs/benchmarks.md, "Node-local reductions up to 1 MiB", has what it
- * showed.
+ * medians of REPS (default 18; a multiple of 6 keeps the orders even).
+ * KINDS: a comma list of allreduce, reduce, reduce_scatter, allgather,
+ * scatter, gather, alltoall (default the first four). Sizes MIN to MAX
+ * bytes, doubling (default 128 KiB to 2 MiB): the vector of allreduce,
+ * reduce (root 0) and reduce_scatter (a rank's block is size / ranks), a
+ * rank's block of allgather, scatter and gather (root 0), an alltoall's
+ * whole buffer a rank (a block is size / ranks); float32 sum.
+ * NLAB_DIRTY=1 in the environment: every rank rewrites its input before
+ * each call (as an application's is), so no library reads lines both
+ * cores already hold.
+ * docs/benchmarks.md, "Node-local reductions up to 1 MiB" and "Streaming
+ * stores into the segment", has what it showed.
  */
 #include <mpi.h>
 #include <stdio.h>
