@@ -1,20 +1,32 @@
 """Per collective, np and size from LO to HI bytes: the median over the three
 rounds of weft/MPI (same job), before -> after.  Run from this directory:
     python3 cmp.py 32768 2097152 > mid-sizes.txt
+Each CSV is read by scripts/bench-targets' own read_ratios.
 """
-import csv,statistics as st,sys
-kinds=["allreduce","reduce","reduce_scatter","allgather","gather","alltoall","bcast","scatter"]
-lo,hi=int(sys.argv[1]),int(sys.argv[2])
-for k in kinds:
-  for np in (2,4,8):
-    res={}
-    for m in ("before","after"):
-      for i in (1,2,3):
-        t={}
-        for r in csv.DictReader(l for l in open(f"{m}/round{i}/{k}-np{np}.csv") if l.strip() and not l.startswith('#')):
-          b=int(r['bytes'])
-          if b<lo or b>hi: continue
-          t.setdefault(b,{}).setdefault(r['library'],float(r['time_us']))
-        for b,d in t.items(): res.setdefault((m,b),[]).append(d['weft']/d['MPI'])
-    sizes=sorted({b for (_,b) in res})
-    print(f"{k:14s} np{np}", " ".join(f"{b>>10}K {st.median(res[('before',b)]):.2f}>{st.median(res[('after',b)]):.2f}" for b in sizes))
+import importlib.machinery
+import importlib.util
+import os
+import statistics
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+path = os.path.join(here, "../../../../scripts/bench-targets")
+loader = importlib.machinery.SourceFileLoader("bench_targets", path)
+spec = importlib.util.spec_from_loader("bench_targets", loader)
+bt = importlib.util.module_from_spec(spec)
+loader.exec_module(bt)
+
+lo, hi = int(sys.argv[1]), int(sys.argv[2])
+for kind in ["allreduce", "reduce", "reduce_scatter", "allgather", "gather", "alltoall", "bcast", "scatter"]:
+    for np in (2, 4, 8):
+        res = {}
+        for side in ("before", "after"):
+            for i in (1, 2, 3):
+                ratios = bt.read_ratios(os.path.join(here, side, "round%d" % i, "%s-np%d.csv" % (kind, np)))
+                for b, r in ratios.items():
+                    if lo <= b <= hi:
+                        res.setdefault((side, b), []).append(r)
+        cells = " ".join("%dK %.2f>%.2f" % (b >> 10, statistics.median(res[("before", b)]),
+                                           statistics.median(res[("after", b)]))
+                         for b in sorted({b for (_, b) in res}))
+        print("%-14s np%d" % (kind, np), cells)
