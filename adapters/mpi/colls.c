@@ -373,3 +373,122 @@ WMPI_EXPORT int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int
         return wmpi_raise(comm, "MPI_Reduce_scatter_block", wrc, wc, NULL);
     return MPI_SUCCESS;
 }
+
+/* Gather and scatter: the size every rank agrees on is one rank's block,
+ * which the root reads from its side of many blocks (gather: recvcount x
+ * recvtype; scatter: sendcount x sendtype) and every other rank from its
+ * own side of one block -- MPI's rule that the signatures match makes
+ * them equal. The root's buffer of n blocks is laid out like the other
+ * sides (as it is, or through scratch); the other ranks never touch it. */
+static int rooted_block(MPI_Comm comm, int root, int count, MPI_Datatype type, size_t *block)
+{
+    return comm != MPI_COMM_NULL && root >= 0 && root < comm_size(comm) && wmpi_type_bytes(type, count, block) == 0;
+}
+
+WMPI_EXPORT int MPI_Gather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf, int recvcount,
+                           MPI_Datatype recvtype, int root, MPI_Comm comm)
+{
+    size_t block = 0;
+    weft_comm_t *wc = NULL;
+    struct wmpi_comm_info info;
+    struct side in, out;
+    int rc, wrc;
+
+    if (off(WMPI_GATHER))
+        return PMPI_Gather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
+    const int me = comm != MPI_COMM_NULL && comm_rank(comm) == root;
+    if (rooted_block(comm, root, me ? recvcount : sendcount, me ? recvtype : sendtype, &block))
+        wc = route_info(WMPI_GATHER, comm, block, &info);
+    else
+        route(WMPI_GATHER, comm, 0);
+    if (wc == NULL)
+        return PMPI_Gather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
+    if (!me) {
+        if ((rc = take(&in, sendbuf, sendcount, sendtype, comm, 1)) != MPI_SUCCESS)
+            return mpi_fail(comm, rc);
+        wrc = weft_gather(wc, in.data, NULL, block, root);
+        give(&in, NULL, 0, sendtype, comm, 0);
+        if (wrc != WEFT_SUCCESS)
+            return wmpi_raise(comm, "MPI_Gather", wrc, wc, NULL);
+        return MPI_SUCCESS;
+    }
+    const long long all = (long long)recvcount * info.nranks;
+    if (sendbuf == MPI_IN_PLACE) {
+        /* The root's block is already at its place in recvbuf: packed
+         * with the rest, weft's in-place form reads it there. */
+        if ((rc = take(&out, recvbuf, all, recvtype, comm, 1)) != MPI_SUCCESS)
+            return mpi_fail(comm, rc);
+        wrc = weft_gather(wc, (char *)out.data + (size_t)root * block, out.data, block, root);
+    } else {
+        if ((rc = take(&in, sendbuf, sendcount, sendtype, comm, 1)) != MPI_SUCCESS)
+            return mpi_fail(comm, rc);
+        if ((rc = check_match(comm, "MPI_Gather", wc, in.bytes, block)) != MPI_SUCCESS) {
+            give(&in, NULL, 0, sendtype, comm, 0);
+            return rc;
+        }
+        if ((rc = take(&out, recvbuf, all, recvtype, comm, 0)) != MPI_SUCCESS) {
+            give(&in, NULL, 0, sendtype, comm, 0);
+            return mpi_fail(comm, rc);
+        }
+        wrc = weft_gather(wc, in.data, out.data, block, root);
+        give(&in, NULL, 0, sendtype, comm, 0);
+    }
+    rc = give(&out, recvbuf, all, recvtype, comm, wrc == WEFT_SUCCESS);
+    if (wrc != WEFT_SUCCESS)
+        return wmpi_raise(comm, "MPI_Gather", wrc, wc, NULL);
+    return rc == MPI_SUCCESS ? MPI_SUCCESS : mpi_fail(comm, rc);
+}
+
+WMPI_EXPORT int MPI_Scatter(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf, int recvcount,
+                            MPI_Datatype recvtype, int root, MPI_Comm comm)
+{
+    size_t block = 0;
+    weft_comm_t *wc = NULL;
+    struct wmpi_comm_info info;
+    struct side in, out;
+    int rc, wrc;
+
+    if (off(WMPI_SCATTER))
+        return PMPI_Scatter(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
+    const int me = comm != MPI_COMM_NULL && comm_rank(comm) == root;
+    if (rooted_block(comm, root, me ? sendcount : recvcount, me ? sendtype : recvtype, &block))
+        wc = route_info(WMPI_SCATTER, comm, block, &info);
+    else
+        route(WMPI_SCATTER, comm, 0);
+    if (wc == NULL)
+        return PMPI_Scatter(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
+    if (!me) {
+        if ((rc = take(&out, recvbuf, recvcount, recvtype, comm, 0)) != MPI_SUCCESS)
+            return mpi_fail(comm, rc);
+        wrc = weft_scatter(wc, NULL, out.data, block, root);
+        rc = give(&out, recvbuf, recvcount, recvtype, comm, wrc == WEFT_SUCCESS);
+        if (wrc != WEFT_SUCCESS)
+            return wmpi_raise(comm, "MPI_Scatter", wrc, wc, NULL);
+        return rc == MPI_SUCCESS ? MPI_SUCCESS : mpi_fail(comm, rc);
+    }
+    if ((rc = take(&in, sendbuf, (long long)sendcount * info.nranks, sendtype, comm, 1)) != MPI_SUCCESS)
+        return mpi_fail(comm, rc);
+    if (recvbuf == MPI_IN_PLACE) {
+        /* The root's own block stays where it is, in sendbuf. */
+        wrc = weft_scatter(wc, in.data, (char *)in.data + (size_t)root * block, block, root);
+        give(&in, NULL, 0, sendtype, comm, 0);
+        if (wrc != WEFT_SUCCESS)
+            return wmpi_raise(comm, "MPI_Scatter", wrc, wc, NULL);
+        return MPI_SUCCESS;
+    }
+    if ((rc = take(&out, recvbuf, recvcount, recvtype, comm, 0)) != MPI_SUCCESS) {
+        give(&in, NULL, 0, sendtype, comm, 0);
+        return mpi_fail(comm, rc);
+    }
+    if ((rc = check_match(comm, "MPI_Scatter", wc, out.bytes, block)) != MPI_SUCCESS) {
+        give(&in, NULL, 0, sendtype, comm, 0);
+        give(&out, NULL, 0, recvtype, comm, 0);
+        return rc;
+    }
+    wrc = weft_scatter(wc, in.data, out.data, block, root);
+    give(&in, NULL, 0, sendtype, comm, 0);
+    rc = give(&out, recvbuf, recvcount, recvtype, comm, wrc == WEFT_SUCCESS);
+    if (wrc != WEFT_SUCCESS)
+        return wmpi_raise(comm, "MPI_Scatter", wrc, wc, NULL);
+    return rc == MPI_SUCCESS ? MPI_SUCCESS : mpi_fail(comm, rc);
+}

@@ -37,12 +37,15 @@ static const char *const names[WMPI_NCOLLS] = {
     [WMPI_REDUCE] = "reduce",
     [WMPI_REDUCE_SCATTER_BLOCK] = "reduce_scatter_block",
     [WMPI_ALLTOALL] = "alltoall",
+    [WMPI_GATHER] = "gather",
+    [WMPI_SCATTER] = "scatter",
 };
 
 /* The size each threshold compares with (colls.c): allgather, alltoall:
  * the bytes one rank contributes per peer (recvcount x recvtype); bcast:
  * the message; allreduce, reduce: the vector; reduce_scatter_block: one
- * rank's block. Barrier: 0 serves it with weft, SIZE_MAX leaves it to MPI.
+ * rank's block; gather, scatter: one rank's block (the root's recvcount x
+ * recvtype, resp. sendcount x sendtype; the others' own side). Barrier: 0 serves it with weft, SIZE_MAX leaves it to MPI.
  * The default is MPI's, everywhere: weft's own is level or ahead from 3
  * ranks on one node (0.9-1.5x back to back) and behind at 2 (0.19-0.20 us
  * MPI, 0.21-0.25 weft), but in OSU's pattern -- a timed call, then an
@@ -60,6 +63,8 @@ static const size_t default_min[WMPI_NCOLLS] = {
     [WMPI_REDUCE] = 8192,
     [WMPI_REDUCE_SCATTER_BLOCK] = 4096,
     [WMPI_ALLTOALL] = 4096,
+    [WMPI_GATHER] = 4096,
+    [WMPI_SCATTER] = 4096,
 };
 /* And the largest size weft serves: where the measurements showed Open
  * MPI's own algorithm ahead again (bcast above 8 KiB at np 4 and 8;
@@ -72,6 +77,8 @@ static const size_t default_max[WMPI_NCOLLS] = {
     [WMPI_REDUCE] = SIZE_MAX,
     [WMPI_REDUCE_SCATTER_BLOCK] = SIZE_MAX,
     [WMPI_ALLTOALL] = 32768,
+    [WMPI_GATHER] = SIZE_MAX,
+    [WMPI_SCATTER] = SIZE_MAX,
 };
 
 static struct {
@@ -138,7 +145,7 @@ static int load_colls(const char *v)
         if (c < 0)
             return refuse("WEFT_MPI_COLLS", v,
                           "unknown collective (known: allgather, bcast, barrier, allreduce, reduce, "
-                          "reduce_scatter_block, alltoall, or all)");
+                          "reduce_scatter_block, alltoall, gather, scatter, or all)");
         S.on[c] = 1;
         p += len;
         if (*p == ',')
@@ -244,6 +251,8 @@ static const size_t node_min[WMPI_NCOLLS] = {
     [WMPI_REDUCE] = 64,
     [WMPI_REDUCE_SCATTER_BLOCK] = SIZE_MAX,
     [WMPI_ALLTOALL] = SIZE_MAX,
+    [WMPI_GATHER] = SIZE_MAX,
+    [WMPI_SCATTER] = SIZE_MAX,
 };
 
 /* Whether the node-local rule takes a call of coll with size bytes on a

@@ -1,6 +1,8 @@
 /*
  * libweft_mpi.so: the PMPI drop-in. An unmodified MPI program, run with
- * LD_PRELOAD=libweft_mpi.so, has its MPI collectives served by weft.
+ * LD_PRELOAD=libweft_mpi.so, has its MPI collectives served by weft
+ * (MPI_Allgather, _Alltoall, _Bcast, _Barrier, _Allreduce, _Reduce,
+ * _Reduce_scatter_block, _Gather, _Scatter).
  *
  * Open MPI's MPI_* entry points are weak aliases of PMPI_*, so the
  * MPI_Allgather (and friends) defined here win, and everything this layer
@@ -36,6 +38,8 @@ enum wmpi_coll {
     WMPI_REDUCE,
     WMPI_REDUCE_SCATTER_BLOCK,
     WMPI_ALLTOALL,
+    WMPI_GATHER,
+    WMPI_SCATTER,
     WMPI_NCOLLS
 };
 

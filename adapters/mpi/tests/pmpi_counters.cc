@@ -25,7 +25,8 @@ std::atomic<long> counters[W_NCOUNTED];
 
 const char *const names[W_NCOUNTED] = {
     "weft_allgather", "weft_bcast",  "weft_barrier",     "weft_allreduce",    "weft_reduce",
-    "weft_reduce_scatter", "weft_alltoall", "weft_comm_create_config", "weft_comm_destroy",
+    "weft_reduce_scatter", "weft_alltoall", "weft_gather", "weft_scatter", "weft_comm_create_config",
+    "weft_comm_destroy",
 };
 
 void *real_sym(const char *name)
@@ -152,6 +153,18 @@ int weft_alltoall(weft_comm_t *c, const void *s, void *r, size_t b)
 {
     count(pmpitest::W_ALLTOALL);
     return REAL(weft_alltoall)(c, s, r, b);
+}
+
+int weft_gather(weft_comm_t *c, const void *s, void *r, size_t b, int root)
+{
+    count(pmpitest::W_GATHER);
+    return REAL(weft_gather)(c, s, r, b, root);
+}
+
+int weft_scatter(weft_comm_t *c, const void *s, void *r, size_t b, int root)
+{
+    count(pmpitest::W_SCATTER);
+    return REAL(weft_scatter)(c, s, r, b, root);
 }
 
 int weft_comm_create_config(MPI_Comm m, const weft_config_t *cfg, weft_comm_t **out)

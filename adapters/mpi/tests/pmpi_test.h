@@ -46,6 +46,8 @@ enum Counted {
     W_REDUCE,
     W_REDUCE_SCATTER,
     W_ALLTOALL,
+    W_GATHER,
+    W_SCATTER,
     W_COMM_CREATE,
     W_COMM_DESTROY,
     W_NCOUNTED

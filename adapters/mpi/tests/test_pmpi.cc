@@ -237,6 +237,68 @@ void check_bcast(MPI_Comm comm, MPI_Datatype type, int count, int root, uint64_t
     }
 }
 
+/* Gather: the root receives n blocks of rcount x rtype; every rank sends
+ * scount x stype (same signature), or the root sends in place. The other
+ * ranks' receive buffers are MPI's "not significant": nothing may write
+ * them, and the drop-in must leave every sender's buffer alone. */
+void check_gather(MPI_Comm comm, MPI_Datatype stype, int scount, MPI_Datatype rtype, int rcount, int root,
+                  bool in_place, uint64_t tag)
+{
+    const int n = comm_size(comm), r = comm_rank(comm);
+    const bool me = r == root;
+    const size_t sbytes = span(stype, scount), rbytes = span(rtype, (long long)rcount * n);
+    std::vector<unsigned char> send(sbytes + 16), init(rbytes + 16);
+    fill_bytes(send.data(), send.size(), seed_of(r, tag));
+    fill_bytes(init.data(), init.size(), seed_of(in_place ? r : 1000, tag + 1));
+    const std::vector<unsigned char> sent = send;
+    std::vector<unsigned char> a = init, b = init;
+    const size_t block = me ? type_size(rtype) * (size_t)rcount : type_size(stype) * (size_t)scount;
+    const bool weft = served(comm) && block > 0;
+    const void *sbuf = in_place && me ? MPI_IN_PLACE : send.data();
+
+    Counts before = counts_now();
+    EXPECT_EQ(MPI_Gather(sbuf, scount, stype, a.data(), rcount, rtype, root, comm), MPI_SUCCESS);
+    EXPECT_TRUE(CountsAre(before, {{W_GATHER, w(weft)}}));
+    EXPECT_TRUE(SameBytes(send.data(), sent.data(), send.size())) << "the send buffer was written";
+    EXPECT_EQ(PMPI_Gather(sbuf, scount, stype, b.data(), rcount, rtype, root, comm), MPI_SUCCESS);
+    EXPECT_TRUE(SameBytes(a.data(), b.data(), a.size()));
+    if (!me) {
+        EXPECT_TRUE(SameBytes(a.data(), init.data(), a.size())) << "a non-root's receive buffer was written";
+    } else if (n > 1 && rcount > 0) {
+        EXPECT_NE(std::memcmp(b.data(), init.data(), b.size()), 0) << "the reference moved nothing: a useless case";
+    }
+}
+
+/* Scatter: the root sends n blocks of scount x stype; every rank receives
+ * rcount x rtype (same signature), or the root keeps its block in place. */
+void check_scatter(MPI_Comm comm, MPI_Datatype stype, int scount, MPI_Datatype rtype, int rcount, int root,
+                   bool in_place, uint64_t tag)
+{
+    const int n = comm_size(comm), r = comm_rank(comm);
+    const bool me = r == root;
+    const size_t sbytes = span(stype, (long long)scount * n), rbytes = span(rtype, rcount);
+    std::vector<unsigned char> send(sbytes + 16), init(rbytes + 16);
+    fill_bytes(send.data(), send.size(), seed_of(r, tag));
+    fill_bytes(init.data(), init.size(), seed_of(1000 + r, tag + 1));
+    const std::vector<unsigned char> sent = send;
+    std::vector<unsigned char> a = init, b = init;
+    const size_t block = me ? type_size(stype) * (size_t)scount : type_size(rtype) * (size_t)rcount;
+    const bool weft = served(comm) && block > 0;
+    void *ra = in_place && me ? MPI_IN_PLACE : a.data(), *rb = in_place && me ? MPI_IN_PLACE : b.data();
+
+    Counts before = counts_now();
+    EXPECT_EQ(MPI_Scatter(send.data(), scount, stype, ra, rcount, rtype, root, comm), MPI_SUCCESS);
+    EXPECT_TRUE(CountsAre(before, {{W_SCATTER, w(weft)}}));
+    EXPECT_TRUE(SameBytes(send.data(), sent.data(), send.size())) << "the send buffer was written";
+    EXPECT_EQ(PMPI_Scatter(send.data(), scount, stype, rb, rcount, rtype, root, comm), MPI_SUCCESS);
+    EXPECT_TRUE(SameBytes(a.data(), b.data(), a.size()));
+    if (in_place && me) {
+        EXPECT_TRUE(SameBytes(a.data(), init.data(), a.size())) << "in place: the root's receive buffer was written";
+    } else if (n > 1 && block > 0) {
+        EXPECT_NE(std::memcmp(b.data(), init.data(), b.size()), 0) << "the reference moved nothing: a useless case";
+    }
+}
+
 const int kCounts[] = {0, 1, 5, 1000};
 
 /* ---- reductions ---- */
@@ -545,10 +607,33 @@ void battery(MPI_Comm comm, long creates, uint64_t tag)
         PMPI_Reduce_scatter_block(send.data(), b.data(), 3, MPI_FLOAT, MPI_SUM, comm);
         EXPECT_EQ(a, b) << "MPI_Reduce_scatter_block";
     }
+    {
+        /* Rooted at the last rank: its block of the comm's order. */
+        std::vector<int> send(2), a(2 * n, -1), b(2 * n, -1);
+        send[0] = 100 * r + (int)tag;
+        send[1] = -r;
+        EXPECT_EQ(MPI_Gather(send.data(), 2, MPI_INT, a.data(), 2, MPI_INT, n - 1, comm), MPI_SUCCESS);
+        PMPI_Gather(send.data(), 2, MPI_INT, b.data(), 2, MPI_INT, n - 1, comm);
+        EXPECT_EQ(a, b) << "MPI_Gather";
+        if (r == n - 1) {
+            for (int q = 0; q < n; q++)
+                EXPECT_EQ(a[2 * q], 100 * q + (int)tag) << "block of rank " << q;
+        }
+    }
+    {
+        std::vector<int> send(3 * n), a(3, -1), b(3, -1);
+        for (int i = 0; i < 3 * n; i++)
+            send[i] = 1000 * r + i;
+        EXPECT_EQ(MPI_Scatter(send.data(), 3, MPI_INT, a.data(), 3, MPI_INT, 0, comm), MPI_SUCCESS);
+        PMPI_Scatter(send.data(), 3, MPI_INT, b.data(), 3, MPI_INT, 0, comm);
+        EXPECT_EQ(a, b) << "MPI_Scatter";
+        EXPECT_EQ(a[0], 3 * r) << "rank " << r << "'s block from the root";
+    }
     EXPECT_EQ(MPI_Barrier(comm), MPI_SUCCESS);
     const long k = w(weft);
     EXPECT_TRUE(CountsAre(before, {{W_ALLGATHER, k}, {W_ALLTOALL, k}, {W_BCAST, k}, {W_ALLREDUCE, k}, {W_REDUCE, k},
-                                   {W_REDUCE_SCATTER, k}, {W_BARRIER, k}, {W_COMM_CREATE, weft ? creates : 0}}))
+                                   {W_REDUCE_SCATTER, k}, {W_GATHER, k}, {W_SCATTER, k}, {W_BARRIER, k},
+                                   {W_COMM_CREATE, weft ? creates : 0}}))
         << "on a communicator of " << n << " ranks";
 }
 
@@ -574,7 +659,8 @@ TEST_F(PmpiAll, LinkCollectivesResolveToTheDropIn)
     } fns[] = {{"MPI_Allgather", (void *)&MPI_Allgather}, {"MPI_Bcast", (void *)&MPI_Bcast},
                {"MPI_Barrier", (void *)&MPI_Barrier},     {"MPI_Allreduce", (void *)&MPI_Allreduce},
                {"MPI_Reduce", (void *)&MPI_Reduce},       {"MPI_Reduce_scatter_block", (void *)&MPI_Reduce_scatter_block},
-               {"MPI_Alltoall", (void *)&MPI_Alltoall}};
+               {"MPI_Alltoall", (void *)&MPI_Alltoall},   {"MPI_Gather", (void *)&MPI_Gather},
+               {"MPI_Scatter", (void *)&MPI_Scatter}};
     for (const auto &f : fns) {
         Dl_info info;
         ASSERT_NE(dladdr(f.addr, &info), 0) << f.name;
@@ -672,6 +758,46 @@ TEST_F(PmpiAll, CollBcastTypes)
     free_types(types);
 }
 
+TEST_F(PmpiAll, CollGatherScatterTypes)
+{
+    warm(MPI_COMM_WORLD);
+    auto types = make_types();
+    uint64_t tag = 600;
+    for (const auto &t : types)
+        for (int k : kCounts)
+            for (int root : {0, size - 1})
+                for (bool in_place : {false, true}) {
+                    SCOPED_TRACE(t.name + " x " + std::to_string(k) + " root " + std::to_string(root) +
+                                 (in_place ? " in place" : ""));
+                    check_gather(MPI_COMM_WORLD, t.type, k, t.type, k, root, in_place, tag++);
+                    check_scatter(MPI_COMM_WORLD, t.type, k, t.type, k, root, in_place, tag++);
+                }
+    free_types(types);
+}
+
+/* The root describes its n blocks with one type, the others their block
+ * with another of the same signature: each side laid out on its own. */
+TEST_F(PmpiAll, CollGatherScatterMixedTypes)
+{
+    warm(MPI_COMM_WORLD);
+    auto types = make_types();
+    const MPI_Datatype vec = types[2].type, idx = types[3].type; /* 6 ints each */
+    for (int k : {1, 3, 500})
+        for (int root : {0, size - 1}) {
+            SCOPED_TRACE("k " + std::to_string(k) + " root " + std::to_string(root));
+            check_gather(MPI_COMM_WORLD, MPI_INT, 6 * k, vec, k, root, false, 8000 + k);
+            check_gather(MPI_COMM_WORLD, idx, k, MPI_INT, 6 * k, root, false, 8100 + k);
+            check_scatter(MPI_COMM_WORLD, vec, k, MPI_INT, 6 * k, root, false, 8200 + k);
+            check_scatter(MPI_COMM_WORLD, MPI_INT, 6 * k, idx, k, root, false, 8300 + k);
+            /* Ranks differ in how they describe their own block. */
+            check_gather(MPI_COMM_WORLD, rank % 2 ? vec : MPI_INT, rank % 2 ? k : 6 * k, idx, k, root, false,
+                         8400 + k);
+            check_scatter(MPI_COMM_WORLD, vec, k, rank % 2 ? idx : MPI_INT, rank % 2 ? k : 6 * k, root, false,
+                          8500 + k);
+        }
+    free_types(types);
+}
+
 /* A large message, not a multiple of 8 bytes, through every data path. */
 TEST_F(PmpiAll, CollLargeOddSizes)
 {
@@ -681,6 +807,8 @@ TEST_F(PmpiAll, CollLargeOddSizes)
     check_allgather(MPI_COMM_WORLD, MPI_BYTE, k, MPI_BYTE, k, true, 501);
     check_alltoall(MPI_COMM_WORLD, MPI_BYTE, k / size + 1, false, 502);
     check_bcast(MPI_COMM_WORLD, MPI_BYTE, 4 * k, size / 2, 503);
+    check_gather(MPI_COMM_WORLD, MPI_BYTE, k, MPI_BYTE, k, size / 2, false, 504);
+    check_scatter(MPI_COMM_WORLD, MPI_BYTE, k, MPI_BYTE, k, size - 1, true, 505);
     const RType &dbl = kRTypes[18];
     ASSERT_EQ(dbl.type, MPI_DOUBLE);
     check_allreduce(MPI_COMM_WORLD, dbl, kROps[0], (1 << 17) + 1, false);
@@ -772,6 +900,8 @@ TEST_F(PmpiAll, ReduceZeroCount)
     EXPECT_EQ(MPI_Bcast(&x, 0, MPI_INT, 0, MPI_COMM_WORLD), MPI_SUCCESS);
     EXPECT_EQ(MPI_Allgather(&x, 0, MPI_INT, &y, 0, MPI_INT, MPI_COMM_WORLD), MPI_SUCCESS);
     EXPECT_EQ(MPI_Alltoall(&x, 0, MPI_INT, &y, 0, MPI_INT, MPI_COMM_WORLD), MPI_SUCCESS);
+    EXPECT_EQ(MPI_Gather(&x, 0, MPI_INT, &y, 0, MPI_INT, 0, MPI_COMM_WORLD), MPI_SUCCESS);
+    EXPECT_EQ(MPI_Scatter(&x, 0, MPI_INT, &y, 0, MPI_INT, size - 1, MPI_COMM_WORLD), MPI_SUCCESS);
     EXPECT_TRUE(CountsAre(before, {}));
     EXPECT_EQ(x, 5);
     EXPECT_EQ(y, 7);
