@@ -1,7 +1,7 @@
 /*
  * mpi-coll-perf: times MPI_Allgather, MPI_Bcast, MPI_Allreduce,
- * MPI_Alltoall and MPI_Reduce over a range of sizes and checks every result
- * exactly; and MPI_Barrier.
+ * MPI_Alltoall, MPI_Reduce, MPI_Gather and MPI_Scatter over a range of sizes
+ * and checks every result exactly; and MPI_Barrier.
  *
  * A plain MPI program on purpose: it includes only mpi.h and knows nothing
  * of weft, so the same binary measures the MPI library alone and the MPI
@@ -9,13 +9,15 @@
  *
  * Conventions are nccl-tests' so the rows read alike:
  *   size     bytes of the larger buffer of one rank: allgather the receive
- *            buffer (n blocks), alltoall the send buffer (n blocks), bcast
+ *            buffer (n blocks), alltoall the send buffer (n blocks), gather
+ *            the root's receive and scatter the root's send buffer (n
+ *            blocks; nccl-tests has neither, the n-block rule kept), bcast
  *            allreduce and reduce the message / vector; barrier 0
  *   count    elements in that buffer
  *   time     microseconds per call: per repeat, the slowest rank's mean over
  *            the timed iterations; the row is the median over repeats
  *   algbw    size / time (GB/s, 1e9 bytes)
- *   busbw    algbw x (n-1)/n (allgather, alltoall), x 2(n-1)/n (allreduce),
+ *   busbw    algbw x (n-1)/n (allgather, alltoall, gather, scatter), x 2(n-1)/n (allreduce),
  *            x 1 (bcast)
  *   #wrong   elements, summed over ranks and checks, that differ from the
  *            expected value; must be 0 (the exit status says so too)
@@ -38,8 +40,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum coll { C_ALLGATHER, C_BCAST, C_ALLREDUCE, C_ALLTOALL, C_REDUCE, C_BARRIER, C_N };
-static const char *const coll_names[C_N] = {"allgather", "bcast", "allreduce", "alltoall", "reduce", "barrier"};
+enum coll { C_ALLGATHER, C_BCAST, C_ALLREDUCE, C_ALLTOALL, C_REDUCE, C_GATHER, C_SCATTER, C_BARRIER, C_N };
+static const char *const coll_names[C_N] = {"allgather", "bcast",  "allreduce", "alltoall",
+                                            "reduce",    "gather", "scatter",   "barrier"};
+
+/* The collectives whose size is n blocks of whole elements. */
+static int blocked(enum coll c)
+{
+    return c == C_ALLGATHER || c == C_ALLTOALL || c == C_GATHER || c == C_SCATTER;
+}
 
 enum dtype { D_INT8, D_INT32, D_FLOAT, D_DOUBLE, D_N };
 static const char *const dtype_names[D_N] = {"int8", "int32", "float", "double"};
@@ -141,7 +150,7 @@ struct call {
     size_t ts;          /* bytes per element */
     size_t size;        /* nccl-tests' size (bytes), see the top */
     size_t count;       /* size / ts */
-    size_t blk;         /* elements per block: allgather/alltoall per peer */
+    size_t blk;         /* elements per block: allgather/alltoall/gather/scatter per peer */
     void  *sbuf, *rbuf; /* bcast: rbuf only */
     int    root;
 };
@@ -152,7 +161,7 @@ struct call {
 static size_t effective_size(enum coll c, size_t want, size_t ts)
 {
     size_t unit = ts;
-    if (c == C_ALLGATHER || c == C_ALLTOALL)
+    if (blocked(c))
         unit = ts * (size_t)nranks;
     size_t s = want / unit * unit;
     return s ? s : unit;
@@ -163,8 +172,15 @@ static void fill(struct call *k, int rep)
     size_t n = (size_t)nranks;
     switch (k->coll) {
     case C_ALLGATHER:
+    case C_GATHER:
         for (size_t i = 0; i < k->blk; i++)
             store(k->dtype, k->sbuf, i, move_val(k->dtype, rank, 0, i, rep));
+        break;
+    case C_SCATTER:
+        if (rank == k->root)
+            for (size_t p = 0; p < n; p++)
+                for (size_t i = 0; i < k->blk; i++)
+                    store(k->dtype, k->sbuf, p * k->blk + i, move_val(k->dtype, rank, (int)p, i, rep));
         break;
     case C_BCAST:
         if (rank == k->root)
@@ -225,6 +241,21 @@ static long long check(const struct call *k, int rep)
                 wrong += load(k->dtype, k->rbuf, b * k->blk + i) !=
                          move_val(k->dtype, (int)b, rank, i, rep);
         break;
+    case C_GATHER:
+        /* The root's n blocks; the other ranks' receive buffers stay as
+         * poisoned (not significant there: MPI does not write them). */
+        for (size_t b = 0; b < (size_t)nranks; b++)
+            for (size_t i = 0; i < k->blk; i++)
+                wrong += load(k->dtype, k->rbuf, b * k->blk + i) !=
+                         (rank == k->root ? move_val(k->dtype, (int)b, 0, i, rep) : POISON);
+        break;
+    case C_SCATTER:
+        /* This rank's block from the root; the rest of the buffer
+         * untouched. */
+        for (size_t i = 0; i < k->count; i++)
+            wrong += load(k->dtype, k->rbuf, i) !=
+                     (i < k->blk ? move_val(k->dtype, k->root, rank, i, rep) : POISON);
+        break;
     default:
         break;
     }
@@ -249,6 +280,12 @@ static void run_once(const struct call *k)
         break;
     case C_REDUCE:
         MPI_Reduce(k->sbuf, k->rbuf, cnt, k->type, MPI_SUM, k->root, MPI_COMM_WORLD);
+        break;
+    case C_GATHER:
+        MPI_Gather(k->sbuf, blk, k->type, k->rbuf, blk, k->type, k->root, MPI_COMM_WORLD);
+        break;
+    case C_SCATTER:
+        MPI_Scatter(k->sbuf, blk, k->type, k->rbuf, blk, k->type, k->root, MPI_COMM_WORLD);
         break;
     case C_BARRIER:
         MPI_Barrier(MPI_COMM_WORLD);
@@ -291,7 +328,9 @@ static double busbw_factor(enum coll c)
     double n = nranks;
     switch (c) {
     case C_ALLGATHER:
-    case C_ALLTOALL: return (n - 1) / n;
+    case C_ALLTOALL:
+    case C_GATHER:
+    case C_SCATTER: return (n - 1) / n;
     case C_ALLREDUCE: return 2 * (n - 1) / n;
     default: return 1;
     }
@@ -306,7 +345,7 @@ static long long run_size(const struct opts *o, enum coll c, size_t size, void *
         .size = size, .sbuf = sbuf, .rbuf = rbuf, .root = o->root,
     };
     k.count = size / k.ts;
-    k.blk = (c == C_ALLGATHER || c == C_ALLTOALL) ? k.count / (size_t)nranks : k.count;
+    k.blk = blocked(c) ? k.count / (size_t)nranks : k.count;
     int iters = o->iters ? o->iters : auto_iters(size);
     int warmup = o->warmup ? o->warmup : auto_warmup(iters);
     long long wrong = 0;
@@ -357,7 +396,7 @@ static long long run_size(const struct opts *o, enum coll c, size_t size, void *
         double algbw = med > 0 ? (double)size / med / 1e9 : 0;
         printf("%-9s %10zu %10zu %6s %5s %4d %11.2f %8.3f %8.3f %7lld %11.2f %11.2f %6d\n",
                coll_names[c], size, k.count, dtype_names[o->dtype],
-               c == C_ALLREDUCE || c == C_REDUCE ? "sum" : "none", c == C_BCAST || c == C_REDUCE ? o->root : -1, med * 1e6, algbw,
+               c == C_ALLREDUCE || c == C_REDUCE ? "sum" : "none", c == C_BCAST || c == C_REDUCE || c == C_GATHER || c == C_SCATTER ? o->root : -1, med * 1e6, algbw,
                algbw * busbw_factor(c), all, times[0] * 1e6, times[r - 1] * 1e6, iters);
         fflush(stdout);
     }
@@ -428,7 +467,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: mpi-coll-perf [-c COLLS] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
             "                     [-r REPEATS] [-d TYPE] [-R ROOT]\n"
-            "  -c  collectives, comma separated: allgather,bcast,allreduce,alltoall,reduce,barrier,\n"
+            "  -c  collectives, comma separated: allgather,bcast,allreduce,alltoall,reduce,gather,\n"
+            "      scatter,barrier,"
             "      or all (default: the first four; barrier runs once, as size 0)\n"
             "  -b  smallest size, bytes, k/M/G suffixes (8)     -e  largest size (16M)\n"
             "  -f  size factor (2)\n"
@@ -436,16 +476,16 @@ static void usage(FILE *f)
             "  -w  warmup calls per repeat, the first one checked (0: iterations / 5, 2..5)\n"
             "  -r  repeats; the row is their median (5)\n"
             "  -d  element type: int8, int32, float, double (float)\n"
-            "  -R  bcast and reduce root (0)\n"
+            "  -R  bcast, reduce, gather and scatter root (0)\n"
             "  -s 1  an MPI_Barrier (not timed) after every timed call, as OSU's tests\n"
-            "Sizes as nccl-tests: allgather and alltoall the n-block buffer, else the message.\n"
+            "Sizes as nccl-tests: allgather, alltoall, gather, scatter the n-block buffer, else the message.\n"
             "Exit status 1 if any element was wrong.\n");
 }
 
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
     *o = (struct opts){
-        .colls = {1, 1, 1, 1, 0, 0}, .min_bytes = 8, .max_bytes = (size_t)16 << 20, .factor = 2,
+        .colls = {1, 1, 1, 1, 0, 0, 0, 0}, .min_bytes = 8, .max_bytes = (size_t)16 << 20, .factor = 2,
         .iters = 0, .warmup = 0, .repeats = 5, .root = 0, .dtype = D_FLOAT,
     };
     for (int i = 1; i < argc; i++) {

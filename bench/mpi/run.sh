@@ -7,7 +7,8 @@
 #     --build DIR    build dir holding bench/mpi-coll-perf and
 #                    adapters/mpi/libweft_mpi.so ($WEFT_BUILD, else <repo>/build)
 #     --np "2 4 8"   process counts (mpirun --oversubscribe --bind-to none)
-#     --colls "allgather bcast allreduce alltoall" (also: reduce, barrier;
+#     --colls "allgather bcast allreduce alltoall" (also: reduce, gather,
+#                    scatter, barrier;
 #                    barrier is one row, size 0)
 #     --runs N       mpirun jobs per mode, collective and np (3); the table
 #                    shows the median over them of each job's median
@@ -46,7 +47,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --report) report=$2; shift 2 ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -56,6 +57,7 @@ render() {
 import glob, os, re, statistics, sys
 
 d = sys.argv[1]
+BLOCKED = ("allgather", "alltoall", "gather", "scatter")   # sizes of n blocks: the threshold's unit is one
 jobs = {}      # (np, coll, mode) -> one {size: (median us, min us, wrong)} per job
 failed = []    # jobs with a non-zero exit
 stats = {}     # (np, coll, mode) -> [weft calls, pmpi calls, jobs] of that collective
@@ -122,7 +124,7 @@ def crossover(r):
     return cross
 
 nps = sorted({k[0] for k in jobs})
-colls = [c for c in ("allgather", "bcast", "allreduce", "alltoall", "reduce", "barrier")
+colls = [c for c in ("allgather", "bcast", "allreduce", "alltoall", "reduce", "gather", "scatter", "barrier")
          if any(k[1] == c for k in jobs)]
 modes = [m for m in ("weft", "min0") if any(k[2] == m for k in jobs)]
 label = {"weft": "weft (default thresholds)", "min0": "weft, WEFT_MPI_MIN_BYTES=0"}
@@ -183,7 +185,7 @@ if "min0" in modes:
     print("### Crossover with WEFT_MPI_MIN_BYTES=0\n")
     print("The smallest size from which the preloaded job is faster (ratio > 1) at that size and every")
     print("larger one: by the median ratio / by the best ratio. In brackets the same in the unit")
-    print("WEFT_MPI_MIN_BYTES compares (allgather, alltoall: bytes per peer = size / np; bcast,")
+    print("WEFT_MPI_MIN_BYTES compares (allgather, alltoall, gather, scatter: bytes per peer = size / np; bcast,")
     print("allreduce: the message). 'none': not faster at the largest size.\n")
     print("| collective | " + " | ".join("np %d" % n for n in nps) + " |")
     print("|---|" + "---|" * len(nps))
@@ -196,13 +198,13 @@ if "min0" in modes:
                 if c is None:
                     parts.append("none")
                 else:
-                    unit = c // np_ if coll in ("allgather", "alltoall") else c
+                    unit = c // np_ if coll in BLOCKED else c
                     parts.append("%s (%s)" % (human(c), human(unit)))
             cells.append(" / ".join(parts))
         print("| %s | %s |" % (coll, " | ".join(cells)))
     print()
     print("Where weft wins with WEFT_MPI_MIN_BYTES=0: the runs of consecutive sizes whose median and")
-    print("best ratios are both above 1 (bytes per peer in brackets for allgather and alltoall).\n")
+    print("best ratios are both above 1 (bytes per peer in brackets for allgather, alltoall, gather, scatter).\n")
     print("| collective | " + " | ".join("np %d" % n for n in nps) + " |")
     print("|---|" + "---|" * len(nps))
     for coll in colls:
@@ -219,7 +221,7 @@ if "min0" in modes:
                 runs_.append(cur)
             def span(a, b):
                 t = human(a) if a == b else "%s-%s" % (human(a), human(b))
-                if coll in ("allgather", "alltoall"):
+                if coll in BLOCKED:
                     u = human(a // np_) if a == b else "%s-%s" % (human(a // np_), human(b // np_))
                     t += " (%s)" % u
                 return t
