@@ -54,7 +54,11 @@ static const char *const names[WMPI_NCOLLS] = {
  * mpi-coll-perf -s 1, docs/benchmarks.md), whoever serves that call: the
  * ranks leave weft's barrier at more spread-out times on a loaded node.
  * Defaults: bench/mpi/run.sh on the 2-core development machine (shm), see
- * docs/benchmarks.md; a site overrides them with WEFT_MPI_MIN_BYTES. */
+ * docs/benchmarks.md; a site overrides them with WEFT_MPI_MIN_BYTES.
+ * Gather and scatter (2026-12-03, docs/data/bench/2026-12-03-pmpi-gather-
+ * scatter): weft ahead from 512 B a block at np 2 (1.5-2.3x at 512 B-2 KiB,
+ * below it 0.65-0.95: MPI's single eager message), at np 3, 4 and 8 from a
+ * few bytes (the node-local rule below). */
 static const size_t default_min[WMPI_NCOLLS] = {
     [WMPI_ALLGATHER] = 4096,
     [WMPI_BCAST] = 4096,
@@ -63,8 +67,8 @@ static const size_t default_min[WMPI_NCOLLS] = {
     [WMPI_REDUCE] = 8192,
     [WMPI_REDUCE_SCATTER_BLOCK] = 4096,
     [WMPI_ALLTOALL] = 4096,
-    [WMPI_GATHER] = 4096,
-    [WMPI_SCATTER] = 4096,
+    [WMPI_GATHER] = 512,
+    [WMPI_SCATTER] = 512,
 };
 /* And the largest size weft serves: where the measurements showed Open
  * MPI's own algorithm ahead again (bcast above 8 KiB at np 4 and 8;
@@ -241,7 +245,9 @@ int wmpi_enabled(enum wmpi_coll coll)
  * MPI's calls are single eager messages (0.1-0.25 us) that the segment's
  * round does not beat: the thresholds decide there, as on several nodes.
  * reduce_scatter_block was not measured: the thresholds decide; the
- * barrier stays MPI's (above, default_min). SIZE_MAX: not taken. Units as
+ * barrier stays MPI's (above, default_min). Gather and scatter (2026-12-03,
+ * np 3, 4 and 8): ahead from 16 B a block (gather at np 4 with 8 B: 0.77;
+ * scatter at np 3 below 256 B, node_takes). SIZE_MAX: not taken. Units as
  * the thresholds' (colls.c). */
 static const size_t node_min[WMPI_NCOLLS] = {
     [WMPI_ALLGATHER] = 128,
@@ -251,8 +257,8 @@ static const size_t node_min[WMPI_NCOLLS] = {
     [WMPI_REDUCE] = 64,
     [WMPI_REDUCE_SCATTER_BLOCK] = SIZE_MAX,
     [WMPI_ALLTOALL] = SIZE_MAX,
-    [WMPI_GATHER] = SIZE_MAX,
-    [WMPI_SCATTER] = SIZE_MAX,
+    [WMPI_GATHER] = 16,
+    [WMPI_SCATTER] = 16,
 };
 
 /* Whether the node-local rule takes a call of coll with size bytes on a
@@ -268,6 +274,10 @@ static int node_takes(enum wmpi_coll coll, size_t bytes, int nranks, size_t node
      * thresholds there, which give MPI everything above 8 KiB. */
     if (coll == WMPI_BCAST && nranks == 3 && bytes > 4096)
         return 0;
+    /* scatter at 3 ranks: MPI's two eager sends ahead up to 84 B a block
+     * (0.67-0.91), weft from 168 B (1.19, then 3-14x). */
+    if (coll == WMPI_SCATTER && nranks == 3 && bytes < 256)
+        return 0;
     /* What weft's own rule (collectives/node_coll.c) sends to the segment:
      * an allgather's block and a reduction's vector up to node_bytes, a
      * bcast's message at any size (up to a whole big buffer, nranks x
@@ -279,9 +289,25 @@ static int node_takes(enum wmpi_coll coll, size_t bytes, int nranks, size_t node
     return bytes <= node_bytes;
 }
 
+/* Whether the node-local rule leaves to MPI a call that it or the
+ * thresholds would give weft (a collective named in WEFT_MPI_MIN_BYTES /
+ * WEFT_MPI_MAX_BYTES: never). A scatter on one node of 8 ranks or more
+ * with blocks from 64 KiB to 512 KiB measured behind Open MPI's, 0.79-0.93
+ * of its speed in two runs of 3-4 jobs (2026-12-03): the root alone copies
+ * 7 blocks into the segment, or sends 7 rendezvous messages above it,
+ * where Open MPI's 7 receivers pull at once; at 32 KiB 1.20-1.27x ahead,
+ * from 1 MiB 1.35-1.80x ahead again, at 4 ranks level or ahead throughout.
+ * The cut between 32 and 64 KiB was not measured finer. */
+static int node_refuses(enum wmpi_coll coll, size_t bytes, int nranks, size_t node_bytes)
+{
+    if (node_bytes == 0 || S.sized[coll])
+        return 0;
+    return coll == WMPI_SCATTER && nranks >= 8 && bytes > ((size_t)32 << 10) && bytes <= ((size_t)512 << 10);
+}
+
 int wmpi_serves(enum wmpi_coll coll, size_t bytes, int nranks, size_t node_bytes)
 {
-    if (bytes == 0)
+    if (bytes == 0 || node_refuses(coll, bytes, nranks, node_bytes))
         return 0;
     return node_takes(coll, bytes, nranks, node_bytes) || (bytes >= S.min[coll] && bytes <= S.max[coll]);
 }

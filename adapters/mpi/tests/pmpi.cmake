@@ -87,6 +87,9 @@ weft_add_mpi_suite(NAME pmpi_defaults BINARY weft_pmpi_test NPS 3 CONFIGS vnodes
                    GTEST_FILTER "PmpiDefaults.*" LABELS pmpi TIMEOUT 60)
 weft_add_mpi_suite(NAME pmpi_defaults_nodecoll0 BINARY weft_pmpi_test NPS 3 CONFIGS shm
                    GTEST_FILTER "PmpiDefaults.*" LABELS pmpi ENV WEFT_NODE_COLL_KB=0 TIMEOUT 60)
+# The rooted rules at 8 ranks (a scatter with blocks of 32-512 KiB is MPI's there).
+weft_add_mpi_suite(NAME pmpi_defaults BINARY weft_pmpi_test NPS 8 CONFIGS shm
+                   GTEST_FILTER "PmpiDefaults.GatherScatterRules" LABELS "pmpi;np8" TIMEOUT 90)
 # WEFT_MPI_MIN_BYTES / WEFT_MPI_MAX_BYTES: weft inside [1 KiB, 64 KiB] only.
 weft_add_mpi_suite(NAME pmpi_window BINARY weft_pmpi_test NPS 3 CONFIGS shm
                    GTEST_FILTER "PmpiWindow.*" LABELS pmpi

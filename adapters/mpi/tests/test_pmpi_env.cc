@@ -35,7 +35,7 @@ namespace {
 
 const size_t kSmall = 8;        /* below every threshold */
 const size_t kLarge = 4u << 20; /* above every threshold */
-const size_t kNode = 1024;      /* below every threshold, within the node-local rule's sizes */
+const size_t kNode = 256;       /* below every threshold, within the node-local rule's sizes */
 
 /* Which of the sized collectives weft served at `bytes` (the measure each
  * threshold compares with, route.c): each called once on comm and checked
@@ -87,10 +87,25 @@ Counts probe(MPI_Comm comm, size_t bytes)
         PMPI_Alltoall(send.data(), (int)bytes, MPI_BYTE, b.data(), (int)bytes, MPI_BYTE, comm);
         EXPECT_TRUE(SameBytes(a.data(), b.data(), a.size())) << "MPI_Alltoall of " << bytes << " B a peer";
     }
+    {
+        std::vector<unsigned char> send(bytes), a(bytes * n), b(bytes * n);
+        fill_bytes(send.data(), bytes, 40 + r);
+        MPI_Gather(send.data(), (int)bytes, MPI_BYTE, a.data(), (int)bytes, MPI_BYTE, n / 2, comm);
+        PMPI_Gather(send.data(), (int)bytes, MPI_BYTE, b.data(), (int)bytes, MPI_BYTE, n / 2, comm);
+        EXPECT_TRUE(SameBytes(a.data(), b.data(), a.size())) << "MPI_Gather of " << bytes << " B a rank";
+    }
+    {
+        std::vector<unsigned char> send(bytes * n), a(bytes), b(bytes);
+        fill_bytes(send.data(), send.size(), 50 + r);
+        MPI_Scatter(send.data(), (int)bytes, MPI_BYTE, a.data(), (int)bytes, MPI_BYTE, n - 1, comm);
+        PMPI_Scatter(send.data(), (int)bytes, MPI_BYTE, b.data(), (int)bytes, MPI_BYTE, n - 1, comm);
+        EXPECT_TRUE(SameBytes(a.data(), b.data(), a.size())) << "MPI_Scatter of " << bytes << " B a rank";
+    }
     return counts_now() - before;
 }
 
-const Counted kSized[] = {W_ALLGATHER, W_BCAST, W_ALLREDUCE, W_REDUCE, W_REDUCE_SCATTER, W_ALLTOALL};
+const Counted kSized[] = {W_ALLGATHER, W_BCAST,    W_ALLREDUCE, W_REDUCE,
+                          W_REDUCE_SCATTER, W_ALLTOALL, W_GATHER,   W_SCATTER};
 
 /* The collectives route.c gives a default ceiling (largest size weft
  * serves) below kLarge: Open MPI's own algorithm measured ahead there. */
@@ -170,10 +185,10 @@ TEST_F(PmpiDefaults, SmallCallsToMpiLargeToWeft)
 {
     const bool weft = size > 1;
     /* On a comm of 3 or more ranks on one node the node-local rule
-     * (route.c, node_takes) gives weft the allreduce of any size, and from
-     * 1 KiB allgather, bcast and reduce (not alltoall or
+     * (route.c, node_takes) gives weft the allreduce of any size, and at
+     * 256 B allgather, bcast, reduce, gather and scatter (not alltoall or
      * reduce_scatter_block); elsewhere (2 ranks, several nodes, the node
-     * path off) the thresholds, all above 1 KiB. The barrier is MPI's
+     * path off) the thresholds, all above 256 B. The barrier is MPI's
      * everywhere. */
     const bool node = size >= 3 && node_local_entry();
     Counts small = probe(MPI_COMM_WORLD, kSmall);
@@ -226,6 +241,57 @@ TEST_F(PmpiDefaults, SmallCallsToMpiLargeToWeft)
     /* And small again, now that the communicator has a weft comm. */
     expect_probe(probe(MPI_COMM_WORLD, kSmall), kSmall,
                  [&](Counted c) { return node && c == W_ALLREDUCE ? 1L : 0L; });
+}
+
+/* Gather and scatter (route.c): the thresholds from 512 B a block; on
+ * one node from 3 ranks the node-local rule from 16 B, a scatter at 3
+ * ranks from 256 B, and a scatter from 8 ranks with blocks above 32 KiB up
+ * to 512 KiB left to MPI. Each call checked against PMPI; its own entry at
+ * 8 ranks (pmpi.cmake). */
+TEST_F(PmpiDefaults, GatherScatterRules)
+{
+    const bool node = size >= 3 && node_local_entry();
+    struct Case {
+        Counted coll;
+        size_t bytes;
+        bool weft;
+    };
+    const bool many = node && size >= 8;
+    const Case cases[] = {
+        {W_GATHER, 8, false},
+        {W_GATHER, 16, node},
+        {W_GATHER, 256, node},
+        {W_GATHER, 512, true},
+        {W_SCATTER, 16, node && size > 3},
+        {W_SCATTER, 128, node && size > 3},
+        {W_SCATTER, 256, node},
+        {W_SCATTER, 512, true},
+        {W_SCATTER, (size_t)32 << 10, true},
+        {W_SCATTER, ((size_t)32 << 10) + 4, !many},
+        {W_SCATTER, (size_t)512 << 10, !many},
+        {W_SCATTER, ((size_t)512 << 10) + 4, true},
+    };
+    for (const Case &c : cases) {
+        const int root = (int)(c.bytes % (size_t)size);
+        std::vector<unsigned char> one(c.bytes), all(c.bytes * (size_t)size), ref;
+        const long before = counts_now()[c.coll];
+        if (c.coll == W_GATHER) {
+            fill_bytes(one.data(), one.size(), 60 + rank);
+            ref = all;
+            MPI_Gather(one.data(), (int)c.bytes, MPI_BYTE, all.data(), (int)c.bytes, MPI_BYTE, root, MPI_COMM_WORLD);
+            PMPI_Gather(one.data(), (int)c.bytes, MPI_BYTE, ref.data(), (int)c.bytes, MPI_BYTE, root, MPI_COMM_WORLD);
+            EXPECT_TRUE(SameBytes(all.data(), ref.data(), all.size())) << "MPI_Gather of " << c.bytes << " B a rank";
+        } else {
+            fill_bytes(all.data(), all.size(), 70 + rank);
+            ref = one;
+            MPI_Scatter(all.data(), (int)c.bytes, MPI_BYTE, one.data(), (int)c.bytes, MPI_BYTE, root, MPI_COMM_WORLD);
+            PMPI_Scatter(all.data(), (int)c.bytes, MPI_BYTE, ref.data(), (int)c.bytes, MPI_BYTE, root, MPI_COMM_WORLD);
+            EXPECT_TRUE(SameBytes(one.data(), ref.data(), one.size())) << "MPI_Scatter of " << c.bytes << " B a rank";
+        }
+        EXPECT_EQ(counts_now()[c.coll] - before, c.weft && size > 1 ? 1L : 0L)
+            << counted_name(c.coll) << " of " << c.bytes << " B a rank, " << size << " ranks"
+            << (node ? ", one node" : "");
+    }
 }
 
 /* ---- WEFT_MPI_MIN_BYTES / WEFT_MPI_MAX_BYTES: weft inside [1 KiB, 64 KiB] ---- */
