@@ -247,7 +247,7 @@ int wmpi_enabled(enum wmpi_coll coll)
  * reduce_scatter_block was not measured: the thresholds decide; the
  * barrier stays MPI's (above, default_min). Gather and scatter (2026-12-03,
  * np 3, 4 and 8): ahead from 16 B a block (gather at np 4 with 8 B: 0.77;
- * scatter at np 3 below 256 B, node_takes). SIZE_MAX: not taken. Units as
+ * at np 3 from 256 B, node_takes). SIZE_MAX: not taken. Units as
  * the thresholds' (colls.c). */
 static const size_t node_min[WMPI_NCOLLS] = {
     [WMPI_ALLGATHER] = 128,
@@ -274,9 +274,11 @@ static int node_takes(enum wmpi_coll coll, size_t bytes, int nranks, size_t node
      * thresholds there, which give MPI everything above 8 KiB. */
     if (coll == WMPI_BCAST && nranks == 3 && bytes > 4096)
         return 0;
-    /* scatter at 3 ranks: MPI's two eager sends ahead up to 84 B a block
-     * (0.67-0.91), weft from 168 B (1.19, then 3-14x). */
-    if (coll == WMPI_SCATTER && nranks == 3 && bytes < 256)
+    /* gather and scatter at 3 ranks: MPI's two eager messages level or
+     * ahead up to 84 B a block (scatter 0.67-0.91 in one run; gather
+     * 1.4-2.3x in one run, 0.59-0.95 in the next), weft from 168 B (1.19-3.1,
+     * then 12-15x at 340 B in every run). */
+    if ((coll == WMPI_SCATTER || coll == WMPI_GATHER) && nranks == 3 && bytes < 256)
         return 0;
     /* What weft's own rule (collectives/node_coll.c) sends to the segment:
      * an allgather's block and a reduction's vector up to node_bytes, a
@@ -292,12 +294,14 @@ static int node_takes(enum wmpi_coll coll, size_t bytes, int nranks, size_t node
 /* Whether the node-local rule leaves to MPI a call that it or the
  * thresholds would give weft (a collective named in WEFT_MPI_MIN_BYTES /
  * WEFT_MPI_MAX_BYTES: never). A scatter on one node of 8 ranks or more
- * with blocks from 64 KiB to 512 KiB measured behind Open MPI's, 0.79-0.93
- * of its speed in two runs of 3-4 jobs (2026-12-03): the root alone copies
- * 7 blocks into the segment, or sends 7 rendezvous messages above it,
- * where Open MPI's 7 receivers pull at once; at 32 KiB 1.20-1.27x ahead,
- * from 1 MiB 1.35-1.80x ahead again, at 4 ranks level or ahead throughout.
- * The cut between 32 and 64 KiB was not measured finer. */
+ * with blocks from 64 KiB to 512 KiB was never measured ahead of Open
+ * MPI's: 0.79-0.93 of its speed through the drop-in in two runs of 3-4
+ * jobs, level (0.97-1.04) in weft-perf's same-job A/B of weft_scatter
+ * (2026-12-03 campaign) -- the root alone copies 7 blocks into the
+ * segment, or sends 7 rendezvous messages above it, where Open MPI's 7
+ * receivers pull at once. At 32 KiB weft is 1.2-1.6x ahead, from 1 MiB
+ * 1.35-1.8x; at 4 ranks ahead throughout in weft-perf (1.04-1.5x). The cut
+ * between 32 and 64 KiB was not measured finer. */
 static int node_refuses(enum wmpi_coll coll, size_t bytes, int nranks, size_t node_bytes)
 {
     if (node_bytes == 0 || S.sized[coll])

@@ -244,8 +244,8 @@ TEST_F(PmpiDefaults, SmallCallsToMpiLargeToWeft)
 }
 
 /* Gather and scatter (route.c): the thresholds from 512 B a block; on
- * one node from 3 ranks the node-local rule from 16 B, a scatter at 3
- * ranks from 256 B, and a scatter from 8 ranks with blocks above 32 KiB up
+ * one node from 4 ranks the node-local rule from 16 B, at 3 ranks from
+ * 256 B, and a scatter from 8 ranks with blocks above 32 KiB up
  * to 512 KiB left to MPI. Each call checked against PMPI; its own entry at
  * 8 ranks (pmpi.cmake). */
 TEST_F(PmpiDefaults, GatherScatterRules)
@@ -259,7 +259,8 @@ TEST_F(PmpiDefaults, GatherScatterRules)
     const bool many = node && size >= 8;
     const Case cases[] = {
         {W_GATHER, 8, false},
-        {W_GATHER, 16, node},
+        {W_GATHER, 16, node && size > 3},
+        {W_GATHER, 128, node && size > 3},
         {W_GATHER, 256, node},
         {W_GATHER, 512, true},
         {W_SCATTER, 16, node && size > 3},

@@ -183,6 +183,26 @@ def test_alltoall(comm, name):
             check(tag, recv, want)
 
 
+def test_gather_scatter(comm, name):
+    """Gather and Scatter at two roots: the root's n blocks hold each rank's
+    block at its place; the other ranks' receive buffers stay as they were."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    for root in sorted({0, size - 1}):
+        for dtype in DTYPES:
+            for count in COUNTS:
+                what = "%s root=%d %s count=%d" % (name, root, np.dtype(dtype).name, count)
+                recv = np.full(count * size, -7, dtype=dtype)
+                comm.Gather(a2a_block(rank, root, count, dtype), recv, root=root)
+                want = np.concatenate([a2a_block(s, root, count, dtype) for s in range(size)]) \
+                    if rank == root else np.full(count * size, -7, dtype=dtype)
+                check("Gather " + what, recv, want)
+                send = np.concatenate([a2a_block(root, d, count, dtype) for d in range(size)]) \
+                    if rank == root else None
+                got = np.full(count, -7, dtype=dtype)
+                comm.Scatter(send, got, root=root)
+                check("Scatter " + what, got, a2a_block(root, rank, count, dtype))
+
+
 def test_barrier(comm, name):
     """No rank may leave a barrier before every rank has entered it. Each
     rank in turn arrives late (sleeps first); every rank notes when it
@@ -215,6 +235,7 @@ def run_all(comm, name):
     test_reduce(comm, name)
     test_reduce_scatter_block(comm, name)
     test_alltoall(comm, name)
+    test_gather_scatter(comm, name)
     comm.Barrier()
 
 

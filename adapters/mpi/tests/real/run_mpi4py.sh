@@ -2,12 +2,12 @@
 # mpi4py (Debian python3-mpi4py) with numpy buffers under the weft PMPI
 # drop-in: mpi4py_colls.py calls every intercepted collective (Allgather,
 # Bcast, Barrier, Allreduce SUM/PROD/MIN/MAX on int32/int64/float32/float64
-# and in place, Reduce, Reduce_scatter_block, Alltoall) on COMM_WORLD and on
-# a Split sub-communicator, and checks every result exactly.
+# and in place, Reduce, Reduce_scatter_block, Alltoall, Gather, Scatter) on
+# COMM_WORLD and on a Split sub-communicator, and checks every result exactly.
 #
 # At np 2 and 4: once as installed, once with libweft_mpi.so preloaded. Both
 # must exit 0 with "0 failed"; the preloaded run's stats must show weft
-# serving all seven collectives on every rank.
+# serving all nine collectives on every rank.
 #
 # Usage: run_mpi4py.sh /path/to/libweft_mpi.so [mpirun]   (77: skipped)
 set -uo pipefail
@@ -48,7 +48,8 @@ for np in 2 4; do
             real_fail "np $np $mode: the script's summary is not '$np ranks, N checks, 0 failed'"
         fi
         if [ "$mode" = weft ]; then
-            check_stats "$log" "$np" allgather bcast barrier allreduce reduce reduce_scatter_block alltoall
+            check_stats "$log" "$np" allgather bcast barrier allreduce reduce reduce_scatter_block alltoall \
+                gather scatter
         fi
     done
 done
