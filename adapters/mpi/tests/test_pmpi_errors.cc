@@ -177,6 +177,11 @@ TEST_F(PmpiErrors, BadArgumentsAreMpisErrors)
     EXPECT_EQ(error_class(MPI_Reduce(buf, recv.data(), 4, MPI_INT, MPI_SUM, size, d)), MPI_ERR_ROOT);
     EXPECT_EQ(error_class(MPI_Allreduce(buf, recv.data(), 4, MPI_INT, MPI_OP_NULL, d)), MPI_ERR_OP);
     EXPECT_EQ(error_class(MPI_Alltoall(buf, -1, MPI_INT, recv.data(), -1, MPI_INT, d)), MPI_ERR_COUNT);
+    EXPECT_EQ(error_class(MPI_Gather(buf, 1, MPI_INT, recv.data(), 1, MPI_INT, size, d)), MPI_ERR_ROOT);
+    EXPECT_EQ(error_class(MPI_Gather(buf, 1, MPI_INT, recv.data(), 1, MPI_INT, -3, d)), MPI_ERR_ROOT);
+    EXPECT_EQ(error_class(MPI_Scatter(buf, -1, MPI_INT, recv.data(), -1, MPI_INT, 0, d)), MPI_ERR_COUNT);
+    EXPECT_EQ(error_class(MPI_Scatter(buf, 1, MPI_DATATYPE_NULL, recv.data(), 1, MPI_DATATYPE_NULL, 0, d)),
+              MPI_ERR_TYPE);
     EXPECT_TRUE(CountsAre(before, {}));
     before = counts_now();
     EXPECT_EQ(MPI_Comm_free(&d), MPI_SUCCESS);
