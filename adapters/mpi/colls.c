@@ -379,28 +379,42 @@ WMPI_EXPORT int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int
  * recvtype; scatter: sendcount x sendtype) and every other rank from its
  * own side of one block -- MPI's rule that the signatures match makes
  * them equal. The root's buffer of n blocks is laid out like the other
- * sides (as it is, or through scratch); the other ranks never touch it. */
-static int rooted_block(MPI_Comm comm, int root, int count, MPI_Datatype type, size_t *block)
+ * sides (as it is, or through scratch); the other ranks never touch it.
+ * The rank and size come from the comm's entry (no PMPI_Comm_rank/_size
+ * on a call handed on). weft's comm for the call, or NULL: PMPI serves it
+ * (MPI then reports a bad root, count or type). */
+static weft_comm_t *route_rooted(enum wmpi_coll coll, MPI_Comm comm, int root, int many_count, MPI_Datatype many_type,
+                                 int one_count, MPI_Datatype one_type, struct wmpi_comm_info *info, int *is_root,
+                                 size_t *block_out)
 {
-    return comm != MPI_COMM_NULL && root >= 0 && root < comm_size(comm) && wmpi_type_bytes(type, count, block) == 0;
+    size_t block = 0;
+    weft_comm_t *wc = NULL;
+
+    if (comm != MPI_COMM_NULL && wmpi_comm_info(comm, info) && info->weft != NULL && root >= 0 &&
+        root < info->nranks) {
+        *is_root = info->rank == root;
+        if (wmpi_type_bytes(*is_root ? many_type : one_type, *is_root ? many_count : one_count, &block) == 0 &&
+            wmpi_serves(coll, block, info->nranks, info->node_bytes)) {
+            wc = info->weft;
+            *block_out = block;
+        }
+    }
+    wmpi_count(coll, wc != NULL);
+    return wc;
 }
 
 WMPI_EXPORT int MPI_Gather(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf, int recvcount,
                            MPI_Datatype recvtype, int root, MPI_Comm comm)
 {
-    size_t block = 0;
-    weft_comm_t *wc = NULL;
     struct wmpi_comm_info info;
     struct side in, out;
-    int rc, wrc;
+    int rc, wrc, me = 0;
 
     if (off(WMPI_GATHER))
         return PMPI_Gather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
-    const int me = comm != MPI_COMM_NULL && comm_rank(comm) == root;
-    if (rooted_block(comm, root, me ? recvcount : sendcount, me ? recvtype : sendtype, &block))
-        wc = route_info(WMPI_GATHER, comm, block, &info);
-    else
-        route(WMPI_GATHER, comm, 0);
+    size_t block = 0;
+    weft_comm_t *wc =
+        route_rooted(WMPI_GATHER, comm, root, recvcount, recvtype, sendcount, sendtype, &info, &me, &block);
     if (wc == NULL)
         return PMPI_Gather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
     if (!me) {
@@ -442,19 +456,15 @@ WMPI_EXPORT int MPI_Gather(const void *sendbuf, int sendcount, MPI_Datatype send
 WMPI_EXPORT int MPI_Scatter(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf, int recvcount,
                             MPI_Datatype recvtype, int root, MPI_Comm comm)
 {
-    size_t block = 0;
-    weft_comm_t *wc = NULL;
     struct wmpi_comm_info info;
     struct side in, out;
-    int rc, wrc;
+    int rc, wrc, me = 0;
 
     if (off(WMPI_SCATTER))
         return PMPI_Scatter(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
-    const int me = comm != MPI_COMM_NULL && comm_rank(comm) == root;
-    if (rooted_block(comm, root, me ? sendcount : recvcount, me ? sendtype : recvtype, &block))
-        wc = route_info(WMPI_SCATTER, comm, block, &info);
-    else
-        route(WMPI_SCATTER, comm, 0);
+    size_t block = 0;
+    weft_comm_t *wc =
+        route_rooted(WMPI_SCATTER, comm, root, sendcount, sendtype, recvcount, recvtype, &info, &me, &block);
     if (wc == NULL)
         return PMPI_Scatter(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
     if (!me) {
