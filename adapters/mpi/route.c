@@ -45,7 +45,8 @@ static const char *const names[WMPI_NCOLLS] = {
  * the bytes one rank contributes per peer (recvcount x recvtype); bcast:
  * the message; allreduce, reduce: the vector; reduce_scatter_block: one
  * rank's block; gather, scatter: one rank's block (the root's recvcount x
- * recvtype, resp. sendcount x sendtype; the others' own side). Barrier: 0 serves it with weft, SIZE_MAX leaves it to MPI.
+ * recvtype, resp. sendcount x sendtype; the others' own side). Barrier: 0
+ * serves it with weft, SIZE_MAX leaves it to MPI.
  * The default is MPI's, everywhere: weft's own is level or ahead from 3
  * ranks on one node (0.9-1.5x back to back) and behind at 2 (0.19-0.20 us
  * MPI, 0.21-0.25 weft), but in OSU's pattern -- a timed call, then an
@@ -297,9 +298,9 @@ static int node_takes(enum wmpi_coll coll, size_t bytes, int nranks, size_t node
  * with blocks from 64 KiB to 512 KiB was never measured ahead of Open
  * MPI's: 0.79-0.93 of its speed through the drop-in in two runs of 3-4
  * jobs, level (0.97-1.04) in weft-perf's same-job A/B of weft_scatter
- * (2026-12-03 campaign) -- the root alone copies 7 blocks into the
- * segment, or sends 7 rendezvous messages above it, where Open MPI's 7
- * receivers pull at once. At 32 KiB weft is 1.2-1.6x ahead, from 1 MiB
+ * (2026-12-03 campaign) -- the root alone copies n-1 blocks into the
+ * segment, or sends n-1 rendezvous messages above it, where Open MPI's
+ * n-1 receivers pull at once. At 32 KiB weft is 1.2-1.6x ahead, from 1 MiB
  * 1.35-1.8x; at 4 ranks ahead throughout in weft-perf (1.04-1.5x). The cut
  * between 32 and 64 KiB was not measured finer. */
 static int node_refuses(enum wmpi_coll coll, size_t bytes, int nranks, size_t node_bytes)
