@@ -382,10 +382,12 @@ WMPI_EXPORT int MPI_Reduce_scatter_block(const void *sendbuf, void *recvbuf, int
  * sides (as it is, or through scratch); the other ranks never touch it.
  * The rank and size come from the comm's entry (no PMPI_Comm_rank/_size
  * on a call handed on). weft's comm for the call, or NULL: PMPI serves it
- * (MPI then reports a bad root, count or type). */
-static weft_comm_t *route_rooted(enum wmpi_coll coll, MPI_Comm comm, int root, int many_count, MPI_Datatype many_type,
-                                 int one_count, MPI_Datatype one_type, struct wmpi_comm_info *info, int *is_root,
-                                 size_t *block_out)
+ * (MPI then reports a bad root, count or type, or MPI_IN_PLACE where only
+ * the root's other side may be in place). many_*: the root's n-block side;
+ * one_*: every other rank's own block. */
+static weft_comm_t *route_rooted(enum wmpi_coll coll, MPI_Comm comm, int root, const void *many_buf, int many_count,
+                                 MPI_Datatype many_type, const void *one_buf, int one_count, MPI_Datatype one_type,
+                                 struct wmpi_comm_info *info, int *is_root, size_t *block_out)
 {
     size_t block = 0;
     weft_comm_t *wc = NULL;
@@ -393,7 +395,8 @@ static weft_comm_t *route_rooted(enum wmpi_coll coll, MPI_Comm comm, int root, i
     if (comm != MPI_COMM_NULL && wmpi_comm_info(comm, info) && info->weft != NULL && root >= 0 &&
         root < info->nranks) {
         *is_root = info->rank == root;
-        if (wmpi_type_bytes(*is_root ? many_type : one_type, *is_root ? many_count : one_count, &block) == 0 &&
+        if ((*is_root ? many_buf : one_buf) != MPI_IN_PLACE &&
+            wmpi_type_bytes(*is_root ? many_type : one_type, *is_root ? many_count : one_count, &block) == 0 &&
             wmpi_serves(coll, block, info->nranks, info->node_bytes)) {
             wc = info->weft;
             *block_out = block;
@@ -414,7 +417,8 @@ WMPI_EXPORT int MPI_Gather(const void *sendbuf, int sendcount, MPI_Datatype send
         return PMPI_Gather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
     size_t block = 0;
     weft_comm_t *wc =
-        route_rooted(WMPI_GATHER, comm, root, recvcount, recvtype, sendcount, sendtype, &info, &me, &block);
+        route_rooted(WMPI_GATHER, comm, root, recvbuf, recvcount, recvtype, sendbuf, sendcount, sendtype, &info,
+                     &me, &block);
     if (wc == NULL)
         return PMPI_Gather(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
     if (!me) {
@@ -464,7 +468,8 @@ WMPI_EXPORT int MPI_Scatter(const void *sendbuf, int sendcount, MPI_Datatype sen
         return PMPI_Scatter(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
     size_t block = 0;
     weft_comm_t *wc =
-        route_rooted(WMPI_SCATTER, comm, root, sendcount, sendtype, recvcount, recvtype, &info, &me, &block);
+        route_rooted(WMPI_SCATTER, comm, root, sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, &info,
+                     &me, &block);
     if (wc == NULL)
         return PMPI_Scatter(sendbuf, sendcount, sendtype, recvbuf, recvcount, recvtype, root, comm);
     if (!me) {

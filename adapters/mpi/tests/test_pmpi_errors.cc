@@ -182,6 +182,15 @@ TEST_F(PmpiErrors, BadArgumentsAreMpisErrors)
     EXPECT_EQ(error_class(MPI_Scatter(buf, -1, MPI_INT, recv.data(), -1, MPI_INT, 0, d)), MPI_ERR_COUNT);
     EXPECT_EQ(error_class(MPI_Scatter(buf, 1, MPI_DATATYPE_NULL, recv.data(), 1, MPI_DATATYPE_NULL, 0, d)),
               MPI_ERR_TYPE);
+    /* MPI_IN_PLACE on the side that may not be in place, on every rank (the
+     * root's n blocks; every other rank's own block): MPI's error, never a
+     * read of the MPI_IN_PLACE address. */
+    EXPECT_NE(MPI_Scatter(rank == 0 ? MPI_IN_PLACE : buf, 1, MPI_INT, rank == 0 ? (void *)buf : MPI_IN_PLACE, 1,
+                          MPI_INT, 0, d),
+              MPI_SUCCESS);
+    EXPECT_NE(MPI_Gather(rank == 0 ? (void *)buf : MPI_IN_PLACE, 1, MPI_INT, rank == 0 ? MPI_IN_PLACE : recv.data(),
+                         1, MPI_INT, 0, d),
+              MPI_SUCCESS);
     EXPECT_TRUE(CountsAre(before, {}));
     before = counts_now();
     EXPECT_EQ(MPI_Comm_free(&d), MPI_SUCCESS);
