@@ -185,12 +185,23 @@ TEST_F(PmpiErrors, BadArgumentsAreMpisErrors)
     /* MPI_IN_PLACE on the side that may not be in place, on every rank (the
      * root's n blocks; every other rank's own block): MPI's error, never a
      * read of the MPI_IN_PLACE address. */
-    EXPECT_NE(MPI_Scatter(rank == 0 ? MPI_IN_PLACE : buf, 1, MPI_INT, rank == 0 ? (void *)buf : MPI_IN_PLACE, 1,
-                          MPI_INT, 0, d),
-              MPI_SUCCESS);
-    EXPECT_NE(MPI_Gather(rank == 0 ? (void *)buf : MPI_IN_PLACE, 1, MPI_INT, rank == 0 ? MPI_IN_PLACE : recv.data(),
-                         1, MPI_INT, 0, d),
-              MPI_SUCCESS);
+#ifdef MPICH_VERSION
+    /* MPICH 4.0.2 (Debian 12) checks MPI_IN_PLACE at the root only: a
+     * non-root's MPI_IN_PLACE goes on into its algorithm, which reads
+     * address -1 (SIGSEGV in a 15-line program with PMPI alone). Here the
+     * root alone makes the calls; the non-roots' side runs under Open MPI. */
+    const bool call = rank == 0;
+#else
+    const bool call = true;
+#endif
+    if (call) {
+        EXPECT_NE(MPI_Scatter(rank == 0 ? MPI_IN_PLACE : buf, 1, MPI_INT, rank == 0 ? (void *)buf : MPI_IN_PLACE, 1,
+                              MPI_INT, 0, d),
+                  MPI_SUCCESS);
+        EXPECT_NE(MPI_Gather(rank == 0 ? (void *)buf : MPI_IN_PLACE, 1, MPI_INT,
+                             rank == 0 ? MPI_IN_PLACE : recv.data(), 1, MPI_INT, 0, d),
+                  MPI_SUCCESS);
+    }
     EXPECT_TRUE(CountsAre(before, {}));
     before = counts_now();
     EXPECT_EQ(MPI_Comm_free(&d), MPI_SUCCESS);
