@@ -243,11 +243,12 @@ void check_bcast(MPI_Comm comm, MPI_Datatype type, int count, int root, uint64_t
  * at some roots and rank counts (scatter at np 2 root 1 and np 4 root 0,
  * gather at np 4 root 0): "Message truncated" from
  * MPIR_Gather_intra_binomial / MPIR_Scatter_intra_binomial, no weft
- * involved (a 20-line program with PMPI alone does it). Its binomial trees move the blocks as bytes, and MPICH cannot
- * receive 17000 bytes into 1000 of that type (a plain MPI_Send of
- * MPI_BYTE to a typed MPI_Recv fails the same way). Under MPICH the
- * references are then gather and scatter as MPI defines them, from
- * point-to-point messages type to type. */
+ * involved (a 20-line program with PMPI alone does it). Its binomial
+ * trees move the blocks as bytes, and MPICH cannot receive 17000 bytes
+ * into 1000 of that type (a plain MPI_Send of MPI_BYTE to a typed
+ * MPI_Recv fails the same way). Under MPICH the references are then
+ * gather and scatter as MPI defines them, from point-to-point messages
+ * type to type. */
 
 /* Gather: every rank sends its block (scount x stype) to the root, which
  * receives block i (rcount x rtype) at i x rcount extents; the root's own
