@@ -15,7 +15,8 @@
  *
  *     perf_p2p.c   perf_sendrecv, perf_init
  *     perf_coll.c  perf_allgather, perf_bcast, perf_gather, perf_scatter, perf_barrier
- *     perf_reduce.c perf_allreduce, perf_reduce, perf_reduce_scatter, perf_alltoall
+ *     perf_reduce.c perf_allreduce, perf_reduce, perf_reduce_scatter, perf_alltoall,
+ *                   perf_alltoallv
  *     perf_exchange.c perf_exchange
  *     perf_mem.c   buffers in host or CUDA device memory (-d host|cuda)
  *     perf_ucx.c   sendrecv's UCX column (only where CMake finds UCX)
@@ -80,6 +81,7 @@ int perf_allreduce(const struct perf_opts *o, weft_comm_t *c);      /* perf_redu
 int perf_reduce(const struct perf_opts *o, weft_comm_t *c);         /* perf_reduce.c */
 int perf_reduce_scatter(const struct perf_opts *o, weft_comm_t *c); /* perf_reduce.c */
 int perf_alltoall(const struct perf_opts *o, weft_comm_t *c);       /* perf_reduce.c */
+int perf_alltoallv(const struct perf_opts *o, weft_comm_t *c);      /* perf_reduce.c */
 int perf_exchange(const struct perf_opts *o, weft_comm_t *c);       /* perf_exchange.c */
 
 /* ---- helpers (weft_perf.c) ---- */

@@ -13,6 +13,11 @@
  *   alltoall        size = the send buffer, n blocks of size/(4n) floats,
  *                   one per destination (weft_alltoall's bytes_per_rank =
  *                   size/n); the receive buffer is as large
+ *   alltoallv       the alltoall's layout with uneven blocks: rank s sends
+ *                   rank d c(s,d) floats, c/2, c or 3c/2 by (s + 2d) mod 3
+ *                   (c = size/(4n)), packed without gaps on both sides; size
+ *                   stays n*c*4, the mean send buffer (each rank's own
+ *                   totals differ from it by up to half)
  *
  * A size is rounded down to whole floats per block (the table shows the
  * size actually moved); sizes below one float per rank are left out.
@@ -54,9 +59,9 @@
 #define RED_BUDGET        (64u << 20)
 
 enum { LIB_WEFT = 0, LIB_MPI = 1 };
-enum { RK_ALLREDUCE, RK_REDUCE_SCATTER, RK_ALLTOALL, RK_REDUCE };
+enum { RK_ALLREDUCE, RK_REDUCE_SCATTER, RK_ALLTOALL, RK_REDUCE, RK_ALLTOALLV };
 
-static const char *const kind_name[] = { "allreduce", "reduce_scatter", "alltoall", "reduce" };
+static const char *const kind_name[] = { "allreduce", "reduce_scatter", "alltoall", "reduce", "alltoallv" };
 
 struct red_bench {
     const struct perf_opts *o;
@@ -69,7 +74,25 @@ struct red_bench {
     float *sbuf, *rbuf;   /* device memory with -d cuda */
     float *shost, *rhost; /* MPI's: sbuf/rbuf, or host staging (!o->mpi_direct) */
     float *hs;            /* host scratch: fills and checks */
+    /* alltoallv: weft's byte counts and displacements, MPI's in floats */
+    size_t *vsb, *vsd, *vrb, *vrd;
+    int *msc, *msd, *mrc, *mrd;
 };
+
+/* alltoallv: floats rank s sends rank d when the alltoall's block is c. */
+static size_t vblock(size_t c, int s, int d)
+{
+    return c / 2 + c * (size_t)((s + 2 * d) % 3) / 2;
+}
+
+/* Where rank s's block for rank d starts in s's send buffer (floats). */
+static size_t vsend_at(size_t c, int n, int s, int d)
+{
+    size_t at = 0;
+    for (int j = 0; j < d && j < n; j++)
+        at += vblock(c, s, j);
+    return at;
+}
 
 /* The value rank r contributes at index i of its send buffer in call
  * `iter` of library lib: an integer in [-128, 127]. */
@@ -100,6 +123,27 @@ static int red_shape(struct red_bench *b, size_t bytes)
         b->scount = b->count * n;
         b->rcount = b->count;
         break;
+    case RK_ALLTOALLV: {
+        const int me = b->o->rank;
+        b->count = bytes / 4 / n;
+        b->scount = b->rcount = 0;
+        for (int r = 0; r < (int)n; r++) {
+            size_t out = vblock(b->count, me, r), in = vblock(b->count, r, me);
+            b->vsb[r] = out * 4;
+            b->vsd[r] = b->scount * 4;
+            b->vrb[r] = in * 4;
+            b->vrd[r] = b->rcount * 4;
+            /* Ints: the sweep's largest size was checked against INT_MAX floats. */
+            b->msc[r] = (int)out;
+            b->msd[r] = (int)b->scount;
+            b->mrc[r] = (int)in;
+            b->mrd[r] = (int)b->rcount;
+            b->scount += out;
+            b->rcount += in;
+        }
+        b->size = n * b->count * 4;
+        return b->count > 0;
+    }
     default:
         b->count = bytes / 4 / n;
         b->scount = b->rcount = b->count * n;
@@ -138,6 +182,14 @@ static size_t red_verify(struct red_bench *b, uint64_t iter, int lib)
         }
         break;
     }
+    case RK_ALLTOALLV:
+        /* Block s came from rank s: its block for me, where s packed it. */
+        for (int s = 0; s < n; s++) {
+            size_t at = vsend_at(b->count, n, s, me), len = vblock(b->count, s, me);
+            for (size_t j = 0; j < len; j++)
+                wrong += b->hs[b->vrd[s] / 4 + j] != val(iter, lib, s, at + j);
+        }
+        break;
     default:
         /* Block s came from rank s: its elements me*count .. of s's send buffer. */
         for (int s = 0; s < n; s++)
@@ -163,6 +215,9 @@ static int red_call(struct red_bench *b, int lib)
         case RK_REDUCE:
             err = weft_reduce(b->c, b->sbuf, b->rbuf, b->count, WEFT_FLOAT32, WEFT_SUM, o->root);
             break;
+        case RK_ALLTOALLV:
+            err = weft_alltoallv(b->c, b->sbuf, b->vsb, b->vsd, b->rbuf, b->vrb, b->vrd);
+            break;
         default:
             err = weft_alltoall(b->c, b->sbuf, b->rbuf, b->count * 4);
             break;
@@ -187,6 +242,9 @@ static int red_call(struct red_bench *b, int lib)
         break;
     case RK_REDUCE:
         err = MPI_Reduce(b->shost, b->rhost, (int)b->count, MPI_FLOAT, MPI_SUM, o->root, o->mpi);
+        break;
+    case RK_ALLTOALLV:
+        err = MPI_Alltoallv(b->shost, b->msc, b->msd, MPI_FLOAT, b->rhost, b->mrc, b->mrd, MPI_FLOAT, o->mpi);
         break;
     default:
         err = MPI_Alltoall(b->shost, (int)b->count, MPI_FLOAT, b->rhost, (int)b->count, MPI_FLOAT, o->mpi);
@@ -254,6 +312,7 @@ static const char *algo_env(int kind)
     case RK_ALLREDUCE: return "WEFT_ALLREDUCE_ALGO";
     case RK_REDUCE_SCATTER: return "WEFT_REDUCE_SCATTER_ALGO";
     case RK_REDUCE: return "WEFT_REDUCE_ALGO";
+    case RK_ALLTOALLV: return NULL;   /* one algorithm: pairwise */
     default: return "WEFT_ALLTOALL_ALGO";
     }
 }
@@ -267,12 +326,30 @@ static int red_run(const struct perf_opts *o, weft_comm_t *c, int kind)
     struct red_bench b = { .o = o, .c = c, .kind = kind };
 
     /* The largest buffers of the sweep: every kind's buffers are at most
-     * the sweep's size (rounded down). */
+     * the sweep's size (rounded down); alltoallv's up to half again. */
     size_t max_floats = max_b / 4 ? max_b / 4 : 1;
+    if (kind == RK_ALLTOALLV)
+        max_floats += max_floats / 2 + (size_t)n;
     if (max_floats > (size_t)INT_MAX) {
         if (o->rank == 0)
             fprintf(stderr, "weft-perf: -e %zu: MPI counts are int; at most %d floats\n", max_b, INT_MAX);
         return 1;
+    }
+    if (kind == RK_ALLTOALLV) {
+        b.vsb = calloc(4 * (size_t)n, sizeof(size_t));
+        b.msc = calloc(4 * (size_t)n, sizeof(int));
+        if (b.vsb == NULL || b.msc == NULL) {
+            fprintf(stderr, "weft-perf rank %d: out of memory\n", o->rank);
+            free(b.vsb);
+            free(b.msc);
+            return 1;
+        }
+        b.vsd = b.vsb + n;
+        b.vrb = b.vsb + 2 * n;
+        b.vrd = b.vsb + 3 * n;
+        b.msd = b.msc + n;
+        b.mrc = b.msc + 2 * n;
+        b.mrd = b.msc + 3 * n;
     }
     b.sbuf = perf_buf_alloc(o, max_floats * 4);
     b.rbuf = perf_buf_alloc(o, max_floats * 4);
@@ -280,22 +357,23 @@ static int red_run(const struct perf_opts *o, weft_comm_t *c, int kind)
     b.rhost = o->mpi_direct ? b.rbuf : perf_alloc(max_floats * 4);
     b.hs = perf_alloc(max_floats * 4);
 
-    const char *algo = getenv(algo_env(kind));
+    const char *algo_var = algo_env(kind), *algo = algo_var ? getenv(algo_var) : NULL;
     const char *bus = kind == RK_ALLREDUCE ? "2(n-1)/n" : kind == RK_REDUCE ? "1" : "(n-1)/n";
     static const char *const mpi_name[] = { "MPI_Allreduce", "MPI_Reduce_scatter_block", "MPI_Alltoall",
-                                            "MPI_Reduce" };
+                                            "MPI_Reduce", "MPI_Alltoallv" };
     static const char *const size_is[] = {
         "size = count*4 (in and out)",
         "size = send buffer (n blocks), count = size/4, each rank receives size/n",
         "size = send buffer (n blocks, one per rank), count = size/4",
         "size = count*4 (in; out at the root, -R)",
+        "size = n*c*4, blocks of c/2, c or 3c/2 floats (see weft-perf -h), count = size/4",
     };
     char title[1024];
     int len = snprintf(title, sizeof title,
              "# %s: weft_%s (%s) vs %s, float32%s, median of %d reps;\n"
              "# %s; algbw = size/time, busbw = algbw*%s; ratio = MPI time / weft time\n",
              kind_name[kind], kind_name[kind], algo && *algo ? algo : "selector", mpi_name[kind],
-             kind == RK_ALLTOALL ? "" : " sum", reps,
+             kind == RK_ALLTOALL || kind == RK_ALLTOALLV ? "" : " sum", reps,
              size_is[kind], bus);
     /* The column lines belong to the header: --csv prints neither. */
     if (len > 0 && (size_t)len < sizeof title)
@@ -377,6 +455,8 @@ out:
     perf_free(b.hs);
     perf_buf_free(o, b.sbuf);
     perf_buf_free(o, b.rbuf);
+    free(b.vsb);
+    free(b.msc);
     return rc;
 }
 
@@ -398,4 +478,9 @@ int perf_reduce_scatter(const struct perf_opts *o, weft_comm_t *c)
 int perf_alltoall(const struct perf_opts *o, weft_comm_t *c)
 {
     return red_run(o, c, RK_ALLTOALL);
+}
+
+int perf_alltoallv(const struct perf_opts *o, weft_comm_t *c)
+{
+    return red_run(o, c, RK_ALLTOALLV);
 }

@@ -333,6 +333,9 @@ static void usage(FILE *f)
         "  alltoall   weft_alltoall vs MPI_Alltoall\n"
         "             (these four: size = the collective's whole buffer per rank, as\n"
         "             nccl-tests; 8 B .. 64M by default)\n"
+        "  alltoallv  weft_alltoallv vs MPI_Alltoallv: the alltoall's layout with uneven\n"
+        "             blocks (rank s sends rank d c/2, c or 3c/2 floats by (s+2d) mod 3,\n"
+        "             c = size/(4n)); size = n*c*4, the mean send buffer\n"
         "  exchange   every rank sends -n messages (default 10000) to random peers, sizes\n"
         "             random in -b .. -e (default 8 .. 64K), at most -w sends in flight\n"
         "             per rank; every message verified; weft_isend/irecv/waitall vs\n"
@@ -341,7 +344,7 @@ static void usage(FILE *f)
         "\n"
         "options:\n"
         "  -b SIZE    smallest size (default 8)\n"
-        "  -e SIZE    largest size (sendrecv, allreduce, reduce, reduce_scatter, alltoall: 64M;\n"
+        "  -e SIZE    largest size (sendrecv, allreduce, reduce, reduce_scatter, alltoall(v): 64M;\n"
         "             allgather, bcast, gather, scatter: 16M)\n"
         "  -f N       size factor between steps (default 2)\n"
         "  -r N       repetitions per size; the table shows medians (sendrecv 15, init 10,\n"
@@ -509,6 +512,7 @@ static const struct { const char *name; perf_fn fn; int needs_comm; const char *
     { "reduce",         perf_reduce,         1, "WEFT_REDUCE_ALGO" },
     { "reduce_scatter", perf_reduce_scatter, 1, "WEFT_REDUCE_SCATTER_ALGO" },
     { "alltoall",       perf_alltoall,       1, "WEFT_ALLTOALL_ALGO" },
+    { "alltoallv",      perf_alltoallv,      1, "WEFT_ALLTOALL_ALGO" },   /* pairwise only: -a is not read */
     { "exchange",       perf_exchange,       1, "WEFT_ALLGATHER_ALGO" },
 };
 

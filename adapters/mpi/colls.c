@@ -507,3 +507,180 @@ WMPI_EXPORT int MPI_Scatter(const void *sendbuf, int sendcount, MPI_Datatype sen
         return wmpi_raise(comm, "MPI_Scatter", wrc, wc, NULL);
     return rc == MPI_SUCCESS ? MPI_SUCCESS : mpi_fail(comm, rc);
 }
+
+/* ---- MPI_Alltoallv ----
+ *
+ * No size is agreed: every rank knows only its own counts. The call goes
+ * to weft or to MPI by the collective's setting and the communicator's
+ * rank count alone (route.c), never by a count, so the ranks cannot part.
+ *
+ * Each side is n blocks of count[j] x type at buf + displs[j] x extent.
+ * A type whose elements are one run each with nothing between them (MPI's
+ * predefined types, contiguous derived ones) is handed to weft in place:
+ * byte counts and byte offsets from the lowest block, no copy. Any other
+ * type is packed block by block into scratch (send) or received into
+ * scratch and unpacked block by block (receive), as the other calls do.
+ */
+
+/* One side of an alltoallv as weft takes it: n blocks of bytes[j] at
+ * base + displs[j]; tmp, when not NULL, is scratch standing for the user's
+ * buffer (base is then tmp). */
+struct vside {
+    char   *base;
+    size_t *bytes, *displs;
+    void   *tmp;
+};
+
+/* The blocks of counts/displs of type at buf, as weft takes them (arrays
+ * given, n entries each). pack: copy the elements into scratch (the send
+ * side); else scratch to receive into where the type has gaps. force:
+ * scratch even for a type without gaps (the in-place send side, a copy of
+ * the receive buffer). */
+static int vtake(struct vside *v, const void *buf, const int counts[], const int displs[], MPI_Datatype type,
+                 int n, MPI_Comm comm, int pack, int force)
+{
+    static const char probe[1];
+    const void *start = NULL;
+    size_t size = 0, run = 0, total = 0;
+    MPI_Count lb = 0, extent = 0;
+    long long lo = 0;
+    int any = 0;
+
+    v->base = (char *)buf;
+    v->tmp = NULL;
+    if (wmpi_type_bytes(type, 1, &size) != 0 || PMPI_Type_get_extent_x(type, &lb, &extent) != MPI_SUCCESS)
+        return MPI_ERR_TYPE;
+    for (int j = 0; j < n; j++) {
+        v->bytes[j] = (size_t)counts[j] * size;   /* counts >= 0: checked by the caller */
+        total += v->bytes[j];
+    }
+    /* Elements without gaps, each starting where the last ended (asked of
+     * two elements at a stand-in address: buf may be NULL). */
+    if (!force && wmpi_layout(probe, 2, type, &start, &run)) {
+        const long long tlb = (const char *)start - probe;
+        for (int j = 0; j < n; j++)
+            if (v->bytes[j] > 0 && (!any || (long long)displs[j] * extent < lo)) {
+                lo = (long long)displs[j] * extent;
+                any = 1;
+            }
+        for (int j = 0; j < n; j++)
+            v->displs[j] = v->bytes[j] > 0 ? (size_t)((long long)displs[j] * extent - lo) : 0;
+        if (any)
+            v->base = (char *)buf + tlb + lo;
+        return MPI_SUCCESS;
+    }
+    if ((v->tmp = malloc(total ? total : 1)) == NULL)
+        return MPI_ERR_NO_MEM;
+    v->base = v->tmp;
+    total = 0;
+    for (int j = 0; j < n; j++) {
+        v->displs[j] = total;
+        total += v->bytes[j];
+        if (!pack || counts[j] == 0)
+            continue;
+        int pos = 0, rc;
+        if (v->bytes[j] > INT_MAX)
+            rc = MPI_ERR_COUNT;   /* MPI_Pack's sizes are int */
+        else
+            rc = PMPI_Pack((const char *)buf + (long long)displs[j] * extent, counts[j], type,
+                           v->base + v->displs[j], (int)v->bytes[j], &pos, comm);
+        if (rc == MPI_SUCCESS && (size_t)pos != v->bytes[j])
+            rc = MPI_ERR_INTERN;   /* native packing is the signature's bytes */
+        if (rc != MPI_SUCCESS) {
+            free(v->tmp);
+            v->tmp = NULL;
+            return rc;
+        }
+    }
+    return MPI_SUCCESS;
+}
+
+/* The receive side's scratch back into the user's blocks (unpack), freed. */
+static int vgive(struct vside *v, void *buf, const int counts[], const int displs[], MPI_Datatype type, int n,
+                 MPI_Comm comm, int unpack)
+{
+    MPI_Count lb = 0, extent = 0;
+    int rc = MPI_SUCCESS;
+
+    if (v->tmp && unpack && (rc = PMPI_Type_get_extent_x(type, &lb, &extent)) == MPI_SUCCESS)
+        for (int j = 0; j < n && rc == MPI_SUCCESS; j++) {
+            int pos = 0;
+            if (counts[j] > 0)
+                rc = PMPI_Unpack(v->base + v->displs[j], (int)v->bytes[j], &pos,
+                                 (char *)buf + (long long)displs[j] * extent, counts[j], type, comm);
+        }
+    free(v->tmp);
+    v->tmp = NULL;
+    return rc;
+}
+
+/* Counts that MPI would accept on this rank's side: arrays given, no count
+ * below 0, a type with a size. Anything else is MPI's to report. */
+static int vcounts_ok(const int counts[], const int displs[], MPI_Datatype type, int n)
+{
+    size_t size = 0;
+
+    if (n > 0 && (counts == NULL || displs == NULL))
+        return 0;
+    if (type == MPI_DATATYPE_NULL || wmpi_type_bytes(type, 1, &size) != 0)
+        return 0;
+    for (int j = 0; j < n; j++)
+        if (counts[j] < 0)
+            return 0;
+    return 1;
+}
+
+WMPI_EXPORT int MPI_Alltoallv(const void *sendbuf, const int sendcounts[], const int sdispls[], MPI_Datatype sendtype,
+                              void *recvbuf, const int recvcounts[], const int rdispls[], MPI_Datatype recvtype,
+                              MPI_Comm comm)
+{
+    struct wmpi_comm_info info;
+    weft_comm_t *wc = NULL;
+    struct vside in, out;
+    size_t *arrays;
+    int rc, wrc, n;
+
+    if (off(WMPI_ALLTOALLV))
+        return PMPI_Alltoallv(sendbuf, sendcounts, sdispls, sendtype, recvbuf, recvcounts, rdispls, recvtype, comm);
+    /* Routed by the rank count only (1 stands for "no size", as the
+     * barrier's); this rank's own bad arguments are MPI's to report. */
+    if (comm != MPI_COMM_NULL && wmpi_comm_info(comm, &info) && info.weft != NULL &&
+        recvbuf != MPI_IN_PLACE && vcounts_ok(recvcounts, rdispls, recvtype, info.nranks) &&
+        (sendbuf == MPI_IN_PLACE || vcounts_ok(sendcounts, sdispls, sendtype, info.nranks)) &&
+        wmpi_serves(WMPI_ALLTOALLV, 1, info.nranks, info.node_bytes))
+        wc = info.weft;
+    wmpi_count(WMPI_ALLTOALLV, wc != NULL);
+    if (wc == NULL)
+        return PMPI_Alltoallv(sendbuf, sendcounts, sdispls, sendtype, recvbuf, recvcounts, rdispls, recvtype, comm);
+    n = info.nranks;
+    if ((arrays = malloc(4 * (size_t)n * sizeof(size_t))) == NULL)
+        return mpi_fail(comm, MPI_ERR_NO_MEM);
+    in.bytes = arrays;
+    in.displs = arrays + n;
+    out.bytes = arrays + 2 * (size_t)n;
+    out.displs = arrays + 3 * (size_t)n;
+    /* In place: what goes out is the receive buffer's blocks as they are
+     * on entry, copied first (weft's exchange has no in-place form). */
+    if (sendbuf == MPI_IN_PLACE)
+        rc = vtake(&in, recvbuf, recvcounts, rdispls, recvtype, n, comm, 1, 1);
+    else
+        rc = vtake(&in, sendbuf, sendcounts, sdispls, sendtype, n, comm, 1, 0);
+    if (rc != MPI_SUCCESS) {
+        free(arrays);
+        return mpi_fail(comm, rc);
+    }
+    if ((rc = vtake(&out, recvbuf, recvcounts, rdispls, recvtype, n, comm, 0, 0)) != MPI_SUCCESS) {
+        free(in.tmp);
+        free(arrays);
+        return mpi_fail(comm, rc);
+    }
+    /* Block sizes that differ between a sender and its receiver are weft's
+     * to find (WEFT_ERR_MISMATCH / _TRUNCATE, naming both ranks). */
+    wrc = weft_alltoallv(wc, in.base, in.bytes, in.displs, out.base, out.bytes, out.displs);
+    free(in.tmp);
+    rc = vgive(&out, recvbuf, recvcounts, rdispls, recvtype, n, comm, wrc == WEFT_SUCCESS);
+    free(arrays);
+    if (wrc != WEFT_SUCCESS)
+        return wmpi_raise(comm, "MPI_Alltoallv", wrc, wc, NULL);
+    return rc == MPI_SUCCESS ? MPI_SUCCESS : mpi_fail(comm, rc);
+}

@@ -39,6 +39,7 @@ static const char *const names[WMPI_NCOLLS] = {
     [WMPI_ALLTOALL] = "alltoall",
     [WMPI_GATHER] = "gather",
     [WMPI_SCATTER] = "scatter",
+    [WMPI_ALLTOALLV] = "alltoallv",
 };
 
 /* The size each threshold compares with (colls.c): allgather, alltoall:
@@ -59,7 +60,10 @@ static const char *const names[WMPI_NCOLLS] = {
  * Gather and scatter (2026-12-03, docs/data/bench/2026-12-03-pmpi-gather-
  * scatter): weft ahead from 512 B a block at np 2 (1.5-2.3x at 512 B-2 KiB,
  * below it 0.65-0.95: MPI's single eager message), at np 3, 4 and 8 from a
- * few bytes (the node-local rule below). */
+ * few bytes (the node-local rule below). Alltoallv has no agreed size: it
+ * passes 1, as the barrier; its default is the rank rule of wmpi_serves
+ * (alltoallv_takes), a threshold set for it decides instead (0: weft,
+ * anything else: MPI). */
 static const size_t default_min[WMPI_NCOLLS] = {
     [WMPI_ALLGATHER] = 4096,
     [WMPI_BCAST] = 4096,
@@ -70,6 +74,7 @@ static const size_t default_min[WMPI_NCOLLS] = {
     [WMPI_ALLTOALL] = 4096,
     [WMPI_GATHER] = 512,
     [WMPI_SCATTER] = 512,
+    [WMPI_ALLTOALLV] = SIZE_MAX,
 };
 /* And the largest size weft serves: where the measurements showed Open
  * MPI's own algorithm ahead again (bcast above 8 KiB at np 4 and 8;
@@ -84,6 +89,7 @@ static const size_t default_max[WMPI_NCOLLS] = {
     [WMPI_ALLTOALL] = 32768,
     [WMPI_GATHER] = SIZE_MAX,
     [WMPI_SCATTER] = SIZE_MAX,
+    [WMPI_ALLTOALLV] = SIZE_MAX,
 };
 
 static struct {
@@ -150,7 +156,7 @@ static int load_colls(const char *v)
         if (c < 0)
             return refuse("WEFT_MPI_COLLS", v,
                           "unknown collective (known: allgather, bcast, barrier, allreduce, reduce, "
-                          "reduce_scatter_block, alltoall, gather, scatter, or all)");
+                          "reduce_scatter_block, alltoall, gather, scatter, alltoallv, or all)");
         S.on[c] = 1;
         p += len;
         if (*p == ',')
@@ -260,6 +266,7 @@ static const size_t node_min[WMPI_NCOLLS] = {
     [WMPI_ALLTOALL] = SIZE_MAX,
     [WMPI_GATHER] = 16,
     [WMPI_SCATTER] = 16,
+    [WMPI_ALLTOALLV] = SIZE_MAX,   /* alltoallv_takes */
 };
 
 /* Whether the node-local rule takes a call of coll with size bytes on a
@@ -310,8 +317,25 @@ static int node_refuses(enum wmpi_coll coll, size_t bytes, int nranks, size_t no
     return coll == WMPI_SCATTER && nranks >= 8 && bytes > ((size_t)32 << 10) && bytes <= ((size_t)512 << 10);
 }
 
+/* Alltoallv's default, from the rank count alone (no size is agreed,
+ * colls.c): weft from 3 ranks on a communicator of one node that shares
+ * memory (node_bytes > 0), MPI otherwise. weft-perf alltoallv, uneven
+ * blocks of 1/2, 1 and 3/2 the mean, same job, 8 B-4 MiB (docs/
+ * benchmarks.md, "The PMPI drop-in: alltoallv"): at 4 and 8 ranks weft's
+ * pairwise exchange ahead or level from 8 B to 256 KiB (1.02-3.1x), within
+ * 0.88-1.0 above; at 2 ranks behind below 512 B (0.62-0.71: one eager
+ * message each way is MPI's cheapest case), ahead from 512 B to 32 KiB
+ * (1.3-3.5x) -- a size no rank can agree on, so 2 ranks stay MPI's.
+ * Across nodes it was not measured: MPI's. */
+static int alltoallv_takes(int nranks, size_t node_bytes)
+{
+    return nranks >= 3 && node_bytes > 0;
+}
+
 int wmpi_serves(enum wmpi_coll coll, size_t bytes, int nranks, size_t node_bytes)
 {
+    if (coll == WMPI_ALLTOALLV && !S.sized[coll])
+        return bytes > 0 && alltoallv_takes(nranks, node_bytes);
     if (bytes == 0 || node_refuses(coll, bytes, nranks, node_bytes))
         return 0;
     return node_takes(coll, bytes, nranks, node_bytes) || (bytes >= S.min[coll] && bytes <= S.max[coll]);

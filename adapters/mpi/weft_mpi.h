@@ -1,8 +1,8 @@
 /*
  * libweft_mpi.so: the PMPI drop-in. An unmodified MPI program, run with
  * LD_PRELOAD=libweft_mpi.so, has its MPI collectives served by weft
- * (MPI_Allgather, _Alltoall, _Bcast, _Barrier, _Allreduce, _Reduce,
- * _Reduce_scatter_block, _Gather, _Scatter).
+ * (MPI_Allgather, _Alltoall, _Alltoallv, _Bcast, _Barrier, _Allreduce,
+ * _Reduce, _Reduce_scatter_block, _Gather, _Scatter).
  *
  * Open MPI's MPI_* entry points are weak aliases of PMPI_*, so the
  * MPI_Allgather (and friends) defined here win, and everything this layer
@@ -40,6 +40,7 @@ enum wmpi_coll {
     WMPI_ALLTOALL,
     WMPI_GATHER,
     WMPI_SCATTER,
+    WMPI_ALLTOALLV,
     WMPI_NCOLLS
 };
 
@@ -51,7 +52,7 @@ void wmpi_settings_load(void);
 /* Whether the layer serves coll at all (WEFT_MPI, WEFT_MPI_COLLS). */
 int  wmpi_enabled(enum wmpi_coll coll);
 /* Whether weft serves a call of coll with size bytes (bytes every rank
- * agrees on, see colls.c; > 0, the barrier passes 1): within its
+ * agrees on, see colls.c; > 0, the barrier and alltoallv pass 1): within its
  * thresholds (WEFT_MPI_MIN_BYTES / _MAX_BYTES), or by the node-local rule
  * on a communicator of nranks ranks whose weft comm serves calls
  * of up to node_bytes a rank in shared memory (weft_comm_node_coll_bytes). */

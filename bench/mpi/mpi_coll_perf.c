@@ -1,7 +1,7 @@
 /*
  * mpi-coll-perf: times MPI_Allgather, MPI_Bcast, MPI_Allreduce,
- * MPI_Alltoall, MPI_Reduce, MPI_Gather and MPI_Scatter over a range of sizes
- * and checks every result exactly; and MPI_Barrier.
+ * MPI_Alltoall, MPI_Reduce, MPI_Gather, MPI_Scatter and MPI_Alltoallv over a
+ * range of sizes and checks every result exactly; and MPI_Barrier.
  *
  * A plain MPI program on purpose: it includes only mpi.h and knows nothing
  * of weft, so the same binary measures the MPI library alone and the MPI
@@ -11,17 +11,31 @@
  *   size     bytes of the larger buffer of one rank: allgather the receive
  *            buffer (n blocks), alltoall the send buffer (n blocks), gather
  *            the root's receive and scatter the root's send buffer (n
- *            blocks; nccl-tests has neither, the n-block rule kept), bcast
+ *            blocks; nccl-tests has neither, the n-block rule kept),
+ *            alltoallv the alltoall's (the mean send buffer: see below), bcast
  *            allreduce and reduce the message / vector; barrier 0
  *   count    elements in that buffer
  *   time     microseconds per call: per repeat, the slowest rank's mean over
  *            the timed iterations; the row is the median over repeats
  *   algbw    size / time (GB/s, 1e9 bytes)
- *   busbw    algbw x (n-1)/n (allgather, alltoall, gather, scatter), x 2(n-1)/n (allreduce),
- *            x 1 (bcast)
+ *   busbw    algbw x (n-1)/n (allgather, alltoall, gather, scatter, alltoallv),
+ *            x 2(n-1)/n (allreduce), x 1 (bcast)
  *   #wrong   elements, summed over ranks and checks, that differ from the
  *            expected value; must be 0 (the exit status says so too)
  * Extra columns min/max: the fastest and slowest repeat (the noise).
+ *
+ * Alltoallv: the alltoall's layout with uneven blocks, so that a library
+ * which assumed equal blocks or mirrored its own layout onto its peers'
+ * would misplace data. blk is the alltoall's elements per block at that
+ * size (size / (n x ts), sizes rounded as the alltoall's); rank s sends
+ * rank d c(s,d) = blk/2 + blk x ((s + 2d) % 3) / 2 elements (integer
+ * arithmetic: about blk/2, blk or 3blk/2; 0 where blk is 1 and the remainder
+ * 0 or 1). Send blocks lie without gaps in destination order, receive blocks
+ * without gaps in source order (rank r receives c(s,r) from s). As d (or s)
+ * steps by one, (s + 2d) % 3 changes, so from blk = 2 on neighbouring blocks
+ * differ in size on the send and the receive side alike, and a rank's
+ * receive layout is not its send layout; either total is at most 3/2 of the
+ * alltoall's.
  *
  * Checks: each rank's data is a known pattern of small integers that depends
  * on the sender, the destination block, the element and the repeat, so a
@@ -40,14 +54,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum coll { C_ALLGATHER, C_BCAST, C_ALLREDUCE, C_ALLTOALL, C_REDUCE, C_GATHER, C_SCATTER, C_BARRIER, C_N };
-static const char *const coll_names[C_N] = {"allgather", "bcast",  "allreduce", "alltoall",
-                                            "reduce",    "gather", "scatter",   "barrier"};
+enum coll {
+    C_ALLGATHER, C_BCAST, C_ALLREDUCE, C_ALLTOALL, C_REDUCE, C_GATHER, C_SCATTER, C_ALLTOALLV, C_BARRIER, C_N
+};
+static const char *const coll_names[C_N] = {"allgather", "bcast",   "allreduce", "alltoall", "reduce",
+                                            "gather",    "scatter", "alltoallv", "barrier"};
 
-/* The collectives whose size is n blocks of whole elements. */
+/* The collectives whose size is n blocks of whole elements (alltoallv: the
+ * alltoall's blocks, from which its uneven ones are sized). */
 static int blocked(enum coll c)
 {
-    return c == C_ALLGATHER || c == C_ALLTOALL || c == C_GATHER || c == C_SCATTER;
+    return c == C_ALLGATHER || c == C_ALLTOALL || c == C_GATHER || c == C_SCATTER || c == C_ALLTOALLV;
+}
+
+/* Elements rank src sends rank dst in alltoallv (the top): blk/2, blk or
+ * about 3blk/2, a different one for the next dst and for the next src. */
+static size_t vcount(int src, int dst, size_t blk)
+{
+    return blk / 2 + blk * (size_t)((src + 2 * dst) % 3) / 2;
 }
 
 enum dtype { D_INT8, D_INT32, D_FLOAT, D_DOUBLE, D_N };
@@ -150,14 +174,21 @@ struct call {
     size_t ts;          /* bytes per element */
     size_t size;        /* nccl-tests' size (bytes), see the top */
     size_t count;       /* size / ts */
-    size_t blk;         /* elements per block: allgather/alltoall/gather/scatter per peer */
+    size_t blk;         /* elements per block: allgather/alltoall/gather/scatter per peer;
+                           alltoallv the alltoall's, its blocks sized from it (vcount) */
+    size_t plen;        /* elements of rbuf that poison writes and check reads */
     void  *sbuf, *rbuf; /* bcast: rbuf only */
     int    root;
+    /* alltoallv: the MPI call's arrays, n entries each, and the elements
+     * this rank receives in all */
+    int   *scounts, *sdispls, *rcounts, *rdispls;
+    size_t vrecv;
 };
 
 /* The size actually run for a requested one: allgather and alltoall move n
  * equal blocks of whole elements, so round down to a multiple of n x ts, and
- * up to one element per block where that gives 0. */
+ * up to one element per block where that gives 0 (alltoallv: the alltoall's,
+ * so its rows line up with the alltoall's). */
 static size_t effective_size(enum coll c, size_t want, size_t ts)
 {
     size_t unit = ts;
@@ -197,6 +228,11 @@ static void fill(struct call *k, int rep)
             for (size_t i = 0; i < k->blk; i++)
                 store(k->dtype, k->sbuf, p * k->blk + i, move_val(k->dtype, rank, (int)p, i, rep));
         break;
+    case C_ALLTOALLV:
+        for (size_t p = 0; p < n; p++)
+            for (size_t i = 0; i < (size_t)k->scounts[p]; i++)
+                store(k->dtype, k->sbuf, (size_t)k->sdispls[p] + i, move_val(k->dtype, rank, (int)p, i, rep));
+        break;
     default:
         break;
     }
@@ -206,7 +242,7 @@ static void poison(struct call *k)
 {
     if ((k->coll == C_BCAST && rank == k->root) || k->coll == C_BARRIER)
         return; /* the root's buffer is the source; a barrier has none */
-    for (size_t i = 0; i < k->count; i++)
+    for (size_t i = 0; i < k->plen; i++)
         store(k->dtype, k->rbuf, i, POISON);
 }
 
@@ -256,6 +292,17 @@ static long long check(const struct call *k, int rep)
             wrong += load(k->dtype, k->rbuf, i) !=
                      (i < k->blk ? move_val(k->dtype, k->root, rank, i, rep) : POISON);
         break;
+    case C_ALLTOALLV:
+        /* Each sender's block at its displacement; past the last one the
+         * buffer untouched (a block written at the wrong offset or too long
+         * shows there or in a neighbour). */
+        for (size_t b = 0; b < (size_t)nranks; b++)
+            for (size_t i = 0; i < (size_t)k->rcounts[b]; i++)
+                wrong += load(k->dtype, k->rbuf, (size_t)k->rdispls[b] + i) !=
+                         move_val(k->dtype, (int)b, rank, i, rep);
+        for (size_t i = k->vrecv; i < k->plen; i++)
+            wrong += load(k->dtype, k->rbuf, i) != POISON;
+        break;
     default:
         break;
     }
@@ -286,6 +333,10 @@ static void run_once(const struct call *k)
         break;
     case C_SCATTER:
         MPI_Scatter(k->sbuf, blk, k->type, k->rbuf, blk, k->type, k->root, MPI_COMM_WORLD);
+        break;
+    case C_ALLTOALLV:
+        MPI_Alltoallv(k->sbuf, k->scounts, k->sdispls, k->type, k->rbuf, k->rcounts, k->rdispls, k->type,
+                      MPI_COMM_WORLD);
         break;
     case C_BARRIER:
         MPI_Barrier(MPI_COMM_WORLD);
@@ -330,22 +381,42 @@ static double busbw_factor(enum coll c)
     case C_ALLGATHER:
     case C_ALLTOALL:
     case C_GATHER:
-    case C_SCATTER: return (n - 1) / n;
+    case C_SCATTER:
+    case C_ALLTOALLV: return (n - 1) / n;
     case C_ALLREDUCE: return 2 * (n - 1) / n;
     default: return 1;
     }
 }
 
-/* Runs one size of one collective; returns its #wrong (the same on all ranks). */
+/* Runs one size of one collective; returns its #wrong (the same on all ranks).
+ * vec: 4 x n ints, alltoallv's counts and displacements. */
 static long long run_size(const struct opts *o, enum coll c, size_t size, void *sbuf, void *rbuf,
-                          double *times)
+                          int *vec, double *times)
 {
+    size_t n = (size_t)nranks;
     struct call k = {
         .coll = c, .dtype = o->dtype, .type = mpi_type(o->dtype), .ts = dtype_sizes[o->dtype],
         .size = size, .sbuf = sbuf, .rbuf = rbuf, .root = o->root,
+        .scounts = vec, .sdispls = vec + n, .rcounts = vec + 2 * n, .rdispls = vec + 3 * n,
     };
     k.count = size / k.ts;
-    k.blk = blocked(c) ? k.count / (size_t)nranks : k.count;
+    k.blk = blocked(c) ? k.count / n : k.count;
+    k.plen = k.count;
+    if (c == C_ALLTOALLV) {
+        size_t soff = 0, roff = 0;
+        for (size_t p = 0; p < n; p++) {
+            k.scounts[p] = (int)vcount(rank, (int)p, k.blk);
+            k.sdispls[p] = (int)soff;
+            soff += (size_t)k.scounts[p];
+            k.rcounts[p] = (int)vcount((int)p, rank, k.blk);
+            k.rdispls[p] = (int)roff;
+            roff += (size_t)k.rcounts[p];
+        }
+        k.vrecv = roff;
+        /* Poisoned and checked: the most any rank receives, so that a
+         * write past this rank's last block shows. */
+        k.plen = k.count + k.count / 2;
+    }
     int iters = o->iters ? o->iters : auto_iters(size);
     int warmup = o->warmup ? o->warmup : auto_warmup(iters);
     long long wrong = 0;
@@ -468,8 +539,8 @@ static void usage(FILE *f)
             "usage: mpi-coll-perf [-c COLLS] [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
             "                     [-r REPEATS] [-d TYPE] [-R ROOT]\n"
             "  -c  collectives, comma separated: allgather,bcast,allreduce,alltoall,reduce,gather,\n"
-            "      scatter,barrier,"
-            "      or all (default: the first four; barrier runs once, as size 0)\n"
+            "      scatter,alltoallv,barrier, or all (default: the first four; barrier runs once,\n"
+            "      as size 0)\n"
             "  -b  smallest size, bytes, k/M/G suffixes (8)     -e  largest size (16M)\n"
             "  -f  size factor (2)\n"
             "  -n  timed iterations per repeat (0: from the size, 64 MiB moved, 5..1000)\n"
@@ -479,13 +550,16 @@ static void usage(FILE *f)
             "  -R  bcast, reduce, gather and scatter root (0)\n"
             "  -s 1  an MPI_Barrier (not timed) after every timed call, as OSU's tests\n"
             "Sizes as nccl-tests: allgather, alltoall, gather, scatter the n-block buffer, else the message.\n"
+            "alltoallv: size, count and busbw as the alltoall's (size: the mean send buffer), blocks\n"
+            "uneven: with blk = size / (n x element bytes), rank s sends rank d blk/2 + blk*((s+2d)%%3)/2\n"
+            "elements; blocks packed without gaps, by destination (send) and by source (receive).\n"
             "Exit status 1 if any element was wrong.\n");
 }
 
 static int parse_opts(int argc, char **argv, struct opts *o)
 {
     *o = (struct opts){
-        .colls = {1, 1, 1, 1, 0, 0, 0, 0}, .min_bytes = 8, .max_bytes = (size_t)16 << 20, .factor = 2,
+        .colls = {1, 1, 1, 1, 0, 0, 0, 0, 0}, .min_bytes = 8, .max_bytes = (size_t)16 << 20, .factor = 2,
         .iters = 0, .warmup = 0, .repeats = 5, .root = 0, .dtype = D_FLOAT,
     };
     for (int i = 1; i < argc; i++) {
@@ -529,8 +603,12 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             fprintf(stderr, "mpi-coll-perf: need 0 < -b <= -e\n");
         return -1;
     }
-    /* Counts are ints in the MPI calls. */
-    if (o->max_bytes / dtype_sizes[o->dtype] > INT_MAX) {
+    /* Counts are ints in the MPI calls; alltoallv's displacements reach
+     * its largest total, 3/2 of the count. */
+    size_t most = o->max_bytes / dtype_sizes[o->dtype];
+    if (o->colls[C_ALLTOALLV])
+        most += most / 2;
+    if (most > INT_MAX) {
         if (rank == 0)
             fprintf(stderr, "mpi-coll-perf: -e too large for int counts\n");
         return -1;
@@ -554,14 +632,23 @@ int main(int argc, char **argv)
     }
 
     /* The largest buffer any run needs: allgather and alltoall's sizes may
-     * round up to one element per block. */
+     * round up to one element per block. Alltoallv's totals, send and
+     * receive, are n blocks of at most blk/2 + blk elements: within the
+     * alltoall's size E plus E/2 (both integers, so floor(3E/2) bounds
+     * them), which is also what its poison covers. */
     size_t ts = dtype_sizes[o.dtype];
     size_t cap = effective_size(C_ALLGATHER, o.max_bytes, ts);
     if (cap < o.max_bytes)
         cap = o.max_bytes;
+    if (o.colls[C_ALLTOALLV]) {
+        size_t v = effective_size(C_ALLTOALLV, o.max_bytes, ts);
+        if (cap < v + v / 2)
+            cap = v + v / 2;
+    }
     void *sbuf = malloc(cap), *rbuf = malloc(cap);
     double *times = malloc(sizeof(double) * (size_t)o.repeats);
-    int ok = sbuf && rbuf && times, all_ok = 0;
+    int *vec = malloc(sizeof(int) * 4 * (size_t)nranks);
+    int ok = sbuf && rbuf && times && vec, all_ok = 0;
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (!all_ok) {
         fprintf(stderr, "mpi-coll-perf: rank %d: out of memory for 2 x %zu bytes\n", rank, cap);
@@ -590,13 +677,13 @@ int main(int argc, char **argv)
             continue;
         size_t prev = 0;
         if (c == C_BARRIER) {
-            wrong += run_size(&o, C_BARRIER, 0, sbuf, rbuf, times);
+            wrong += run_size(&o, C_BARRIER, 0, sbuf, rbuf, vec, times);
             continue;
         }
         for (size_t want = o.min_bytes; want <= o.max_bytes;) {
             size_t size = effective_size((enum coll)c, want, ts);
             if (size != prev) /* small sizes may round to the same one */
-                wrong += run_size(&o, (enum coll)c, size, sbuf, rbuf, times);
+                wrong += run_size(&o, (enum coll)c, size, sbuf, rbuf, vec, times);
             prev = size;
             if (want > SIZE_MAX / o.factor)
                 break;
@@ -608,6 +695,7 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
 
+    free(vec);
     free(times);
     free(rbuf);
     free(sbuf);

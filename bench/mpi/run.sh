@@ -8,7 +8,7 @@
 #                    adapters/mpi/libweft_mpi.so ($WEFT_BUILD, else <repo>/build)
 #     --np "2 4 8"   process counts (mpirun --oversubscribe --bind-to none)
 #     --colls "allgather bcast allreduce alltoall" (also: reduce, gather,
-#                    scatter, barrier;
+#                    scatter, alltoallv, barrier;
 #                    barrier is one row, size 0)
 #     --runs N       mpirun jobs per mode, collective and np (3); the table
 #                    shows the median over them of each job's median
@@ -57,7 +57,8 @@ render() {
 import glob, os, re, statistics, sys
 
 d = sys.argv[1]
-BLOCKED = ("allgather", "alltoall", "gather", "scatter")   # sizes of n blocks: the threshold's unit is one
+BLOCKED = ("allgather", "alltoall", "gather", "scatter", "alltoallv")   # sizes of n blocks: the threshold's unit is one
+# (alltoallv: shown per peer as the alltoall, but the PMPI layer routes alltoallv by rank count only, no size)
 jobs = {}      # (np, coll, mode) -> one {size: (median us, min us, wrong)} per job
 failed = []    # jobs with a non-zero exit
 stats = {}     # (np, coll, mode) -> [weft calls, pmpi calls, jobs] of that collective
@@ -124,7 +125,8 @@ def crossover(r):
     return cross
 
 nps = sorted({k[0] for k in jobs})
-colls = [c for c in ("allgather", "bcast", "allreduce", "alltoall", "reduce", "gather", "scatter", "barrier")
+colls = [c for c in ("allgather", "bcast", "allreduce", "alltoall", "reduce", "gather", "scatter", "alltoallv",
+                     "barrier")
          if any(k[1] == c for k in jobs)]
 modes = [m for m in ("weft", "min0") if any(k[2] == m for k in jobs)]
 label = {"weft": "weft (default thresholds)", "min0": "weft, WEFT_MPI_MIN_BYTES=0"}
@@ -186,7 +188,8 @@ if "min0" in modes:
     print("The smallest size from which the preloaded job is faster (ratio > 1) at that size and every")
     print("larger one: by the median ratio / by the best ratio. In brackets the same in the unit")
     print("WEFT_MPI_MIN_BYTES compares (allgather, alltoall, gather, scatter: bytes per peer = size / np; bcast,")
-    print("allreduce: the message). 'none': not faster at the largest size.\n")
+    print("allreduce: the message; alltoallv: size / np too, though no threshold applies to it). 'none': not")
+    print("faster at the largest size.\n")
     print("| collective | " + " | ".join("np %d" % n for n in nps) + " |")
     print("|---|" + "---|" * len(nps))
     for coll in colls:
@@ -204,7 +207,8 @@ if "min0" in modes:
         print("| %s | %s |" % (coll, " | ".join(cells)))
     print()
     print("Where weft wins with WEFT_MPI_MIN_BYTES=0: the runs of consecutive sizes whose median and")
-    print("best ratios are both above 1 (bytes per peer in brackets for allgather, alltoall, gather, scatter).\n")
+    print("best ratios are both above 1 (bytes per peer in brackets for allgather, alltoall, gather, scatter,")
+    print("alltoallv).\n")
     print("| collective | " + " | ".join("np %d" % n for n in nps) + " |")
     print("|---|" + "---|" * len(nps))
     for coll in colls:

@@ -25,7 +25,7 @@ std::atomic<long> counters[W_NCOUNTED];
 
 const char *const names[W_NCOUNTED] = {
     "weft_allgather", "weft_bcast",  "weft_barrier",     "weft_allreduce",    "weft_reduce",
-    "weft_reduce_scatter", "weft_alltoall", "weft_gather", "weft_scatter", "weft_comm_create_config",
+    "weft_reduce_scatter", "weft_alltoall", "weft_gather", "weft_scatter", "weft_alltoallv", "weft_comm_create_config",
     "weft_comm_destroy",
 };
 
@@ -165,6 +165,13 @@ int weft_scatter(weft_comm_t *c, const void *s, void *r, size_t b, int root)
 {
     count(pmpitest::W_SCATTER);
     return REAL(weft_scatter)(c, s, r, b, root);
+}
+
+int weft_alltoallv(weft_comm_t *c, const void *s, const size_t *sb, const size_t *sd, void *r, const size_t *rb,
+                   const size_t *rd)
+{
+    count(pmpitest::W_ALLTOALLV);
+    return REAL(weft_alltoallv)(c, s, sb, sd, r, rb, rd);
 }
 
 int weft_comm_create_config(MPI_Comm m, const weft_config_t *cfg, weft_comm_t **out)

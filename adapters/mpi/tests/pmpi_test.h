@@ -48,6 +48,7 @@ enum Counted {
     W_ALLTOALL,
     W_GATHER,
     W_SCATTER,
+    W_ALLTOALLV,
     W_COMM_CREATE,
     W_COMM_DESTROY,
     W_NCOUNTED

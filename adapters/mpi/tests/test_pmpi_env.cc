@@ -6,7 +6,8 @@
  *   PmpiDefaults   no WEFT_MPI* variable: the built-in thresholds, and the
  *                  node-local rule (small calls to weft on one node from
  *                  3 ranks; its entries on one node, two virtual nodes and
- *                  with WEFT_NODE_COLL_KB=0); the barrier MPI's
+ *                  with WEFT_NODE_COLL_KB=0); the barrier MPI's; alltoallv
+ *                  weft's on one node from 3 ranks, at any size
  *   PmpiWindow     WEFT_MPI_MIN_BYTES=1024 WEFT_MPI_MAX_BYTES=65536: a window
  *   PmpiOff        WEFT_MPI=0: nothing through weft
  *   PmpiOnlyBcast  WEFT_MPI_COLLS=bcast WEFT_MPI_MIN_BYTES=0: bcast only
@@ -101,11 +102,32 @@ Counts probe(MPI_Comm comm, size_t bytes)
         PMPI_Scatter(send.data(), (int)bytes, MPI_BYTE, b.data(), (int)bytes, MPI_BYTE, n - 1, comm);
         EXPECT_TRUE(SameBytes(a.data(), b.data(), a.size())) << "MPI_Scatter of " << bytes << " B a rank";
     }
+    {
+        /* Rank r sends q bytes + (r + q) % 2 bytes: uneven, and no size
+         * the ranks agree on (route.c routes alltoallv by rank count). */
+        std::vector<int> sc(n), sd(n), rc(n), rd(n);
+        int so = 0, ro = 0;
+        for (int q = 0; q < n; q++) {
+            sc[q] = (int)bytes + (r + q) % 2;
+            sd[q] = so;
+            so += sc[q];
+            rc[q] = (int)bytes + (q + r) % 2;
+            rd[q] = ro;
+            ro += rc[q];
+        }
+        std::vector<unsigned char> send(so), a(ro), b(ro);
+        fill_bytes(send.data(), send.size(), 60 + r);
+        MPI_Alltoallv(send.data(), sc.data(), sd.data(), MPI_BYTE, a.data(), rc.data(), rd.data(), MPI_BYTE, comm);
+        PMPI_Alltoallv(send.data(), sc.data(), sd.data(), MPI_BYTE, b.data(), rc.data(), rd.data(), MPI_BYTE, comm);
+        EXPECT_TRUE(SameBytes(a.data(), b.data(), a.size())) << "MPI_Alltoallv of about " << bytes << " B a peer";
+    }
     return counts_now() - before;
 }
 
-const Counted kSized[] = {W_ALLGATHER, W_BCAST,    W_ALLREDUCE, W_REDUCE,
-                          W_REDUCE_SCATTER, W_ALLTOALL, W_GATHER,   W_SCATTER};
+/* (Alltoallv has no size to compare: by default weft's from 3 ranks on
+ * one node, any set threshold decides it as the barrier's, route.c.) */
+const Counted kSized[] = {W_ALLGATHER,      W_BCAST,    W_ALLREDUCE, W_REDUCE,
+                          W_REDUCE_SCATTER, W_ALLTOALL, W_GATHER,    W_SCATTER, W_ALLTOALLV};
 
 /* The collectives route.c gives a default ceiling (largest size weft
  * serves) below kLarge: Open MPI's own algorithm measured ahead there. */
@@ -189,10 +211,12 @@ TEST_F(PmpiDefaults, SmallCallsToMpiLargeToWeft)
      * 256 B allgather, bcast, reduce, gather and scatter (not alltoall or
      * reduce_scatter_block); elsewhere (2 ranks, several nodes, the node
      * path off) the thresholds, all above 256 B. The barrier is MPI's
-     * everywhere. */
+     * everywhere. Alltoallv: weft's at every size there, MPI's elsewhere
+     * (route.c, alltoallv_takes). */
     const bool node = size >= 3 && node_local_entry();
     Counts small = probe(MPI_COMM_WORLD, kSmall);
-    expect_probe(small, kSmall, [&](Counted c) { return node && c == W_ALLREDUCE ? 1L : 0L; });
+    expect_probe(small, kSmall,
+                 [&](Counted c) { return node && (c == W_ALLREDUCE || c == W_ALLTOALLV) ? 1L : 0L; });
     expect_probe(probe(MPI_COMM_WORLD, kNode), kNode, [&](Counted c) {
         return node && c != W_ALLTOALL && c != W_REDUCE_SCATTER ? 1L : 0L;
     });
@@ -235,12 +259,14 @@ TEST_F(PmpiDefaults, SmallCallsToMpiLargeToWeft)
      * of the big buffer, node_coll.c). */
     Counts large = probe(MPI_COMM_WORLD, kLarge);
     expect_probe(large, kLarge, [&](Counted c) {
+        if (c == W_ALLTOALLV)
+            return node ? 1L : 0L;
         return weft && (!ceiled(c) || (c == W_BCAST && node && size >= 4)) ? 1L : 0L;
     });
     EXPECT_EQ(large[W_COMM_CREATE], 0) << "made twice";
     /* And small again, now that the communicator has a weft comm. */
     expect_probe(probe(MPI_COMM_WORLD, kSmall), kSmall,
-                 [&](Counted c) { return node && c == W_ALLREDUCE ? 1L : 0L; });
+                 [&](Counted c) { return node && (c == W_ALLREDUCE || c == W_ALLTOALLV) ? 1L : 0L; });
 }
 
 /* Gather and scatter (route.c): the thresholds from 512 B a block; on
@@ -310,9 +336,10 @@ protected:
 TEST_F(PmpiWindow, OnlySizesInsideTheWindowThroughWeft)
 {
     const long weft = size > 1 ? 1 : 0;
+    /* Alltoallv's stand-in size is 1 B (route.c): below the window. */
     expect_probe(probe(MPI_COMM_WORLD, 512), 512, [](Counted) { return 0L; });
-    expect_probe(probe(MPI_COMM_WORLD, 1024), 1024, [&](Counted) { return weft; });
-    expect_probe(probe(MPI_COMM_WORLD, 65536), 65536, [&](Counted) { return weft; });
+    expect_probe(probe(MPI_COMM_WORLD, 1024), 1024, [&](Counted c) { return c == W_ALLTOALLV ? 0L : weft; });
+    expect_probe(probe(MPI_COMM_WORLD, 65536), 65536, [&](Counted c) { return c == W_ALLTOALLV ? 0L : weft; });
     expect_probe(probe(MPI_COMM_WORLD, 65536 + 4), 65536 + 4, [](Counted) { return 0L; });
     expect_probe(probe(MPI_COMM_WORLD, kLarge), kLarge, [](Counted) { return 0L; });
 }

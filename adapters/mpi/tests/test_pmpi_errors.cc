@@ -162,6 +162,55 @@ TEST_F(PmpiErrors, SendRecvSizeMismatchIsRefusedLocally)
     EXPECT_TRUE(CountsAre(before, {{W_COMM_DESTROY, 1}}));
 }
 
+/* Alltoallv has no size the ranks agree on: a sender and its receiver
+ * that disagree on a block are found by weft (the drop-in cannot see the
+ * other side), and come back as weft's error on every rank, naming the
+ * call. Rank r sends every peer 8 + 8r bytes, and expects from a peer p
+ * 8 + 8((p + 1) mod n): every rank meets a wrong size (eager messages, so
+ * at once, not at a timeout); its own block agrees. */
+TEST_F(PmpiErrors, AlltoallvBlockMismatchIsWeftsError)
+{
+    if (size < 2)
+        GTEST_SKIP() << "one rank cannot disagree with another";
+    MPI_Comm d = served_dup(false);
+    std::vector<int> sc(size), sd(size), rc(size), rd(size);
+    int so = 0, ro = 0;
+    for (int q = 0; q < size; q++) {
+        sc[q] = 8 + 8 * rank;
+        sd[q] = so;
+        so += sc[q];
+        rc[q] = q == rank ? sc[q] : 8 + 8 * ((q + 1) % size);
+        rd[q] = ro;
+        ro += rc[q];
+    }
+    std::vector<char> send(so, 's'), recv(ro, 'r');
+    Counts before = counts_now();
+    const int code = MPI_Alltoallv(send.data(), sc.data(), sd.data(), MPI_BYTE, recv.data(), rc.data(), rd.data(),
+                                   MPI_BYTE, d);
+    EXPECT_TRUE(CountsAre(before, {{W_ALLTOALLV, 1}}));
+    EXPECT_NE(code, MPI_SUCCESS);
+    EXPECT_GT(error_class(code), MPI_ERR_LASTCODE) << "not weft's class: " << error_string(code);
+    const std::string text = error_string(code);
+    EXPECT_EQ(text.rfind("weft: MPI_Alltoallv on rank " + std::to_string(rank), 0), 0u) << text;
+    /* The communicator still works (the counts agree now) and frees. */
+    for (int q = 0; q < size; q++)
+        rc[q] = sc[q] = 4;
+    for (int q = 0; q < size; q++)
+        sd[q] = rd[q] = 4 * q;
+    std::vector<char> s2(4 * size), r2(4 * size), ref(4 * size);
+    for (int i = 0; i < 4 * size; i++)
+        s2[i] = (char)(rank * 7 + i);
+    before = counts_now();
+    EXPECT_EQ(MPI_Alltoallv(s2.data(), sc.data(), sd.data(), MPI_BYTE, r2.data(), rc.data(), rd.data(), MPI_BYTE, d),
+              MPI_SUCCESS);
+    EXPECT_TRUE(CountsAre(before, {{W_ALLTOALLV, 1}}));
+    PMPI_Alltoallv(s2.data(), sc.data(), sd.data(), MPI_BYTE, ref.data(), rc.data(), rd.data(), MPI_BYTE, d);
+    EXPECT_EQ(r2, ref);
+    before = counts_now();
+    EXPECT_EQ(MPI_Comm_free(&d), MPI_SUCCESS);
+    EXPECT_TRUE(CountsAre(before, {{W_COMM_DESTROY, 1}}));
+}
+
 /* Arguments MPI itself rejects stay MPI's errors (its classes), and never
  * reach weft. */
 TEST_F(PmpiErrors, BadArgumentsAreMpisErrors)
@@ -182,6 +231,18 @@ TEST_F(PmpiErrors, BadArgumentsAreMpisErrors)
     EXPECT_EQ(error_class(MPI_Scatter(buf, -1, MPI_INT, recv.data(), -1, MPI_INT, 0, d)), MPI_ERR_COUNT);
     EXPECT_EQ(error_class(MPI_Scatter(buf, 1, MPI_DATATYPE_NULL, recv.data(), 1, MPI_DATATYPE_NULL, 0, d)),
               MPI_ERR_TYPE);
+    {
+        /* A negative count, a null type: this rank's own arguments, MPI's
+         * to report (every rank passes them alike here). */
+        std::vector<int> cnt(size, 1), neg(size, 1), dis(size, 0);
+        neg[size - 1] = -1;
+        EXPECT_EQ(error_class(MPI_Alltoallv(buf, neg.data(), dis.data(), MPI_INT, recv.data(), cnt.data(), dis.data(),
+                                            MPI_INT, d)),
+                  MPI_ERR_COUNT);
+        EXPECT_EQ(error_class(MPI_Alltoallv(buf, cnt.data(), dis.data(), MPI_DATATYPE_NULL, recv.data(), cnt.data(),
+                                            dis.data(), MPI_INT, d)),
+                  MPI_ERR_TYPE);
+    }
     /* MPI_IN_PLACE on the side that may not be in place, on every rank (the
      * root's n blocks; every other rank's own block): MPI's error, never a
      * read of the MPI_IN_PLACE address. */
