@@ -177,8 +177,8 @@ WEFT_API int  weft_get_unique_id_config(weft_unique_id_t *id, const weft_config_
 /* A function of the application that weft runs while a thread of the
  * application waits inside a weft call on comm (weft_wait, weft_waitall,
  * the blocking collectives, a destroy's barrier over weft's pipes) and the
- * wait is idle: at least once per millisecond of an idle wait, at most once
- * per 20 microseconds, in the waiting thread, with no lock of weft held.
+ * wait is idle: about once per millisecond of idle waiting (at most once
+ * per millisecond), in the waiting thread, with no lock of weft held.
  * Weft's own threads (the progress thread of the stream-ordered calls)
  * never run it. It must return quickly and must not call weft on comm.
  * Use: a layer that shares the process with another communication library

@@ -306,10 +306,16 @@ int weft_p2p_user_upper(struct weft_p2p *p, const struct weft_p2p_upper_ops *ops
 }
 
 /* The application's wait hook as a client of the engine: MPI progress for
- * the PMPI drop-in, which only the application's threads may enter; it
- * costs more than a poll (an MPI progress pass), so it runs at most every
- * 20 us, and it must run often (its messages may be what the peer we wait
- * for waits on), so waiters sleep at most 1 ms while it is set. */
+ * the PMPI drop-in, which only the application's threads may enter. It
+ * must run (its messages may be what the peer we wait for waits on), so
+ * waiters sleep at most 1 ms while it is set; but it costs far more than a
+ * poll, so it runs at most once a millisecond. At 20 us it took a third of
+ * an alltoallv's time through the drop-in at 8 ranks on 2 cores (np 8,
+ * 32 B-8 KiB: 100-113 us a call, 61-76 without the hook, 71-82 at 1 ms;
+ * Open MPI alone 63-91; docs/benchmarks.md, "The PMPI drop-in:
+ * alltoallv"): Open MPI's MPI_Iprobe runs its progress, which on an
+ * oversubscribed node yields the core. A wait that MPI's messages hold up
+ * is long, and 1 ms is short beside it. */
 static int wait_hook_poll(void *arg)
 {
     struct weft_p2p *p = arg;
@@ -322,7 +328,7 @@ static int wait_hook_poll(void *arg)
 static const struct weft_engine_client wait_hook_client = {
     .name = "the application's wait hook",
     .poll = wait_hook_poll,
-    .min_gap_s = 20e-6,
+    .min_gap_s = 1e-3,
     .sleep_cap_ms = 1,
     .flags = WEFT_CLIENT_WAITS | WEFT_CLIENT_APP_ONLY,
 };

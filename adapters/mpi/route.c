@@ -319,14 +319,15 @@ static int node_refuses(enum wmpi_coll coll, size_t bytes, int nranks, size_t no
 
 /* Alltoallv's default, from the rank count alone (no size is agreed,
  * colls.c): weft from 3 ranks on a communicator of one node that shares
- * memory (node_bytes > 0), MPI otherwise. weft-perf alltoallv, uneven
- * blocks of 1/2, 1 and 3/2 the mean, same job, 8 B-4 MiB (docs/
- * benchmarks.md, "The PMPI drop-in: alltoallv"): at 4 and 8 ranks weft's
- * pairwise exchange ahead or level from 8 B to 256 KiB (1.02-3.1x), within
- * 0.88-1.0 above; at 2 ranks behind below 512 B (0.62-0.71: one eager
- * message each way is MPI's cheapest case), ahead from 512 B to 32 KiB
- * (1.3-3.5x) -- a size no rank can agree on, so 2 ranks stay MPI's.
- * Across nodes it was not measured: MPI's. */
+ * memory (node_bytes > 0), MPI otherwise. bench/mpi/run.sh -c alltoallv,
+ * uneven blocks (1/2, 1 and 3/2 of the mean), 8 B-4 MiB, 3 jobs a mode
+ * (docs/benchmarks.md, "The PMPI drop-in: alltoallv", run2): through weft
+ * at 3 ranks 1.09-3.4x Open MPI's speed at every size, at 4 ranks
+ * 1.05-2.2x but 512 KiB (0.95), at 8 ranks 1.03-2.0x from 128 B to
+ * 128 KiB, 0.92 at 32 B and 0.87 at 512 KiB -- no size can pick those
+ * out, and the rest outweighs them. At 2 ranks weft's is behind below
+ * 512 B (0.61-0.72: one eager message each way is MPI's cheapest case) and
+ * level above 32 KiB: MPI's. Across nodes it was not measured: MPI's. */
 static int alltoallv_takes(int nranks, size_t node_bytes)
 {
     return nranks >= 3 && node_bytes > 0;
