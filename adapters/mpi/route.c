@@ -324,7 +324,7 @@ static int node_refuses(enum wmpi_coll coll, size_t bytes, int nranks, size_t no
  * (docs/benchmarks.md, "The PMPI drop-in: alltoallv", run2): through weft
  * at 3 ranks 1.09-3.4x Open MPI's speed at every size, at 4 ranks
  * 1.05-2.2x but 512 KiB (0.95), at 8 ranks 1.03-2.0x from 128 B to
- * 128 KiB, 0.92 at 32 B and 0.87 at 512 KiB -- no size can pick those
+ * 128 KiB, 0.92 at 32 B and 0.87-0.93 at 512 KiB-2 MiB -- no size can pick those
  * out, and the rest outweighs them. At 2 ranks weft's is behind below
  * 512 B (0.61-0.72: one eager message each way is MPI's cheapest case) and
  * level above 32 KiB: MPI's. Across nodes it was not measured: MPI's. */
