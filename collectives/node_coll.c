@@ -47,6 +47,11 @@
  * root writes); above that it comes here in pieces of P slots, each a call
  * of its own number (bcast_piece), the two big buffers in turn.
  *
+ * An alltoallv always comes here on a comm of one node (sizes are each
+ * rank's own, no rule on them could be agreed): the round tells whether
+ * every rank's blocks fit its slot, and sends the call to messages if not
+ * (node_alltoallv).
+ *
  * Which calls come here is decided from the call's arguments and the comm's
  * agreed settings only (node_fits), so every rank decides alike. A rank
  * that refuses a call on its own arguments, or fails before its part is
@@ -104,6 +109,9 @@
  * messages -- one single-copy message beats the segment's two copies
  * (node_fits). */
 #define NODE_PAIR_MAX (32u << 10)
+/* run_call's word for "this alltoallv goes as messages" (node_alltoallv):
+ * not a weft code (those are 0 and above, weft.h). */
+#define NODE_SPILLED (-1)
 
 struct node_hdr {
     uint64_t magic;
@@ -223,6 +231,13 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
     case WEFT_COLL_REDUCE_SCATTER:
         es = weft_dtype_size(a->dtype);
         return cc->rs_algo == 0 && es && a->count > 0 && a->count <= L / es / P ? a->count * es * P : 0;
+    case WEFT_COLL_ALLTOALLV:
+        /* Every call, whatever its sizes: no rank knows the others', so
+         * no rule on sizes could be agreed. The round itself agrees: a
+         * rank whose blocks do not fit its slot says so there, and then
+         * every rank takes the call to messages (node_alltoallv). Always
+         * a big buffer (the same on every rank). */
+        return cc->a2a_algo == 0 && a->vec != NULL ? S : 0;
     default:
         return 0;
     }
@@ -256,8 +271,11 @@ struct weft_coll_sig node_sig_of(const struct weft_coll_args *a)
     int rooted = a->kind == WEFT_COLL_BCAST || a->kind == WEFT_COLL_REDUCE || a->kind == WEFT_COLL_GATHER ||
                  a->kind == WEFT_COLL_SCATTER;
     int red = a->kind == WEFT_COLL_ALLREDUCE || a->kind == WEFT_COLL_REDUCE || a->kind == WEFT_COLL_REDUCE_SCATTER;
-    struct weft_coll_sig s = { a->kind, rooted ? a->root : -1, a->kind == WEFT_COLL_BARRIER ? 0 : a->count,
-                               red ? a->dtype : -1, red ? a->op : -1 };
+    /* (An alltoallv's count is this rank's total: its own; the sizes are
+     * checked block by block, as on the message path.) */
+    int sized = a->kind != WEFT_COLL_BARRIER && a->kind != WEFT_COLL_ALLTOALLV;
+    struct weft_coll_sig s = { a->kind, rooted ? a->root : -1, sized ? a->count : 0, red ? a->dtype : -1,
+                               red ? a->op : -1 };
     return s;
 }
 
@@ -1063,6 +1081,88 @@ static char *bcast_area(struct node_call *k, const struct weft_coll_args *a)
     return a->count > k->n->slot ? slot_of(k->n, k->b, 0) : slot_of(k->n, k->b, a->root);
 }
 
+/*
+ * Alltoallv in one round: each rank writes, in its slot, a table of where
+ * its block for each rank lies and how long it is, then its blocks for the
+ * others packed after it; arrives; and once every rank arrived copies its
+ * block out of each other rank's slot (its own: send to receive buffer
+ * directly).
+ *
+ *   slot of rank r:  | spilled | off,len for 0 | ... | off,len for P-1 | blocks r->0, r->1, ... (not r->r) |
+ *
+ * No rank knows the others' sizes, so which calls fit cannot be agreed
+ * beforehand: the round agrees. A rank whose blocks do not fit its slot
+ * writes only "spilled"; every rank reads every table, so all see it, and
+ * all return NODE_SPILLED: the call then goes as messages (coll_run), one
+ * round later. A receive size that differs from the sender's block is
+ * WEFT_ERR_MISMATCH naming both ranks, as on the message path.
+ */
+struct node_a2av_entry {
+    uint64_t off, len;
+};
+
+static int node_alltoallv(struct node_call *k, const struct weft_coll_args *a)
+{
+    struct weft_core *core = k->cc->core;
+    struct coll_node *n = k->n;
+    const struct weft_coll_vec *v = a->vec;
+    const int P = n->P, me = n->me;
+    const size_t slot = k->b < NODE_NSMALL ? NODE_SMALL : n->slot;
+    const size_t table = node_line_up(sizeof(uint64_t) + (size_t)P * sizeof(struct node_a2av_entry));
+    char *mine = slot_of(n, k->b, me);
+    struct node_a2av_entry *e = (struct node_a2av_entry *)(mine + sizeof(uint64_t));
+    size_t total = 0;
+    int rc = WEFT_SUCCESS;
+
+    for (int r = 0; r < P; r++)
+        if (r != me)
+            total += v->send_bytes[r];
+    uint64_t spilled = table > slot || total > slot - table;
+    if (!spilled) {
+        size_t at = table;
+        for (int r = 0; r < P && rc == WEFT_SUCCESS; r++) {
+            e[r].off = at;
+            e[r].len = r == me ? 0 : v->send_bytes[r];
+            if (r != me && v->send_bytes[r] > 0) {
+                rc = node_put(core, mine + at, (const char *)a->sendbuf + v->send_displs[r], v->send_bytes[r],
+                              k->what);
+                at += v->send_bytes[r];
+            }
+        }
+        if (rc != WEFT_SUCCESS)
+            return rc;
+    }
+    memcpy(mine, &spilled, sizeof spilled);
+    node_arrive(k);
+    if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
+        return rc;
+    for (int r = 0; r < P; r++) {
+        uint64_t theirs;
+        memcpy(&theirs, slot_of(n, k->b, r), sizeof theirs);
+        if (theirs)
+            return NODE_SPILLED;
+    }
+    for (int r = 0; r < P && rc == WEFT_SUCCESS; r++) {
+        if (r == me)
+            continue;
+        const char *from = slot_of(n, k->b, r);
+        struct node_a2av_entry t;
+        memcpy(&t, from + sizeof(uint64_t) + (size_t)me * sizeof t, sizeof t);
+        if (t.len != v->recv_bytes[r]) {
+            weft_set_error(core, WEFT_ERR_MISMATCH,
+                           "alltoallv (node-local, collective #%u): rank %d sends %llu bytes to rank %d, which "
+                           "expects %zu from it",
+                           k->seq, node_crank(n, r), (unsigned long long)t.len, core->rank, v->recv_bytes[r]);
+            return node_fail(k, WEFT_ERR_MISMATCH, 1);
+        }
+        rc = node_copy(core, (char *)a->recvbuf + v->recv_displs[r], from + t.off, (size_t)t.len, k->what);
+    }
+    if (rc == WEFT_SUCCESS && v->send_bytes[me] > 0)
+        rc = node_copy(core, (char *)a->recvbuf + v->recv_displs[me],
+                       (const char *)a->sendbuf + v->send_displs[me], v->send_bytes[me], k->what);
+    return rc;
+}
+
 static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t need)
 {
     struct weft_core *core = k->cc->core;
@@ -1093,6 +1193,9 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
         if ((rc = node_wait(k, a->root, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
             return rc;
         return node_copy(core, a->recvbuf, bcast_area(k, a), a->count, "bcast");
+
+    case WEFT_COLL_ALLTOALLV:
+        return node_alltoallv(k, a);
 
     case WEFT_COLL_SCATTER:
         if (me == a->root) {
@@ -1355,6 +1458,13 @@ static int node_run_one(struct weft_coll *cc, const struct weft_coll_args *a, si
         weft_set_error(cc->core, rc, "%s (node-local, collective #%u): %s", k.what, k.seq, why);
     } else {
         rc = cc->nnodes > 1 ? node_hier_run(&k, a, need) : run_call(&k, a, need);
+    }
+    if (rc == NODE_SPILLED) {
+        /* An alltoallv whose blocks some rank could not fit: every rank
+         * saw it in the round, and the call goes as messages now, on the
+         * next collective number (node_alltoallv). */
+        rc = WEFT_SUCCESS;
+        *handled = 0;
     }
     /* Whatever happened, nothing of this call is read by this rank any
      * more: its done, and its arrival if its part never went out -- with

@@ -198,7 +198,8 @@ WEFT_API int  weft_comm_size(const weft_comm_t *comm);
  * or the segment could not be made). Below it, whether a call goes there
  * still depends on the collective; from 3 ranks an allreduce, a reduce,
  * a reduce_scatter, an allgather, a gather or an alltoall goes there up
- * to WEFT_NODE_COLL_LARGE_KB, above it (docs/api.md). The same on every rank:
+ * to WEFT_NODE_COLL_LARGE_KB, above it; an alltoallv whenever every
+ * rank's blocks fit its slot (docs/api.md). The same on every rank:
  * a layer above weft (the PMPI drop-in) may route calls on it. Local. */
 WEFT_API int  weft_comm_node_coll_bytes(const weft_comm_t *comm, size_t *bytes);
 

@@ -29,6 +29,7 @@ using namespace weft_mpitest;
 namespace {
 
 constexpr size_t KiB = 1024;
+constexpr size_t MiB = 1024 * KiB;
 
 /* Zero, one, odd, a page + 1, and past the eager limits (rendezvous).
  * Shorter under WEFT_TEST_SIZES=reduced (device entries) and at 5+ ranks. */
@@ -414,6 +415,43 @@ TEST_F(Alltoallv, NonBlockingOutstandingWithGatherScatter)
     ASSERT_EQ(srecv.pattern_mismatch_at(0, gb, seed_of(size - 1, rank, 4001)), SIZE_MAX) << "iscatter";
 }
 
+/* Through the node's segment each rank's blocks must fit its slot; no rank
+ * knows the others' sizes, so the round itself tells: one rank whose
+ * blocks do not fit (here the last rank's 2 MiB + 5 B for rank 0, above
+ * even the large slot) sends every rank of the call to messages.
+ * Alternating such calls with small ones (which fit) checks that the
+ * segment's flags and the collective numbers stay in step across the
+ * switch, twice in a row too; every block is checked. */
+TEST_F(Alltoallv, BlocksThatDoNotFitGoAsMessages)
+{
+    if (size < 2)
+        GTEST_SKIP() << "one rank: a local copy";
+    const size_t big = 2 * MiB + 5;
+    const bool reduced = reduced_sizes();
+    for (int round = 0; round < 5; round++) {
+        const bool spill = !reduced && (round == 1 || round == 2 || round == 4);
+        Layout l;
+        l.sb.resize(size);
+        l.sd.resize(size);
+        l.rb.resize(size);
+        l.rd.resize(size);
+        for (int j = 0; j < size; j++) {
+            l.sb[j] = spill && rank == size - 1 && j == 0 ? big : (size_t)(8 * (rank + j) + round);
+            l.rb[j] = spill && j == size - 1 && rank == 0 ? big : (size_t)(8 * (j + rank) + round);
+            l.sd[j] = l.send_total;
+            l.send_total += l.sb[j];
+            l.rd[j] = l.recv_total;
+            l.recv_total += l.rb[j];
+        }
+        const uint64_t call = 5000 + (uint64_t)round;
+        TestBuf send, recv;
+        int rc = run(l, send, recv, call, nullptr);
+        ASSERT_EQ(rc, WEFT_SUCCESS) << "round " << round << (spill ? " (spills)" : "") << ": " << last_error();
+        ASSERT_TRUE(received(l, recv, 0, call)) << "round " << round << (spill ? " (spills)" : "");
+    }
+    EXPECT_EQ(weft_barrier(comm), WEFT_SUCCESS) << last_error();
+}
+
 TEST_F(Alltoallv, ArgumentChecks)
 {
     const size_t n = (size_t)size;
@@ -464,10 +502,13 @@ TEST_F(Alltoallv, ArgumentChecks)
     EXPECT_EQ(weft_barrier(comm), WEFT_SUCCESS) << last_error();
 }
 
-/* Ranks 0 and 1 disagree on the size of rank 0's block for rank 1: fewer
- * bytes than rank 1 expects fail there with WEFT_ERR_MISMATCH, more with
- * WEFT_ERR_TRUNCATE; either way rank 1's error names the sizes. On a comm
- * of its own (the failed call's state stays with it). */
+/* Ranks 0 and 1 disagree on the size of rank 0's block for rank 1. As
+ * messages: fewer bytes than rank 1 expects fail there with
+ * WEFT_ERR_MISMATCH, more with WEFT_ERR_TRUNCATE. Through the node's
+ * segment (a comm on one node with shm: every alltoallv whose blocks fit
+ * the slots, these do), rank 1 reads rank 0's table: WEFT_ERR_MISMATCH
+ * either way, naming both ranks. Either way rank 1's error names the
+ * sizes. On a comm of its own (the failed call's state stays with it). */
 TEST_F(Alltoallv, RanksDisagreeOnABlockSize)
 {
     if (size < 2)
@@ -483,9 +524,17 @@ TEST_F(Alltoallv, RanksDisagreeOnABlockSize)
             sb[1] = sent;
         TestBuf send(32 * n), recv(32 * n);
         ASSERT_TRUE(send.ok() && recv.ok());
+        size_t node_bytes = 0;
+        ASSERT_EQ(weft_comm_node_coll_bytes(c2, &node_bytes), WEFT_SUCCESS);
         int rc = weft_alltoallv(c2, send.data(), sb.data(), sd.data(), recv.data(), rb.data(), rd.data());
         std::string err = weft_comm_last_error(c2);
-        if (rank == 1) {
+        if (rank == 1 && node_bytes > 0) {
+            EXPECT_EQ(rc, WEFT_ERR_MISMATCH) << err;
+            EXPECT_NE(err.find("alltoallv (node-local, collective #"), std::string::npos) << err;
+            EXPECT_NE(err.find("rank 0 sends " + std::to_string(sent) + " bytes to rank 1, which expects 16 from it"),
+                      std::string::npos)
+                << err;
+        } else if (rank == 1) {
             if (sent < 16) {
                 EXPECT_EQ(rc, WEFT_ERR_MISMATCH) << err;
                 EXPECT_NE(err.find("a message of 8 B where this rank expects 16 B"), std::string::npos) << err;
