@@ -321,13 +321,15 @@ static int node_refuses(enum wmpi_coll coll, size_t bytes, int nranks, size_t no
  * colls.c): weft from 3 ranks on a communicator of one node that shares
  * memory (node_bytes > 0), MPI otherwise. bench/mpi/run.sh -c alltoallv,
  * uneven blocks (1/2, 1 and 3/2 of the mean), 8 B-4 MiB, 3 jobs a mode
- * (docs/benchmarks.md, "The PMPI drop-in: alltoallv", run2): through weft
- * at 3 ranks 1.09-3.4x Open MPI's speed at every size, at 4 ranks
- * 1.05-2.2x but 512 KiB (0.95), at 8 ranks 1.03-2.0x from 128 B to
- * 128 KiB, 0.92 at 32 B and 0.87-0.93 at 512 KiB-2 MiB -- no size can pick those
- * out, and the rest outweighs them. At 2 ranks weft's is behind below
- * 512 B (0.61-0.72: one eager message each way is MPI's cheapest case) and
- * level above 32 KiB: MPI's. Across nodes it was not measured: MPI's. */
+ * (docs/benchmarks.md, "The PMPI drop-in: alltoallv", run4: weft's
+ * node-local alltoallv up to a slot, messages above): Open MPI time /
+ * weft time at 3 ranks 1.9-4.8x to 32 KiB, 0.98-1.17 above; at 4 ranks
+ * 1.1-3.1x to 128 KiB, 0.91-0.94 at 512 KiB-2 MiB; at 8 ranks 1.55-2.8x to
+ * 128 KiB, 0.66-0.85 at 512 KiB-2 MiB (weft's pairwise messages against
+ * Open MPI's) -- no size can pick those out, and below them weft is ahead
+ * by more. At 2 ranks weft's is behind below 512 B (0.66-0.68: one eager
+ * message each way is MPI's cheapest case): MPI's. Across nodes it was
+ * not measured: MPI's. */
 static int alltoallv_takes(int nranks, size_t node_bytes)
 {
     return nranks >= 3 && node_bytes > 0;
