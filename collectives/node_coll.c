@@ -79,6 +79,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include "backoff.h"
 #include "coll_impl.h"
@@ -109,6 +110,12 @@
  * messages -- one single-copy message beats the segment's two copies
  * (node_fits). */
 #define NODE_PAIR_MAX (32u << 10)
+/* Alltoall blocks from this size are pulled when the segment does not
+ * take them (a2a_pulls): the collectives' eager limit (WEFT_SHM_COLL_EAGER,
+ * alltoall.c's WEFT_A2A_WIDE_BLOCK). */
+#define NODE_PULL_MIN (32u << 10)
+/* Largest piece of one process_vm_readv call (as shm_cma.c's). */
+#define NODE_PULL_PIECE ((size_t)1 << 30)
 /* run_call's word for "this alltoallv goes as messages" (node_alltoallv):
  * not a weft code (those are 0 and above, weft.h). */
 #define NODE_SPILLED (-1)
@@ -143,6 +150,30 @@ static int transports_allow_shm(const char *t)
             p++;
     }
     return 0;
+}
+
+/* What a rank says in its slot in a call that may pull (node_a2a_pull,
+ * node_alltoallv): how the others get its blocks -- packed in its slot
+ * (alltoallv only), not at all (spill: the call goes as messages), or
+ * read by each of them from its send buffer at addr -- and whether its
+ * receive buffer can take pulled blocks (host memory). */
+struct node_pull_hdr {
+    uint64_t mode;
+    uint64_t addr;
+    uint64_t recv_host;
+};
+enum { NODE_PACKED = 0, NODE_SPILL = 1, NODE_PULLED = 2 };
+
+/* An alltoall whose blocks are pulled (node_a2a_pull): above what the
+ * segment takes (node_fits) and from NODE_PULL_MIN a block. Below that a
+ * message is one copy through a ring (eager), no slower than a pull's
+ * system call. Only arguments and agreed settings decide. */
+static int a2a_pulls(const struct weft_coll *cc, const struct weft_coll_args *a)
+{
+    size_t S = weft_coll_node_bytes(cc), P = (size_t)cc->core->size;
+    const size_t L = cc->node_large > S ? cc->node_large : S;
+    return a->kind == WEFT_COLL_ALLTOALL && cc->a2a_algo == 0 && S > 0 && a->count >= NODE_PULL_MIN &&
+           (a->count > S || a->count > L / P);
 }
 
 /* Bytes the call puts in each rank's slot; 0 when it does not come here.
@@ -205,7 +236,14 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
          * beats P - 1 exchanges (the same jobs, np 8: 1.45x the messages'
          * speed); larger blocks, where the copies dominate, go as
          * single-copy messages (np 4, 128 KiB blocks: 0.85-1.24x). */
-        return cc->a2a_algo == 0 && a->count > 0 && a->count <= S && a->count <= L / P ? a->count * P : 0;
+        if (cc->a2a_algo != 0 || a->count == 0)
+            return 0;
+        if (a->count <= S && a->count <= L / P)
+            return a->count * P;
+        /* Above that, blocks from NODE_PULL_MIN are pulled: each rank
+         * reads its block out of every sender's buffer (node_a2a_pull),
+         * the slot holds where that buffer is. */
+        return a2a_pulls(cc, a) ? sizeof(struct node_pull_hdr) : 0;
     case WEFT_COLL_ALLREDUCE:
     case WEFT_COLL_REDUCE:
         if ((a->kind == WEFT_COLL_ALLREDUCE ? cc->ar_algo : cc->red_algo) != 0)
@@ -237,7 +275,7 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
          * rank whose blocks do not fit its slot says so there, and then
          * every rank takes the call to messages (node_alltoallv). Always
          * a big buffer (the same on every rank). */
-        return cc->a2a_algo == 0 && a->vec != NULL ? S : 0;
+        return cc->a2a_algo == 0 && a->vec != NULL ? L : 0;
     default:
         return 0;
     }
@@ -280,10 +318,15 @@ struct weft_coll_sig node_sig_of(const struct weft_coll_args *a)
 }
 
 
-/* What each rank says in the setup's two exchanges. */
+/* What each rank says in the setup's two exchanges: in the first, the
+ * segment's name (its maker) and where the others may read a probe word of
+ * this process (node_probe_pulls). */
 struct node_offer {
-    int32_t ok;
-    char    name[60];
+    int32_t  ok;
+    char     name[60];
+    int32_t  pid;
+    uint32_t pad;
+    uint64_t probe;   /* address of a word holding NODE_MAGIC ^ rank (0: none) */
 };
 
 static void node_unmap(struct coll_node *n)
@@ -409,20 +452,61 @@ static int node_exchange(struct weft_coll *cc, const struct weft_coll_args *user
  * agreed with the mapping; *scratch, freed by the caller). *first_no: the
  * lowest rank that could not, -1 when none; oks: room for the comm's size
  * of flags. */
-static int node_agree(struct weft_coll *cc, const struct weft_coll_args *user, int ok, size_t slot, void **scratch,
-                      char *why, size_t whylen, int32_t *oks, int *first_no)
+/* node_agree, and with it whether every rank can pull from every other
+ * rank of its node (pulls: this rank's word; *every_pull: all of them
+ * said yes; NULL: not asked). */
+static int node_agree_pulls(struct weft_coll *cc, const struct weft_coll_args *user, int ok, int pulls, size_t slot,
+                            void **scratch, char *why, size_t whylen, int32_t *oks, int *first_no, int *every_pull)
 {
     if (ok && cc->core->cuda && (*scratch = malloc(slot)) == NULL) {
         snprintf(why, whylen, "no memory for %zu B of scratch", slot);
         ok = 0;
     }
-    int32_t mine[1] = { ok };
+    int32_t mine[1] = { (ok ? 1 : 0) | (pulls ? 2 : 0) };
     int rc = node_exchange(cc, user, mine, oks, sizeof mine);
     *first_no = -1;
-    for (int r = 0; rc == WEFT_SUCCESS && r < cc->core->size && *first_no < 0; r++)
-        if (!oks[r])
+    if (every_pull)
+        *every_pull = rc == WEFT_SUCCESS;
+    for (int r = 0; rc == WEFT_SUCCESS && r < cc->core->size; r++) {
+        if (!(oks[r] & 1) && *first_no < 0)
             *first_no = r;
+        if (!(oks[r] & 2) && every_pull)
+            *every_pull = 0;
+    }
     return rc;
+}
+
+static int node_agree(struct weft_coll *cc, const struct weft_coll_args *user, int ok, size_t slot, void **scratch,
+                      char *why, size_t whylen, int32_t *oks, int *first_no)
+{
+    return node_agree_pulls(cc, user, ok, 0, slot, scratch, why, whylen, oks, first_no, NULL);
+}
+
+/* Whether this rank can read every other rank of its node by CMA
+ * (process_vm_readv): each one's probe word, said in the setup's first
+ * exchange, read back with the value it must hold. The alltoalls above
+ * the segment's slots pull their blocks that way (node_pull). Not with
+ * WEFT_SHM_CMA=0; a refusal (Yama, a container's seccomp filter) only
+ * keeps those calls on messages. */
+static int node_probe_pulls(const struct weft_core *core, const struct node_offer *all, const int *local, int P)
+{
+    if (!core->cfg.shm_cma || P < 2)
+        return 0;
+    for (int i = 0; i < P; i++) {
+        const int r = local[i];
+        if (r == core->rank)
+            continue;
+        uint64_t v = 0;
+        struct iovec l = { &v, sizeof v }, rm = { (void *)(uintptr_t)all[r].probe, sizeof v };
+        ssize_t got = all[r].probe ? process_vm_readv((pid_t)all[r].pid, &l, 1, &rm, 1, 0) : 0;
+        if (got != (ssize_t)sizeof v || v != (NODE_MAGIC ^ (uint64_t)r)) {
+            WEFT_INFO(core->rank, "node-local collectives: cannot read rank %d (process %d) by process_vm_readv "
+                      "(%s): alltoalls above the segment's slot go as messages", r, (int)all[r].pid,
+                      got < 0 ? strerror(errno) : got != (ssize_t)sizeof v ? "short read" : "wrong value read back");
+            return 0;
+        }
+    }
+    return 1;
 }
 
 /* At the first call that fits, on every rank alike: the lowest rank of
@@ -460,6 +544,11 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
         return weft_set_error(core, WEFT_ERR_NO_MEMORY, "node-local collectives: no memory for %d ranks' state", N);
     }
     memcpy(ranks, local, (size_t)P * sizeof *ranks);
+    /* Read by the node's other ranks between the two exchanges, which this
+     * rank is in until both are over. */
+    volatile uint64_t probe = NODE_MAGIC ^ (uint64_t)rank;
+    mine.pid = (int32_t)getpid();
+    mine.probe = (uint64_t)(uintptr_t)&probe;
     int willing = 1;
     if (bytes > core->cfg.shm_budget) {
         snprintf(why, sizeof why, "its %zu-byte segment exceeds WEFT_SHM_BUDGET_MB", bytes);
@@ -496,9 +585,11 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
         atomic_store_explicit(&c->marked, now, memory_order_relaxed);
         atomic_store_explicit(&c->sliced, now, memory_order_release);
     }
-    int first_no = -1;
-    if (rc == WEFT_SUCCESS)   /* all: N * 64 bytes hold N flags */
-        rc = node_agree(cc, user, mine.ok, slot, &n->scratch, why, sizeof why, (int32_t *)all, &first_no);
+    int first_no = -1, every_pull = 0;
+    int pulls = rc == WEFT_SUCCESS && base && node_probe_pulls(core, all, local, P);
+    if (rc == WEFT_SUCCESS)   /* all: N * 80 bytes hold N flags */
+        rc = node_agree_pulls(cc, user, mine.ok, pulls, slot, &n->scratch, why, sizeof why, (int32_t *)all, &first_no,
+                              &every_pull);
     int every = rc == WEFT_SUCCESS && first_no < 0;
     if (rank == maker && mine.name[0])
         shm_unlink(mine.name);   /* every rank mapped it, or gave up: the name is not needed */
@@ -534,6 +625,7 @@ static int node_setup(struct weft_coll *cc, const struct weft_coll_args *user)
     for (int r = 0; r < P; r++)
         seen_done[r] = cc->seq;
     n->seen_done = seen_done;
+    n->pulls = every_pull;
     cc->node = n;
     cc->node_state = NODE_ON;
     WEFT_INFO(rank, "node-local collectives on: %zu-byte segment for %d rank(s) of node %d, %zu B a rank", bytes, P,
@@ -1081,21 +1173,143 @@ static char *bcast_area(struct node_call *k, const struct weft_coll_args *a)
     return a->count > k->n->slot ? slot_of(k->n, k->b, 0) : slot_of(k->n, k->b, a->root);
 }
 
+/* Whether a user buffer is host memory (a device buffer cannot be pulled
+ * into or out of by CMA). Without CUDA in the comm every buffer is. */
+static int node_host(struct node_call *k, const void *buf, size_t bytes)
+{
+    struct weft_core *core = k->cc->core;
+    int kind = 0, dev = -1;
+    if (!core->cuda || bytes == 0)
+        return 1;
+    return weft_mem_classify(core, buf, bytes, -1, -1, k->what, &kind, &dev) == WEFT_SUCCESS && kind == 0;
+}
+
+/* Reads len bytes at addr in local rank r's memory into dst by CMA (every
+ * rank of the node can: agreed at set-up, node_probe_pulls). A failure
+ * fails the call, naming the rank and why. */
+static int node_pull(struct node_call *k, int r, void *dst, uint64_t addr, size_t len)
+{
+    struct weft_core *core = k->cc->core;
+    const pid_t pid = (pid_t)k->n->ctrl[r].pid;
+    size_t got_all = 0;
+    while (got_all < len) {
+        size_t piece = len - got_all < NODE_PULL_PIECE ? len - got_all : NODE_PULL_PIECE;
+        struct iovec l = { (char *)dst + got_all, piece }, rm = { (void *)(uintptr_t)(addr + got_all), piece };
+        ssize_t got = process_vm_readv(pid, &l, 1, &rm, 1, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            int e = got < 0 ? errno : 0;
+            weft_set_error(core, WEFT_ERR_TRANSPORT,
+                           "%s (node-local, collective #%u): reading %zu bytes of rank %d's send buffer (process %d) "
+                           "by process_vm_readv failed: %s", k->what, k->seq, len, node_crank(k->n, r), (int)pid,
+                           e == ESRCH ? "the process has ended" : e ? strerror(e) : "nothing read");
+            return node_fail(k, WEFT_ERR_TRANSPORT, 1);
+        }
+        got_all += (size_t)got;
+    }
+    return WEFT_SUCCESS;
+}
+
+/* After the round of a call that may pull: whether every rank's blocks can
+ * be had as it said (none spilled; if any pulls, every receive buffer
+ * takes pulls), and whether any rank's blocks are pulled. The same on
+ * every rank: all read the same headers. */
+static int pull_round_ok(struct node_call *k, size_t hdr_at, int *any_pulled)
+{
+    *any_pulled = 0;
+    int all_recv_host = 1;
+    for (int r = 0; r < k->n->P; r++) {
+        struct node_pull_hdr h;
+        memcpy(&h, slot_of(k->n, k->b, r) + hdr_at, sizeof h);
+        if (h.mode == NODE_SPILL)
+            return 0;
+        *any_pulled |= h.mode == NODE_PULLED;
+        all_recv_host &= h.recv_host != 0;
+    }
+    return !*any_pulled || all_recv_host;
+}
+
+/* A rank whose send buffer the others read: once it has read all it needs
+ * itself (sliced), it waits until every rank has (their sliced), so that
+ * the buffer stays as it was until the last reader is through. */
+static int pull_finish(struct node_call *k, int wait_readers)
+{
+    atomic_store_explicit(&k->n->ctrl[k->n->me].sliced, k->tag, memory_order_release);
+    return wait_readers ? node_wait(k, -1, FLAG_SLICED, k->tag) : WEFT_SUCCESS;
+}
+
 /*
- * Alltoallv in one round: each rank writes, in its slot, a table of where
- * its block for each rank lies and how long it is, then its blocks for the
- * others packed after it; arrives; and once every rank arrived copies its
- * block out of each other rank's slot (its own: send to receive buffer
- * directly).
+ * Alltoall above the segment's slots (a2a_pulls): each rank says in its
+ * slot (a small buffer) where its send buffer is, arrives, and once every
+ * rank arrived reads its block out of each other rank's send buffer itself
+ * -- process_vm_readv, one copy, no message, no matching, no handshake per
+ * block -- starting with the next rank, so that the ranks read from
+ * different senders at once. Then each says it is through (sliced) and
+ * waits until all are: until then its send buffer is being read.
  *
- *   slot of rank r:  | spilled | off,len for 0 | ... | off,len for P-1 | blocks r->0, r->1, ... (not r->r) |
+ *   slot of rank r:  | mode | address of its send buffer | receive buffer is host memory |
  *
- * No rank knows the others' sizes, so which calls fit cannot be agreed
- * beforehand: the round agrees. A rank whose blocks do not fit its slot
- * writes only "spilled"; every rank reads every table, so all see it, and
- * all return NODE_SPILLED: the call then goes as messages (coll_run), one
+ *   r0: hdr ; arrive ─┐               r0: pull 1->0, 2->0, 3->0 ; sliced ─┐
+ *   r1: hdr ; arrive ─┤ all arrived:  r1: pull 2->1, 3->1, 0->1 ; sliced ─┤ all sliced:
+ *   r2: hdr ; arrive ─┤               r2: pull 3->2, 0->2, 1->2 ; sliced ─┤ return
+ *   r3: hdr ; arrive ─┘               r3: pull 0->3, 1->3, 2->3 ; sliced ─┘
+ *
+ * A rank that cannot be read or written that way (in place: its send
+ * blocks are its receive blocks; device memory) says spill, and every rank
+ * takes the call to messages, as an alltoallv that spills.
+ */
+static int node_a2a_pull(struct node_call *k, const struct weft_coll_args *a)
+{
+    struct weft_core *core = k->cc->core;
+    struct coll_node *n = k->n;
+    const int P = n->P, me = n->me;
+    const size_t bytes = a->count, total = bytes * (size_t)P;
+    struct node_pull_hdr h = { NODE_PULLED, (uint64_t)(uintptr_t)a->sendbuf, 1 };
+    int rc, any;
+
+    if (a->sendbuf == a->recvbuf || !node_host(k, a->sendbuf, total) || !node_host(k, a->recvbuf, total))
+        h.mode = NODE_SPILL;
+    memcpy(slot_of(n, k->b, me), &h, sizeof h);
+    node_arrive(k);
+    if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
+        return rc;
+    if (!pull_round_ok(k, 0, &any))
+        return NODE_SPILLED;
+    for (int i = 1; i < P && rc == WEFT_SUCCESS; i++) {
+        const int r = (me + i) % P;
+        struct node_pull_hdr t;
+        memcpy(&t, slot_of(n, k->b, r), sizeof t);
+        rc = node_pull(k, r, (char *)a->recvbuf + (size_t)node_crank(n, r) * bytes,
+                       t.addr + (uint64_t)core->rank * bytes, bytes);
+    }
+    if (rc != WEFT_SUCCESS)
+        return rc;   /* no sliced: the others learn why from the notice */
+    const size_t own = (size_t)core->rank * bytes;
+    memcpy((char *)a->recvbuf + own, (const char *)a->sendbuf + own, bytes);
+    return pull_finish(k, 1);
+}
+
+/*
+ * Alltoallv in one round: each rank writes, in its slot, a header and a
+ * table of where its block for each rank lies and how long it is, then,
+ * when they fit, its blocks for the others packed after it; arrives; and
+ * once every rank arrived gets its block from each other rank -- out of
+ * that rank's slot, or, when that rank's blocks did not fit, out of its
+ * send buffer by CMA (node_pull, as node_a2a_pull) -- and its own from
+ * send to receive buffer directly.
+ *
+ *   slot of rank r:  | header (node_pull_hdr) | off,len for 0 | ... | off,len for P-1 | blocks r->0, ... (packed) |
+ *
+ * The offsets are into the slot (packed) or the send buffer (pulled). No
+ * rank knows the others' sizes, so which calls fit cannot be agreed
+ * beforehand: the round agrees. A rank whose blocks do not fit, where
+ * pulls cannot be made (WEFT_SHM_CMA=0, a refused probe, device memory),
+ * writes spill; every rank reads every header, so all see it, and all
+ * return NODE_SPILLED: the call then goes as messages (coll_run), one
  * round later. A receive size that differs from the sender's block is
- * WEFT_ERR_MISMATCH naming both ranks, as on the message path.
+ * WEFT_ERR_MISMATCH naming both ranks, as on the message path. A rank
+ * whose blocks are pulled waits, at the end, until every rank is through.
  */
 struct node_a2av_entry {
     uint64_t off, len;
@@ -1108,17 +1322,34 @@ static int node_alltoallv(struct node_call *k, const struct weft_coll_args *a)
     const struct weft_coll_vec *v = a->vec;
     const int P = n->P, me = n->me;
     const size_t slot = k->b < NODE_NSMALL ? NODE_SMALL : n->slot;
-    const size_t table = node_line_up(sizeof(uint64_t) + (size_t)P * sizeof(struct node_a2av_entry));
+    const size_t hdr = sizeof(struct node_pull_hdr);
+    const size_t table = node_line_up(hdr + (size_t)P * sizeof(struct node_a2av_entry));
     char *mine = slot_of(n, k->b, me);
-    struct node_a2av_entry *e = (struct node_a2av_entry *)(mine + sizeof(uint64_t));
-    size_t total = 0;
-    int rc = WEFT_SUCCESS;
+    struct node_a2av_entry *e = (struct node_a2av_entry *)(mine + hdr);
+    const size_t block_max = weft_coll_node_bytes(k->cc);
+    size_t total = 0, send_hi = 0, recv_hi = 0, biggest = 0;
+    int rc = WEFT_SUCCESS, any;
 
-    for (int r = 0; r < P; r++)
-        if (r != me)
+    for (int r = 0; r < P; r++) {
+        if (r != me) {
             total += v->send_bytes[r];
-    uint64_t spilled = table > slot || total > slot - table;
-    if (!spilled) {
+            if (v->send_bytes[r] > biggest)
+                biggest = v->send_bytes[r];
+        }
+        if (v->send_bytes[r] && v->send_displs[r] + v->send_bytes[r] > send_hi)
+            send_hi = v->send_displs[r] + v->send_bytes[r];
+        if (v->recv_bytes[r] && v->recv_displs[r] + v->recv_bytes[r] > recv_hi)
+            recv_hi = v->recv_displs[r] + v->recv_bytes[r];
+    }
+    struct node_pull_hdr h = { NODE_PACKED, (uint64_t)(uintptr_t)a->sendbuf,
+                               (uint64_t)node_host(k, a->recvbuf, recv_hi) };
+    /* Packed while the blocks fit and none is above WEFT_NODE_COLL_KB, as
+     * an alltoall's (node_fits): larger ones are pulled, one copy instead
+     * of two. */
+    if (table > slot || total > slot - table || biggest > block_max)
+        h.mode = table <= slot && n->pulls && h.recv_host && node_host(k, a->sendbuf, send_hi) ? NODE_PULLED
+                                                                                              : NODE_SPILL;
+    if (h.mode == NODE_PACKED) {
         size_t at = table;
         for (int r = 0; r < P && rc == WEFT_SUCCESS; r++) {
             e[r].off = at;
@@ -1131,23 +1362,25 @@ static int node_alltoallv(struct node_call *k, const struct weft_coll_args *a)
         }
         if (rc != WEFT_SUCCESS)
             return rc;
+    } else if (h.mode == NODE_PULLED) {
+        for (int r = 0; r < P; r++) {
+            e[r].off = v->send_displs[r];
+            e[r].len = r == me ? 0 : v->send_bytes[r];
+        }
     }
-    memcpy(mine, &spilled, sizeof spilled);
+    memcpy(mine, &h, sizeof h);
     node_arrive(k);
     if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
         return rc;
-    for (int r = 0; r < P; r++) {
-        uint64_t theirs;
-        memcpy(&theirs, slot_of(n, k->b, r), sizeof theirs);
-        if (theirs)
-            return NODE_SPILLED;
-    }
-    for (int r = 0; r < P && rc == WEFT_SUCCESS; r++) {
-        if (r == me)
-            continue;
+    if (!pull_round_ok(k, 0, &any))
+        return NODE_SPILLED;
+    for (int i = 1; i < P && rc == WEFT_SUCCESS; i++) {
+        const int r = (me + i) % P;
         const char *from = slot_of(n, k->b, r);
+        struct node_pull_hdr th;
         struct node_a2av_entry t;
-        memcpy(&t, from + sizeof(uint64_t) + (size_t)me * sizeof t, sizeof t);
+        memcpy(&th, from, sizeof th);
+        memcpy(&t, from + hdr + (size_t)me * sizeof t, sizeof t);
         if (t.len != v->recv_bytes[r]) {
             weft_set_error(core, WEFT_ERR_MISMATCH,
                            "alltoallv (node-local, collective #%u): rank %d sends %llu bytes to rank %d, which "
@@ -1155,12 +1388,18 @@ static int node_alltoallv(struct node_call *k, const struct weft_coll_args *a)
                            k->seq, node_crank(n, r), (unsigned long long)t.len, core->rank, v->recv_bytes[r]);
             return node_fail(k, WEFT_ERR_MISMATCH, 1);
         }
-        rc = node_copy(core, (char *)a->recvbuf + v->recv_displs[r], from + t.off, (size_t)t.len, k->what);
+        char *dst = (char *)a->recvbuf + v->recv_displs[r];
+        if (t.len == 0)
+            continue;
+        rc = th.mode == NODE_PULLED ? node_pull(k, r, dst, th.addr + t.off, (size_t)t.len)
+                                    : node_copy(core, dst, from + t.off, (size_t)t.len, k->what);
     }
     if (rc == WEFT_SUCCESS && v->send_bytes[me] > 0)
         rc = node_copy(core, (char *)a->recvbuf + v->recv_displs[me],
                        (const char *)a->sendbuf + v->send_displs[me], v->send_bytes[me], k->what);
-    return rc;
+    if (rc != WEFT_SUCCESS || !any)
+        return rc;
+    return pull_finish(k, h.mode == NODE_PULLED);
 }
 
 static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t need)
@@ -1196,6 +1435,11 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
 
     case WEFT_COLL_ALLTOALLV:
         return node_alltoallv(k, a);
+
+    case WEFT_COLL_ALLTOALL:
+        if (a2a_pulls(k->cc, a))
+            return node_a2a_pull(k, a);
+        break;
 
     case WEFT_COLL_SCATTER:
         if (me == a->root) {
@@ -1335,6 +1579,7 @@ const char *weft_coll_kind_name(int kind)
 static void node_log_shape(struct weft_coll *cc, const struct weft_coll_args *a, size_t need)
 {
     const char *algo = cc->nnodes > 1 ? node_hier_algo(cc, a)
+                       : a2a_pulls(cc, a) ? "node-local, each block pulled from its sender by CMA"
                        : need <= NODE_FLAT_MAX || a->kind != WEFT_COLL_ALLREDUCE
                            ? "node-local shared memory"
                            : "node-local shared memory, sliced";
@@ -1427,6 +1672,10 @@ static int node_run_one(struct weft_coll *cc, const struct weft_coll_args *a, si
         if (cc->node->large_state != NODE_ON)
             return WEFT_SUCCESS;   /* messages, on every rank alike */
     }
+    /* An alltoall to pull where some rank cannot read another (agreed at
+     * set-up): messages, on every rank alike. */
+    if (!cc->node->pulls && a2a_pulls(cc, a))
+        return WEFT_SUCCESS;
     *handled = 1;
 
     struct node_call k;
