@@ -1215,13 +1215,13 @@ static int node_pull(struct node_call *k, int r, void *dst, uint64_t addr, size_
  * be had as it said (none spilled; if any pulls, every receive buffer
  * takes pulls), and whether any rank's blocks are pulled. The same on
  * every rank: all read the same headers. */
-static int pull_round_ok(struct node_call *k, size_t hdr_at, int *any_pulled)
+static int pull_round_ok(struct node_call *k, int *any_pulled)
 {
     *any_pulled = 0;
     int all_recv_host = 1;
     for (int r = 0; r < k->n->P; r++) {
         struct node_pull_hdr h;
-        memcpy(&h, slot_of(k->n, k->b, r) + hdr_at, sizeof h);
+        memcpy(&h, slot_of(k->n, k->b, r), sizeof h);
         if (h.mode == NODE_SPILL)
             return 0;
         *any_pulled |= h.mode == NODE_PULLED;
@@ -1230,13 +1230,104 @@ static int pull_round_ok(struct node_call *k, size_t hdr_at, int *any_pulled)
     return !*any_pulled || all_recv_host;
 }
 
-/* A rank whose send buffer the others read: once it has read all it needs
- * itself (sliced), it waits until every rank has (their sliced), so that
- * the buffer stays as it was until the last reader is through. */
-static int pull_finish(struct node_call *k, int wait_readers)
+/* This rank says spill in a call that may pull: why, in one info line
+ * per comm (the calls then go as messages, at their speed). */
+static void spill_tell(struct node_call *k, const char *why)
 {
-    atomic_store_explicit(&k->n->ctrl[k->n->me].sliced, k->tag, memory_order_release);
-    return wait_readers ? node_wait(k, -1, FLAG_SLICED, k->tag) : WEFT_SUCCESS;
+    if (k->n->spill_told)
+        return;
+    k->n->spill_told = 1;
+    WEFT_INFO(k->cc->core->rank, "%s (node-local, collective #%u): %s; this call and others like it go as messages "
+              "(said once per comm)", k->what, k->seq, why);
+}
+
+/* Every other rank has arrived at this call or past it (the flag only:
+ * marked or not). Until then no rank can have begun to read. */
+static int all_arrived(struct node_call *k)
+{
+    for (int r = 0; r < k->n->P; r++)
+        if (r != k->n->me && !after_eq(atomic_load_explicit(&k->n->ctrl[r].arrive, memory_order_acquire), k->tag))
+            return 0;
+    return 1;
+}
+
+/*
+ * A rank whose send buffer the others read holds it until every rank is
+ * through with the call (its done: published by every rank at the end of
+ * every call, whatever happened, and by this one here, before it waits,
+ * so two holders never wait for each other). A failure of the call
+ * elsewhere does not end the hold -- a reader may still be copying; only
+ * a reader's death does (it reads nothing more), or WEFT_TIMEOUT without
+ * one reader moving (wait_timeout: named, as any wait's). Once all are
+ * through, a failure of the call anywhere (a notice, a death) is this
+ * rank's verdict too.
+ */
+static int pull_hold(struct node_call *k)
+{
+    struct weft_coll *cc = k->cc;
+    struct coll_node *n = k->n;
+    const int P = n->P;
+    int pend_buf[64], *pending = P <= 64 ? pend_buf : malloc((size_t)P * sizeof(int));
+    int npending = 0, rc = WEFT_SUCCESS;
+    char why[512];
+    if (pending == NULL)
+        return weft_set_error(cc->core, WEFT_ERR_NO_MEMORY, "%s: no memory", k->what);
+    for (int r = 0; r < P; r++)
+        if (r != n->me)
+            pending[npending++] = r;
+    struct weft_backoff bo;
+    weft_backoff_init(&bo, cc->core);
+    double idle_since = weft_now(), last_look = idle_since;
+    for (;;) {
+        int moved = poll_pending(k, pending, &npending, FLAG_DONE, k->tag);   /* (done: never a failure) */
+        if (npending == 0)
+            break;
+        double now = weft_now();
+        if (moved) {
+            weft_backoff_busy(&bo);
+            idle_since = now;
+            continue;
+        }
+        if (now - last_look >= 100e-6 || weft_backoff_phase(&bo, now) == WEFT_BACKOFF_SLEEP) {
+            last_look = now;
+            (void)weft_p2p_poll_health(cc->p2p);
+            weft_engine_run_waits(weft_p2p_engine(cc->p2p), now, 1);
+            for (int i = 0; i < npending;)
+                if (weft_p2p_peer_down(cc->p2p, node_crank(n, pending[i]), why, sizeof why))
+                    pending[i] = pending[--npending];
+                else
+                    i++;
+            if (npending == 0)
+                break;
+            if (weft_wait_expired(&cc->core->cfg, WEFT_WAIT_REQUEST, idle_since, now)) {
+                rc = wait_timeout(k, pending, npending, FLAG_DONE, now - idle_since);
+                break;
+            }
+        }
+        weft_backoff_idle(&bo, now, 500);
+    }
+    if (pending != pend_buf)
+        free(pending);
+    if (rc == WEFT_SUCCESS && k->failed == 0) {
+        int code = weft_p2p_fault(cc->p2p, k->seq, why, sizeof why);
+        if (code != WEFT_SUCCESS) {
+            weft_set_error(cc->core, code, "%s (node-local, collective #%u): %s", k->what, k->seq, why);
+            rc = node_fail(k, code, 0);
+        }
+    }
+    return rc;
+}
+
+/* The end of a call that may pull, rc its outcome so far: this rank reads
+ * nothing more (done); a rank whose blocks were out to be pulled holds its
+ * send buffer until every reader is through (pull_hold). */
+static int pull_finish(struct node_call *k, int rc, int hold)
+{
+    atomic_store_explicit(&k->n->ctrl[k->n->me].done, k->tag, memory_order_release);
+    if (!hold)
+        return rc;
+    int hrc = pull_hold(k);
+    return rc != WEFT_SUCCESS ? rc : hrc;
 }
 
 /*
@@ -1268,13 +1359,19 @@ static int node_a2a_pull(struct node_call *k, const struct weft_coll_args *a)
     struct node_pull_hdr h = { NODE_PULLED, (uint64_t)(uintptr_t)a->sendbuf, 1 };
     int rc, any;
 
-    if (a->sendbuf == a->recvbuf || !node_host(k, a->sendbuf, total) || !node_host(k, a->recvbuf, total))
+    if (a->sendbuf == a->recvbuf) {
         h.mode = NODE_SPILL;
+        spill_tell(k, "in place, its blocks cannot be read where they are received");
+    } else if (!node_host(k, a->sendbuf, total) || !node_host(k, a->recvbuf, total)) {
+        h.mode = NODE_SPILL;
+        spill_tell(k, "a buffer in device memory cannot be read or written by CMA");
+    }
     memcpy(slot_of(n, k->b, me), &h, sizeof h);
     node_arrive(k);
+    const int out = h.mode == NODE_PULLED;   /* the others may read this rank's send buffer */
     if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
-        return rc;
-    if (!pull_round_ok(k, 0, &any))
+        return out && all_arrived(k) ? pull_finish(k, rc, 1) : rc;
+    if (!pull_round_ok(k, &any))
         return NODE_SPILLED;
     for (int i = 1; i < P && rc == WEFT_SUCCESS; i++) {
         const int r = (me + i) % P;
@@ -1283,11 +1380,11 @@ static int node_a2a_pull(struct node_call *k, const struct weft_coll_args *a)
         rc = node_pull(k, r, (char *)a->recvbuf + (size_t)node_crank(n, r) * bytes,
                        t.addr + (uint64_t)core->rank * bytes, bytes);
     }
-    if (rc != WEFT_SUCCESS)
-        return rc;   /* no sliced: the others learn why from the notice */
-    const size_t own = (size_t)core->rank * bytes;
-    memcpy((char *)a->recvbuf + own, (const char *)a->sendbuf + own, bytes);
-    return pull_finish(k, 1);
+    if (rc == WEFT_SUCCESS) {
+        const size_t own = (size_t)core->rank * bytes;
+        memcpy((char *)a->recvbuf + own, (const char *)a->sendbuf + own, bytes);
+    }
+    return pull_finish(k, rc, 1);
 }
 
 /*
@@ -1346,9 +1443,19 @@ static int node_alltoallv(struct node_call *k, const struct weft_coll_args *a)
     /* Packed while the blocks fit and none is above WEFT_NODE_COLL_KB, as
      * an alltoall's (node_fits): larger ones are pulled, one copy instead
      * of two. */
-    if (table > slot || total > slot - table || biggest > block_max)
+    if (table > slot || total > slot - table || biggest > block_max) {
         h.mode = table <= slot && n->pulls && h.recv_host && node_host(k, a->sendbuf, send_hi) ? NODE_PULLED
                                                                                               : NODE_SPILL;
+        if (h.mode == NODE_SPILL) {
+            char why[200];
+            snprintf(why, sizeof why, "this rank's blocks (%zu B, the largest %zu B) are not packed in its slot and "
+                     "cannot be pulled (%s)", total, biggest,
+                     table > slot ? "the table of a block per rank does not fit the slot"
+                     : !n->pulls  ? "CMA between the node's ranks is off (WEFT_SHM_CMA=0) or was refused at set-up"
+                                  : "a buffer in device memory cannot be read or written by CMA");
+            spill_tell(k, why);
+        }
+    }
     if (h.mode == NODE_PACKED) {
         size_t at = table;
         for (int r = 0; r < P && rc == WEFT_SUCCESS; r++) {
@@ -1370,9 +1477,10 @@ static int node_alltoallv(struct node_call *k, const struct weft_coll_args *a)
     }
     memcpy(mine, &h, sizeof h);
     node_arrive(k);
+    const int out = h.mode == NODE_PULLED;   /* the others may read this rank's send buffer */
     if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
-        return rc;
-    if (!pull_round_ok(k, 0, &any))
+        return out && all_arrived(k) ? pull_finish(k, rc, 1) : rc;
+    if (!pull_round_ok(k, &any))
         return NODE_SPILLED;
     for (int i = 1; i < P && rc == WEFT_SUCCESS; i++) {
         const int r = (me + i) % P;
@@ -1386,7 +1494,8 @@ static int node_alltoallv(struct node_call *k, const struct weft_coll_args *a)
                            "alltoallv (node-local, collective #%u): rank %d sends %llu bytes to rank %d, which "
                            "expects %zu from it",
                            k->seq, node_crank(n, r), (unsigned long long)t.len, core->rank, v->recv_bytes[r]);
-            return node_fail(k, WEFT_ERR_MISMATCH, 1);
+            rc = node_fail(k, WEFT_ERR_MISMATCH, 1);
+            break;
         }
         char *dst = (char *)a->recvbuf + v->recv_displs[r];
         if (t.len == 0)
@@ -1397,9 +1506,7 @@ static int node_alltoallv(struct node_call *k, const struct weft_coll_args *a)
     if (rc == WEFT_SUCCESS && v->send_bytes[me] > 0)
         rc = node_copy(core, (char *)a->recvbuf + v->recv_displs[me],
                        (const char *)a->sendbuf + v->send_displs[me], v->send_bytes[me], k->what);
-    if (rc != WEFT_SUCCESS || !any)
-        return rc;
-    return pull_finish(k, h.mode == NODE_PULLED);
+    return any ? pull_finish(k, rc, out) : rc;
 }
 
 static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t need)

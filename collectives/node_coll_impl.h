@@ -71,6 +71,7 @@ struct coll_node {
     size_t            slot;
     int               pulls;      /* every rank can read every other by CMA (node_setup): alltoalls above
                                      the slots pull their blocks (node_pull) */
+    int               spill_told; /* the info line on an alltoall(v) that could not be pulled was written */
     int               P, me;      /* ranks of this node, this rank's local index */
     int              *ranks;      /* [P] comm rank of each local index */
     uint32_t          last[NODE_NBUF]; /* the last call (+1) this rank ran on buffer b; 0: none */

@@ -20,6 +20,13 @@
  *                      small WEFT_SHM_BUDGET_MB lowers the limit and keeps
  *                      the two segments within it, the large one made only
  *                      by a call that needs it; results exact;
+ *   AlltoallsPulledAboveTheSlot  an alltoall's blocks over the slot, and
+ *                      an alltoallv's from a rank whose blocks are not
+ *                      packed, are read by each receiver from the sender's
+ *                      buffer by CMA (both modes in one alltoallv); in
+ *                      place or with WEFT_SHM_CMA=0 they go as messages,
+ *                      said once; results exact; a pulled block's size
+ *                      disagreement is MISMATCH naming both ranks;
  *   BytesQuery         weft_comm_node_coll_bytes: the comm's limit where
  *                      the path is taken, 0 where not, alike on every rank;
  *   TransportsWithoutShmKeepItOff  a comm's own WEFT_TRANSPORTS=tcp: the
@@ -372,6 +379,153 @@ TEST(NodeColl, LargeCallsFromThreeRanks)
             unsigned long long seg = std::strtoull(log.c_str() + at + small_on.size(), nullptr, 10) +
                                      std::strtoull(log.c_str() + lat + large_on.size(), nullptr, 10);
             EXPECT_LE(seg, std::strtoull(k.budget_mb, nullptr, 10) << 20) << log;
+        }
+    }
+}
+
+/* Byte i of the block rank s sends rank d in call c. */
+unsigned char a2a_byte(int s, int d, int c, size_t i)
+{
+    return (unsigned char)(s * 31 + d * 7 + c * 13 + i * 3 + (i >> 9));
+}
+
+/* One alltoallv of blocks sizes(s, d) (s -> d), packed in rank order in
+ * both buffers, from a send buffer filled for call c; in_place: the call
+ * gets one buffer as both (its receive blocks after its send blocks).
+ * Returns the code; *bad counts wrong received bytes. */
+template <typename Sizes>
+int a2av_call(weft_comm_t *comm, int c, Sizes sizes, size_t *bad)
+{
+    const int rank = world_rank(), size = world_size();
+    std::vector<size_t> sb(size), sd(size), rb(size), rd(size);
+    size_t st = 0, rt = 0;
+    for (int j = 0; j < size; j++) {
+        sb[j] = sizes(rank, j);
+        rb[j] = sizes(j, rank);
+        sd[j] = st;
+        rd[j] = rt;
+        st += sb[j];
+        rt += rb[j];
+    }
+    std::vector<unsigned char> send(st + 1), recv(rt + 1, 0xee);
+    for (int j = 0; j < size; j++)
+        for (size_t i = 0; i < sb[j]; i++)
+            send[sd[j] + i] = a2a_byte(rank, j, c, i);
+    int rc = weft_alltoallv(comm, send.data(), sb.data(), sd.data(), recv.data(), rb.data(), rd.data());
+    *bad = recv[rt] != 0xee;
+    for (int j = 0; j < size && rc == WEFT_SUCCESS; j++)
+        for (size_t i = 0; i < rb[j]; i++)
+            *bad += recv[rd[j] + i] != a2a_byte(j, rank, c, i);
+    return rc;
+}
+
+/* Above what the segment takes (a block over WEFT_NODE_COLL_KB) an
+ * alltoall's blocks are pulled: each rank reads its block out of every
+ * sender's buffer by CMA (node_coll.c, node_a2a_pull), one round of flags;
+ * an alltoallv's blocks likewise from a rank whose blocks are not packed
+ * in its slot, while the others' come through their slots (the modes
+ * mixed in one call). In place, or with WEFT_SHM_CMA=0, they cannot be:
+ * the rank says so once in an info line and the calls go as messages.
+ * Results exact in every case; a block size the sender and the receiver
+ * disagree on, when pulled, fails the receiver with MISMATCH naming both,
+ * and the comm goes on. */
+TEST(NodeColl, AlltoallsPulledAboveTheSlot)
+{
+    const int rank = world_rank(), size = world_size();
+    if (!node_path_expected(size, true))
+        GTEST_SKIP() << "the node path is not taken here";
+    const size_t P = (size_t)size, bb = kSlot + 4100;   /* a block over the slot */
+    for (const char *cma : {"1", "0"}) {
+        SCOPED_TRACE(std::string("WEFT_SHM_CMA=") + cma);
+        Comm c(Settings{{"WEFT_DEBUG", "info"}, {"WEFT_NODE_COLL_KB", "64"}, {"WEFT_SHM_CMA", cma}});
+        ASSERT_EQ(c.rc(), WEFT_SUCCESS) << c.err();
+        std::vector<unsigned char> in(bb * P), out(bb * P + 1, 0xee), inplace(bb * P);
+        for (size_t d = 0; d < P; d++)
+            for (size_t i = 0; i < bb; i++)
+                in[d * bb + i] = inplace[d * bb + i] = a2a_byte(rank, (int)d, 1, i);
+        int rc[5];
+        size_t bad[5] = {0, 0, 0, 0, 0};
+        std::string log = capture_stderr([&] {
+            rc[0] = weft_alltoall(c.get(), in.data(), out.data(), bb);
+            rc[1] = weft_alltoall(c.get(), inplace.data(), inplace.data(), bb);
+            /* Rank 0's blocks over the slot (pulled), the others' small
+             * (packed): both modes in one call. */
+            rc[2] = a2av_call(c.get(), 2, [](int s, int d) { return s == 0 ? 70 * 1024 + (size_t)d : 9 + (size_t)d; },
+                              &bad[2]);
+            /* Every block pulled, odd sizes; from 3 ranks an empty one. */
+            rc[3] = a2av_call(c.get(), 3,
+                              [size](int s, int d) {
+                                  return size >= 3 && s == 0 && d == size - 1 ? 0 : 100 * 1024 + 3 + (size_t)(s * 5 + d);
+                              },
+                              &bad[3]);
+            /* All packed again. */
+            rc[4] = a2av_call(c.get(), 4, [](int s, int d) { return (size_t)(s + d + 1); }, &bad[4]);
+        });
+        for (int i = 0; i < 5; i++)
+            ASSERT_EQ(rc[i], WEFT_SUCCESS) << "call " << i << ": " << c.err();
+        for (size_t s = 0; s < P; s++)
+            for (size_t i = 0; i < bb; i++) {
+                bad[0] += out[s * bb + i] != a2a_byte((int)s, rank, 1, i);
+                bad[1] += inplace[s * bb + i] != a2a_byte((int)s, rank, 1, i);
+            }
+        bad[0] += out[bb * P] != 0xee;
+        for (int i = 0; i < 5; i++)
+            EXPECT_EQ(bad[i], 0u) << "call " << i;
+        const bool refused = log.find("cannot read rank") != std::string::npos;
+        const bool pulls = std::strcmp(cma, "1") == 0 && !refused;
+        if (std::strcmp(cma, "1") == 0 && refused)
+            ADD_FAILURE() << "CMA between the ranks was refused here (the probe's line):\n" << log;
+        const std::string head = ": alltoall " + std::to_string(bb) + " B per rank x";
+        size_t at = log.find(head);
+        if (pulls) {
+            ASSERT_NE(at, std::string::npos) << "no shape line \"" << head << "\" on rank " << rank << ":\n" << log;
+            std::string line = log.substr(at, log.find('\n', at) - at);
+            EXPECT_NE(line.find("each block pulled from its sender by CMA"), std::string::npos) << line;
+        }
+        /* The in-place alltoall cannot be pulled on any rank; with CMA off
+         * rank 0's alltoallv cannot either: the line says which. */
+        const std::string in_place = "in place, its blocks cannot be read where they are received";
+        const std::string off = "cannot be pulled (CMA between the node's ranks is off";
+        if (pulls) {
+            EXPECT_NE(log.find(in_place), std::string::npos) << log;
+            EXPECT_EQ(log.find(off), std::string::npos) << log;
+        } else {
+            /* Without pulls the alltoalls go as messages from the start
+             * (no round to spill from); rank 0's first alltoallv spills,
+             * every rank's second. */
+            EXPECT_EQ(log.find("each block pulled"), std::string::npos) << log;
+            EXPECT_NE(log.find(off), std::string::npos) << log;
+        }
+        /* A pulled block whose size the sender and the receiver disagree
+         * on: rank 1 expects one byte more from rank 0 than it sends. */
+        if (pulls && size >= 2) {
+            size_t ignored = 0;
+            int mrc = a2av_call(c.get(), 5,
+                                [rank](int s, int d) {
+                                    return (size_t)90 * 1024 + (s == 0 && d == 1 && rank == 1 ? 1 : 0);
+                                },
+                                &ignored);
+            std::string err = c.err();
+            if (rank == 1) {
+                EXPECT_EQ(mrc, WEFT_ERR_MISMATCH) << err;
+                EXPECT_NE(err.find("rank 0 sends 92160 bytes to rank 1, which expects 92161 from it"),
+                          std::string::npos) << err;
+            } else {
+                /* Every rank holds its send buffer until all readers are
+                 * through (no read of a buffer its rank has left), then
+                 * gives rank 1's verdict if its notice came by then. */
+                EXPECT_TRUE(mrc == WEFT_SUCCESS || mrc == WEFT_ERR_MISMATCH) << weft_strerror(mrc) << ": " << err;
+                if (mrc == WEFT_ERR_MISMATCH) {
+                    EXPECT_NE(err.find("rank 1"), std::string::npos) << err;
+                }
+            }
+            MPI_Barrier(MPI_COMM_WORLD);
+            size_t after = 0;
+            EXPECT_EQ(weft_alltoall(c.get(), in.data(), out.data(), bb), WEFT_SUCCESS) << c.err();
+            for (size_t s = 0; s < P; s++)
+                for (size_t i = 0; i < bb; i++)
+                    after += out[s * bb + i] != a2a_byte((int)s, rank, 1, i);
+            EXPECT_EQ(after, 0u);
         }
     }
 }
