@@ -8,9 +8,11 @@
  *
  * weft_alltoallv: the same exchange with a size and an offset per block
  * (struct weft_coll_vec), always pairwise (Bruck packs equal blocks); see
- * coll_alltoallv_start at the end. On a comm of one node a blocking
- * alltoallv comes here only when some rank's blocks did not fit its slot
- * of the node's segment (node_coll.c, node_alltoallv).
+ * coll_alltoallv_start at the end. On a comm of one node blocking calls
+ * mostly do not come here: node_coll.c runs them through the node's
+ * segment, or pulls their large blocks by CMA; here come the ones it
+ * cannot (in place, device buffers, CMA off, a forced WEFT_ALLTOALL_ALGO),
+ * the non-blocking ones, and those across nodes.
  *
  * Buffers may be host or device memory: data moves only through SEND/RECV
  * (the pipe layer stages device memory where it must) and COPY steps

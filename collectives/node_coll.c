@@ -47,10 +47,17 @@
  * root writes); above that it comes here in pieces of P slots, each a call
  * of its own number (bcast_piece), the two big buffers in turn.
  *
- * An alltoallv always comes here on a comm of one node (sizes are each
- * rank's own, no rule on them could be agreed): the round tells whether
- * every rank's blocks fit its slot, and sends the call to messages if not
- * (node_alltoallv).
+ * An alltoall whose blocks are above the slot (from NODE_PULL_MIN) comes
+ * here too, but its blocks do not go through the segment: the round says
+ * where each rank's send buffer is and every rank reads its block out of
+ * the others' by CMA (node_a2a_pull; one copy, as a rendezvous message,
+ * without p-1 handshakes and matches a rank). An alltoallv always comes
+ * here on a comm of one node (sizes are each rank's own, no rule on them
+ * could be agreed): each rank's blocks are packed in its slot or pulled
+ * from its send buffer as they need, and where some rank can be neither
+ * the round says so and the call goes as messages (node_alltoallv). CMA
+ * between the node's ranks is probed once, at set-up (node_probe_pulls),
+ * and agreed.
  *
  * Which calls come here is decided from the call's arguments and the comm's
  * agreed settings only (node_fits), so every rank decides alike. A rank

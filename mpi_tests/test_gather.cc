@@ -415,14 +415,18 @@ TEST_F(Alltoallv, NonBlockingOutstandingWithGatherScatter)
     ASSERT_EQ(srecv.pattern_mismatch_at(0, gb, seed_of(size - 1, rank, 4001)), SIZE_MAX) << "iscatter";
 }
 
-/* Through the node's segment each rank's blocks must fit its slot; no rank
- * knows the others' sizes, so the round itself tells: one rank whose
- * blocks do not fit (here the last rank's 2 MiB + 5 B for rank 0, above
- * even the large slot) sends every rank of the call to messages.
- * Alternating such calls with small ones (which fit) checks that the
- * segment's flags and the collective numbers stay in step across the
- * switch, twice in a row too; every block is checked. */
-TEST_F(Alltoallv, BlocksThatDoNotFitGoAsMessages)
+/* Through the node's segment each rank's blocks are packed in its slot
+ * while they fit; no rank knows the others' sizes, so the round itself
+ * tells. One rank whose blocks do not fit (here the last rank's 2 MiB + 5 B
+ * for rank 0, above even the large slot) has them pulled from its send
+ * buffer by the others (CMA) while theirs stay packed -- or, where pulls
+ * cannot be made (device buffers in the _dev entries, WEFT_SHM_CMA=0),
+ * sends every rank of the call to messages. Alternating such calls with
+ * small ones (which fit) checks that the segment's flags and the
+ * collective numbers stay in step across the switch, twice in a row too;
+ * every block is checked. test_node_coll.cc (AlltoallsPulledAboveTheSlot)
+ * checks which of the two happened. */
+TEST_F(Alltoallv, BlocksThatDoNotFitTheSlot)
 {
     if (size < 2)
         GTEST_SKIP() << "one rank: a local copy";

@@ -247,8 +247,15 @@ int wmpi_enabled(enum wmpi_coll coll)
  * bench/mpi/run.sh at np 2, 3, 4 and 8, 8 B-64 KiB (docs/benchmarks.md,
  * "PMPI drop-in"): weft ahead or level from these sizes at np 3, 4 and 8;
  * below them (bcast < 128 B at np 8, allgather < 128 B a peer at np 4 and
- * 8, reduce < 64 B at np 3) and for alltoall (p-1 sends of a few bytes are
- * MPI's cheapest case, 0.73-0.88 at np 3 and 8) MPI's own. At 2 ranks
+ * 8, reduce < 64 B at np 3) MPI's own. Alltoall (2026-12-03, bench/mpi/
+ * run.sh -c alltoall, 3 jobs a mode, docs/data/bench/2026-12-03-node-pulls):
+ * from 512 B a peer up to the segment's slot a peer -- 1.5-4x Open MPI's
+ * speed at np 3, 4 and 8 from 1 KiB a peer, 2.1x at np 3 and 1.8x at np 4
+ * at 512 B; below that MPI's p-1 eager sends of a few bytes are its
+ * cheapest case (np 4: 0.68-0.73 at 4-32 B a peer). Above the slot weft
+ * pulls the blocks by CMA, about level with Open MPI's single-copy
+ * messages (0.86-1.18 over np 3-8): the thresholds decide there (MPI's
+ * above 32 KiB a peer by default). At 2 ranks
  * MPI's calls are single eager messages (0.1-0.25 us) that the segment's
  * round does not beat: the thresholds decide there, as on several nodes.
  * reduce_scatter_block was not measured: the thresholds decide; the
@@ -263,7 +270,7 @@ static const size_t node_min[WMPI_NCOLLS] = {
     [WMPI_ALLREDUCE] = 0,
     [WMPI_REDUCE] = 64,
     [WMPI_REDUCE_SCATTER_BLOCK] = SIZE_MAX,
-    [WMPI_ALLTOALL] = SIZE_MAX,
+    [WMPI_ALLTOALL] = 512,
     [WMPI_GATHER] = 16,
     [WMPI_SCATTER] = 16,
     [WMPI_ALLTOALLV] = SIZE_MAX,   /* alltoallv_takes */

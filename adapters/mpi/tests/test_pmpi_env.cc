@@ -208,8 +208,8 @@ TEST_F(PmpiDefaults, SmallCallsToMpiLargeToWeft)
     const bool weft = size > 1;
     /* On a comm of 3 or more ranks on one node the node-local rule
      * (route.c, node_takes) gives weft the allreduce of any size, and at
-     * 256 B allgather, bcast, reduce, gather and scatter (not alltoall or
-     * reduce_scatter_block); elsewhere (2 ranks, several nodes, the node
+     * 256 B allgather, bcast, reduce, gather and scatter (not alltoall,
+     * from 512 B a peer, or reduce_scatter_block); elsewhere (2 ranks, several nodes, the node
      * path off) the thresholds, all above 256 B. The barrier is MPI's
      * everywhere. Alltoallv: weft's at every size there, MPI's elsewhere
      * (route.c, alltoallv_takes). */
@@ -232,6 +232,19 @@ TEST_F(PmpiDefaults, SmallCallsToMpiLargeToWeft)
         PMPI_Bcast(b.data(), (int)b.size(), MPI_BYTE, 0, MPI_COMM_WORLD);
         EXPECT_TRUE(SameBytes(a.data(), b.data(), a.size())) << "MPI_Bcast of 16 KiB";
         EXPECT_EQ(counts_now()[W_BCAST] - before_bcast, node && size >= 4 ? 1L : 0L) << "a 16 KiB bcast";
+    }
+    /* An alltoall of 48 KiB a peer: above the thresholds' ceiling (32 KiB
+     * a peer), within a rank's slot: the node-local rule takes it from 3
+     * ranks (route.c, node_min), MPI's elsewhere. */
+    {
+        const size_t bytes = 48 << 10, n = bytes * (size_t)size;
+        std::vector<unsigned char> send(n), a(n), b(n);
+        fill_bytes(send.data(), n, 60 + rank);
+        const long before_a2a = counts_now()[W_ALLTOALL];
+        MPI_Alltoall(send.data(), (int)bytes, MPI_BYTE, a.data(), (int)bytes, MPI_BYTE, MPI_COMM_WORLD);
+        PMPI_Alltoall(send.data(), (int)bytes, MPI_BYTE, b.data(), (int)bytes, MPI_BYTE, MPI_COMM_WORLD);
+        EXPECT_TRUE(SameBytes(a.data(), b.data(), n)) << "MPI_Alltoall of 48 KiB a peer";
+        EXPECT_EQ(counts_now()[W_ALLTOALL] - before_a2a, node ? 1L : 0L) << "an alltoall of 48 KiB a peer";
     }
     /* A 128 KiB bcast: above a rank's slot, within the whole big buffer
      * from 4 ranks (ranks x WEFT_NODE_COLL_KB, node_coll.c): weft's. And
