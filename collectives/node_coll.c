@@ -907,12 +907,25 @@ static int flag_ok(struct node_call *k, int r, enum node_flag f, uint32_t want)
 }
 
 /* The slow part of a wait: pipes, health, the engine's clients, faults
- * reported by others, and ranks in this call on another path. */
-static int wait_look(struct node_call *k, const int *pending, int npending, double now)
+ * reported by others, and ranks in this call on another path. A hold
+ * (pull_hold) looks only at health: a rank whose pipe is down leaves the
+ * pending list (it reads nothing more); a failure of the call elsewhere
+ * does not end it. */
+static int wait_look(struct node_call *k, int *pending, int *npending_io, double now)
 {
     struct weft_coll *cc = k->cc;
+    const int npending = *npending_io;
     (void)weft_p2p_poll_health(cc->p2p);
     weft_engine_run_waits(weft_p2p_engine(cc->p2p), now, 1);
+    if (k->holding) {
+        char why[256];
+        for (int i = 0; i < *npending_io;)
+            if (weft_p2p_peer_down(cc->p2p, node_crank(k->n, pending[i]), why, sizeof why))
+                pending[i] = pending[--*npending_io];
+            else
+                i++;
+        return WEFT_SUCCESS;
+    }
     uint64_t e = weft_p2p_fault_epoch(cc->p2p);
     if (e != k->epoch) {
         char why[512];
@@ -1068,8 +1081,8 @@ int node_wait(struct node_call *k, int only, enum node_flag f, uint32_t want)
          * taken from the ranks it waits for. */
         if (now - last_look >= 100e-6 || weft_backoff_phase(&bo, now) == WEFT_BACKOFF_SLEEP) {
             last_look = now;
-            rc = wait_look(k, pending, npending, now);
-            if (rc != WEFT_SUCCESS)
+            rc = wait_look(k, pending, &npending, now);
+            if (rc != WEFT_SUCCESS || npending == 0)
                 goto out;
             if (weft_wait_expired(&k->cc->core->cfg, WEFT_WAIT_REQUEST, idle_since, now)) {
                 /* A node's head running the call among the heads
@@ -1271,54 +1284,14 @@ static int all_arrived(struct node_call *k)
  */
 static int pull_hold(struct node_call *k)
 {
-    struct weft_coll *cc = k->cc;
-    struct coll_node *n = k->n;
-    const int P = n->P;
-    int pend_buf[64], *pending = P <= 64 ? pend_buf : malloc((size_t)P * sizeof(int));
-    int npending = 0, rc = WEFT_SUCCESS;
-    char why[512];
-    if (pending == NULL)
-        return weft_set_error(cc->core, WEFT_ERR_NO_MEMORY, "%s: no memory", k->what);
-    for (int r = 0; r < P; r++)
-        if (r != n->me)
-            pending[npending++] = r;
-    struct weft_backoff bo;
-    weft_backoff_init(&bo, cc->core);
-    double idle_since = weft_now(), last_look = idle_since;
-    for (;;) {
-        int moved = poll_pending(k, pending, &npending, FLAG_DONE, k->tag);   /* (done: never a failure) */
-        if (npending == 0)
-            break;
-        double now = weft_now();
-        if (moved) {
-            weft_backoff_busy(&bo);
-            idle_since = now;
-            continue;
-        }
-        if (now - last_look >= 100e-6 || weft_backoff_phase(&bo, now) == WEFT_BACKOFF_SLEEP) {
-            last_look = now;
-            (void)weft_p2p_poll_health(cc->p2p);
-            weft_engine_run_waits(weft_p2p_engine(cc->p2p), now, 1);
-            for (int i = 0; i < npending;)
-                if (weft_p2p_peer_down(cc->p2p, node_crank(n, pending[i]), why, sizeof why))
-                    pending[i] = pending[--npending];
-                else
-                    i++;
-            if (npending == 0)
-                break;
-            if (weft_wait_expired(&cc->core->cfg, WEFT_WAIT_REQUEST, idle_since, now)) {
-                rc = wait_timeout(k, pending, npending, FLAG_DONE, now - idle_since);
-                break;
-            }
-        }
-        weft_backoff_idle(&bo, now, 500);
-    }
-    if (pending != pend_buf)
-        free(pending);
+    k->holding = 1;
+    int rc = node_wait(k, -1, FLAG_DONE, k->tag);
+    k->holding = 0;
     if (rc == WEFT_SUCCESS && k->failed == 0) {
-        int code = weft_p2p_fault(cc->p2p, k->seq, why, sizeof why);
+        char why[512];
+        int code = weft_p2p_fault(k->cc->p2p, k->seq, why, sizeof why);
         if (code != WEFT_SUCCESS) {
-            weft_set_error(cc->core, code, "%s (node-local, collective #%u): %s", k->what, k->seq, why);
+            weft_set_error(k->cc->core, code, "%s (node-local, collective #%u): %s", k->what, k->seq, why);
             rc = node_fail(k, code, 0);
         }
     }

@@ -95,6 +95,7 @@ struct node_call {
     int                   failed;  /* the code, once failed */
     uint64_t              epoch;   /* p2p fault epoch last looked at */
     int                   arrived; /* this rank's arrive says this call (node_arrive) */
+    int                   holding; /* waiting for readers of its send buffer (node_coll.c, pull_hold) */
 };
 
 static inline int after_eq(uint32_t a, uint32_t b) { return (int32_t)(a - b) >= 0; }
