@@ -1310,6 +1310,21 @@ static int pull_finish(struct node_call *k, int rc, int hold)
     return rc != WEFT_SUCCESS ? rc : hrc;
 }
 
+/* A call that may pull: publishes this rank's header (at the start of its
+ * slot), arrives, and waits for every rank's. WEFT_SUCCESS (and *any:
+ * some rank's blocks are pulled), NODE_SPILLED (the call goes as
+ * messages), or the failure -- after holding, when this rank's blocks
+ * were out and every rank had arrived (some may be reading them). */
+static int pull_round(struct node_call *k, const struct node_pull_hdr *h, int *any)
+{
+    memcpy(slot_of(k->n, k->b, k->n->me), h, sizeof *h);
+    node_arrive(k);
+    int rc = node_wait(k, -1, FLAG_ARRIVE, k->tag);
+    if (rc != WEFT_SUCCESS)
+        return h->mode == NODE_PULLED && all_arrived(k) ? pull_finish(k, rc, 1) : rc;
+    return pull_round_ok(k, any) ? WEFT_SUCCESS : NODE_SPILLED;
+}
+
 /*
  * Alltoall above the segment's slots (a2a_pulls): each rank says in its
  * slot (a small buffer) where its send buffer is, arrives, and once every
@@ -1346,13 +1361,8 @@ static int node_a2a_pull(struct node_call *k, const struct weft_coll_args *a)
         h.mode = NODE_SPILL;
         spill_tell(k, "a buffer in device memory cannot be read or written by CMA");
     }
-    memcpy(slot_of(n, k->b, me), &h, sizeof h);
-    node_arrive(k);
-    const int out = h.mode == NODE_PULLED;   /* the others may read this rank's send buffer */
-    if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
-        return out && all_arrived(k) ? pull_finish(k, rc, 1) : rc;
-    if (!pull_round_ok(k, &any))
-        return NODE_SPILLED;
+    if ((rc = pull_round(k, &h, &any)) != WEFT_SUCCESS)
+        return rc;
     for (int i = 1; i < P && rc == WEFT_SUCCESS; i++) {
         const int r = (me + i) % P;
         struct node_pull_hdr t;
@@ -1455,13 +1465,8 @@ static int node_alltoallv(struct node_call *k, const struct weft_coll_args *a)
             e[r].len = r == me ? 0 : v->send_bytes[r];
         }
     }
-    memcpy(mine, &h, sizeof h);
-    node_arrive(k);
-    const int out = h.mode == NODE_PULLED;   /* the others may read this rank's send buffer */
-    if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)
-        return out && all_arrived(k) ? pull_finish(k, rc, 1) : rc;
-    if (!pull_round_ok(k, &any))
-        return NODE_SPILLED;
+    if ((rc = pull_round(k, &h, &any)) != WEFT_SUCCESS)
+        return rc;
     for (int i = 1; i < P && rc == WEFT_SUCCESS; i++) {
         const int r = (me + i) % P;
         const char *from = slot_of(n, k->b, r);
@@ -1486,7 +1491,7 @@ static int node_alltoallv(struct node_call *k, const struct weft_coll_args *a)
     if (rc == WEFT_SUCCESS && v->send_bytes[me] > 0)
         rc = node_copy(core, (char *)a->recvbuf + v->recv_displs[me],
                        (const char *)a->sendbuf + v->send_displs[me], v->send_bytes[me], k->what);
-    return any ? pull_finish(k, rc, out) : rc;
+    return any ? pull_finish(k, rc, h.mode == NODE_PULLED) : rc;
 }
 
 static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t need)
