@@ -86,9 +86,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 #include "backoff.h"
+#include "cma.h"
 #include "coll_impl.h"
 #include "config.h"
 #include "core.h"
@@ -121,8 +121,6 @@
  * take them (a2a_pulls): the collectives' eager limit (WEFT_SHM_COLL_EAGER,
  * alltoall.c's WEFT_A2A_WIDE_BLOCK). */
 #define NODE_PULL_MIN (32u << 10)
-/* Largest piece of one process_vm_readv call (as shm_cma.c's). */
-#define NODE_PULL_PIECE ((size_t)1 << 30)
 /* run_call's word for "this alltoallv goes as messages" (node_alltoallv):
  * not a weft code (those are 0 and above, weft.h). */
 #define NODE_SPILLED (-1)
@@ -458,10 +456,9 @@ static int node_exchange(struct weft_coll *cc, const struct weft_coll_args *user
  * reductions into device buffers: part of what every rank must have, so
  * agreed with the mapping; *scratch, freed by the caller). *first_no: the
  * lowest rank that could not, -1 when none; oks: room for the comm's size
- * of flags. */
-/* node_agree, and with it whether every rank can pull from every other
- * rank of its node (pulls: this rank's word; *every_pull: all of them
- * said yes; NULL: not asked). */
+ * of flags. With it, in node_setup, whether every rank can pull from
+ * every other rank of its node (pulls: this rank's word; *every_pull: all
+ * of them said yes; NULL: not asked). */
 static int node_agree_pulls(struct weft_coll *cc, const struct weft_coll_args *user, int ok, int pulls, size_t slot,
                             void **scratch, char *why, size_t whylen, int32_t *oks, int *first_no, int *every_pull)
 {
@@ -483,11 +480,6 @@ static int node_agree_pulls(struct weft_coll *cc, const struct weft_coll_args *u
     return rc;
 }
 
-static int node_agree(struct weft_coll *cc, const struct weft_coll_args *user, int ok, size_t slot, void **scratch,
-                      char *why, size_t whylen, int32_t *oks, int *first_no)
-{
-    return node_agree_pulls(cc, user, ok, 0, slot, scratch, why, whylen, oks, first_no, NULL);
-}
 
 /* Whether this rank can read every other rank of its node by CMA
  * (process_vm_readv): each one's probe word, said in the setup's first
@@ -504,12 +496,12 @@ static int node_probe_pulls(const struct weft_core *core, const struct node_offe
         if (r == core->rank)
             continue;
         uint64_t v = 0;
-        struct iovec l = { &v, sizeof v }, rm = { (void *)(uintptr_t)all[r].probe, sizeof v };
-        ssize_t got = all[r].probe ? process_vm_readv((pid_t)all[r].pid, &l, 1, &rm, 1, 0) : 0;
-        if (got != (ssize_t)sizeof v || v != (NODE_MAGIC ^ (uint64_t)r)) {
+        int e = all[r].probe ? weft_cma_copy((pid_t)all[r].pid, 0, &v, all[r].probe, sizeof v) : EFAULT;
+        if (e != 0 || v != (NODE_MAGIC ^ (uint64_t)r)) {
+            char why[300];
+            weft_cma_refusal(e, why, sizeof why);
             WEFT_INFO(core->rank, "node-local collectives: cannot read rank %d (process %d) by process_vm_readv "
-                      "(%s): alltoalls above the segment's slot go as messages", r, (int)all[r].pid,
-                      got < 0 ? strerror(errno) : got != (ssize_t)sizeof v ? "short read" : "wrong value read back");
+                      "(%s): alltoalls above the segment's slot go as messages", r, (int)all[r].pid, why);
             return 0;
         }
     }
@@ -704,7 +696,7 @@ static int node_large_setup(struct weft_coll *cc, const struct weft_coll_args *u
     }
     int first_no = -1;
     if (rc == WEFT_SUCCESS)   /* all: N * 64 bytes hold N flags */
-        rc = node_agree(cc, user, mine.ok, slot, &scratch, why, sizeof why, (int32_t *)all, &first_no);
+        rc = node_agree_pulls(cc, user, mine.ok, 0, slot, &scratch, why, sizeof why, (int32_t *)all, &first_no, NULL);
     int every = rc == WEFT_SUCCESS && first_no < 0;
     if (rank == 0 && mine.name[0])
         shm_unlink(mine.name);
@@ -1209,26 +1201,15 @@ static int node_host(struct node_call *k, const void *buf, size_t bytes)
  * fails the call, naming the rank and why. */
 static int node_pull(struct node_call *k, int r, void *dst, uint64_t addr, size_t len)
 {
-    struct weft_core *core = k->cc->core;
     const pid_t pid = (pid_t)k->n->ctrl[r].pid;
-    size_t got_all = 0;
-    while (got_all < len) {
-        size_t piece = len - got_all < NODE_PULL_PIECE ? len - got_all : NODE_PULL_PIECE;
-        struct iovec l = { (char *)dst + got_all, piece }, rm = { (void *)(uintptr_t)(addr + got_all), piece };
-        ssize_t got = process_vm_readv(pid, &l, 1, &rm, 1, 0);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0) {
-            int e = got < 0 ? errno : 0;
-            weft_set_error(core, WEFT_ERR_TRANSPORT,
-                           "%s (node-local, collective #%u): reading %zu bytes of rank %d's send buffer (process %d) "
-                           "by process_vm_readv failed: %s", k->what, k->seq, len, node_crank(k->n, r), (int)pid,
-                           e == ESRCH ? "the process has ended" : e ? strerror(e) : "nothing read");
-            return node_fail(k, WEFT_ERR_TRANSPORT, 1);
-        }
-        got_all += (size_t)got;
-    }
-    return WEFT_SUCCESS;
+    int e = weft_cma_copy(pid, 0, dst, addr, len);
+    if (e == 0)
+        return WEFT_SUCCESS;
+    weft_set_error(k->cc->core, WEFT_ERR_TRANSPORT,
+                   "%s (node-local, collective #%u): reading %zu bytes of rank %d's send buffer (process %d) by "
+                   "process_vm_readv failed: %s", k->what, k->seq, len, node_crank(k->n, r), (int)pid,
+                   e == ESRCH ? "the process has ended" : strerror(e));
+    return node_fail(k, WEFT_ERR_TRANSPORT, 1);
 }
 
 /* After the round of a call that may pull: whether every rank's blocks can

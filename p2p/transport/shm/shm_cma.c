@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "backoff.h"
+#include "cma.h"
 #include "weft.h"
 #include "core.h"
 #include "log.h"
@@ -35,10 +36,6 @@
 #include "transport.h"
 #include "tp_iov.h"
 #include "deadline.h"
-
-/* Largest piece one process_vm_readv call moves: keeps each call's iovec
- * length far below SSIZE_MAX and bounds the time between retries. */
-#define SHM_CMA_MAX_IOV ((size_t)1 << 30)
 
 /* From here a pull may be shared (weft_shm_rndv_get says when): the
  * sender, waiting for FIN, copies pieces of the same transfer while the
@@ -83,34 +80,6 @@ int weft_shm_probe_cma(struct shm_state *st, struct shm_peer *peer)
     return value == card.token;
 }
 
-/* The words for a CMA refusal: errno of process_vm_readv, with Yama's
- * ptrace scope when it is the likely cause. */
-static void cma_refusal(int err, char *why, size_t whylen)
-{
-    int scope = -1;
-    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
-    if (f != NULL) {
-        if (fscanf(f, "%d", &scope) != 1)
-            scope = -1;
-        fclose(f);
-    }
-    if (err == EPERM && scope >= 2)
-        snprintf(why, whylen, "refused by ptrace scope (kernel.yama.ptrace_scope=%d: %s; weft falls back to the "
-                 "bounce buffers)", scope, scope == 2 ? "only processes with CAP_SYS_PTRACE may read another"
-                 : "no process may read another");
-    else if (err == EPERM && scope >= 0)
-        snprintf(why, whylen, "process_vm_readv refused (EPERM) although kernel.yama.ptrace_scope=%d and weft "
-                 "allows its peers (PR_SET_PTRACER): a security module or container policy (seccomp, "
-                 "AppArmor, different user)", scope);
-    else if (err == EPERM)
-        snprintf(why, whylen, "process_vm_readv refused (EPERM; no Yama here): a security module or container "
-                 "policy (seccomp, AppArmor, different user)");
-    else if (err == ENOSYS)
-        snprintf(why, whylen, "process_vm_readv is not available (ENOSYS: kernel without CMA, or a seccomp filter)");
-    else
-        snprintf(why, whylen, "process_vm_readv failed: %s", err ? strerror(err) : "wrong data read back");
-}
-
 int weft_shm_cma_check(struct shm_state *st, char *why, size_t whylen)
 {
     struct weft_core *core = shm_core(st);
@@ -140,27 +109,7 @@ int weft_shm_cma_check(struct shm_state *st, char *why, size_t whylen)
         ;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0)
         return 1;
-    cma_refusal(WIFEXITED(status) && WEXITSTATUS(status) != 255 ? WEXITSTATUS(status) : 0, why, whylen);
-    return 0;
-}
-
-/* Copies len bytes between local memory and the peer's (write: local ->
- * remote). Returns 0 or the errno that stopped it. */
-static int cma_copy(pid_t pid, int write, char *local, uint64_t remote, size_t len)
-{
-    while (len > 0) {
-        size_t n = len < SHM_CMA_MAX_IOV ? len : SHM_CMA_MAX_IOV;
-        struct iovec l = { local, n };
-        struct iovec r = { (void *)(uintptr_t)remote, n };
-        ssize_t got = write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got <= 0)
-            return got < 0 ? errno : EFAULT;
-        local += got;
-        remote += (uint64_t)got;
-        len -= (size_t)got;
-    }
+    weft_cma_refusal(WIFEXITED(status) && WEXITSTATUS(status) != 255 ? WEXITSTATUS(status) : 0, why, whylen);
     return 0;
 }
 
@@ -203,7 +152,7 @@ static int read_pieces(pid_t pid, uint64_t addr, size_t n, size_t total, struct 
     }
     if (n > WEFT_IOV_MAX)
         return EPROTO;
-    int e = cma_copy(pid, 0, (char *)list, addr, n * sizeof(list[0]));
+    int e = weft_cma_copy(pid, 0, (char *)list, addr, n * sizeof(list[0]));
     if (e)
         return e;
     if (weft_tp_iov_bytes(list, n) != total)
@@ -280,7 +229,7 @@ int weft_shm_help_peer(struct shm_state *st, struct shm_peer *peer)
     while (help_claim(h, &src, &dst, &off, &len, &niov, &total, &gen)) {
         int e = 0;
         if (niov == 0) {
-            e = cma_copy(peer->pid, 1, (char *)(uintptr_t)(src + off), dst + off, len);
+            e = weft_cma_copy(peer->pid, 1, (char *)(uintptr_t)(src + off), dst + off, len);
         } else {
             /* a vectored message: both piece lists, once per transfer (they
              * stay valid while we hold a claimed piece: the receiver waits
@@ -496,7 +445,7 @@ int weft_shm_rndv_get(void *ctx, int rank, struct weft_tp_xfer *x, const struct 
     if (e == 0)
         e = shared ? cma_pull_shared(st, peer, x, src, from, nfrom, to, nto)
             : vec  ? cma_vec(peer->pid, 0, to, nto, from, nfrom, 0, total)
-                   : cma_copy(peer->pid, 0, x->buf, src->addr, total);
+                   : weft_cma_copy(peer->pid, 0, x->buf, src->addr, total);
     if (e == EPROTO) {
         weft_set_error(core, WEFT_ERR_TRANSPORT,
                        "shm: peer %d: a vectored message (tag %d) announces %u pieces that do not make its %zu bytes",
