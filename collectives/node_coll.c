@@ -825,12 +825,14 @@ int node_fail(struct node_call *k, int code, int tell)
 
 static int node_mismatch(struct node_call *k, int r, const struct weft_p2p_check *theirs, const char *how)
 {
-    char mine_s[160], theirs_s[160];
+    char mine_s[160], theirs_s[160], pm[32], pr[32];
+    const struct weft_core *core = k->cc->core;
     describe(&k->check, mine_s, sizeof mine_s);
     describe(theirs, theirs_s, sizeof theirs_s);
     weft_set_error(k->cc->core, WEFT_ERR_MISMATCH,
-                   "%s (node-local, collective #%u): collective mismatch: rank %d called %s, rank %d %s %s",
-                   k->what, k->seq, k->cc->core->rank, mine_s, node_crank(k->n, r), how, theirs_s);
+                   "%s (node-local, collective #%u): collective mismatch: rank %d%s called %s, rank %d%s %s %s",
+                   k->what, k->seq, core->rank, weft_parent_words(core, core->rank, pm, sizeof pm), mine_s,
+                   node_crank(k->n, r), weft_parent_words(core, node_crank(k->n, r), pr, sizeof pr), how, theirs_s);
     return node_fail(k, WEFT_ERR_MISMATCH, 1);
 }
 
@@ -878,8 +880,10 @@ static int flag_ok(struct node_call *k, int r, enum node_flag f, uint32_t want)
             return node_fail(k, code, 0), -1;
         }
         code = (int)theirs.w[2];
-        weft_set_error(k->cc->core, code, "%s (node-local, collective #%u): rank %d failed this call: %s", k->what,
-                       k->seq, node_crank(k->n, r), weft_err_str(code));
+        char pr[32];
+        weft_set_error(k->cc->core, code, "%s (node-local, collective #%u): rank %d%s failed this call: %s", k->what,
+                       k->seq, node_crank(k->n, r), weft_parent_words(k->cc->core, node_crank(k->n, r), pr, sizeof pr),
+                       weft_err_str(code));
         return node_fail(k, code, 0), -1;
     }
     if (weft_p2p_check_call(&theirs) == k->seq)
@@ -890,11 +894,12 @@ static int flag_ok(struct node_call *k, int r, enum node_flag f, uint32_t want)
         return 0;
     if (weft_p2p_check_call(&head) == k->seq)   /* made this call, on the message path, as another operation */
         return node_mismatch(k, r, &head, "called"), -1;
-    char h[160];
+    char h[160], pr[32];
     describe(&head, h, sizeof h);
     weft_set_error(k->cc->core, WEFT_ERR_MISMATCH,
-                   "%s (node-local, collective #%u): rank %d went past this call without making it (its newest "
-                   "collective is #%u, %s)", k->what, k->seq, node_crank(k->n, r), weft_p2p_check_call(&head), h);
+                   "%s (node-local, collective #%u): rank %d%s went past this call without making it (its newest "
+                   "collective is #%u, %s)", k->what, k->seq, node_crank(k->n, r),
+                   weft_parent_words(k->cc->core, node_crank(k->n, r), pr, sizeof pr), weft_p2p_check_call(&head), h);
     return node_fail(k, WEFT_ERR_MISMATCH, 1), -1;
 }
 
@@ -967,8 +972,10 @@ static int wait_timeout(struct node_call *k, const int *pending, int npending, e
             describe(&head, d, sizeof d);
             snprintf(h, sizeof h, "#%u, %s", weft_p2p_check_call(&head), d);
         }
-        used += (size_t)snprintf(list + used, sizeof list - used, "%srank %d (alive: %.80s; its newest collective: %s)",
-                                 i ? ", " : "", node_crank(k->n, pending[i]), why, h);
+        char pr[32];
+        used += (size_t)snprintf(list + used, sizeof list - used, "%srank %d%s (alive: %.80s; its newest collective: %s)",
+                                 i ? ", " : "", node_crank(k->n, pending[i]),
+                                 weft_parent_words(cc->core, node_crank(k->n, pending[i]), pr, sizeof pr), why, h);
     }
     weft_set_error(cc->core, WEFT_ERR_TIMEOUT,
                    "%s (node-local, collective #%u): nothing from %d rank(s) for %.1f s (WEFT_TIMEOUT=%g): %s %s",
@@ -1568,8 +1575,18 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
     switch (a->kind) {
     case WEFT_COLL_GATHER:
     case WEFT_COLL_REDUCE:
+        /* A contributor whose part is out returns: at once within the
+         * small buffers, as with eager messages. In a big buffer it first
+         * waits for every rank's arrival, as a large reduce's or gather's
+         * rendezvous waits for the root: so it sees every fingerprint,
+         * and a mismatched or absent rank fails the call on every rank,
+         * its own included, not only on the root. (Measured: np 4/8 on 2
+         * cores, 16 KiB-1 MiB, the slowest rank's time +0-40%, still
+         * 1.6-3.4x ahead of Open MPI's; slicing the reduction as the
+         * allreduce does was 2x slower there, the root copying the
+         * result out.) */
         if (me != a->root)
-            return WEFT_SUCCESS;
+            return k->b < NODE_NSMALL ? WEFT_SUCCESS : node_wait(k, -1, FLAG_ARRIVE, k->tag);
         break;
     default:
         break;

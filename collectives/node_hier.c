@@ -585,12 +585,13 @@ int node_hier_run(struct node_call *k, const struct weft_coll_args *a, size_t ne
         /* The node's partial is reduced by its head (the root on its
          * node) into host memory of its own -- its slot is an operand --
          * and goes up the heads' tree; the others leave once their part
-         * is out, as on one node. */
+         * is out -- in a big buffer once every rank of the node arrived
+         * -- as on one node (run_call). */
         if ((rc = node_put(core, mine, a->sendbuf, need, k->what)) != WEFT_SUCCESS)
             return rc;
         node_arrive(k);
         if (me != head)
-            return WEFT_SUCCESS;
+            return k->b < NODE_NSMALL ? WEFT_SUCCESS : node_wait(k, -1, FLAG_ARRIVE, k->tag);
         if ((rc = head_scratch(k)) != WEFT_SUCCESS)
             return rc;
         if ((rc = node_wait(k, -1, FLAG_ARRIVE, k->tag)) != WEFT_SUCCESS)

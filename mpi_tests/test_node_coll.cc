@@ -50,6 +50,11 @@
  *   KindMismatch       one rank bcasts while the others allreduce: the
  *                      others fail with MISMATCH naming both calls, and the
  *                      comm goes on (the next allreduce is exact);
+ *   ContributorsSeeTheMismatch  a reduce (and a gather) above 1 KiB where
+ *                      a contributor's size differs: that rank fails too,
+ *                      naming both calls, and every rank of its node; one
+ *                      where a contributor is missing: every other rank
+ *                      times out naming it;
  *   RefusedKeepsStep   a rank refuses a call on its own arguments (the
  *                      first one of the comm, before the segment exists,
  *                      and a later one): the others fail with MISMATCH
@@ -861,6 +866,73 @@ TEST(NodeColl, KindMismatch)
     EXPECT_EQ(weft_allreduce(c.get(), in.data(), out.data(), 5, WEFT_INT32, WEFT_SUM), WEFT_SUCCESS) << c.err();
     for (int x : out)
         EXPECT_EQ(x, size * (size + 1) / 2);
+}
+
+/* A reduce's or gather's contributor above 1 KiB waits for every rank of
+ * its node to arrive before it returns (run_call): so the rank whose call
+ * is the mismatched one fails too, naming both calls -- not only the root
+ * -- and a rank that is missing fails the contributors' call as well as
+ * the root's, naming it. (Within 1 KiB a contributor still leaves once its
+ * part is out, as with eager messages.) Across nodes a contributor sees
+ * its own node only, and a head sends its node's part up the heads' tree
+ * as messages (eager at this size): there only the root is asserted. */
+TEST(NodeColl, ContributorsSeeTheMismatch)
+{
+    int rank = world_rank(), size = world_size();
+    if (!node_path_expected(size) && !hier_path_expected(size))
+        GTEST_SKIP() << "the node path is not taken here";
+    const bool one_node = node_path_expected(size);
+    const int odd = size - 1;   /* a contributor: the root is rank 0 */
+    {
+        Comm c(Settings{{"WEFT_TIMEOUT", "30"}});
+        ASSERT_EQ(c.rc(), WEFT_SUCCESS);
+        ASSERT_EQ(weft_barrier(c.get()), WEFT_SUCCESS) << c.err();
+        const size_t n = 1024;   /* 4 KiB of int32: a big buffer */
+        std::vector<int32_t> in(n, rank + 1), out(n, 0);
+        auto t0 = std::chrono::steady_clock::now();
+        int rc = weft_reduce(c.get(), in.data(), out.data(), rank == odd ? n / 2 : n, WEFT_INT32, WEFT_SUM, 0);
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (one_node || rank == 0) {
+            EXPECT_EQ(rc, WEFT_ERR_MISMATCH) << "reduce, rank " << rank << ": " << c.err();
+            EXPECT_LT(s, 15.0) << "a mismatch must not wait for WEFT_TIMEOUT (30 s)";
+        }
+        if (one_node && rank == odd) {
+            EXPECT_NE(c.err().find("reduce(512 x int32, sum, root 0)"), std::string::npos) << c.err();
+            EXPECT_NE(c.err().find("reduce(1024 x int32, sum, root 0)"), std::string::npos) << c.err();
+        }
+        if (one_node) {
+            /* A gather of 4 KiB blocks, the odd rank's 2 KiB (both above
+             * 1 KiB: a contributor of 1 KiB would leave at once). */
+            std::vector<char> blk(4096, (char)rank), all(4096 * (size_t)size);
+            rc = weft_gather(c.get(), blk.data(), rank == 0 ? all.data() : nullptr, rank == odd ? 2048 : 4096, 0);
+            EXPECT_EQ(rc, WEFT_ERR_MISMATCH) << "gather, rank " << rank << ": " << c.err();
+            if (rank == odd) {
+                EXPECT_NE(c.err().find("gather(2048 B/rank, root 0)"), std::string::npos) << c.err();
+            }
+        }
+        /* The comm goes on in step. */
+        std::vector<int32_t> a(5, rank + 1), r(5, 0);
+        EXPECT_EQ(weft_allreduce(c.get(), a.data(), r.data(), 5, WEFT_INT32, WEFT_SUM), WEFT_SUCCESS) << c.err();
+        for (int x : r)
+            EXPECT_EQ(x, size * (size + 1) / 2);
+    }
+    if (one_node) {
+        /* The odd rank makes no reduce: every other rank's fails naming it. */
+        Comm c(Settings{{"WEFT_TIMEOUT", "1"}});
+        ASSERT_EQ(c.rc(), WEFT_SUCCESS);
+        ASSERT_EQ(weft_barrier(c.get()), WEFT_SUCCESS) << c.err();
+        if (rank != odd) {
+            std::vector<int32_t> in(1024, rank), out(1024);
+            auto t0 = std::chrono::steady_clock::now();
+            int rc = weft_reduce(c.get(), in.data(), out.data(), in.size(), WEFT_INT32, WEFT_SUM, 0);
+            double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            EXPECT_EQ(rc, WEFT_ERR_TIMEOUT) << "rank " << rank << ": " << c.err();
+            EXPECT_NE(c.err().find("rank " + std::to_string(odd) + " (alive"), std::string::npos) << c.err();
+            EXPECT_LT(s, 3.0);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
 }
 
 void refusal_then_exact(bool first)
