@@ -181,6 +181,24 @@ static int a2a_pulls(const struct weft_coll *cc, const struct weft_coll_args *a)
            (a->count > S || a->count > L / P);
 }
 
+/* A scatter whose blocks the small slot does not take, above
+ * NODE_PULL_MIN a block: each rank reads its block out of the root's send
+ * buffer (node_scatter_pull). At NODE_PULL_MIN and below the blocks go as
+ * eager messages, which the root leaves behind without waiting for
+ * anyone: 2-7x faster than one round and a hold at np 4 and 8 with 32 KiB
+ * blocks (docs/benchmarks.md, "Scatter above the slot: pulled"). */
+static int scatter_pulls(const struct weft_coll *cc, const struct weft_coll_args *a)
+{
+    size_t S = weft_coll_node_bytes(cc), P = (size_t)cc->core->size;
+    return a->kind == WEFT_COLL_SCATTER && S > 0 && a->count > NODE_PULL_MIN && a->count > S / P;
+}
+
+/* A call whose blocks are read by CMA out of their sender's buffer. */
+static int node_pulls(const struct weft_coll *cc, const struct weft_coll_args *a)
+{
+    return a2a_pulls(cc, a) || scatter_pulls(cc, a);
+}
+
 /* Bytes the call puts in each rank's slot; 0 when it does not come here.
  * Only the arguments and agreed settings decide (the same on every rank). */
 static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args *a)
@@ -230,11 +248,16 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
          * messages and 1.47x Open MPI (geometric means). */
         return cc->ag_algo == 0 && a->count > 0 && a->count <= L ? a->count : 0;
     case WEFT_COLL_SCATTER:
-        /* Within the small slot only: above it the root's copy of every
-         * block into the segment, one after the other, lost to the
-         * messages' single-copy pulls, which the receivers make in
-         * parallel (the same 24 jobs: 0.97x the messages' speed). */
-        return a->count > 0 && a->count <= S / P ? a->count * P : 0;
+        /* Within the small slot: the root copies the blocks in. Above
+         * it the root's copy of every block into the segment, one after
+         * the other, lost to the messages' single-copy pulls, which the
+         * receivers make in parallel (the same 24 jobs: 0.97x the
+         * messages' speed): from NODE_PULL_MIN the receivers pull their
+         * blocks out of the root's buffer themselves, after one round of
+         * flags (node_scatter_pull), the slot holding where it is. */
+        if (a->count > 0 && a->count <= S / P)
+            return a->count * P;
+        return scatter_pulls(cc, a) ? sizeof(struct node_pull_hdr) : 0;
     case WEFT_COLL_ALLTOALL:
         /* From 3 ranks the whole buffer up to the large limit while a
          * block is at most the small slot: there one round of copies
@@ -1366,6 +1389,44 @@ static int node_a2a_pull(struct node_call *k, const struct weft_coll_args *a)
 }
 
 /*
+ * Scatter above the small slot (scatter_pulls): the root says in its slot
+ * where its send buffer is, every rank arrives, and once all have, each
+ * reads its block out of the root's buffer itself -- process_vm_readv, all
+ * at once, one copy each, no message, no handshake -- while the root
+ * copies its own. The root holds its buffer until every rank is through
+ * (pull_finish). A rank whose buffer CMA cannot reach (device memory)
+ * says spill, and the call goes as messages on every rank.
+ *
+ *   root: hdr(addr) ; arrive ─┐ all arrived:  root: own block ; done ; hold until all done
+ *   r:    hdr       ; arrive ─┘               r:    pull root+r*count -> recvbuf ; done
+ */
+static int node_scatter_pull(struct node_call *k, const struct weft_coll_args *a)
+{
+    struct weft_core *core = k->cc->core;
+    const int root = a->root, me = k->n->me;
+    const size_t bytes = a->count;
+    struct node_pull_hdr h = { me == root ? NODE_PULLED : NODE_PACKED, (uint64_t)(uintptr_t)a->sendbuf, 1 };
+    int rc, any;
+
+    if (!node_host(k, a->recvbuf, bytes) || (me == root && !node_host(k, a->sendbuf, bytes * (size_t)k->n->P))) {
+        h.mode = NODE_SPILL;
+        spill_tell(k, "a buffer in device memory cannot be read or written by CMA");
+    }
+    if ((rc = pull_round(k, &h, &any)) != WEFT_SUCCESS)
+        return rc;
+    if (me != root) {
+        struct node_pull_hdr t;
+        memcpy(&t, slot_of(k->n, k->b, root), sizeof t);
+        rc = node_pull(k, root, a->recvbuf, t.addr + (uint64_t)core->rank * bytes, bytes);
+    } else {
+        const char *own = (const char *)a->sendbuf + (size_t)core->rank * bytes;
+        if (own != (const char *)a->recvbuf)
+            memcpy(a->recvbuf, own, bytes);
+    }
+    return pull_finish(k, rc, me == root);
+}
+
+/*
  * Alltoallv in one round: each rank writes, in its slot, a header and a
  * table of where its block for each rank lies and how long it is, then,
  * when they fit, its blocks for the others packed after it; arrives; and
@@ -1522,6 +1583,8 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
         break;
 
     case WEFT_COLL_SCATTER:
+        if (scatter_pulls(k->cc, a))
+            return node_scatter_pull(k, a);
         if (me == a->root) {
             /* Only the others' blocks go through the slot; the root's own
              * goes straight to recvbuf (copied once, not twice). */
@@ -1669,7 +1732,7 @@ const char *weft_coll_kind_name(int kind)
 static void node_log_shape(struct weft_coll *cc, const struct weft_coll_args *a, size_t need)
 {
     const char *algo = cc->nnodes > 1 ? node_hier_algo(cc, a)
-                       : a2a_pulls(cc, a) ? "node-local, each block pulled from its sender by CMA"
+                       : node_pulls(cc, a) ? "node-local, each block pulled from its sender by CMA"
                        : need <= NODE_FLAT_MAX || a->kind != WEFT_COLL_ALLREDUCE
                            ? "node-local shared memory"
                            : "node-local shared memory, sliced";
@@ -1764,7 +1827,7 @@ static int node_run_one(struct weft_coll *cc, const struct weft_coll_args *a, si
     }
     /* An alltoall to pull where some rank cannot read another (agreed at
      * set-up): messages, on every rank alike. */
-    if (!cc->node->pulls && a2a_pulls(cc, a))
+    if (!cc->node->pulls && node_pulls(cc, a))
         return WEFT_SUCCESS;
     *handled = 1;
 

@@ -27,6 +27,11 @@
  *                      place or with WEFT_SHM_CMA=0 they go as messages,
  *                      said once; results exact; a pulled block's size
  *                      disagreement is MISMATCH naming both ranks;
+ *   ScattersPulledAboveTheSlot  a scatter's blocks over the slot (and
+ *                      over 32 KiB) read by each rank out of the root's
+ *                      buffer by CMA; exact with root not 0, in place,
+ *                      twice in a row; 32 KiB blocks not pulled; a size
+ *                      disagreement MISMATCH on every rank; CMA off: none;
  *   BytesQuery         weft_comm_node_coll_bytes: the comm's limit where
  *                      the path is taken, 0 where not, alike on every rank;
  *   TransportsWithoutShmKeepItOff  a comm's own WEFT_TRANSPORTS=tcp: the
@@ -538,6 +543,91 @@ TEST(NodeColl, AlltoallsPulledAboveTheSlot)
 /* weft_comm_node_coll_bytes says what Chosen sees: the limit where the
  * node path is taken (WEFT_NODE_COLL_KB of the comm), 0 where it is not;
  * the same on every rank. */
+/* A scatter's blocks above the slot (and above 32 KiB) are read by each
+ * rank out of the root's send buffer by CMA after one round of flags
+ * (node_scatter_pull): the shape line says so; results exact with the
+ * root not 0, in place at the root, twice in a row (the root holds its
+ * buffer until every rank is through); a 32 KiB block is not pulled
+ * (eager messages, or the segment at 2 ranks); a rank that disagrees on the block size fails with MISMATCH
+ * on every rank and the comm goes on; with WEFT_SHM_CMA=0 no pulls. */
+TEST(NodeColl, ScattersPulledAboveTheSlot)
+{
+    const int rank = world_rank(), size = world_size();
+    if (!node_path_expected(size, true))
+        GTEST_SKIP() << "the node path is not taken here";
+    const size_t P = (size_t)size, bb = kSlot + 4100;
+    const int root = size - 1;
+    for (const char *cma : {"1", "0"}) {
+        SCOPED_TRACE(std::string("WEFT_SHM_CMA=") + cma);
+        Comm c(Settings{{"WEFT_DEBUG", "info"}, {"WEFT_NODE_COLL_KB", "64"}, {"WEFT_SHM_CMA", cma}});
+        ASSERT_EQ(c.rc(), WEFT_SUCCESS) << c.err();
+        auto byte = [](int r, size_t i, int call) { return (unsigned char)(r * 31 + i * 7 + (size_t)call * 13 + i / 251); };
+        std::vector<unsigned char> send(bb * P), out(bb + 1), small(32768 * P), sout(32768);
+        size_t bad = 0;
+        int rc[4];
+        std::string log = capture_stderr([&] {
+            for (int call = 0; call < 2; call++) {   /* pulled, twice */
+                for (size_t i = 0; i < send.size(); i++)
+                    send[i] = rank == root ? byte((int)(i / bb), i % bb, call) : 0;
+                std::fill(out.begin(), out.end(), 0xee);
+                rc[call] = weft_scatter(c.get(), rank == root ? send.data() : nullptr, out.data(), bb, root);
+                for (size_t i = 0; i < bb; i++)
+                    bad += out[i] != byte(rank, i, call);
+                bad += out[bb] != 0xee;
+            }
+            /* In place at the root: its block stays where it is. */
+            for (size_t i = 0; i < send.size(); i++)
+                send[i] = byte((int)(i / bb), i % bb, 2);
+            unsigned char *mine = rank == root ? send.data() + (size_t)root * bb : out.data();
+            rc[2] = weft_scatter(c.get(), rank == root ? send.data() : nullptr, mine, bb, root);
+            for (size_t i = 0; i < bb; i++)
+                bad += mine[i] != byte(rank, i, 2);
+            /* 32 KiB blocks: messages. */
+            for (size_t i = 0; i < small.size(); i++)
+                small[i] = byte((int)(i / 32768), i % 32768, 3);
+            rc[3] = weft_scatter(c.get(), rank == root ? small.data() : nullptr, sout.data(), 32768, root);
+            for (size_t i = 0; i < sout.size(); i++)
+                bad += sout[i] != byte(rank, i, 3);
+        });
+        for (int i = 0; i < 4; i++)
+            ASSERT_EQ(rc[i], WEFT_SUCCESS) << "call " << i << ": " << c.err();
+        EXPECT_EQ(bad, 0u);
+        const bool pulls = std::strcmp(cma, "1") == 0;
+        const std::string head = ": scatter " + std::to_string(bb) + " B per rank x";
+        size_t at = log.find(head);
+        std::string line;
+        if (pulls) {
+            ASSERT_NE(at, std::string::npos) << "no shape line \"" << head << "\" on rank " << rank << ":\n" << log;
+            line = log.substr(at, log.find('\n', at) - at);
+            EXPECT_NE(line.find("each block pulled from its sender by CMA"), std::string::npos) << line;
+        } else {
+            EXPECT_EQ(log.find("each block pulled"), std::string::npos) << log;
+        }
+        /* (At 2 ranks 32 KiB blocks fit the segment; from 3 they are messages.) */
+        at = log.find(": scatter 32768 B per rank x");
+        if (at != std::string::npos) {
+            line = log.substr(at, log.find('\n', at) - at);
+            EXPECT_EQ(line.find("pulled"), std::string::npos) << line;
+        }
+        if (pulls && size >= 2) {
+            /* Rank 0 (not the root) scatters one byte less. */
+            int mrc = weft_scatter(c.get(), rank == root ? send.data() : nullptr, out.data(), rank == 0 && root != 0 ? bb - 1 : bb,
+                                   root);
+            EXPECT_EQ(mrc, WEFT_ERR_MISMATCH) << "rank " << rank << ": " << c.err();
+            if (rank == 0 || rank == root) {
+                EXPECT_NE(c.err().find("scatter(" + std::to_string(bb - 1)), std::string::npos) << c.err();
+            }
+            std::fill(out.begin(), out.end(), 0xee);
+            for (size_t i = 0; i < send.size(); i++)
+                send[i] = byte((int)(i / bb), i % bb, 4);
+            ASSERT_EQ(weft_scatter(c.get(), rank == root ? send.data() : nullptr, out.data(), bb, root), WEFT_SUCCESS)
+                << c.err();
+            for (size_t i = 0; i < bb; i++)
+                ASSERT_EQ(out[i], byte(rank, i, 4)) << "after the mismatch, byte " << i;
+        }
+    }
+}
+
 TEST(NodeColl, BytesQuery)
 {
     int size = world_size();
