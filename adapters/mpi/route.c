@@ -316,7 +316,14 @@ static int node_takes(enum wmpi_coll coll, size_t bytes, int nranks, size_t node
  * segment, or sends n-1 rendezvous messages above it, where Open MPI's
  * n-1 receivers pull at once. At 32 KiB weft is 1.2-1.6x ahead, from 1 MiB
  * 1.35-1.8x; at 4 ranks ahead throughout in weft-perf (1.04-1.5x). The cut
- * between 32 and 64 KiB was not measured finer. */
+ * between 32 and 64 KiB was not measured finer. Since the receivers pull
+ * their blocks out of the root's buffer (2026-12-04, node_scatter_pull)
+ * weft is level there, not ahead: through the drop-in with
+ * WEFT_MPI_MIN_BYTES=0, Open MPI time / weft time 1.01-1.15 at 64-256 KiB
+ * and 0.98-1.03 at 512 KiB in two runs of 3 and 6 jobs, where the same
+ * calls left to Open MPI in both jobs spread 0.95-1.06
+ * (docs/data/bench/2026-12-04-scatter-pulls/pmpi-np8-run*.md): still
+ * MPI's. */
 static int node_refuses(enum wmpi_coll coll, size_t bytes, int nranks, size_t node_bytes)
 {
     if (node_bytes == 0 || S.sized[coll])
