@@ -13,6 +13,10 @@
  *           scatter_small                       weft_scatter of 256 B a rank, root = the
  *                                               victim (node-local)
  *           alltoall_small                      weft_alltoall of 256 B blocks (node-local)
+ *           alltoall_pulled                     weft_alltoall of 96 KiB blocks (on one node
+ *                                               each read by CMA out of its sender's buffer)
+ *           scatter_pulled                      weft_scatter of 96 KiB a rank, root 0 (on one
+ *                                               node each block read out of the root's buffer)
  *           barrier                             weft_barrier
  *           first                               no warm-up: the survivors'
  *                                               first message to the victim
@@ -73,6 +77,8 @@ constexpr size_t kBcastBytes = 256 * 1024;
 /* allreduce (int32 elements) and bcast_small (4 bytes each): within the
  * node-local paths' reach (node_coll.c, node_hier.c). */
 constexpr size_t kSmallCount = 256;
+/* A block above WEFT_NODE_COLL_KB's default (64 KiB): pulled by CMA on one node. */
+constexpr size_t kPulledBytes = 96 * 1024;
 
 /* What the run is about; the watchdog's failure line needs it. */
 struct Run {
@@ -220,6 +226,34 @@ int run_collective(weft_comm_t *c, uint64_t index, bool verify, std::vector<std:
             }
         return rc;
     }
+    if (g_run.kase == "alltoall_pulled") {
+        /* Blocks over the slot: each rank reads its block out of every
+         * other's send buffer by CMA (node_coll.c, node_a2a_pull). */
+        const size_t per = kPulledBytes;
+        std::vector<unsigned char> send(per * (size_t)n), out(per * (size_t)n);
+        for (int p = 0; p < n; p++)
+            fill_pattern(send.data() + (size_t)p * per, per, pattern_seed(me * 64 + p, 705, index));
+        int rc = weft_alltoall(c, send.data(), out.data(), per);
+        for (int p = 0; rc == WEFT_SUCCESS && verify && p < n; p++)
+            if (pattern_mismatch(out.data() + (size_t)p * per, per, pattern_seed(p * 64 + me, 705, index)) != SIZE_MAX) {
+                problems.push_back("alltoall (pulled): wrong block from rank " + std::to_string(p));
+                break;
+            }
+        return rc;
+    }
+    if (g_run.kase == "scatter_pulled") {
+        /* Root 0, blocks over the slot: each rank reads its block out of
+         * the root's send buffer by CMA (node_coll.c, node_scatter_pull);
+         * the victim is a receiver the root holds its buffer for. */
+        const size_t per = kPulledBytes;
+        std::vector<unsigned char> send(me == 0 ? per * (size_t)n : 0), out(per);
+        for (int p = 0; me == 0 && p < n; p++)
+            fill_pattern(send.data() + (size_t)p * per, per, pattern_seed(p, 706, index));
+        int rc = weft_scatter(c, send.data(), out.data(), per, 0);
+        if (rc == WEFT_SUCCESS && verify && pattern_mismatch(out.data(), per, pattern_seed(me, 706, index)) != SIZE_MAX)
+            problems.push_back("scatter (pulled) delivered wrong data");
+        return rc;
+    }
     if (g_run.kase == "scatter_small") {
         const size_t per = kSmallCount;
         std::vector<unsigned char> send(me == kVictim ? per * (size_t)n : 0), out(per);
@@ -360,10 +394,12 @@ int main(int argc, char **argv)
     const bool known_case = is_allgather_case(g_run.kase) || g_run.kase == "bcast" || g_run.kase == "barrier" ||
                             g_run.kase == "first" || g_run.kase == "allreduce" || g_run.kase == "bcast_small" ||
                             g_run.kase == "reduce_scatter" || g_run.kase == "scatter_small" ||
-                            g_run.kase == "alltoall_small";
+                            g_run.kase == "alltoall_small" || g_run.kase == "alltoall_pulled" ||
+                            g_run.kase == "scatter_pulled";
     if (!known_case || (g_run.mode != "kill" && g_run.mode != "stop") || g_run.size <= kVictim)
         finish(false, "usage: weft_mpi_faults ring|rd|bruck|direct|hier|bcast|bcast_small|allreduce|reduce_scatter|"
-                          "scatter_small|alltoall_small|barrier|first kill|stop, on at least " +
+                          "scatter_small|alltoall_small|alltoall_pulled|scatter_pulled|barrier|first kill|stop, on at "
+                          "least " +
                           std::to_string(kVictim + 1) + " ranks");
 
     const bool victim = g_run.rank == kVictim;
