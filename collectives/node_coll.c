@@ -193,10 +193,24 @@ static int scatter_pulls(const struct weft_coll *cc, const struct weft_coll_args
     return a->kind == WEFT_COLL_SCATTER && S > 0 && a->count > NODE_PULL_MIN && a->count > S / P;
 }
 
+/* An allgather of 2 ranks above NODE_PAIR_MAX a block, which the
+ * segment does not take: each rank reads the other's block out of its
+ * buffer (node_ag_pull) instead of one rendezvous message each way. Six
+ * rounds, 48 KiB-3 MiB, same job against Open MPI: 1.10-1.17x its speed
+ * at 48-96 KiB where the messages were 1.01-1.05, 0.97-1.03 from 768 KiB
+ * (messages 0.94-1.02). From 3 ranks, above the large slot, the pulls lost
+ * to the ring of messages (np 4, 2 MiB blocks: 0.92-1.06 against 1.13-1.63;
+ * docs/data/bench/2026-12-04-allgather-pulls): there the ring stays. */
+static int ag_pulls(const struct weft_coll *cc, const struct weft_coll_args *a)
+{
+    return a->kind == WEFT_COLL_ALLGATHER && cc->ag_algo == 0 && cc->core->size == 2 &&
+           weft_coll_node_bytes(cc) > 0 && a->count > NODE_PAIR_MAX;
+}
+
 /* A call whose blocks are read by CMA out of their sender's buffer. */
 static int node_pulls(const struct weft_coll *cc, const struct weft_coll_args *a)
 {
-    return a2a_pulls(cc, a) || scatter_pulls(cc, a);
+    return a2a_pulls(cc, a) || scatter_pulls(cc, a) || ag_pulls(cc, a);
 }
 
 /* Bytes the call puts in each rank's slot; 0 when it does not come here.
@@ -237,6 +251,8 @@ static size_t node_fits(const struct weft_coll *cc, const struct weft_coll_args 
          * 64 KiB took 11.8-15.3 us through the segment in the machine's
          * fast phases and 47-49 in its slow ones, as messages 10.0-13.2
          * in both. */
+        if (ag_pulls(cc, a))
+            return sizeof(struct node_pull_hdr);
         if (P == 2 && a->count > NODE_PAIR_MAX)
             return 0;
         /* From 3 ranks a block up to the large limit (node_run_one: the
@@ -1427,6 +1443,40 @@ static int node_scatter_pull(struct node_call *k, const struct weft_coll_args *a
 }
 
 /*
+ * Allgather of 2 ranks above the segment (ag_pulls): as the alltoall's pulls, each
+ * rank's block is read by every other rank out of its buffer (in place
+ * too: a block in recvbuf is one its owner does not write during the
+ * call), starting with the next rank, and every rank holds until all are
+ * through.
+ */
+static int node_ag_pull(struct node_call *k, const struct weft_coll_args *a)
+{
+    struct weft_core *core = k->cc->core;
+    struct coll_node *n = k->n;
+    const int P = n->P, me = n->me;
+    const size_t bytes = a->count;
+    char *own = (char *)a->recvbuf + (size_t)core->rank * bytes;
+    struct node_pull_hdr h = { NODE_PULLED, (uint64_t)(uintptr_t)a->sendbuf, 1 };
+    int rc, any;
+
+    if (!node_host(k, a->sendbuf, bytes) || !node_host(k, a->recvbuf, bytes * (size_t)P)) {
+        h.mode = NODE_SPILL;
+        spill_tell(k, "a buffer in device memory cannot be read or written by CMA");
+    }
+    if ((rc = pull_round(k, &h, &any)) != WEFT_SUCCESS)
+        return rc;
+    for (int i = 1; i < P && rc == WEFT_SUCCESS; i++) {
+        const int r = (me + i) % P;
+        struct node_pull_hdr t;
+        memcpy(&t, slot_of(n, k->b, r), sizeof t);
+        rc = node_pull(k, r, (char *)a->recvbuf + (size_t)node_crank(n, r) * bytes, t.addr, bytes);
+    }
+    if (rc == WEFT_SUCCESS && (const char *)a->sendbuf != own)
+        memcpy(own, a->sendbuf, bytes);
+    return pull_finish(k, rc, 1);
+}
+
+/*
  * Alltoallv in one round: each rank writes, in its slot, a header and a
  * table of where its block for each rank lies and how long it is, then,
  * when they fit, its blocks for the others packed after it; arrives; and
@@ -1580,6 +1630,11 @@ static int run_call(struct node_call *k, const struct weft_coll_args *a, size_t 
     case WEFT_COLL_ALLTOALL:
         if (a2a_pulls(k->cc, a))
             return node_a2a_pull(k, a);
+        break;
+
+    case WEFT_COLL_ALLGATHER:
+        if (ag_pulls(k->cc, a))
+            return node_ag_pull(k, a);
         break;
 
     case WEFT_COLL_SCATTER:

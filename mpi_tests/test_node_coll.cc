@@ -32,6 +32,9 @@
  *                      buffer by CMA; exact with root not 0, in place,
  *                      twice in a row; 32 KiB blocks not pulled; a size
  *                      disagreement MISMATCH on every rank; CMA off: none;
+ *   AllgathersPulledAtTwoRanks  at 2 ranks an allgather's blocks over
+ *                      32 KiB read by CMA out of the other's buffer,
+ *                      exact (in place too); not from 3 ranks or CMA off;
  *   BytesQuery         weft_comm_node_coll_bytes: the comm's limit where
  *                      the path is taken, 0 where not, alike on every rank;
  *   TransportsWithoutShmKeepItOff  a comm's own WEFT_TRANSPORTS=tcp: the
@@ -624,6 +627,53 @@ TEST(NodeColl, ScattersPulledAboveTheSlot)
                 << c.err();
             for (size_t i = 0; i < bb; i++)
                 ASSERT_EQ(out[i], byte(rank, i, 4)) << "after the mismatch, byte " << i;
+        }
+    }
+}
+
+/* At 2 ranks an allgather's blocks above 32 KiB are read by each rank out
+ * of the other's buffer by CMA (node_ag_pull): the shape line says so;
+ * exact, in place and not, twice in a row; with WEFT_SHM_CMA=0, and from
+ * 3 ranks (the ring of messages above the large slot), not pulled. */
+TEST(NodeColl, AllgathersPulledAtTwoRanks)
+{
+    const int rank = world_rank(), size = world_size();
+    if (!node_path_expected(size, true))
+        GTEST_SKIP() << "the node path is not taken here";
+    const size_t P = (size_t)size, bb = (48 << 10) + 3;
+    for (const char *cma : {"1", "0"}) {
+        SCOPED_TRACE(std::string("WEFT_SHM_CMA=") + cma);
+        Comm c(Settings{{"WEFT_DEBUG", "info"}, {"WEFT_SHM_CMA", cma}});
+        ASSERT_EQ(c.rc(), WEFT_SUCCESS) << c.err();
+        auto byte = [](int r, size_t i, int call) { return (unsigned char)(r * 29 + i * 5 + (size_t)call * 17 + i / 253); };
+        std::vector<unsigned char> mine(bb), all(bb * P + 1);
+        size_t bad = 0;
+        int rc[3];
+        std::string log = capture_stderr([&] {
+            for (int call = 0; call < 3; call++) {   /* two apart, the third in place */
+                std::fill(all.begin(), all.end(), 0xee);
+                unsigned char *src = call == 2 ? all.data() + (size_t)rank * bb : mine.data();
+                for (size_t i = 0; i < bb; i++)
+                    src[i] = byte(rank, i, call);
+                rc[call] = weft_allgather(c.get(), src, all.data(), bb);
+                for (size_t r = 0; r < P; r++)
+                    for (size_t i = 0; i < bb; i++)
+                        bad += all[r * bb + i] != byte((int)r, i, call);
+                bad += all[bb * P] != 0xee;
+            }
+        });
+        for (int i = 0; i < 3; i++)
+            ASSERT_EQ(rc[i], WEFT_SUCCESS) << "call " << i << ": " << c.err();
+        EXPECT_EQ(bad, 0u);
+        const bool pulls = size == 2 && std::strcmp(cma, "1") == 0;
+        if (pulls) {
+            const std::string head = ": allgather " + std::to_string(bb) + " B per rank x";
+            size_t at = log.find(head);
+            ASSERT_NE(at, std::string::npos) << "no shape line \"" << head << "\" on rank " << rank << ":\n" << log;
+            std::string line = log.substr(at, log.find('\n', at) - at);
+            EXPECT_NE(line.find("each block pulled from its sender by CMA"), std::string::npos) << line;
+        } else {
+            EXPECT_EQ(log.find("each block pulled"), std::string::npos) << log;
         }
     }
 }
