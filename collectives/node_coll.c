@@ -1352,6 +1352,22 @@ static int pull_round(struct node_call *k, const struct node_pull_hdr *h, int *a
     return pull_round_ok(k, any) ? WEFT_SUCCESS : NODE_SPILLED;
 }
 
+/* After the round: bytes at offset off in every other rank's published
+ * buffer into recvbuf's block of that rank, starting with the next rank,
+ * so that the ranks read from different senders at once. */
+static int pull_each(struct node_call *k, void *recvbuf, size_t bytes, uint64_t off)
+{
+    struct coll_node *n = k->n;
+    int rc = WEFT_SUCCESS;
+    for (int i = 1; i < n->P && rc == WEFT_SUCCESS; i++) {
+        const int r = (n->me + i) % n->P;
+        struct node_pull_hdr t;
+        memcpy(&t, slot_of(n, k->b, r), sizeof t);
+        rc = node_pull(k, r, (char *)recvbuf + (size_t)node_crank(n, r) * bytes, t.addr + off, bytes);
+    }
+    return rc;
+}
+
 /*
  * Alltoall above the segment's slots (a2a_pulls): each rank says in its
  * slot (a small buffer) where its send buffer is, arrives, and once every
@@ -1375,9 +1391,7 @@ static int pull_round(struct node_call *k, const struct node_pull_hdr *h, int *a
 static int node_a2a_pull(struct node_call *k, const struct weft_coll_args *a)
 {
     struct weft_core *core = k->cc->core;
-    struct coll_node *n = k->n;
-    const int P = n->P, me = n->me;
-    const size_t bytes = a->count, total = bytes * (size_t)P;
+    const size_t bytes = a->count, total = bytes * (size_t)k->n->P;
     struct node_pull_hdr h = { NODE_PULLED, (uint64_t)(uintptr_t)a->sendbuf, 1 };
     int rc, any;
 
@@ -1390,13 +1404,7 @@ static int node_a2a_pull(struct node_call *k, const struct weft_coll_args *a)
     }
     if ((rc = pull_round(k, &h, &any)) != WEFT_SUCCESS)
         return rc;
-    for (int i = 1; i < P && rc == WEFT_SUCCESS; i++) {
-        const int r = (me + i) % P;
-        struct node_pull_hdr t;
-        memcpy(&t, slot_of(n, k->b, r), sizeof t);
-        rc = node_pull(k, r, (char *)a->recvbuf + (size_t)node_crank(n, r) * bytes,
-                       t.addr + (uint64_t)core->rank * bytes, bytes);
-    }
+    rc = pull_each(k, a->recvbuf, bytes, (uint64_t)core->rank * bytes);
     if (rc == WEFT_SUCCESS) {
         const size_t own = (size_t)core->rank * bytes;
         memcpy((char *)a->recvbuf + own, (const char *)a->sendbuf + own, bytes);
@@ -1452,25 +1460,18 @@ static int node_scatter_pull(struct node_call *k, const struct weft_coll_args *a
 static int node_ag_pull(struct node_call *k, const struct weft_coll_args *a)
 {
     struct weft_core *core = k->cc->core;
-    struct coll_node *n = k->n;
-    const int P = n->P, me = n->me;
     const size_t bytes = a->count;
     char *own = (char *)a->recvbuf + (size_t)core->rank * bytes;
     struct node_pull_hdr h = { NODE_PULLED, (uint64_t)(uintptr_t)a->sendbuf, 1 };
     int rc, any;
 
-    if (!node_host(k, a->sendbuf, bytes) || !node_host(k, a->recvbuf, bytes * (size_t)P)) {
+    if (!node_host(k, a->sendbuf, bytes) || !node_host(k, a->recvbuf, bytes * (size_t)k->n->P)) {
         h.mode = NODE_SPILL;
         spill_tell(k, "a buffer in device memory cannot be read or written by CMA");
     }
     if ((rc = pull_round(k, &h, &any)) != WEFT_SUCCESS)
         return rc;
-    for (int i = 1; i < P && rc == WEFT_SUCCESS; i++) {
-        const int r = (me + i) % P;
-        struct node_pull_hdr t;
-        memcpy(&t, slot_of(n, k->b, r), sizeof t);
-        rc = node_pull(k, r, (char *)a->recvbuf + (size_t)node_crank(n, r) * bytes, t.addr, bytes);
-    }
+    rc = pull_each(k, a->recvbuf, bytes, 0);
     if (rc == WEFT_SUCCESS && (const char *)a->sendbuf != own)
         memcpy(own, a->sendbuf, bytes);
     return pull_finish(k, rc, 1);
